@@ -1,0 +1,154 @@
+"""`dlfs`: the command-line client.
+
+    dlfs [--server HOST:PORT] ingest SRC_DIR NAME [--replace] [--include-hidden] [--follow-symlinks]
+    dlfs [--server HOST:PORT] datasets
+    dlfs [--server HOST:PORT] ls NAME[/DIR] [-l]
+    dlfs [--server HOST:PORT] stat NAME/PATH
+    dlfs [--server HOST:PORT] cat NAME/PATH
+    dlfs [--server HOST:PORT] rm NAME
+
+`--server` defaults to $DLFS_SERVER, then 127.0.0.1:7010.  Errors print one
+line on stderr and exit with status 1 (2 for usage errors).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import sys
+
+from dlfs.client import Client
+from dlfs.client.ingest import upload, walk_tree
+from dlfs.errors import DlfsError, InvalidArgument
+from dlfs.paths import split_dataset_path
+
+DEFAULT_SERVER = "127.0.0.1:7010"
+
+
+def _human_bytes(n: int) -> str:
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def _mtime(ns: int) -> str:
+    return datetime.datetime.fromtimestamp(ns / 1e9).strftime("%Y-%m-%d %H:%M")
+
+
+def cmd_ingest(client: Client, args) -> int:
+    report = walk_tree(args.source, include_hidden=args.include_hidden,
+                       follow_symlinks=args.follow_symlinks)
+    info = upload(client, args.name, report, replace=args.replace)
+    print(f"ingested {info.name}: {info.samples} samples, {info.bytes} bytes "
+          f"({_human_bytes(info.bytes)})")
+    skipped = [(report.skipped_hidden, "hidden"), (report.skipped_symlinks, "symlinks"),
+               (report.skipped_special, "special files"), (report.skipped_loops, "symlink loops")]
+    notes = ", ".join(f"{n} {what}" for n, what in skipped if n)
+    if notes:
+        print(f"skipped: {notes}")
+    return 0
+
+
+def cmd_datasets(client: Client, args) -> int:
+    for info in client.dataset_infos():
+        state = "" if info.sealed else "  (ingest in progress)"
+        print(f"{info.name}\t{info.samples} samples\t{_human_bytes(info.bytes)}{state}")
+    return 0
+
+
+def cmd_ls(client: Client, args) -> int:
+    dataset, path = split_dataset_path(args.target)
+    entry = client.stat(dataset, path)
+    entries = [entry] if not entry.is_dir else client.listdir(dataset, path)
+    for e in entries:
+        name = e.name + ("/" if e.is_dir else "")
+        if args.long:
+            size = e.children if e.is_dir else e.size
+            print(f"{e.permissions} {size:>12} {_mtime(e.mtime_ns)} {name}")
+        else:
+            print(name)
+    return 0
+
+
+def cmd_stat(client: Client, args) -> int:
+    dataset, path = split_dataset_path(args.target)
+    e = client.stat(dataset, path)
+    print(f"  path: {dataset}/{e.path}")
+    print(f"  type: {'directory' if e.is_dir else 'file'}")
+    if e.is_dir:
+        print(f"  entries: {e.children}")
+    else:
+        print(f"  size: {e.size}")
+        print(f"  id: {e.id}")
+        print(f"  crc32c: {e.crc32c:08x}")
+    print(f"  mode: {e.permissions} ({e.mode & 0o7777:04o})")
+    print(f"  mtime: {datetime.datetime.fromtimestamp(e.mtime_ns / 1e9).isoformat()}")
+    return 0
+
+
+def cmd_cat(client: Client, args) -> int:
+    dataset, path = split_dataset_path(args.target)
+    if not path:
+        raise InvalidArgument(f"{args.target!r} names a dataset; give NAME/PATH of a sample")
+    sample = client.get_batch([path], dataset=dataset)[0]
+    sys.stdout.buffer.write(sample)
+    sys.stdout.buffer.flush()
+    return 0
+
+
+def cmd_rm(client: Client, args) -> int:
+    info = client.delete(args.name)
+    print(f"removed {info.name}: {info.samples} samples, {_human_bytes(info.bytes)} freed")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="dlfs", description="DLFS command-line client")
+    parser.add_argument("--server", default=os.environ.get("DLFS_SERVER", DEFAULT_SERVER),
+                        help="daemon address HOST:PORT (default: $DLFS_SERVER or %(default)s)")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("ingest", help="upload a directory tree as a dataset")
+    p.add_argument("source", help="directory whose regular files become samples")
+    p.add_argument("name", help="dataset name")
+    p.add_argument("--replace", action="store_true", help="replace an existing dataset")
+    p.add_argument("--include-hidden", action="store_true",
+                   help="include files and directories whose name starts with '.'")
+    p.add_argument("--follow-symlinks", action="store_true",
+                   help="follow symbolic links to files and directories (loops are skipped)")
+    p.set_defaults(run=cmd_ingest)
+    p = sub.add_parser("datasets", help="list datasets")
+    p.set_defaults(run=cmd_datasets)
+    p = sub.add_parser("ls", help="list a directory of a dataset")
+    p.add_argument("target", metavar="NAME[/DIR]")
+    p.add_argument("-l", dest="long", action="store_true", help="long format")
+    p.set_defaults(run=cmd_ls)
+    p = sub.add_parser("stat", help="show a file's or directory's metadata")
+    p.add_argument("target", metavar="NAME/PATH")
+    p.set_defaults(run=cmd_stat)
+    p = sub.add_parser("cat", help="write a sample's bytes to stdout")
+    p.add_argument("target", metavar="NAME/PATH")
+    p.set_defaults(run=cmd_cat)
+    p = sub.add_parser("rm", help="remove a dataset")
+    p.add_argument("name")
+    p.set_defaults(run=cmd_rm)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        with Client(args.server, reconnect_timeout_s=2.0) as client:
+            return args.run(client, args)
+    except DlfsError as exc:
+        print(f"dlfs: {type(exc).__name__}: {exc.message}", file=sys.stderr)
+        return 1
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

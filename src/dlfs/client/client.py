@@ -1,0 +1,276 @@
+"""The thin client: `Client` talks to a daemon, `Dataset` is one dataset on it.
+
+Every call carries a deadline.  Failures raise the typed errors of
+`dlfs.errors`; calls that only read are retried on UNAVAILABLE for up to
+`reconnect_timeout_s` (a restarting daemon is waited for, a dead one is
+reported with its address).
+
+Samples come back as read-only `memoryview`s into the reply's payload: no
+client-side copy, buffer protocol (``np.frombuffer``, ``io.BytesIO``,
+``bytes(sample)``).  All samples of one batch share one payload buffer,
+which lives as long as any of them does.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Iterable, Iterator, Sequence, Union
+
+import grpc
+import numpy as np
+
+from dlfs import limits
+from dlfs.client import convert
+from dlfs.client.convert import DatasetInfo, Entry
+from dlfs.client.errors import from_rpc_error
+from dlfs.errors import InvalidArgument, Unavailable
+from dlfs.paths import check_dataset_name, normalize_dir_path
+from dlfs.proto import dlfs_pb2 as pb
+from dlfs.proto import dlfs_pb2_grpc
+
+SampleKey = Union[int, str]
+_RETRY_BACKOFF_S = (0.05, 0.1, 0.2, 0.5, 1.0)
+
+
+class Client:
+    """Connection to a DLFS daemon.
+
+    `address` is ``HOST:PORT`` (or a one-element list of it; several
+    daemons per client arrive with the multi-daemon placement).  The client
+    is thread-safe; after `os.fork` make a new one in the child.
+    """
+
+    def __init__(self, address: str | Sequence[str], *,
+                 timeout_s: float = limits.metadata_timeout_s_default,
+                 batch_timeout_s: float = limits.batch_timeout_s_default,
+                 reconnect_timeout_s: float = 10.0):
+        addresses = [address] if isinstance(address, str) else list(address)
+        addresses = [a for part in addresses for a in part.split(",") if a]
+        if len(addresses) != 1:
+            raise InvalidArgument(
+                f"got {len(addresses)} daemon addresses; this client version talks to exactly "
+                "one daemon (HOST:PORT)"
+            )
+        self.address = addresses[0]
+        self.timeout_s = timeout_s
+        self.batch_timeout_s = batch_timeout_s
+        self.reconnect_timeout_s = reconnect_timeout_s
+        self._channel = grpc.insecure_channel(self.address, options=[
+            ("grpc.max_send_message_length", limits.message_bytes_max),
+            ("grpc.max_receive_message_length", limits.message_bytes_max),
+        ])
+        self._stub = dlfs_pb2_grpc.DlfsStub(self._channel)
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Client({self.address!r})"
+
+    # --- calls --------------------------------------------------------------
+
+    def _call(self, method: str, request, *, timeout_s: float | None = None, retry: bool = True):
+        """Unary call with deadline, typed errors and retry on UNAVAILABLE."""
+        stub_method = getattr(self._stub, method)
+        give_up = time.monotonic() + (self.reconnect_timeout_s if retry else 0.0)
+        for attempt in range(1 << 30):
+            try:
+                return stub_method(request, timeout=timeout_s or self.timeout_s)
+            except grpc.RpcError as exc:
+                if not self._should_retry(exc, attempt, give_up):
+                    raise from_rpc_error(exc, self.address) from None
+
+    def _should_retry(self, exc: grpc.RpcError, attempt: int, give_up: float) -> bool:
+        if exc.code() != grpc.StatusCode.UNAVAILABLE:
+            return False
+        pause = _RETRY_BACKOFF_S[min(attempt, len(_RETRY_BACKOFF_S) - 1)]
+        if time.monotonic() + pause > give_up:
+            return False
+        time.sleep(pause)
+        return True
+
+    # --- datasets -------------------------------------------------------------
+
+    def datasets(self) -> list[str]:
+        """Names of the sealed datasets, sorted."""
+        return [info.name for info in self.dataset_infos() if info.sealed]
+
+    def dataset_infos(self) -> list[DatasetInfo]:
+        """Summaries of all datasets, including ingests in progress (sealed=False)."""
+        reply = self._call("ListDatasets", pb.ListDatasetsRequest())
+        return [convert.dataset_info(d) for d in reply.datasets]
+
+    def dataset(self, name: str) -> "Dataset":
+        """Open dataset `name`.  Raises NotFound, InvalidArgument."""
+        check_dataset_name(name)
+        info = convert.dataset_info(self._call("GetDataset", pb.GetDatasetRequest(dataset=name)))
+        return Dataset(self, info)
+
+    def delete(self, name: str) -> DatasetInfo:
+        """Remove dataset `name` and free its space.  Raises NotFound."""
+        check_dataset_name(name)
+        reply = self._call("DeleteDataset", pb.DeleteDatasetRequest(dataset=name), retry=False)
+        return convert.dataset_info(reply)
+
+    def ingest(self, source_dir: str, name: str, *, replace: bool = False,
+               include_hidden: bool = False, follow_symlinks: bool = False,
+               progress: bool | None = None) -> DatasetInfo:
+        """Upload every regular file below `source_dir` as dataset `name`.
+
+        See `dlfs.client.ingest.ingest_tree` for the file selection rules.
+        """
+        from dlfs.client.ingest import ingest_tree
+
+        return ingest_tree(self, source_dir, name, replace=replace, include_hidden=include_hidden,
+                           follow_symlinks=follow_symlinks, progress=progress)
+
+    # --- samples --------------------------------------------------------------------
+
+    def get_batch(self, keys: Iterable[SampleKey], *, dataset: str, verify: bool = True
+                  ) -> list[memoryview]:
+        """Shorthand for ``client.dataset(dataset).get_batch(keys)`` without the lookup."""
+        return fetch_batch(self, dataset, keys, verify=verify)
+
+    def stat(self, dataset: str, path: str) -> Entry:
+        """Metadata of a file or directory ("" is the dataset root)."""
+        request = pb.StatRequest(dataset=dataset, path=normalize_dir_path(path))
+        return convert.entry(self._call("Stat", request))
+
+    def listdir(self, dataset: str, path: str = "", *,
+                page_size: int = limits.list_page_entries_default) -> Iterator[Entry]:
+        """Entries of a directory in name order, fetched page by page."""
+        path = normalize_dir_path(path)
+        start_after = ""
+        while True:
+            reply = self._call("ListDir", pb.ListDirRequest(
+                dataset=dataset, path=path, start_after=start_after, page_size=page_size))
+            for item in reply.entries:
+                yield convert.entry(item)
+            if not reply.more or not reply.entries:
+                return
+            start_after = reply.entries[-1].name
+
+
+class Dataset:
+    """One sealed dataset on a daemon.  `len(ds)` samples with ids 0..len-1."""
+
+    def __init__(self, client: Client, info: DatasetInfo):
+        self.client = client
+        self.info = info
+        self.name = info.name
+
+    def __len__(self) -> int:
+        return self.info.samples
+
+    def __repr__(self) -> str:
+        return f"Dataset({self.name!r}, samples={len(self)}, bytes={self.info.bytes})"
+
+    def get_batch(self, keys: Iterable[SampleKey], *, verify: bool = True) -> list[memoryview]:
+        """Samples by ids or by paths, in request order, duplicates allowed.
+
+        One round trip.  Raises InvalidArgument (bad id, mixed ids and
+        paths, batch over the daemon's limit), NotFound (unknown path),
+        DataCorruption (stored bytes fail their checksum).
+        """
+        return fetch_batch(self.client, self.name, keys, verify=verify)
+
+    def get(self, key: SampleKey, *, verify: bool = True) -> memoryview:
+        """One sample by id or path."""
+        return self.get_batch([key], verify=verify)[0]
+
+    def path(self, sample_id: int) -> str:
+        """Path of sample `sample_id`."""
+        return self.lookup([sample_id])[0].path
+
+    def index(self, path: str) -> int:
+        """Sample id of `path`."""
+        return self.lookup([path])[0].id
+
+    def lookup(self, keys: Sequence[SampleKey]) -> list[Entry]:
+        """Entries of samples by ids or paths (at most limits.lookup_items_max)."""
+        request = pb.LookupRequest(dataset=self.name)
+        _fill_keys(request, keys)
+        return [convert.entry(e) for e in self.client._call("Lookup", request).entries]
+
+    def paths(self) -> list[str]:
+        """Every sample path, in id order.  One Lookup per 65,536 samples."""
+        result: list[str] = []
+        step = limits.lookup_items_max
+        for start in range(0, len(self), step):
+            result.extend(e.path for e in self.lookup(range(start, min(start + step, len(self)))))
+        return result
+
+    def stat(self, path: str = "") -> Entry:
+        return self.client.stat(self.name, path)
+
+    def listdir(self, path: str = "", **kwargs) -> Iterator[Entry]:
+        return self.client.listdir(self.name, path, **kwargs)
+
+
+def _fill_keys(request, keys) -> int:
+    """Put ids or paths into `request`; return how many.  Raises InvalidArgument."""
+    if isinstance(keys, np.ndarray):
+        if keys.dtype.kind not in "iu":
+            raise InvalidArgument(f"sample ids must be integers, got an array of {keys.dtype}")
+        keys = keys.tolist()
+    elif not isinstance(keys, (list, tuple)):
+        keys = list(keys)
+    if not keys:
+        return 0
+    if all(isinstance(k, (int, np.integer)) and not isinstance(k, bool) for k in keys):
+        try:
+            request.ids.extend(keys)
+        except (ValueError, TypeError):
+            raise InvalidArgument("sample ids must fit in a signed 64-bit integer") from None
+    elif all(isinstance(k, str) for k in keys):
+        request.paths.extend(keys)
+    else:
+        raise InvalidArgument("a batch takes either integer sample ids or string paths, "
+                              "not a mix or other types")
+    return len(keys)
+
+
+def fetch_batch(client: Client, dataset: str, keys, *, verify: bool = True) -> list[memoryview]:
+    """One GetBatch round trip; the samples as memoryviews in request order."""
+    request = pb.GetBatchRequest(dataset=dataset, skip_verify=not verify)
+    if not _fill_keys(request, keys):
+        return []
+    give_up = time.monotonic() + client.reconnect_timeout_s
+    for attempt in range(1 << 30):
+        try:
+            return _assemble(client._stub.GetBatch(request, timeout=client.batch_timeout_s))
+        except grpc.RpcError as exc:
+            if not client._should_retry(exc, attempt, give_up):
+                raise from_rpc_error(exc, client.address) from None
+
+
+def _assemble(chunks) -> list[memoryview]:
+    """Join a GetBatch stream into one payload and slice it per sample."""
+    first = next(chunks)
+    offsets = first.offsets
+    lengths = first.lengths
+    data = first.data
+    if len(data) == first.payload_bytes:
+        payload = memoryview(data)
+    else:
+        buffer = bytearray(first.payload_bytes)
+        buffer[: len(data)] = data
+        filled = len(data)
+        for chunk in chunks:
+            piece = chunk.data
+            if chunk.data_offset != filled:
+                raise Unavailable(f"reply chunks out of order ({chunk.data_offset} != {filled})")
+            buffer[filled:filled + len(piece)] = piece
+            filled += len(piece)
+        if filled != first.payload_bytes:
+            raise Unavailable(f"reply ended after {filled} of {first.payload_bytes} bytes")
+        payload = memoryview(buffer).toreadonly()
+    for _ in chunks:  # drain so the call completes and its status is checked
+        pass
+    return [payload[o:o + n] for o, n in zip(offsets, lengths)]

@@ -1,0 +1,47 @@
+"""Client-side value types and their conversion from the generated messages."""
+
+from __future__ import annotations
+
+import dataclasses
+import stat as stat_module
+
+from dlfs.proto import dlfs_pb2 as pb
+
+
+@dataclasses.dataclass(frozen=True)
+class DatasetInfo:
+    name: str
+    samples: int
+    bytes: int
+    sealed: bool
+    created_ns: int
+    extents: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    """A file (sample) or directory of a dataset."""
+
+    name: str
+    path: str
+    is_dir: bool
+    size: int
+    mode: int
+    mtime_ns: int
+    id: int  # -1 for directories
+    crc32c: int
+    children: int  # directories: number of direct children
+
+    @property
+    def permissions(self) -> str:
+        return stat_module.filemode(self.mode)
+
+
+def dataset_info(message: pb.DatasetInfo) -> DatasetInfo:
+    return DatasetInfo(message.name, message.samples, message.bytes, message.sealed,
+                       message.created_unix_ns, message.extents)
+
+
+def entry(message: pb.Entry) -> Entry:
+    return Entry(message.name, message.path, message.kind == pb.DIRECTORY, message.size,
+                 message.mode, message.mtime_ns, message.id, message.crc32c, message.children)

@@ -1,0 +1,121 @@
+"""Typed errors shared by daemon, client and FUSE layer.
+
+Each class names the gRPC status code it travels as.  The daemon's error
+interceptor turns a raised `DlfsError` into that status with the message;
+the client turns the status back into the same class.  The FUSE layer maps
+classes to errno values in one table (`dlfs.fuse.errno_map`).
+
+Messages name the thing (dataset, path, id, limit) and, where there is one,
+the fix.  This module never imports grpc: status codes are kept as the
+names of `grpc.StatusCode` members.
+"""
+
+from __future__ import annotations
+
+
+class DlfsError(Exception):
+    """Base of every error DLFS raises on purpose."""
+
+    status_code_name = "UNKNOWN"
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message
+
+
+class InvalidArgument(DlfsError, ValueError):
+    """The request is malformed: bad id, bad path, batch over a limit."""
+
+    status_code_name = "INVALID_ARGUMENT"
+
+
+class NotFound(DlfsError, KeyError):
+    """The named dataset, path or sample does not exist."""
+
+    status_code_name = "NOT_FOUND"
+
+    def __str__(self) -> str:  # KeyError would otherwise repr() the message
+        return self.message
+
+
+class AlreadyExists(DlfsError):
+    """A dataset of that name exists (or is being ingested)."""
+
+    status_code_name = "ALREADY_EXISTS"
+
+
+class FailedPrecondition(DlfsError):
+    """The system is not in a state the call needs (e.g. dataset not sealed)."""
+
+    status_code_name = "FAILED_PRECONDITION"
+
+
+class DataCorruption(DlfsError):
+    """Stored bytes do not match their checksum, or a file is truncated."""
+
+    status_code_name = "DATA_LOSS"
+
+
+class Overloaded(DlfsError):
+    """A resource limit was hit: too many RPCs, ingests, or a full disk."""
+
+    status_code_name = "RESOURCE_EXHAUSTED"
+
+
+class StorageFull(Overloaded):
+    """The data directory's file system has no space left."""
+
+
+class Unavailable(DlfsError):
+    """The daemon cannot be reached or is shutting down."""
+
+    status_code_name = "UNAVAILABLE"
+
+
+class DeadlineExceeded(DlfsError, TimeoutError):
+    """The call did not finish within its deadline."""
+
+    status_code_name = "DEADLINE_EXCEEDED"
+
+
+class Cancelled(DlfsError):
+    """The caller cancelled the call."""
+
+    status_code_name = "CANCELLED"
+
+
+class PermissionDenied(DlfsError):
+    """The caller's credentials do not allow the call."""
+
+    status_code_name = "PERMISSION_DENIED"
+
+
+class Unauthenticated(DlfsError):
+    """The call carried no valid credentials."""
+
+    status_code_name = "UNAUTHENTICATED"
+
+
+class Internal(DlfsError):
+    """A bug in DLFS; the message carries an error id found in the daemon log."""
+
+    status_code_name = "INTERNAL"
+
+
+ERROR_BY_STATUS_CODE_NAME: dict[str, type[DlfsError]] = {
+    cls.status_code_name: cls
+    for cls in (
+        InvalidArgument,
+        NotFound,
+        AlreadyExists,
+        FailedPrecondition,
+        DataCorruption,
+        Overloaded,
+        Unavailable,
+        DeadlineExceeded,
+        Cancelled,
+        PermissionDenied,
+        Unauthenticated,
+        Internal,
+    )
+}

@@ -1,0 +1,179 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class EntryKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ENTRY_KIND_UNSPECIFIED: _ClassVar[EntryKind]
+    FILE: _ClassVar[EntryKind]
+    DIRECTORY: _ClassVar[EntryKind]
+ENTRY_KIND_UNSPECIFIED: EntryKind
+FILE: EntryKind
+DIRECTORY: EntryKind
+
+class ListDatasetsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListDatasetsReply(_message.Message):
+    __slots__ = ("datasets",)
+    DATASETS_FIELD_NUMBER: _ClassVar[int]
+    datasets: _containers.RepeatedCompositeFieldContainer[DatasetInfo]
+    def __init__(self, datasets: _Optional[_Iterable[_Union[DatasetInfo, _Mapping]]] = ...) -> None: ...
+
+class GetDatasetRequest(_message.Message):
+    __slots__ = ("dataset",)
+    DATASET_FIELD_NUMBER: _ClassVar[int]
+    dataset: str
+    def __init__(self, dataset: _Optional[str] = ...) -> None: ...
+
+class DatasetInfo(_message.Message):
+    __slots__ = ("name", "samples", "bytes", "sealed", "created_unix_ns", "extents")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    SEALED_FIELD_NUMBER: _ClassVar[int]
+    CREATED_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
+    EXTENTS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    samples: int
+    bytes: int
+    sealed: bool
+    created_unix_ns: int
+    extents: int
+    def __init__(self, name: _Optional[str] = ..., samples: _Optional[int] = ..., bytes: _Optional[int] = ..., sealed: _Optional[bool] = ..., created_unix_ns: _Optional[int] = ..., extents: _Optional[int] = ...) -> None: ...
+
+class Entry(_message.Message):
+    __slots__ = ("name", "path", "kind", "size", "mode", "mtime_ns", "id", "crc32c", "children")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    MTIME_NS_FIELD_NUMBER: _ClassVar[int]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    CRC32C_FIELD_NUMBER: _ClassVar[int]
+    CHILDREN_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    path: str
+    kind: EntryKind
+    size: int
+    mode: int
+    mtime_ns: int
+    id: int
+    crc32c: int
+    children: int
+    def __init__(self, name: _Optional[str] = ..., path: _Optional[str] = ..., kind: _Optional[_Union[EntryKind, str]] = ..., size: _Optional[int] = ..., mode: _Optional[int] = ..., mtime_ns: _Optional[int] = ..., id: _Optional[int] = ..., crc32c: _Optional[int] = ..., children: _Optional[int] = ...) -> None: ...
+
+class StatRequest(_message.Message):
+    __slots__ = ("dataset", "path")
+    DATASET_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    dataset: str
+    path: str
+    def __init__(self, dataset: _Optional[str] = ..., path: _Optional[str] = ...) -> None: ...
+
+class ListDirRequest(_message.Message):
+    __slots__ = ("dataset", "path", "start_after", "page_size")
+    DATASET_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    START_AFTER_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    dataset: str
+    path: str
+    start_after: str
+    page_size: int
+    def __init__(self, dataset: _Optional[str] = ..., path: _Optional[str] = ..., start_after: _Optional[str] = ..., page_size: _Optional[int] = ...) -> None: ...
+
+class ListDirReply(_message.Message):
+    __slots__ = ("entries", "more")
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    MORE_FIELD_NUMBER: _ClassVar[int]
+    entries: _containers.RepeatedCompositeFieldContainer[Entry]
+    more: bool
+    def __init__(self, entries: _Optional[_Iterable[_Union[Entry, _Mapping]]] = ..., more: _Optional[bool] = ...) -> None: ...
+
+class LookupRequest(_message.Message):
+    __slots__ = ("dataset", "ids", "paths")
+    DATASET_FIELD_NUMBER: _ClassVar[int]
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    PATHS_FIELD_NUMBER: _ClassVar[int]
+    dataset: str
+    ids: _containers.RepeatedScalarFieldContainer[int]
+    paths: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, dataset: _Optional[str] = ..., ids: _Optional[_Iterable[int]] = ..., paths: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class LookupReply(_message.Message):
+    __slots__ = ("entries",)
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    entries: _containers.RepeatedCompositeFieldContainer[Entry]
+    def __init__(self, entries: _Optional[_Iterable[_Union[Entry, _Mapping]]] = ...) -> None: ...
+
+class GetBatchRequest(_message.Message):
+    __slots__ = ("dataset", "ids", "paths", "skip_verify")
+    DATASET_FIELD_NUMBER: _ClassVar[int]
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    PATHS_FIELD_NUMBER: _ClassVar[int]
+    SKIP_VERIFY_FIELD_NUMBER: _ClassVar[int]
+    dataset: str
+    ids: _containers.RepeatedScalarFieldContainer[int]
+    paths: _containers.RepeatedScalarFieldContainer[str]
+    skip_verify: bool
+    def __init__(self, dataset: _Optional[str] = ..., ids: _Optional[_Iterable[int]] = ..., paths: _Optional[_Iterable[str]] = ..., skip_verify: _Optional[bool] = ...) -> None: ...
+
+class BatchChunk(_message.Message):
+    __slots__ = ("data", "data_offset", "payload_bytes", "offsets", "lengths")
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    DATA_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_BYTES_FIELD_NUMBER: _ClassVar[int]
+    OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    LENGTHS_FIELD_NUMBER: _ClassVar[int]
+    data: bytes
+    data_offset: int
+    payload_bytes: int
+    offsets: _containers.RepeatedScalarFieldContainer[int]
+    lengths: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, data: _Optional[bytes] = ..., data_offset: _Optional[int] = ..., payload_bytes: _Optional[int] = ..., offsets: _Optional[_Iterable[int]] = ..., lengths: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class IngestMessage(_message.Message):
+    __slots__ = ("start", "pieces")
+    START_FIELD_NUMBER: _ClassVar[int]
+    PIECES_FIELD_NUMBER: _ClassVar[int]
+    start: IngestStart
+    pieces: _containers.RepeatedCompositeFieldContainer[IngestPiece]
+    def __init__(self, start: _Optional[_Union[IngestStart, _Mapping]] = ..., pieces: _Optional[_Iterable[_Union[IngestPiece, _Mapping]]] = ...) -> None: ...
+
+class IngestStart(_message.Message):
+    __slots__ = ("dataset", "replace")
+    DATASET_FIELD_NUMBER: _ClassVar[int]
+    REPLACE_FIELD_NUMBER: _ClassVar[int]
+    dataset: str
+    replace: bool
+    def __init__(self, dataset: _Optional[str] = ..., replace: _Optional[bool] = ...) -> None: ...
+
+class IngestPiece(_message.Message):
+    __slots__ = ("path", "size", "mode", "mtime_ns", "data", "crc32c")
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    MTIME_NS_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    CRC32C_FIELD_NUMBER: _ClassVar[int]
+    path: str
+    size: int
+    mode: int
+    mtime_ns: int
+    data: bytes
+    crc32c: int
+    def __init__(self, path: _Optional[str] = ..., size: _Optional[int] = ..., mode: _Optional[int] = ..., mtime_ns: _Optional[int] = ..., data: _Optional[bytes] = ..., crc32c: _Optional[int] = ...) -> None: ...
+
+class DeleteDatasetRequest(_message.Message):
+    __slots__ = ("dataset",)
+    DATASET_FIELD_NUMBER: _ClassVar[int]
+    dataset: str
+    def __init__(self, dataset: _Optional[str] = ...) -> None: ...

@@ -1,0 +1,71 @@
+"""Daemon settings: one dataclass, defaults from `dlfs.limits`.
+
+`dlfs-server --help` lists every field with its default (see `main.py`,
+which builds the command line from `SETTINGS`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from dlfs import limits
+
+
+@dataclasses.dataclass(frozen=True)
+class ServerConfig:
+    data_dir: str
+    listen: str = "127.0.0.1:7010"
+    batch_ids_max: int = limits.batch_ids_max_default
+    batch_bytes_max: int = limits.batch_bytes_max_default
+    chunk_bytes: int = limits.chunk_bytes_default
+    message_bytes_max: int = limits.message_bytes_max
+    reader_threads: int = limits.reader_threads_default
+    rpc_threads: int = limits.rpc_threads_default
+    rpcs_concurrent_max: int = limits.rpcs_concurrent_max_default
+    ingests_concurrent_max: int = limits.ingests_concurrent_max_default
+    extent_bytes_max: int = limits.extent_bytes_max_default
+    open_extents_max: int = limits.open_extents_max_default
+    coalesce_gap_bytes: int = limits.coalesce_gap_bytes_default
+    # "request": verify CRC32C unless the call opts out; "always"; "never".
+    verify: str = "request"
+    salvage_catalog: bool = False
+
+    def __post_init__(self):
+        checks = [
+            (1 <= self.batch_ids_max, "batch_ids_max must be at least 1"),
+            (1 <= self.batch_bytes_max, "batch_bytes_max must be at least 1"),
+            (4096 <= self.chunk_bytes <= self.message_bytes_max - limits.MiB,
+             "chunk_bytes must be in 4096 .. message_bytes_max - 1 MiB"),
+            (1 <= self.reader_threads <= limits.reader_threads_max,
+             f"reader_threads must be in 1..{limits.reader_threads_max}"),
+            (1 <= self.rpc_threads, "rpc_threads must be at least 1"),
+            (self.rpc_threads <= self.rpcs_concurrent_max,
+             "rpcs_concurrent_max must be at least rpc_threads"),
+            (1 <= self.ingests_concurrent_max, "ingests_concurrent_max must be at least 1"),
+            (8192 <= self.extent_bytes_max <= limits.sample_bytes_max,
+             "extent_bytes_max must be in 8 KiB .. sample_bytes_max"),
+            (1 <= self.open_extents_max, "open_extents_max must be at least 1"),
+            (0 <= self.coalesce_gap_bytes <= limits.range_bytes_max,
+             "coalesce_gap_bytes must be in 0..range_bytes_max"),
+            (self.verify in ("request", "always", "never"),
+             "verify must be request, always or never"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(message)
+
+
+# Help text for each tunable field, shown by `dlfs-server --help`.
+SETTINGS_HELP = {
+    "batch_ids_max": "most samples one get_batch may ask for",
+    "batch_bytes_max": "most bytes one get_batch may return",
+    "chunk_bytes": "payload bytes per streamed reply message",
+    "message_bytes_max": "gRPC send/receive message size limit",
+    "reader_threads": "reader threads (reads in flight against the device)",
+    "rpc_threads": "threads serving RPCs",
+    "rpcs_concurrent_max": "RPCs admitted at once; more get RESOURCE_EXHAUSTED",
+    "ingests_concurrent_max": "ingest streams admitted at once",
+    "extent_bytes_max": "size at which a new extent file is started",
+    "open_extents_max": "extent file descriptors kept open (LRU)",
+    "coalesce_gap_bytes": "merge reads of samples at most this many bytes apart",
+}

@@ -1,0 +1,38 @@
+"""Conversions between the storage core's types and the generated messages.
+
+The only server module besides service.py that touches `dlfs_pb2`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from dlfs.proto import dlfs_pb2 as pb
+from dlfs.server.directory import DatasetSummary, EntryInfo
+
+
+def dataset_info(summary: DatasetSummary) -> pb.DatasetInfo:
+    return pb.DatasetInfo(name=summary.name, samples=summary.samples, bytes=summary.bytes,
+                          sealed=summary.sealed, created_unix_ns=summary.created_ns,
+                          extents=summary.extents)
+
+
+def entry(info: EntryInfo) -> pb.Entry:
+    return pb.Entry(name=info.name, path=info.path,
+                    kind=pb.DIRECTORY if info.is_dir else pb.FILE, size=info.size,
+                    mode=info.mode, mtime_ns=info.mtime_ns, id=info.id, crc32c=info.crc32c,
+                    children=info.children)
+
+
+def ids_array(repeated) -> np.ndarray:
+    """A repeated int64 field as an int64 array (one C-level pass)."""
+    return np.fromiter(repeated, dtype=np.int64, count=len(repeated))
+
+
+def batch_header(chunk: pb.BatchChunk, payload_bytes: int, offsets: np.ndarray,
+                 lengths: np.ndarray) -> pb.BatchChunk:
+    """Fill the first chunk's payload size and per-sample offsets and lengths."""
+    chunk.payload_bytes = payload_bytes
+    chunk.offsets.extend(offsets.tolist())
+    chunk.lengths.extend(lengths.tolist())
+    return chunk

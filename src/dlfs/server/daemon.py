@@ -1,0 +1,67 @@
+"""Wire a Store into a running gRPC server (the `dlfs-server` process core)."""
+
+from __future__ import annotations
+
+import logging
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from dlfs.proto import dlfs_pb2_grpc
+from dlfs.server.interceptor import ErrorInterceptor
+from dlfs.server.service import DlfsServicer
+from dlfs.server.store import Store
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = "dlfs.v1.Dlfs"
+
+
+class Daemon:
+    """A gRPC server serving one Store.  `start()` binds and returns the address."""
+
+    def __init__(self, store: Store):
+        self.store = store
+        config = store.config
+        self._executor = ThreadPoolExecutor(max_workers=config.rpc_threads,
+                                            thread_name_prefix="dlfs-rpc")
+        self.server = grpc.server(
+            self._executor,
+            interceptors=[ErrorInterceptor()],
+            maximum_concurrent_rpcs=config.rpcs_concurrent_max,
+            options=[
+                ("grpc.max_send_message_length", config.message_bytes_max),
+                ("grpc.max_receive_message_length", config.message_bytes_max),
+                ("grpc.so_reuseport", 0),
+            ],
+        )
+        dlfs_pb2_grpc.add_DlfsServicer_to_server(DlfsServicer(store), self.server)
+        self.health = health.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        self.address = ""
+
+    def start(self) -> str:
+        """Bind `config.listen` (port 0 picks one), start serving, return HOST:PORT."""
+        listen = self.store.config.listen
+        host, _, port = listen.rpartition(":")
+        if not host or not port.isdigit():
+            raise ValueError(f"--listen {listen!r} must be HOST:PORT (PORT 0 picks a free port)")
+        try:
+            bound = self.server.add_insecure_port(listen)
+        except RuntimeError as exc:
+            raise RuntimeError(f"cannot listen on {listen}: {exc}") from None
+        if bound == 0:
+            raise RuntimeError(f"cannot listen on {listen}: address in use or not available here")
+        self.server.start()
+        self.address = f"{host}:{bound}"
+        for service in ("", SERVICE_NAME):
+            self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
+        return self.address
+
+    def stop(self, grace_s: float = 5.0) -> None:
+        """Refuse new calls, let running ones finish for `grace_s`, then close the store."""
+        self.health.enter_graceful_shutdown()
+        self.server.stop(grace_s).wait()
+        self._executor.shutdown(wait=True, cancel_futures=True)
+        self.store.close()

@@ -1,0 +1,313 @@
+"""Extent store: append-only extent files that pack many samples each.
+
+Layout under the data dir::
+
+    extents/<dataset id, 16 hex digits>/<extent number, 6 digits>.ext
+
+Every extent belongs to exactly one dataset, so deleting a dataset (or
+discarding an interrupted ingest) is removing its directory: no compaction.
+An extent starts with a `HEADER_BYTES` header (magic, format version,
+dataset id, extent number, CRC32C of the header) padded to 4 KiB, so sample
+data starts page aligned; samples follow back to back.
+
+`ExtentWriter` appends the samples of one ingest; `ExtentFiles` hands out
+read-only file descriptors through an LRU cache bounded by `open_extents_max`.
+Nothing here imports grpc.
+"""
+
+from __future__ import annotations
+
+import errno
+import io
+import os
+import shutil
+import struct
+import threading
+from collections import OrderedDict
+from contextlib import contextmanager
+from typing import Iterator
+
+import crc32c
+
+from dlfs import limits
+from dlfs.errors import DataCorruption, Overloaded, StorageFull
+
+MAGIC = b"DLFSEXT1"
+FORMAT_VERSION = 1
+HEADER_BYTES = 4096
+_HEADER = struct.Struct("<8sIQIq")  # magic, version, dataset id, extent no, created ns
+_HEADER_CRC = struct.Struct("<I")
+WRITE_BUFFER_BYTES = 4 * limits.MiB
+
+_NO_SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+
+
+def dataset_dir_name(dataset_id: int) -> str:
+    return f"{dataset_id:016x}"
+
+
+def extent_file_name(extent_no: int) -> str:
+    return f"{extent_no:06d}.ext"
+
+
+def encode_header(dataset_id: int, extent_no: int, created_ns: int) -> bytes:
+    body = _HEADER.pack(MAGIC, FORMAT_VERSION, dataset_id, extent_no, created_ns)
+    body += _HEADER_CRC.pack(crc32c.crc32c(body))
+    return body.ljust(HEADER_BYTES, b"\0")
+
+
+def check_header(raw: bytes, dataset_id: int, extent_no: int, path: str) -> None:
+    """Raise DataCorruption unless `raw` is a valid header for this extent."""
+    size = _HEADER.size + _HEADER_CRC.size
+    if len(raw) < size:
+        raise DataCorruption(f"extent {path} is truncated inside its header")
+    magic, version, got_dataset, got_extent, _created = _HEADER.unpack_from(raw)
+    (crc,) = _HEADER_CRC.unpack_from(raw, _HEADER.size)
+    if magic != MAGIC or crc != crc32c.crc32c(raw[: _HEADER.size]):
+        raise DataCorruption(f"extent {path} has a damaged header (bad magic or checksum)")
+    if version != FORMAT_VERSION:
+        raise DataCorruption(
+            f"extent {path} has format version {version}; this daemon reads version "
+            f"{FORMAT_VERSION}"
+        )
+    if (got_dataset, got_extent) != (dataset_id, extent_no):
+        raise DataCorruption(
+            f"extent {path} belongs to dataset {got_dataset:x} extent {got_extent}, "
+            f"not dataset {dataset_id:x} extent {extent_no}"
+        )
+
+
+def no_space_error(exc: OSError, where: str) -> Exception:
+    """Translate ENOSPC/EDQUOT into StorageFull; return other errors unchanged."""
+    if exc.errno in _NO_SPACE_ERRNOS:
+        return StorageFull(
+            f"no space left on the data dir while writing {where}; free space or "
+            "delete a dataset (dlfs rm NAME), then ingest again"
+        )
+    return exc
+
+
+class ExtentStore:
+    """Paths and directory management of the extent files below `root`."""
+
+    def __init__(self, root: str):
+        self.root = root
+        os.makedirs(root, mode=0o700, exist_ok=True)
+
+    def dataset_dir(self, dataset_id: int) -> str:
+        return os.path.join(self.root, dataset_dir_name(dataset_id))
+
+    def extent_path(self, dataset_id: int, extent_no: int) -> str:
+        return os.path.join(self.dataset_dir(dataset_id), extent_file_name(extent_no))
+
+    def dataset_ids_on_disk(self) -> list[int]:
+        """Dataset ids that have an extent directory (live or orphaned)."""
+        ids = []
+        for name in os.listdir(self.root):
+            try:
+                ids.append(int(name, 16))
+            except ValueError:
+                continue
+        return sorted(ids)
+
+    def remove_dataset(self, dataset_id: int) -> None:
+        """Delete a dataset's extents.  Open descriptors keep working until closed."""
+        shutil.rmtree(self.dataset_dir(dataset_id), ignore_errors=True)
+        _fsync_dir(self.root)
+
+
+class ExtentWriter:
+    """Appends the samples of one dataset into its extents.
+
+    Usage: `begin_sample(size)` returns where the sample will live, then
+    `write(chunk)` until `size` bytes were written, then `end_sample()`.
+    `sync()` makes everything written so far durable (file data and the
+    directory entries).  Not thread-safe: one ingest session owns a writer.
+    A sample never spans extents: a new extent is started when the sample
+    would overflow the current one, unless the current one is empty.
+    """
+
+    def __init__(self, store: ExtentStore, dataset_id: int, created_ns: int,
+                 extent_bytes_max: int = limits.extent_bytes_max_default):
+        self._store = store
+        self._dataset_id = dataset_id
+        self._created_ns = created_ns
+        self._extent_bytes_max = extent_bytes_max
+        self._file: io.BufferedWriter | None = None
+        self._extent_no = -1
+        self._end = 0  # bytes in the current extent, header included
+        self._remaining = 0
+        self.extents = 0
+        os.makedirs(store.dataset_dir(dataset_id), mode=0o700, exist_ok=False)
+
+    def begin_sample(self, size: int) -> tuple[int, int]:
+        """Reserve room for a sample of `size` bytes; return (extent no, offset)."""
+        assert self._remaining == 0, "previous sample not finished"
+        if self._file is None or (
+            self._end > HEADER_BYTES and self._end + size > self._extent_bytes_max
+        ):
+            self._open_next_extent()
+        self._remaining = size
+        return self._extent_no, self._end
+
+    def write(self, chunk) -> None:
+        """Append bytes of the current sample.  Raises StorageFull on ENOSPC."""
+        n = len(chunk)
+        assert n <= self._remaining, "sample longer than announced"
+        try:
+            self._file.write(chunk)
+        except OSError as exc:
+            raise no_space_error(exc, f"dataset {self._dataset_id:x}") from exc
+        self._remaining -= n
+        self._end += n
+
+    def end_sample(self) -> None:
+        assert self._remaining == 0, "sample shorter than announced"
+
+    def sync(self) -> None:
+        """Flush and fsync the open extent and the dataset's directory entry list.
+
+        Extents finished earlier were synced when the writer moved past them.
+        """
+        try:
+            if self._file is not None:
+                self._file.flush()
+                os.fsync(self._file.fileno())
+            _fsync_dir(self._store.dataset_dir(self._dataset_id))
+        except OSError as exc:
+            raise no_space_error(exc, f"dataset {self._dataset_id:x}") from exc
+
+    def close(self) -> None:
+        """Close the open extent without syncing (call `sync()` first to keep it)."""
+        if self._file is not None:
+            file, self._file = self._file, None
+            try:
+                file.close()
+            except OSError:
+                pass  # only reached when the data is being discarded
+
+    def _open_next_extent(self) -> None:
+        if self._file is not None:
+            self.sync()
+            self.close()
+        self._extent_no += 1
+        path = self._store.extent_path(self._dataset_id, self._extent_no)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            self._file = io.BufferedWriter(io.FileIO(fd, "wb"), buffer_size=WRITE_BUFFER_BYTES)
+            self._file.write(encode_header(self._dataset_id, self._extent_no, self._created_ns))
+        except OSError as exc:
+            raise no_space_error(exc, path) from exc
+        self._end = HEADER_BYTES
+        self.extents += 1
+
+
+class ExtentFiles:
+    """Read-only descriptors of extent files, cached with LRU eviction.
+
+    `acquire(dataset_id, extent_no)` is a context manager yielding an fd that
+    stays open while held, even if evicted meanwhile; at most
+    `open_extents_max` idle descriptors stay cached.  Headers are checked
+    once per open.  Thread-safe.
+    """
+
+    def __init__(self, store: ExtentStore, open_extents_max: int = limits.open_extents_max_default):
+        assert open_extents_max >= 1
+        self._store = store
+        self._max = open_extents_max
+        self._lock = threading.Lock()
+        self._cache: OrderedDict[tuple[int, int], _Handle] = OrderedDict()
+
+    @contextmanager
+    def acquire(self, dataset_id: int, extent_no: int) -> Iterator[int]:
+        handle = self._get(dataset_id, extent_no)
+        try:
+            yield handle.fd
+        finally:
+            self._release(handle)
+
+    def open_count(self) -> int:
+        with self._lock:
+            return len(self._cache)
+
+    def forget_dataset(self, dataset_id: int) -> None:
+        """Drop cached descriptors of a deleted dataset (held ones close on release)."""
+        with self._lock:
+            for key in [k for k in self._cache if k[0] == dataset_id]:
+                self._evict(key)
+
+    def close(self) -> None:
+        with self._lock:
+            for key in list(self._cache):
+                self._evict(key)
+
+    def _get(self, dataset_id: int, extent_no: int) -> "_Handle":
+        key = (dataset_id, extent_no)
+        with self._lock:
+            handle = self._cache.get(key)
+            if handle is not None:
+                self._cache.move_to_end(key)
+                handle.refs += 1
+                return handle
+        path = self._store.extent_path(dataset_id, extent_no)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            raise DataCorruption(
+                f"extent file {path} is missing; the dataset must be ingested again"
+            ) from None
+        except OSError as exc:
+            if exc.errno in (errno.EMFILE, errno.ENFILE):
+                raise Overloaded(
+                    f"too many open files opening {path}; lower --open-extents-max or raise "
+                    "the daemon's file limit (ulimit -n)"
+                ) from exc
+            raise
+        try:
+            check_header(os.pread(fd, HEADER_BYTES, 0), dataset_id, extent_no, path)
+        except BaseException:
+            os.close(fd)
+            raise
+        with self._lock:
+            existing = self._cache.get(key)
+            if existing is not None:  # another thread opened it meanwhile
+                os.close(fd)
+                existing.refs += 1
+                self._cache.move_to_end(key)
+                return existing
+            handle = _Handle(fd)
+            handle.refs = 1
+            self._cache[key] = handle
+            while len(self._cache) > self._max:
+                oldest = next(iter(self._cache))
+                self._evict(oldest)
+            return handle
+
+    def _release(self, handle: "_Handle") -> None:
+        with self._lock:
+            handle.refs -= 1
+            if handle.evicted and handle.refs == 0:
+                os.close(handle.fd)
+
+    def _evict(self, key) -> None:  # caller holds the lock
+        handle = self._cache.pop(key)
+        handle.evicted = True
+        if handle.refs == 0:
+            os.close(handle.fd)
+
+
+class _Handle:
+    __slots__ = ("fd", "refs", "evicted")
+
+    def __init__(self, fd: int):
+        self.fd = fd
+        self.refs = 0
+        self.evicted = False
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

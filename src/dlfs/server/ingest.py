@@ -1,0 +1,165 @@
+"""Ingest session: stream the files of one dataset into extents, then seal it.
+
+Durability order (see catalog.py): sample bytes are appended to the
+dataset's own extents; entries go to the catalog in SAMPLES records as they
+accumulate (unsynced: an unsealed dataset is discarded at restart anyway);
+`commit` fsyncs the extents, writes the remaining entries, builds and checks
+the directory tree, then appends SEAL and fsyncs the catalog.  Only then is
+the dataset published.  `abort` (or any error) removes the extents and
+writes a DELETE record, so nothing of the dataset remains.
+"""
+
+from __future__ import annotations
+
+import logging
+import stat as stat_module
+import time
+from typing import TYPE_CHECKING
+
+import crc32c
+import numpy as np
+
+from dlfs import limits
+from dlfs.errors import DataCorruption, InvalidArgument
+from dlfs.paths import check_sample_path
+from dlfs.server import catalog as cat
+from dlfs.server.directory import DatasetIndex, DatasetSummary
+from dlfs.server.extents import ExtentWriter
+
+if TYPE_CHECKING:
+    from dlfs.server.store import Store
+
+log = logging.getLogger(__name__)
+
+
+class IngestSession:
+    """Receives one dataset's files; create with `Store.begin_ingest`.
+
+    Call `start_file`, then `write` until the announced size is reached
+    (the file ends itself then; `finish_file` checks an optional client
+    CRC), repeat, then `commit` or `abort`.  Not thread-safe: one stream
+    drives one session.
+    """
+
+    def __init__(self, store: "Store", name: str, dataset_id: int, replace: bool):
+        self._store = store
+        self.name = name
+        self.dataset_id = dataset_id
+        self.replace = replace
+        self.created_ns = time.time_ns()
+        self._writer = ExtentWriter(store.extents, dataset_id, self.created_ns,
+                                    store.config.extent_bytes_max)
+        store.catalog.append(cat.RecordType.BEGIN, cat.encode_begin(dataset_id, self.created_ns, name))
+        self._blocks: list[cat.SampleBlock] = []
+        self._pending: list[tuple] = []  # (path, extent, offset, length, crc, mode, mtime)
+        self._file: list | None = None  # [path, size, mode, mtime, extent, offset, written, crc]
+        self.samples = 0
+        self.bytes = 0
+        self.closed = False
+
+    @property
+    def file_open(self) -> bool:
+        return self._file is not None
+
+    def start_file(self, path: str, size: int, mode: int, mtime_ns: int) -> None:
+        """Begin a sample.  Raises InvalidArgument for a bad path or size."""
+        if self._file is not None:
+            raise InvalidArgument(
+                f"file {self._file[0]!r} got {self._file[6]} of {self._file[1]} bytes before "
+                f"{path!r} started"
+            )
+        check_sample_path(path)
+        if size > limits.sample_bytes_max:
+            raise InvalidArgument(
+                f"file {path!r} is {size} bytes, over the limit of {limits.sample_bytes_max}"
+            )
+        if mode and not stat_module.S_ISREG(mode):
+            raise InvalidArgument(f"file {path!r} has mode {mode:o}, which is not a regular file")
+        mode = mode or (stat_module.S_IFREG | 0o444)
+        extent_no, offset = self._writer.begin_sample(size)
+        self._file = [path, size, mode, mtime_ns, extent_no, offset, 0, 0]
+        if size == 0:
+            self._end_file()
+
+    def write(self, data) -> None:
+        """Append bytes to the current sample; ends it when its size is reached."""
+        file = self._file
+        if file is None:
+            if len(data):
+                raise InvalidArgument("file data arrived before any file was started")
+            return
+        if file[6] + len(data) > file[1]:
+            raise InvalidArgument(
+                f"file {file[0]!r} was announced as {file[1]} bytes but more arrived"
+            )
+        self._writer.write(data)
+        file[6] += len(data)
+        file[7] = crc32c.crc32c(data, file[7])
+        if file[6] == file[1]:
+            self._end_file()
+
+    def check_last_crc(self, expected: int) -> None:
+        """Compare the client's CRC32C with what was stored for the last file."""
+        if not self._pending:
+            raise InvalidArgument("a checksum arrived before any file was complete")
+        path, *_rest, crc, _mode, _mtime = self._pending[-1]
+        if crc != expected:
+            raise DataCorruption(
+                f"file {path!r} changed in transit: the client read CRC32C {expected:08x}, "
+                f"the daemon received {crc:08x}; ingest again"
+            )
+
+    def _end_file(self) -> None:
+        path, size, mode, mtime_ns, extent_no, offset, _written, crc = self._file
+        self._writer.end_sample()
+        self._file = None
+        self._pending.append((path, extent_no, offset, size, crc, mode, mtime_ns))
+        self.samples += 1
+        self.bytes += size
+        if len(self._pending) >= limits.catalog_samples_per_record:
+            self._flush_entries()
+
+    def _flush_entries(self) -> None:
+        if not self._pending:
+            return
+        columns = list(zip(*self._pending))
+        block = cat.SampleBlock(
+            list(columns[0]),
+            np.array(columns[1], dtype=np.uint32),
+            np.array(columns[2], dtype=np.uint64),
+            np.array(columns[3], dtype=np.uint64),
+            np.array(columns[4], dtype=np.uint32),
+            np.array(columns[5], dtype=np.uint32),
+            np.array(columns[6], dtype=np.int64),
+        )
+        self._store.catalog.append(cat.RecordType.SAMPLES, cat.encode_samples(self.dataset_id, block))
+        self._blocks.append(block)
+        self._pending = []
+
+    def commit(self) -> DatasetSummary:
+        """Seal the dataset and publish it.  Raises InvalidArgument on an
+        unfinished file, a duplicate path or a file/directory conflict (the
+        session is aborted then)."""
+        if self._file is not None:
+            raise InvalidArgument(
+                f"the stream ended inside file {self._file[0]!r} ({self._file[6]} of "
+                f"{self._file[1]} bytes received)"
+            )
+        self._writer.sync()
+        self._writer.close()
+        self._flush_entries()
+        index = DatasetIndex(self.name, self.dataset_id, self.created_ns,
+                             cat.SampleBlock.concat(self._blocks))
+        self._blocks = []
+        summary = self._store.seal(self, index)
+        self.closed = True
+        return summary
+
+    def abort(self, reason: str) -> None:
+        """Discard everything of this session.  Idempotent; never raises."""
+        if self.closed:
+            return
+        self.closed = True
+        log.warning("ingest of dataset %r aborted: %s", self.name, reason)
+        self._writer.close()
+        self._store.discard(self)

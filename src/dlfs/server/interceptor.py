@@ -1,0 +1,70 @@
+"""The one place where typed errors become gRPC status codes.
+
+Any `DlfsError` raised by a handler is sent as its status code and message.
+Anything else is a bug: it becomes INTERNAL with a short error id, and the
+traceback goes to the daemon log under that id so an operator can find it.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+
+import grpc
+
+from dlfs.errors import DlfsError
+
+log = logging.getLogger(__name__)
+
+
+class ErrorInterceptor(grpc.ServerInterceptor):
+    def intercept_service(self, continuation, handler_call_details):
+        handler = continuation(handler_call_details)
+        if handler is None:
+            return None
+        method = handler_call_details.method
+        if handler.unary_unary:
+            return handler._replace(unary_unary=_wrap_unary(handler.unary_unary, method))
+        if handler.stream_unary:
+            return handler._replace(stream_unary=_wrap_unary(handler.stream_unary, method))
+        if handler.unary_stream:
+            return handler._replace(unary_stream=_wrap_stream(handler.unary_stream, method))
+        if handler.stream_stream:
+            return handler._replace(stream_stream=_wrap_stream(handler.stream_stream, method))
+        return handler
+
+
+def _wrap_unary(behavior, method: str):
+    def wrapped(request, context):
+        try:
+            return behavior(request, context)
+        except Exception as exc:  # noqa: BLE001 - translated, never swallowed
+            _abort(context, exc, method)
+
+    return wrapped
+
+
+def _wrap_stream(behavior, method: str):
+    def wrapped(request, context):
+        try:
+            yield from behavior(request, context)
+        except Exception as exc:  # noqa: BLE001 - translated, never swallowed
+            _abort(context, exc, method)
+
+    return wrapped
+
+
+def _abort(context: grpc.ServicerContext, exc: Exception, method: str):
+    if isinstance(exc, DlfsError):
+        code = getattr(grpc.StatusCode, exc.status_code_name, grpc.StatusCode.UNKNOWN)
+        log.debug("%s -> %s: %s", method, code.name, exc.message)
+        context.abort(code, exc.message)
+    if not context.is_active():
+        log.info("%s: client went away (%s)", method, type(exc).__name__)
+        raise exc
+    if context.code() is not None:
+        raise exc  # the handler already set a status with context.abort()
+    error_id = uuid.uuid4().hex[:12]
+    log.error("%s failed with internal error %s", method, error_id, exc_info=exc)
+    context.abort(grpc.StatusCode.INTERNAL,
+                  f"internal error {error_id} in {method}; the daemon log has the details")

@@ -1,0 +1,126 @@
+"""`dlfs-server`: the storage daemon's command line.
+
+    dlfs-server --data-dir DIR [--listen HOST:PORT] [--address-file FILE] [--demo]
+
+SIGTERM and SIGINT stop it cleanly: running calls get a grace period,
+running ingests are discarded, the catalog is flushed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import os
+import signal
+import sys
+import threading
+
+from dlfs.errors import DlfsError
+from dlfs.server.config import SETTINGS_HELP, ServerConfig
+
+log = logging.getLogger("dlfs.server")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="dlfs-server",
+        description="DLFS storage daemon: serves datasets packed in extent files over gRPC.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument("--data-dir", required=True,
+                        help="directory for extents and the catalog (created with mode 0700)")
+    parser.add_argument("--listen", default=ServerConfig.listen,
+                        help="HOST:PORT to serve on; PORT 0 picks a free port. Loopback by "
+                             "default: exposing the daemon on other interfaces is a choice")
+    parser.add_argument("--address-file",
+                        help="write the bound HOST:PORT here once the daemon is serving")
+    parser.add_argument("--demo", action="store_true",
+                        help="create the small generated dataset 'demo' if it is missing")
+    parser.add_argument("--verify", choices=("request", "always", "never"),
+                        default=ServerConfig.verify,
+                        help="CRC32C checks on read: per request (default on), always, never")
+    parser.add_argument("--salvage-catalog", action="store_true",
+                        help="start even if the catalog is damaged mid-log, keeping only the "
+                             "records before the damage")
+    parser.add_argument("--log-level", default="INFO",
+                        choices=("DEBUG", "INFO", "WARNING", "ERROR"))
+    defaults = ServerConfig(data_dir=".")
+    for field, help_text in SETTINGS_HELP.items():
+        parser.add_argument("--" + field.replace("_", "-"), type=int,
+                            default=getattr(defaults, field), help=help_text)
+    return parser
+
+
+def config_from_args(args: argparse.Namespace) -> ServerConfig:
+    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(ServerConfig)
+              if hasattr(args, f.name)}
+    return ServerConfig(**values)
+
+
+def ingest_demo(store) -> None:
+    """Create the demo dataset through the same ingest path clients use."""
+    from dlfs.demo import DEMO_DATASET, demo_files
+
+    if store.directory.find(DEMO_DATASET) is not None:
+        return
+    session = store.begin_ingest(DEMO_DATASET)
+    try:
+        for path, data in demo_files():
+            session.start_file(path, len(data), 0o100644, session.created_ns)
+            session.write(data)
+        summary = session.commit()
+    except BaseException as exc:
+        session.abort(str(exc))
+        raise
+    log.info("created dataset %r: %d samples, %d bytes", summary.name, summary.samples,
+             summary.bytes)
+
+
+def write_address_file(path: str, address: str) -> None:
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(address + "\n")
+    os.replace(tmp, path)  # readers never see a half-written address
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from dlfs.server.daemon import Daemon
+    from dlfs.server.store import Store
+
+    try:
+        config = config_from_args(args)
+        store = Store.open(config)
+    except (ValueError, RuntimeError, DlfsError, OSError) as exc:
+        print(f"dlfs-server: {exc}", file=sys.stderr)
+        return 2
+    daemon = Daemon(store)
+    try:
+        if args.demo:
+            ingest_demo(store)
+        address = daemon.start()
+    except BaseException as exc:
+        store.close()
+        print(f"dlfs-server: {exc}", file=sys.stderr)
+        return 2
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    if args.address_file:
+        write_address_file(args.address_file, address)
+    log.info("serving on %s (data dir %s, %d reader threads)", address,
+             os.path.abspath(config.data_dir), config.reader_threads)
+    print(f"dlfs-server listening on {address}", flush=True)
+    while not stop.wait(1.0):
+        pass
+    log.info("shutting down")
+    daemon.stop()
+    log.info("stopped; catalog flushed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

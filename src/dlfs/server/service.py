@@ -1,0 +1,122 @@
+"""gRPC servicer: translates messages to store calls and back.
+
+Handlers raise typed `DlfsError`s; `interceptor.ErrorInterceptor` turns
+them into status codes.  Every handler honours the call's deadline.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import grpc
+
+from dlfs import limits
+from dlfs.errors import Cancelled, InvalidArgument
+from dlfs.proto import dlfs_pb2 as pb
+from dlfs.proto import dlfs_pb2_grpc
+from dlfs.server import convert
+from dlfs.server.store import Store
+
+log = logging.getLogger(__name__)
+
+
+def _deadline(context: grpc.ServicerContext) -> float | None:
+    remaining = context.time_remaining()
+    return None if remaining is None else time.monotonic() + remaining
+
+
+class DlfsServicer(dlfs_pb2_grpc.DlfsServicer):
+    def __init__(self, store: Store):
+        self.store = store
+
+    # --- metadata ----------------------------------------------------------------
+
+    def ListDatasets(self, request, context):
+        return pb.ListDatasetsReply(
+            datasets=[convert.dataset_info(s) for s in self.store.summaries()])
+
+    def GetDataset(self, request, context):
+        return convert.dataset_info(self.store.dataset(request.dataset).summary())
+
+    def Stat(self, request, context):
+        return convert.entry(self.store.dataset(request.dataset).stat(request.path))
+
+    def ListDir(self, request, context):
+        dataset = self.store.dataset(request.dataset)
+        page_size = request.page_size or limits.list_page_entries_default
+        entries, more = dataset.listdir(request.path, request.start_after, page_size)
+        return pb.ListDirReply(entries=[convert.entry(e) for e in entries], more=more)
+
+    def Lookup(self, request, context):
+        dataset = self.store.dataset(request.dataset)
+        count = len(request.ids) + len(request.paths)
+        if count > limits.lookup_items_max:
+            raise InvalidArgument(
+                f"lookup of {count} items exceeds the limit of {limits.lookup_items_max}; "
+                "split it")
+        if request.ids and request.paths:
+            raise InvalidArgument("give either sample ids or paths, not both")
+        if request.paths:
+            ids = dataset.ids_of(list(request.paths))
+        else:
+            ids = dataset.check_ids(convert.ids_array(request.ids))
+        return pb.LookupReply(entries=[convert.entry(dataset.stat(dataset.path(int(i))))
+                                       for i in ids])
+
+    # --- data ----------------------------------------------------------------------
+
+    def GetBatch(self, request, context):
+        dataset = self.store.dataset(request.dataset)
+        ids = convert.ids_array(request.ids) if request.ids else None
+        paths = list(request.paths) if request.paths else None
+        _checked, plan = self.store.plan(dataset, ids=ids, paths=paths)
+        windows = self.store.read(dataset, plan, verify=not request.skip_verify,
+                                  deadline=_deadline(context))
+        header_sent = False
+        for start, window in windows:
+            if not context.is_active():
+                raise Cancelled("client cancelled get_batch")
+            chunk = pb.BatchChunk(data=bytes(window), data_offset=start)
+            if not header_sent:
+                convert.batch_header(chunk, plan.payload_bytes, plan.request_offsets,
+                                     plan.request_lengths)
+                header_sent = True
+            yield chunk
+        if not header_sent:  # empty payload: only the header
+            yield convert.batch_header(pb.BatchChunk(), 0, plan.request_offsets,
+                                       plan.request_lengths)
+
+    def Ingest(self, request_iterator, context):
+        session = None
+        try:
+            for message in request_iterator:
+                if session is None:
+                    if not message.HasField("start"):
+                        raise InvalidArgument("the first ingest message must carry `start`")
+                    session = self.store.begin_ingest(message.start.dataset, message.start.replace)
+                elif message.HasField("start"):
+                    raise InvalidArgument("`start` may only appear in the first ingest message")
+                for piece in message.pieces:
+                    if piece.path:
+                        session.start_file(piece.path, piece.size, piece.mode, piece.mtime_ns)
+                    session.write(piece.data)
+                    if piece.HasField("crc32c"):
+                        if session.file_open:
+                            raise InvalidArgument("a checksum arrived before its file was complete")
+                        session.check_last_crc(piece.crc32c)
+            if session is None:
+                raise InvalidArgument("the ingest stream was empty")
+            if not context.is_active():
+                raise Cancelled("the client went away before the ingest finished")
+            return convert.dataset_info(session.commit())
+        except BaseException as exc:
+            if session is not None:
+                session.abort(f"{type(exc).__name__}: {exc}")
+            if isinstance(exc, grpc.RpcError) and not context.is_active():
+                raise Cancelled("the ingest stream broke off; nothing was kept") from exc
+            raise
+
+    def DeleteDataset(self, request, context):
+        return convert.dataset_info(self.store.delete(request.dataset))
+

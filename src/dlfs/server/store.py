@@ -1,0 +1,304 @@
+"""Store: the daemon's storage core behind one object.
+
+Owns the data dir (locked against a second daemon), the catalog, the
+extent files, the sample directory and the read engine.  `Store.open`
+replays the catalog into the directory; every mutation goes through here so
+catalog, directory and extents stay consistent.  Data flows one way:
+service -> store -> directory / read engine -> extent files.
+
+Data dir layout::
+
+    DATA_DIR/LOCK          flock'ed while a daemon runs
+    DATA_DIR/catalog.log   see catalog.py
+    DATA_DIR/extents/...   see extents.py
+
+Nothing here imports grpc.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import logging
+import os
+import threading
+import time
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from dlfs.errors import AlreadyExists, InvalidArgument, NotFound, Overloaded
+from dlfs.paths import check_dataset_name
+from dlfs.server import catalog as cat
+from dlfs.server.config import ServerConfig
+from dlfs.server.directory import DatasetIndex, DatasetSummary, SampleDirectory
+from dlfs.server.extents import ExtentFiles, ExtentStore
+from dlfs.server.ingest import IngestSession
+from dlfs.server.reader import BatchPlan, ReadEngine, plan_batch
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class _Replayed:
+    name: str
+    created_ns: int
+    blocks: list
+    sealed: bool = False
+
+
+class Store:
+    """The storage core.  Thread-safe.  Use `Store.open(config)`; `close()` when done."""
+
+    def __init__(self, config: ServerConfig, lock_fd: int, catalog: cat.Catalog,
+                 extents: ExtentStore, directory: SampleDirectory, next_dataset_id: int):
+        self.config = config
+        self._lock_fd = lock_fd
+        self.catalog = catalog
+        self.extents = extents
+        self.directory = directory
+        self.files = ExtentFiles(extents, config.open_extents_max)
+        self.engine = ReadEngine(self.files, threads=config.reader_threads,
+                                 chunk_bytes=config.chunk_bytes)
+        self._mutex = threading.Lock()
+        self._next_dataset_id = next_dataset_id
+        self._ingests: dict[str, IngestSession] = {}
+        self._closed = False
+
+    # --- lifecycle -------------------------------------------------------------
+
+    @classmethod
+    def open(cls, config: ServerConfig) -> "Store":
+        """Lock the data dir, replay the catalog, drop leftovers of interrupted ingests.
+
+        Raises CatalogCorrupt (see catalog.scan) and a RuntimeError naming
+        the data dir when another daemon holds it.
+        """
+        data_dir = config.data_dir
+        os.makedirs(data_dir, mode=0o700, exist_ok=True)
+        lock_fd = _lock_data_dir(data_dir)
+        try:
+            started = time.monotonic()
+            catalog, replay = cat.Catalog.open(os.path.join(data_dir, "catalog.log"),
+                                               salvage=config.salvage_catalog)
+            extents = ExtentStore(os.path.join(data_dir, "extents"))
+            replayed, max_id = _replay(replay.records)
+            directory = SampleDirectory()
+            for dataset_id, entry in replayed.items():
+                if not entry.sealed:
+                    samples = sum(len(b) for b in entry.blocks)
+                    log.warning("discarding incomplete ingest of dataset %r (%d samples arrived "
+                                "before the daemon stopped); ingest it again", entry.name, samples)
+                    catalog.append(cat.RecordType.DELETE, cat.encode_delete(dataset_id))
+                    extents.remove_dataset(dataset_id)
+                    continue
+                index = DatasetIndex(entry.name, dataset_id, entry.created_ns,
+                                     cat.SampleBlock.concat(entry.blocks))
+                replaced = directory.publish(index)
+                if replaced is not None:  # cannot happen with a well-formed log
+                    log.error("catalog holds two sealed datasets named %r; keeping the later",
+                              entry.name)
+            live = {d.dataset_id for d in directory.all()}
+            for dataset_id in extents.dataset_ids_on_disk():
+                if dataset_id not in live:
+                    log.warning("removing orphaned extents of dataset id %x", dataset_id)
+                    extents.remove_dataset(dataset_id)
+                max_id = max(max_id, dataset_id)
+            catalog.sync()
+            log.info("catalog replayed: %d datasets, %d samples, %d catalog bytes in %.2f s",
+                     len(live), sum(len(d) for d in directory.all()), catalog.size,
+                     time.monotonic() - started)
+            return cls(config, lock_fd, catalog, extents, directory, max_id + 1)
+        except BaseException:
+            os.close(lock_fd)
+            raise
+
+    def close(self) -> None:
+        """Abort running ingests, stop readers, flush and close the catalog."""
+        with self._mutex:
+            if self._closed:
+                return
+            self._closed = True
+            sessions = list(self._ingests.values())
+        for session in sessions:
+            session.abort("the daemon is shutting down")
+        self.engine.close()
+        self.files.close()
+        self.catalog.close()
+        os.close(self._lock_fd)
+
+    # --- datasets ----------------------------------------------------------------
+
+    def dataset(self, name: str) -> DatasetIndex:
+        """The sealed dataset `name`.  Raises InvalidArgument, NotFound."""
+        check_dataset_name(name)
+        found = self.directory.find(name)
+        if found is None:
+            if name in self._ingests:
+                raise NotFound(f"dataset {name!r} is still being ingested; it can be read once "
+                               "the ingest finishes")
+            return self.directory.get(name)
+        return found
+
+    def summaries(self) -> list[DatasetSummary]:
+        """Sealed datasets and running ingests, sorted by name."""
+        result = {d.name: d.summary() for d in self.directory.all()}
+        with self._mutex:
+            for name, session in self._ingests.items():
+                if name not in result:
+                    result[name] = DatasetSummary(name, session.samples, session.bytes, False,
+                                                  session.created_ns, 0)
+        return [result[name] for name in sorted(result)]
+
+    def delete(self, name: str) -> DatasetSummary:
+        """Remove a sealed dataset durably, then free its extents."""
+        check_dataset_name(name)
+        with self._mutex:
+            dataset = self.directory.remove(name)
+            self.catalog.append(cat.RecordType.DELETE, cat.encode_delete(dataset.dataset_id),
+                                sync=True)
+        self.files.forget_dataset(dataset.dataset_id)
+        self.extents.remove_dataset(dataset.dataset_id)
+        log.info("deleted dataset %r (%d samples)", name, len(dataset))
+        return dataset.summary()
+
+    # --- ingest ------------------------------------------------------------------
+
+    def begin_ingest(self, name: str, replace: bool = False) -> IngestSession:
+        """Start an ingest of dataset `name`.
+
+        Raises AlreadyExists (name taken without `replace`, or being
+        ingested), Overloaded (too many ingests), InvalidArgument (bad name).
+        """
+        check_dataset_name(name)
+        with self._mutex:
+            if self._closed:
+                raise Overloaded("the daemon is shutting down")
+            if name in self._ingests:
+                raise AlreadyExists(f"dataset {name!r} is being ingested by another client")
+            if not replace and self.directory.find(name) is not None:
+                raise AlreadyExists(
+                    f"dataset {name!r} exists; pass --replace (replace=True) to replace it, or "
+                    "choose another name"
+                )
+            if len(self._ingests) >= self.config.ingests_concurrent_max:
+                raise Overloaded(
+                    f"{len(self._ingests)} ingests are running, the limit "
+                    f"(--ingests-concurrent-max) is {self.config.ingests_concurrent_max}; retry later"
+                )
+            dataset_id = self._next_dataset_id
+            self._next_dataset_id += 1
+            session = IngestSession(self, name, dataset_id, replace)
+            self._ingests[name] = session
+            return session
+
+    def seal(self, session: IngestSession, index: DatasetIndex) -> DatasetSummary:
+        """Called by `IngestSession.commit`: durably seal and publish."""
+        with self._mutex:
+            previous = self.directory.find(session.name)
+            if previous is not None and not session.replace:
+                raise AlreadyExists(f"dataset {session.name!r} appeared during the ingest")
+            replaces = previous.dataset_id if previous is not None else 0
+            self.catalog.append(cat.RecordType.SEAL, cat.encode_seal(session.dataset_id, replaces),
+                                sync=True)
+            self.directory.publish(index)
+            del self._ingests[session.name]
+        if previous is not None:
+            self.files.forget_dataset(previous.dataset_id)
+            self.extents.remove_dataset(previous.dataset_id)
+        log.info("sealed dataset %r: %d samples, %d bytes%s", index.name, len(index),
+                 index.total_bytes, " (replaced the previous one)" if previous else "")
+        return index.summary()
+
+    def discard(self, session: IngestSession) -> None:
+        """Called by `IngestSession.abort`: forget the session and its data."""
+        with self._mutex:
+            if self._ingests.get(session.name) is session:
+                del self._ingests[session.name]
+        try:
+            self.catalog.append(cat.RecordType.DELETE, cat.encode_delete(session.dataset_id))
+        except Exception:  # noqa: BLE001 - the extents go anyway; replay discards unsealed data
+            log.exception("could not record the abort of dataset %r", session.name)
+        self.extents.remove_dataset(session.dataset_id)
+
+    # --- reads -------------------------------------------------------------------
+
+    def plan(self, dataset: DatasetIndex, ids: Sequence[int] | None = None,
+             paths: Sequence[str] | None = None) -> tuple[np.ndarray, BatchPlan]:
+        """Validate a batch and plan its read.  Returns (ids, plan).
+
+        Raises InvalidArgument (bad id, both or neither of ids/paths, over
+        batch_ids_max or batch_bytes_max) and NotFound (unknown path).
+        """
+        id_count = 0 if ids is None else len(ids)
+        path_count = 0 if paths is None else len(paths)
+        if id_count and path_count:
+            raise InvalidArgument("give either sample ids or paths, not both")
+        count = id_count + path_count
+        if count > self.config.batch_ids_max:
+            raise InvalidArgument(
+                f"batch of {count} samples exceeds the limit of {self.config.batch_ids_max} "
+                "(--batch-ids-max); split it into smaller batches"
+            )
+        checked = dataset.ids_of(paths) if path_count else dataset.check_ids(ids if id_count else [])
+        plan = plan_batch(checked, dataset.extent, dataset.offset, dataset.length, dataset.crc,
+                          coalesce_gap_bytes=self.config.coalesce_gap_bytes)
+        if plan.payload_bytes > self.config.batch_bytes_max:
+            raise InvalidArgument(
+                f"batch of {count} samples holds {plan.payload_bytes} bytes, over the limit of "
+                f"{self.config.batch_bytes_max} (--batch-bytes-max); split it into smaller batches"
+            )
+        return checked, plan
+
+    def read(self, dataset: DatasetIndex, plan: BatchPlan, *, verify: bool = True,
+             deadline: float | None = None) -> Iterator[tuple[int, memoryview]]:
+        """Stream the plan's payload windows (see ReadEngine.stream)."""
+        if self.config.verify == "always":
+            verify = True
+        elif self.config.verify == "never":
+            verify = False
+
+        def describe(sample_id: int) -> str:
+            return f"sample {sample_id} {dataset.path(sample_id)!r} of dataset {dataset.name!r}"
+
+        return self.engine.stream(dataset.dataset_id, plan, verify=verify, describe=describe,
+                                  deadline=deadline)
+
+
+def _replay(records) -> tuple[dict[int, _Replayed], int]:
+    """Fold catalog records into datasets by id; return them and the largest id seen."""
+    datasets: dict[int, _Replayed] = {}
+    max_id = 0
+    for rtype, payload in records:
+        if rtype is cat.RecordType.BEGIN:
+            dataset_id, created_ns, name = cat.decode_begin(payload)
+            datasets[dataset_id] = _Replayed(name, created_ns, [])
+            max_id = max(max_id, dataset_id)
+        elif rtype is cat.RecordType.SAMPLES:
+            dataset_id, block = cat.decode_samples(payload)
+            if dataset_id in datasets:
+                datasets[dataset_id].blocks.append(block)
+        elif rtype is cat.RecordType.SEAL:
+            dataset_id, replaces = cat.decode_seal(payload)
+            if dataset_id in datasets:
+                datasets[dataset_id].sealed = True
+            datasets.pop(replaces, None)
+        elif rtype is cat.RecordType.DELETE:
+            datasets.pop(cat.decode_delete(payload), None)
+    return datasets, max_id
+
+
+def _lock_data_dir(data_dir: str) -> int:
+    fd = os.open(os.path.join(data_dir, "LOCK"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise RuntimeError(
+            f"data dir {data_dir} is in use by another dlfs-server (pid {holder}); stop it or "
+            "choose another --data-dir"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
