@@ -184,6 +184,26 @@ class Dataset:
         """One sample by id or path."""
         return self.get_batch([key], verify=verify)[0]
 
+    def read(self, key: SampleKey, offset: int = 0, length: int = 0, *, verify: bool = True
+             ) -> memoryview:
+        """`length` bytes (0: to the end) at `offset` of one sample, clipped to its size.
+
+        One round trip.  The CRC32C is verified when the range is the whole sample.
+        """
+        if offset < 0 or length < 0:
+            raise InvalidArgument(f"offset {offset} and length {length} must not be negative")
+        request = pb.ReadRangeRequest(dataset=self.name, offset=offset, length=length,
+                                      skip_verify=not verify)
+        if isinstance(key, str):
+            request.path = key
+        elif isinstance(key, (int, np.integer)) and not isinstance(key, bool):
+            if key < 0:
+                raise InvalidArgument(f"sample id {key} is negative")
+            request.id = int(key)
+        else:
+            raise InvalidArgument(f"a sample is named by an integer id or a path, not {key!r}")
+        return _call_stream(self.client, "ReadRange", request)[0]
+
     def path(self, sample_id: int) -> str:
         """Path of sample `sample_id`."""
         return self.lookup([sample_id])[0].path
@@ -241,10 +261,16 @@ def fetch_batch(client: Client, dataset: str, keys, *, verify: bool = True) -> l
     request = pb.GetBatchRequest(dataset=dataset, skip_verify=not verify)
     if not _fill_keys(request, keys):
         return []
+    return _call_stream(client, "GetBatch", request)
+
+
+def _call_stream(client: Client, method: str, request) -> list[memoryview]:
+    """A BatchChunk-streaming call with deadline, typed errors and retry on UNAVAILABLE."""
+    stub_method = getattr(client._stub, method)
     give_up = time.monotonic() + client.reconnect_timeout_s
     for attempt in range(1 << 30):
         try:
-            return _assemble(client._stub.GetBatch(request, timeout=client.batch_timeout_s))
+            return _assemble(stub_method(request, timeout=client.batch_timeout_s))
         except grpc.RpcError as exc:
             if not client._should_retry(exc, attempt, give_up):
                 raise from_rpc_error(exc, client.address) from None

@@ -126,6 +126,22 @@ class GetBatchRequest(_message.Message):
     skip_verify: bool
     def __init__(self, dataset: _Optional[str] = ..., ids: _Optional[_Iterable[int]] = ..., paths: _Optional[_Iterable[str]] = ..., skip_verify: _Optional[bool] = ...) -> None: ...
 
+class ReadRangeRequest(_message.Message):
+    __slots__ = ("dataset", "id", "path", "offset", "length", "skip_verify")
+    DATASET_FIELD_NUMBER: _ClassVar[int]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    LENGTH_FIELD_NUMBER: _ClassVar[int]
+    SKIP_VERIFY_FIELD_NUMBER: _ClassVar[int]
+    dataset: str
+    id: int
+    path: str
+    offset: int
+    length: int
+    skip_verify: bool
+    def __init__(self, dataset: _Optional[str] = ..., id: _Optional[int] = ..., path: _Optional[str] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ..., skip_verify: _Optional[bool] = ...) -> None: ...
+
 class BatchChunk(_message.Message):
     __slots__ = ("data", "data_offset", "payload_bytes", "offsets", "lengths")
     DATA_FIELD_NUMBER: _ClassVar[int]

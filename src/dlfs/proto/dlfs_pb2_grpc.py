@@ -64,6 +64,11 @@ class DlfsStub:
                 request_serializer=dlfs_dot_proto_dot_dlfs__pb2.GetBatchRequest.SerializeToString,
                 response_deserializer=dlfs_dot_proto_dot_dlfs__pb2.BatchChunk.FromString,
                 _registered_method=True)
+        self.ReadRange = channel.unary_stream(
+                '/dlfs.v1.Dlfs/ReadRange',
+                request_serializer=dlfs_dot_proto_dot_dlfs__pb2.ReadRangeRequest.SerializeToString,
+                response_deserializer=dlfs_dot_proto_dot_dlfs__pb2.BatchChunk.FromString,
+                _registered_method=True)
         self.Ingest = channel.stream_unary(
                 '/dlfs.v1.Dlfs/Ingest',
                 request_serializer=dlfs_dot_proto_dot_dlfs__pb2.IngestMessage.SerializeToString,
@@ -136,6 +141,17 @@ class DlfsServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReadRange(self, request, context):
+        """Read `length` bytes at `offset` of one sample (by id or path); a length
+        of 0 means "to the end".  Reading past the end returns fewer bytes (none
+        at or past the end).  The reply has the shape of GetBatch's, with one
+        item.  The CRC32C is verified when the range covers the whole sample.
+        Codes: NOT_FOUND, INVALID_ARGUMENT, DATA_LOSS.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Ingest(self, request_iterator, context):
         """Upload a whole dataset in one client stream: the first message carries
         `start`, then files as consecutive pieces.  The dataset becomes visible
@@ -188,6 +204,11 @@ def add_DlfsServicer_to_server(servicer, server):
             'GetBatch': grpc.unary_stream_rpc_method_handler(
                     servicer.GetBatch,
                     request_deserializer=dlfs_dot_proto_dot_dlfs__pb2.GetBatchRequest.FromString,
+                    response_serializer=dlfs_dot_proto_dot_dlfs__pb2.BatchChunk.SerializeToString,
+            ),
+            'ReadRange': grpc.unary_stream_rpc_method_handler(
+                    servicer.ReadRange,
+                    request_deserializer=dlfs_dot_proto_dot_dlfs__pb2.ReadRangeRequest.FromString,
                     response_serializer=dlfs_dot_proto_dot_dlfs__pb2.BatchChunk.SerializeToString,
             ),
             'Ingest': grpc.stream_unary_rpc_method_handler(
@@ -362,6 +383,33 @@ class Dlfs:
             target,
             '/dlfs.v1.Dlfs/GetBatch',
             dlfs_dot_proto_dot_dlfs__pb2.GetBatchRequest.SerializeToString,
+            dlfs_dot_proto_dot_dlfs__pb2.BatchChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReadRange(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/dlfs.v1.Dlfs/ReadRange',
+            dlfs_dot_proto_dot_dlfs__pb2.ReadRangeRequest.SerializeToString,
             dlfs_dot_proto_dot_dlfs__pb2.BatchChunk.FromString,
             options,
             channel_credentials,

@@ -71,12 +71,23 @@ class DlfsServicer(dlfs_pb2_grpc.DlfsServicer):
         ids = convert.ids_array(request.ids) if request.ids else None
         paths = list(request.paths) if request.paths else None
         _checked, plan = self.store.plan(dataset, ids=ids, paths=paths)
-        windows = self.store.read(dataset, plan, verify=not request.skip_verify,
-                                  deadline=_deadline(context))
+        yield from self._stream(dataset, plan, not request.skip_verify, context)
+
+    def ReadRange(self, request, context):
+        dataset = self.store.dataset(request.dataset)
+        if request.path and request.id:
+            raise InvalidArgument("give either a sample id or a path, not both")
+        sample_id = dataset.id_of(request.path) if request.path else request.id
+        plan, whole = self.store.plan_range(dataset, sample_id, request.offset, request.length)
+        yield from self._stream(dataset, plan, whole and not request.skip_verify, context)
+
+    def _stream(self, dataset, plan, verify: bool, context):
+        """Send a plan's payload as BatchChunks; the first carries offsets and lengths."""
+        windows = self.store.read(dataset, plan, verify=verify, deadline=_deadline(context))
         header_sent = False
         for start, window in windows:
             if not context.is_active():
-                raise Cancelled("client cancelled get_batch")
+                raise Cancelled("the client cancelled the read")
             chunk = pb.BatchChunk(data=bytes(window), data_offset=start)
             if not header_sent:
                 convert.batch_header(chunk, plan.payload_bytes, plan.request_offsets,

@@ -250,6 +250,28 @@ class Store:
             )
         return checked, plan
 
+    def plan_range(self, dataset: DatasetIndex, sample_id: int, offset: int, length: int
+                   ) -> tuple[BatchPlan, bool]:
+        """Plan the read of `length` bytes (0: to the end) at `offset` of one sample.
+
+        The range is clipped to the sample.  Returns (plan, whole) where
+        `whole` says the range covers the entire sample (only then can its
+        CRC32C be verified).  Raises InvalidArgument past batch_bytes_max.
+        """
+        dataset.check_ids([sample_id])
+        size = int(dataset.length[sample_id])
+        start = min(offset, size)
+        stop = size if length == 0 else min(size, start + length)
+        if stop - start > self.config.batch_bytes_max:
+            raise InvalidArgument(
+                f"a range of {stop - start} bytes is over the limit of "
+                f"{self.config.batch_bytes_max} (--batch-bytes-max); read it in parts")
+        one = slice(sample_id, sample_id + 1)
+        plan = plan_batch(np.zeros(1, np.int64), dataset.extent[one], dataset.offset[one] + start,
+                          np.array([stop - start], np.uint64), dataset.crc[one])
+        plan.sample_ids = np.array([sample_id], np.int64)
+        return plan, (start == 0 and stop == size)
+
     def read(self, dataset: DatasetIndex, plan: BatchPlan, *, verify: bool = True,
              deadline: float | None = None) -> Iterator[tuple[int, memoryview]]:
         """Stream the plan's payload windows (see ReadEngine.stream)."""
