@@ -17,10 +17,11 @@ Record types and payloads:
 A dataset becomes visible only with its SEAL record, which is written after
 its extents and SAMPLES records are synced, and the catalog is synced before
 the ingest is acknowledged.  Replay stops at the first record that does not
-check out.  If that record reaches the end of the file (or only zero bytes
-follow it) it is a torn tail from a crash: it is reported and cut.  A bad
-record followed by further data is corruption in the middle of the log:
-replay refuses to guess and raises `CatalogCorrupt`, unless told to salvage.
+check out.  If no well-formed record follows it, it is a torn tail from a
+crash (a partial append, or zeros the file system left): it is reported and
+cut.  A bad record followed by a good one is damage in the middle of the
+log: replay refuses to guess and raises `CatalogCorrupt`, unless told to
+salvage.
 Nothing here imports grpc.
 """
 
@@ -176,7 +177,7 @@ def scan(path: str, *, salvage: bool = False) -> ReplayResult:
 
     Returns the records and the offset where the good prefix ends.  Raises
     CatalogCorrupt for a bad file header, and for a bad record that is
-    followed by non-zero data, unless `salvage` is set (then the good prefix
+    followed by a good one, unless `salvage` is set (then the good prefix
     is returned and the rest is reported in `problem`).  Cost: one sequential
     read of the file.
     """
@@ -184,7 +185,7 @@ def scan(path: str, *, salvage: bool = False) -> ReplayResult:
         data = f.read()
     size = len(data)
     if size < FILE_HEADER_BYTES:
-        if data.strip(b"\0") and not salvage:
+        if not _file_header().startswith(data) and not salvage:
             raise CatalogCorrupt(f"catalog {path} is shorter than its header ({size} bytes)")
         return ReplayResult([], 0, size, "catalog header torn" if size else "")
     if data[:FILE_HEADER_BYTES] != _file_header():
@@ -201,12 +202,11 @@ def scan(path: str, *, salvage: bool = False) -> ReplayResult:
     while pos < size:
         problem = _check_record(view, pos, size)
         if problem:
-            rest = view[pos:]
-            tail_is_torn = problem.endswith("(torn)") or not any(rest)
+            tail_is_torn = not _good_record_after(data, pos + 1, size)
             message = f"catalog {path}: {problem} at offset {pos}; {size - pos} bytes from there on"
             if not tail_is_torn and not salvage:
                 raise CatalogCorrupt(
-                    message + " are followed by more data, so this is not a torn tail. "
+                    message + " hold further good records, so this is not a torn tail. "
                     "Restore the data dir from a backup, or start once with "
                     "--salvage-catalog to keep only the records before this offset."
                 )
@@ -216,6 +216,17 @@ def scan(path: str, *, salvage: bool = False) -> ReplayResult:
         records.append((RecordType(rtype), bytes(view[start:start + length])))
         pos = start + length
     return ReplayResult(records, pos, size)
+
+
+def _good_record_after(data: bytes, pos: int, size: int) -> bool:
+    """Whether any well-formed record starts at or after `pos`.  Only run on damage."""
+    magic = struct.pack("<I", RECORD_MAGIC)
+    view = memoryview(data)
+    while (pos := data.find(magic, pos)) >= 0:
+        if not _check_record(view, pos, size):
+            return True
+        pos += 1
+    return False
 
 
 def _check_record(view: memoryview, pos: int, size: int) -> str:

@@ -1,0 +1,68 @@
+"""The `dlfs` command line against a real daemon, run as users run it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from conftest import write_tree
+
+
+def dlfs(address, *args, check=True):
+    result = subprocess.run([sys.executable, "-m", "dlfs.cli", "--server", address, *args],
+                            capture_output=True, timeout=120)
+    if check:
+        assert result.returncode == 0, result.stderr.decode()
+    return result
+
+
+def test_cli_tour(daemon, tmp_path):
+    source = tmp_path / "src"
+    write_tree(source, {"train/cat/1.jpg": b"meow", "train/dog/2.jpg": b"woof!", "readme": b"hi\n"})
+    os.utime(source / "readme", ns=(1_700_000_000_000_000_000,) * 2)
+    out = dlfs(daemon.address, "ingest", str(source), "pets").stdout.decode()
+    assert out.splitlines()[0] == "ingested pets: 3 samples, 12 bytes (12 B)"
+    assert dlfs(daemon.address, "datasets").stdout.decode().startswith("pets\t3 samples\t12 B")
+    assert dlfs(daemon.address, "ls", "pets").stdout.decode().split() == ["readme", "train/"]
+    assert dlfs(daemon.address, "ls", "pets/train/dog").stdout.decode().split() == ["2.jpg"]
+    long = dlfs(daemon.address, "ls", "-l", "pets/train").stdout.decode().splitlines()
+    assert long[0].startswith("dr-xr-xr-x") and long[0].endswith("cat/")
+    stat = dlfs(daemon.address, "stat", "pets/readme").stdout.decode()
+    assert "size: 3" in stat and "id: 0" in stat and "type: file" in stat
+    assert dlfs(daemon.address, "cat", "pets/train/dog/2.jpg").stdout == b"woof!"
+    failed = dlfs(daemon.address, "ingest", str(source), "pets", check=False)
+    assert failed.returncode == 1
+    assert b"AlreadyExists: dataset 'pets' exists; pass --replace" in failed.stderr
+    dlfs(daemon.address, "ingest", "--replace", str(source), "pets")
+    missing = dlfs(daemon.address, "cat", "pets/nope", check=False)
+    assert missing.returncode == 1 and b"NotFound: dataset 'pets' has no sample 'nope'" in missing.stderr
+    assert dlfs(daemon.address, "rm", "pets").stdout.decode().startswith("removed pets: 3 samples")
+    assert dlfs(daemon.address, "datasets").stdout == b""
+
+
+def test_cli_reports_a_down_daemon(tmp_path):
+    result = dlfs("127.0.0.1:1", "datasets", check=False)
+    assert result.returncode == 1
+    assert b"Unavailable: DLFS daemon at 127.0.0.1:1 is unavailable" in result.stderr
+
+
+def test_server_help_lists_every_limit():
+    out = subprocess.run([sys.executable, "-m", "dlfs.server.main", "--help"], capture_output=True,
+                         check=True).stdout.decode()
+    for flag in ("--batch-ids-max", "--batch-bytes-max", "--message-bytes-max", "--reader-threads",
+                 "--rpcs-concurrent-max", "--ingests-concurrent-max", "--extent-bytes-max",
+                 "--open-extents-max", "--chunk-bytes"):
+        assert flag in out
+
+
+def test_server_refuses_a_data_dir_in_use(daemon):
+    result = subprocess.run([sys.executable, "-m", "dlfs.server.main", "--data-dir", daemon.data_dir,
+                             "--listen", "127.0.0.1:0"], capture_output=True, timeout=60)
+    assert result.returncode == 2
+    assert b"is in use by another dlfs-server" in result.stderr
+
+
+def test_sigterm_stops_cleanly(daemon):
+    assert daemon.stop() == 0
+    assert "stopped; catalog flushed" in daemon.log()
