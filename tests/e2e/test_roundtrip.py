@@ -40,8 +40,10 @@ def check_dataset(client: Client, name: str, tree: dict[str, bytes], rng: random
     paths = sorted(tree)
     assert sorted(p.encode() for p in paths) == [p.encode() for p in paths]  # id order = byte order
     assert len(ds) == len(tree)
-    assert [ds.path(i) for i in range(len(ds))] == paths
-    assert [ds.index(p) for p in paths] == list(range(len(paths)))
+    assert ds.paths() == paths
+    assert [e.id for e in ds.lookup(paths)] == list(range(len(paths)))
+    for i in rng.sample(range(len(paths)), min(len(paths), 20)):
+        assert ds.path(i) == paths[i] and ds.index(paths[i]) == i
     ids = [rng.randrange(len(paths)) for _ in range(3 * len(paths))]
     assert [bytes(s) for s in ds.get_batch(ids)] == [tree[paths[i]] for i in ids]
     by_path = [paths[i] for i in ids]
@@ -122,3 +124,16 @@ def test_paged_listing_of_a_large_directory(shared_client, tmp_path, page_size):
     shared_client.ingest(str(tmp_path), name)
     listed = [e.name for e in shared_client.listdir(name, "many", page_size=page_size)]
     assert listed == sorted(p.split("/")[1] for p in files)
+
+
+def test_dataset_spanning_several_catalog_records(daemon, tmp_path):
+    from dlfs import limits
+
+    count = limits.catalog_samples_per_record + 700
+    tree = {f"d{i % 7}/{i:06d}": i.to_bytes(4, "little") for i in range(count)}
+    write_tree(tmp_path / "src", tree)
+    with Client(daemon.address) as client:
+        assert client.ingest(str(tmp_path / "src"), "many").samples == count
+    daemon.restart()
+    with Client(daemon.address) as client:
+        check_dataset(client, "many", tree, random.Random(5))

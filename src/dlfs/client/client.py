@@ -13,13 +13,14 @@ which lives as long as any of them does.
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Iterable, Iterator, Sequence, Union
 
 import grpc
 import numpy as np
 
-from dlfs import limits
+from dlfs import limits, wire
 from dlfs.client import convert
 from dlfs.client.convert import DatasetInfo, Entry
 from dlfs.client.errors import from_rpc_error
@@ -38,12 +39,17 @@ class Client:
     `address` is ``HOST:PORT`` (or a one-element list of it; several
     daemons per client arrive with the multi-daemon placement).  The client
     is thread-safe; after `os.fork` make a new one in the child.
+
+    With `direct=True` the client must run on the daemon's host with read
+    access to its data dir: batches are then read from the extent files by
+    this process (see `dlfs.client.direct`); metadata still comes from the
+    daemon.  FailedPrecondition is raised at the first batch otherwise.
     """
 
     def __init__(self, address: str | Sequence[str], *,
                  timeout_s: float = limits.metadata_timeout_s_default,
                  batch_timeout_s: float = limits.batch_timeout_s_default,
-                 reconnect_timeout_s: float = 10.0):
+                 reconnect_timeout_s: float = 10.0, direct: bool = False):
         addresses = [address] if isinstance(address, str) else list(address)
         addresses = [a for part in addresses for a in part.split(",") if a]
         if len(addresses) != 1:
@@ -60,9 +66,34 @@ class Client:
             ("grpc.max_receive_message_length", limits.message_bytes_max),
         ])
         self._stub = dlfs_pb2_grpc.DlfsStub(self._channel)
+        # The read RPCs hand the raw reply to dlfs.wire, which slices the payload without copying.
+        self._raw_reads = {
+            name: self._channel.unary_stream(f"/dlfs.v1.Dlfs/{name}",
+                                             request_serializer=request_type.SerializeToString,
+                                             response_deserializer=None)
+            for name, request_type in (("GetBatch", pb.GetBatchRequest),
+                                       ("ReadRange", pb.ReadRangeRequest))
+        }
+        self.direct = direct
+        self._direct_readers: dict = {}
+        self._direct_lock = threading.Lock()
 
     def close(self) -> None:
+        with self._direct_lock:
+            readers, self._direct_readers = list(self._direct_readers.values()), {}
+        for reader in readers:
+            reader.close()
         self._channel.close()
+
+    def _direct_reader(self, dataset: str):
+        """The co-located reader of `dataset` (created on first use)."""
+        with self._direct_lock:
+            reader = self._direct_readers.get(dataset)
+            if reader is None:
+                from dlfs.client.direct import DirectReader
+
+                reader = self._direct_readers[dataset] = DirectReader(self, dataset)
+            return reader
 
     def __enter__(self) -> "Client":
         return self
@@ -261,12 +292,19 @@ def fetch_batch(client: Client, dataset: str, keys, *, verify: bool = True) -> l
     request = pb.GetBatchRequest(dataset=dataset, skip_verify=not verify)
     if not _fill_keys(request, keys):
         return []
+    if client.direct:
+        if request.paths:
+            lookup = pb.LookupRequest(dataset=dataset, paths=request.paths)
+            ids = [e.id for e in client._call("Lookup", lookup).entries]
+        else:
+            ids = request.ids
+        return client._direct_reader(dataset).get_batch(ids, verify=verify)
     return _call_stream(client, "GetBatch", request)
 
 
 def _call_stream(client: Client, method: str, request) -> list[memoryview]:
     """A BatchChunk-streaming call with deadline, typed errors and retry on UNAVAILABLE."""
-    stub_method = getattr(client._stub, method)
+    stub_method = client._raw_reads[method]
     give_up = time.monotonic() + client.reconnect_timeout_s
     for attempt in range(1 << 30):
         try:
@@ -277,21 +315,18 @@ def _call_stream(client: Client, method: str, request) -> list[memoryview]:
 
 
 def _assemble(chunks) -> list[memoryview]:
-    """Join a GetBatch stream into one payload and slice it per sample."""
-    first = next(chunks)
-    offsets = first.offsets
-    lengths = first.lengths
-    data = first.data
+    """Join a raw BatchChunk stream into one payload and slice it per sample."""
+    first, data = wire.decode_chunk(next(chunks))
     if len(data) == first.payload_bytes:
-        payload = memoryview(data)
+        payload = data.toreadonly()
     else:
         buffer = bytearray(first.payload_bytes)
         buffer[: len(data)] = data
         filled = len(data)
-        for chunk in chunks:
-            piece = chunk.data
-            if chunk.data_offset != filled:
-                raise Unavailable(f"reply chunks out of order ({chunk.data_offset} != {filled})")
+        for raw in chunks:
+            header, piece = wire.decode_chunk(raw)
+            if header.data_offset != filled:
+                raise Unavailable(f"reply chunks out of order ({header.data_offset} != {filled})")
             buffer[filled:filled + len(piece)] = piece
             filled += len(piece)
         if filled != first.payload_bytes:
@@ -299,4 +334,4 @@ def _assemble(chunks) -> list[memoryview]:
         payload = memoryview(buffer).toreadonly()
     for _ in chunks:  # drain so the call completes and its status is checked
         pass
-    return [payload[o:o + n] for o, n in zip(offsets, lengths)]
+    return [payload[o:o + n] for o, n in zip(first.offsets, first.lengths)]

@@ -142,6 +142,34 @@ class ReadRangeRequest(_message.Message):
     skip_verify: bool
     def __init__(self, dataset: _Optional[str] = ..., id: _Optional[int] = ..., path: _Optional[str] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ..., skip_verify: _Optional[bool] = ...) -> None: ...
 
+class GetIndexRequest(_message.Message):
+    __slots__ = ("dataset",)
+    DATASET_FIELD_NUMBER: _ClassVar[int]
+    dataset: str
+    def __init__(self, dataset: _Optional[str] = ...) -> None: ...
+
+class IndexChunk(_message.Message):
+    __slots__ = ("dataset_id", "data_dir", "daemon_token", "samples", "first_id", "extent", "offset", "length", "crc32c")
+    DATASET_ID_FIELD_NUMBER: _ClassVar[int]
+    DATA_DIR_FIELD_NUMBER: _ClassVar[int]
+    DAEMON_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    FIRST_ID_FIELD_NUMBER: _ClassVar[int]
+    EXTENT_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    LENGTH_FIELD_NUMBER: _ClassVar[int]
+    CRC32C_FIELD_NUMBER: _ClassVar[int]
+    dataset_id: int
+    data_dir: str
+    daemon_token: str
+    samples: int
+    first_id: int
+    extent: bytes
+    offset: bytes
+    length: bytes
+    crc32c: bytes
+    def __init__(self, dataset_id: _Optional[int] = ..., data_dir: _Optional[str] = ..., daemon_token: _Optional[str] = ..., samples: _Optional[int] = ..., first_id: _Optional[int] = ..., extent: _Optional[bytes] = ..., offset: _Optional[bytes] = ..., length: _Optional[bytes] = ..., crc32c: _Optional[bytes] = ...) -> None: ...
+
 class BatchChunk(_message.Message):
     __slots__ = ("data", "data_offset", "payload_bytes", "offsets", "lengths")
     DATA_FIELD_NUMBER: _ClassVar[int]

@@ -69,6 +69,11 @@ class DlfsStub:
                 request_serializer=dlfs_dot_proto_dot_dlfs__pb2.ReadRangeRequest.SerializeToString,
                 response_deserializer=dlfs_dot_proto_dot_dlfs__pb2.BatchChunk.FromString,
                 _registered_method=True)
+        self.GetIndex = channel.unary_stream(
+                '/dlfs.v1.Dlfs/GetIndex',
+                request_serializer=dlfs_dot_proto_dot_dlfs__pb2.GetIndexRequest.SerializeToString,
+                response_deserializer=dlfs_dot_proto_dot_dlfs__pb2.IndexChunk.FromString,
+                _registered_method=True)
         self.Ingest = channel.stream_unary(
                 '/dlfs.v1.Dlfs/Ingest',
                 request_serializer=dlfs_dot_proto_dot_dlfs__pb2.IngestMessage.SerializeToString,
@@ -152,6 +157,17 @@ class DlfsServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetIndex(self, request, context):
+        """The dataset's sample locations, for a client on the same host that may
+        read the extent files itself (zero-copy, no transfer through the daemon).
+        Arrays are little endian, in id order, streamed in chunks of at most
+        4 MiB.  The client checks `daemon_token` against DATA_DIR/daemon-token
+        to know it sees the daemon's own files.  Codes: NOT_FOUND.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Ingest(self, request_iterator, context):
         """Upload a whole dataset in one client stream: the first message carries
         `start`, then files as consecutive pieces.  The dataset becomes visible
@@ -210,6 +226,11 @@ def add_DlfsServicer_to_server(servicer, server):
                     servicer.ReadRange,
                     request_deserializer=dlfs_dot_proto_dot_dlfs__pb2.ReadRangeRequest.FromString,
                     response_serializer=dlfs_dot_proto_dot_dlfs__pb2.BatchChunk.SerializeToString,
+            ),
+            'GetIndex': grpc.unary_stream_rpc_method_handler(
+                    servicer.GetIndex,
+                    request_deserializer=dlfs_dot_proto_dot_dlfs__pb2.GetIndexRequest.FromString,
+                    response_serializer=dlfs_dot_proto_dot_dlfs__pb2.IndexChunk.SerializeToString,
             ),
             'Ingest': grpc.stream_unary_rpc_method_handler(
                     servicer.Ingest,
@@ -411,6 +432,33 @@ class Dlfs:
             '/dlfs.v1.Dlfs/ReadRange',
             dlfs_dot_proto_dot_dlfs__pb2.ReadRangeRequest.SerializeToString,
             dlfs_dot_proto_dot_dlfs__pb2.BatchChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetIndex(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/dlfs.v1.Dlfs/GetIndex',
+            dlfs_dot_proto_dot_dlfs__pb2.GetIndexRequest.SerializeToString,
+            dlfs_dot_proto_dot_dlfs__pb2.IndexChunk.FromString,
             options,
             channel_credentials,
             insecure,

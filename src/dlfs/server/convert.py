@@ -8,7 +8,10 @@ from __future__ import annotations
 import numpy as np
 
 from dlfs.proto import dlfs_pb2 as pb
-from dlfs.server.directory import DatasetSummary, EntryInfo
+from dlfs.server.directory import DatasetIndex, DatasetSummary, EntryInfo
+
+# extent u32 + offset u64 + length u64 + crc u32
+INDEX_BYTES_PER_SAMPLE = 24
 
 
 def dataset_info(summary: DatasetSummary) -> pb.DatasetInfo:
@@ -36,3 +39,15 @@ def batch_header(chunk: pb.BatchChunk, payload_bytes: int, offsets: np.ndarray,
     chunk.offsets.extend(offsets.tolist())
     chunk.lengths.extend(lengths.tolist())
     return chunk
+
+
+def index_chunk(dataset: DatasetIndex, first: int, stop: int) -> pb.IndexChunk:
+    """Location arrays of samples [first, stop) as little-endian bytes."""
+    part = slice(first, stop)
+    return pb.IndexChunk(
+        first_id=first,
+        extent=dataset.extent[part].astype("<u4").tobytes(),
+        offset=dataset.offset[part].astype("<u8").tobytes(),
+        length=dataset.length[part].astype("<u8").tobytes(),
+        crc32c=dataset.crc[part].astype("<u4").tobytes(),
+    )

@@ -36,7 +36,7 @@ class Daemon:
                 ("grpc.so_reuseport", 0),
             ],
         )
-        dlfs_pb2_grpc.add_DlfsServicer_to_server(DlfsServicer(store), self.server)
+        _add_servicer(DlfsServicer(store), self.server)
         self.health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         self.address = ""
@@ -65,3 +65,29 @@ class Daemon:
         self.server.stop(grace_s).wait()
         self._executor.shutdown(wait=True, cancel_futures=True)
         self.store.close()
+
+
+class _HandlerCapture:
+    """Stands in for a server to capture the generated method-handler table."""
+
+    def add_generic_rpc_handlers(self, handlers) -> None:
+        pass
+
+    def add_registered_method_handlers(self, service: str, handlers: dict) -> None:
+        self.handlers = handlers
+
+
+# Replies of these methods are encoded by dlfs.wire and pass through as bytes.
+_PRE_ENCODED_REPLIES = ("GetBatch", "ReadRange")
+
+
+def _add_servicer(servicer: DlfsServicer, server: grpc.Server) -> None:
+    """Register the generated handlers, with pre-encoded replies for the read RPCs."""
+    capture = _HandlerCapture()
+    dlfs_pb2_grpc.add_DlfsServicer_to_server(servicer, capture)
+    handlers = dict(capture.handlers)
+    for name in _PRE_ENCODED_REPLIES:
+        handlers[name] = handlers[name]._replace(response_serializer=None)
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
+    server.add_registered_method_handlers(SERVICE_NAME, handlers)

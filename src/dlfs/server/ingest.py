@@ -53,6 +53,7 @@ class IngestSession:
         self._blocks: list[cat.SampleBlock] = []
         self._pending: list[tuple] = []  # (path, extent, offset, length, crc, mode, mtime)
         self._file: list | None = None  # [path, size, mode, mtime, extent, offset, written, crc]
+        self._last: tuple[str, int] | None = None  # (path, crc) of the last finished file
         self.samples = 0
         self.bytes = 0
         self.closed = False
@@ -100,9 +101,9 @@ class IngestSession:
 
     def check_last_crc(self, expected: int) -> None:
         """Compare the client's CRC32C with what was stored for the last file."""
-        if not self._pending:
+        if self._last is None:
             raise InvalidArgument("a checksum arrived before any file was complete")
-        path, *_rest, crc, _mode, _mtime = self._pending[-1]
+        path, crc = self._last
         if crc != expected:
             raise DataCorruption(
                 f"file {path!r} changed in transit: the client read CRC32C {expected:08x}, "
@@ -114,6 +115,7 @@ class IngestSession:
         self._writer.end_sample()
         self._file = None
         self._pending.append((path, extent_no, offset, size, crc, mode, mtime_ns))
+        self._last = (path, crc)
         self.samples += 1
         self.bytes += size
         if len(self._pending) >= limits.catalog_samples_per_record:

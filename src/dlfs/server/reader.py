@@ -25,7 +25,9 @@ Nothing here imports grpc.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
+import errno
 import os
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -145,12 +147,29 @@ class ShortRead(Exception):
         self.extent_no, self.file_offset, self.wanted, self.got = extent_no, file_offset, wanted, got
 
 
+class _Window:
+    """A window being read: its buffer and the reads still running for it."""
+
+    __slots__ = ("start", "buffer", "futures", "pieces")
+
+    def __init__(self, start: int, buffer: memoryview, futures: list[Future], pieces: list[Piece]):
+        self.start = start
+        self.buffer = buffer
+        self.futures = futures  # shares handed to the reader threads
+        self.pieces = pieces  # left for the waiting thread to read itself
+
+
 class ReadEngine:
     """Long-lived reader threads that serve every batch of the daemon.
 
+    A window is first read by the calling thread with RWF_NOWAIT, which
+    copies what the page cache holds and refuses to wait for the device;
+    only the pieces that missed go to the reader threads.  Warm batches thus
+    cost no thread hand-offs, cold ones get the full queue depth.
+
     Thread-safe: any number of RPC threads may stream batches at once; their
-    window shares queue on the same `threads` readers, which bounds the
-    number of reads in flight against the device.
+    shares queue on the same `threads` readers, which bounds the reads in
+    flight against the device.
     """
 
     def __init__(self, files: ExtentFiles, *, threads: int = limits.reader_threads_default,
@@ -177,113 +196,177 @@ class ReadEngine:
         when `deadline` (a `time.monotonic()` value) passes between windows.
         A window's buffer stays valid after the generator moves on.
         """
-        windows = [(a, min(a + self.chunk_bytes, plan.payload_bytes))
-                   for a in range(0, plan.payload_bytes, self.chunk_bytes)]
-        running_crc = np.zeros(plan.sample_ids.size, dtype=np.uint32) if verify else None
-        sample_end = plan.sample_payload_offset + plan.sample_length
-        if verify:
-            self._verify_empty_samples(plan, describe)
-        inflight: collections.deque = collections.deque()
-        next_window = 0
+        bounds = [(a, min(a + self.chunk_bytes, plan.payload_bytes))
+                  for a in range(0, plan.payload_bytes, self.chunk_bytes)]
+        verifier = _Verifier(plan, describe) if verify else None
+        inflight: collections.deque[_Window] = collections.deque()
         try:
-            while next_window < len(windows) and len(inflight) <= self.read_ahead_windows:
-                inflight.append(self._start_window(dataset_id, plan, *windows[next_window]))
-                next_window += 1
+            for start, stop in bounds:
+                # Keep read_ahead_windows windows reading behind the one sent next.
+                if len(inflight) > self.read_ahead_windows:
+                    yield self._finish(dataset_id, inflight.popleft(), plan, verifier, describe,
+                                       deadline)
+                inflight.append(self._start(dataset_id, plan, start, stop))
             while inflight:
-                if deadline is not None and time.monotonic() > deadline:
-                    raise DeadlineExceeded("get_batch passed its deadline while reading")
-                start, buffer, futures, inline = inflight.popleft()
-                try:
-                    if inline is not None:
-                        _read_pieces(self.files, dataset_id, inline, buffer)
-                    for future in futures:
-                        future.result()
-                except ShortRead as short:
-                    raise self._short_read_error(plan, short, describe) from None
-                if verify:
-                    self._verify_window(plan, start, buffer, running_crc, sample_end, describe)
-                if next_window < len(windows):
-                    inflight.append(self._start_window(dataset_id, plan, *windows[next_window]))
-                    next_window += 1
-                yield start, buffer
+                yield self._finish(dataset_id, inflight.popleft(), plan, verifier, describe,
+                                   deadline)
         finally:
-            for _start, _buffer, futures, _inline in inflight:
-                for future in futures:
+            for window in inflight:
+                for future in window.futures:
                     future.cancel()
 
-    def _start_window(self, dataset_id: int, plan: BatchPlan, start: int, stop: int):
-        buffer = memoryview(np.empty(stop - start, dtype=np.uint8)).cast("B")
-        pieces = window_pieces(plan, start, stop)
-        if len(pieces) <= limits.inline_ranges_max:
-            return start, buffer, [], pieces
-        shares = min(self.threads, len(pieces))
-        bounds = [len(pieces) * i // shares for i in range(shares + 1)]
-        futures: list[Future] = [
-            self._pool.submit(_read_pieces, self.files, dataset_id, pieces[lo:hi], buffer)
-            for lo, hi in zip(bounds, bounds[1:])
-        ]
-        return start, buffer, futures, None
+    def read_into(self, dataset_id: int, plan: BatchPlan, buffer: memoryview, *, verify: bool,
+                  describe: Callable[[int], str]) -> None:
+        """Read the whole payload into `buffer` (at least payload_bytes long) at once.
 
-    @staticmethod
-    def _verify_empty_samples(plan: BatchPlan, describe) -> None:
+        For callers that want one buffer rather than a stream (the
+        co-located client).  Raises DataCorruption as `stream` does.
+        """
+        window = self._start(dataset_id, plan, 0, plan.payload_bytes,
+                             buffer[:plan.payload_bytes])
+        self._finish(dataset_id, window, plan, _Verifier(plan, describe) if verify else None,
+                     describe, None)
+
+    def _start(self, dataset_id: int, plan: BatchPlan, start: int, stop: int,
+               buffer: memoryview | None = None) -> _Window:
+        if buffer is None:
+            buffer = memoryview(np.empty(stop - start, dtype=np.uint8)).cast("B")
+        pieces = window_pieces(plan, start, stop)
+        if len(pieces) > limits.inline_ranges_max:
+            pieces = _read_cached(self.files, dataset_id, pieces, buffer)
+        if len(pieces) <= limits.inline_ranges_max:
+            return _Window(start, buffer, [], pieces)
+        shares = min(self.threads, len(pieces))
+        cuts = [len(pieces) * i // shares for i in range(shares + 1)]
+        futures = [self._pool.submit(_read_pieces, self.files, dataset_id, pieces[lo:hi], buffer)
+                   for lo, hi in zip(cuts, cuts[1:])]
+        return _Window(start, buffer, futures, [])
+
+    def _finish(self, dataset_id: int, window: _Window, plan: BatchPlan,
+                verifier: "_Verifier | None", describe, deadline: float | None
+                ) -> tuple[int, memoryview]:
+        if deadline is not None and time.monotonic() > deadline:
+            raise DeadlineExceeded("the read passed its deadline")
+        try:
+            if window.pieces:
+                _read_pieces(self.files, dataset_id, window.pieces, window.buffer)
+            for future in window.futures:
+                future.result()
+        except ShortRead as short:
+            raise _short_read_error(plan, short, describe) from None
+        if verifier is not None:
+            verifier.check(window.start, window.buffer)
+        return window.start, window.buffer
+
+
+class _Verifier:
+    """Checks each sample's CRC32C as the windows of its payload arrive in order."""
+
+    def __init__(self, plan: BatchPlan, describe):
+        self.plan = plan
+        self.describe = describe
+        self.ends = plan.sample_payload_offset + plan.sample_length
+        self.running = 0  # CRC so far of a sample cut by the previous window's end
         bad = (plan.sample_length == 0) & (plan.sample_crc != 0)
         if bad.any():
-            sample_id = int(plan.sample_ids[np.argmax(bad)])
-            raise DataCorruption(f"checksum mismatch for {describe(sample_id)}")
+            self._fail(int(np.argmax(bad)), 0)
 
-    @staticmethod
-    def _verify_window(plan: BatchPlan, start: int, buffer: memoryview, running: np.ndarray,
-                       sample_end: np.ndarray, describe) -> None:
+    def check(self, start: int, buffer: memoryview) -> None:
+        """Verify every sample that ends inside [start, start + len(buffer)).  O(samples)."""
+        plan = self.plan
         stop = start + len(buffer)
-        first = int(np.searchsorted(sample_end, start, side="right"))
+        first = int(np.searchsorted(self.ends, start, side="right"))
         last = int(np.searchsorted(plan.sample_payload_offset, stop, side="left"))
-        offsets = plan.sample_payload_offset[first:last].tolist()
-        ends = sample_end[first:last].tolist()
-        crcs = plan.sample_crc[first:last].tolist()
-        for i, (lo, hi, expected) in enumerate(zip(offsets, ends, crcs), start=first):
-            if lo == hi:
+        offsets = (plan.sample_payload_offset[first:last].astype(np.int64) - start).tolist()
+        ends = (self.ends[first:last].astype(np.int64) - start).tolist()
+        expected = plan.sample_crc[first:last].tolist()
+        window_bytes = len(buffer)
+        for i, (lo, hi, crc) in enumerate(zip(offsets, ends, expected)):
+            if lo >= 0 and hi <= window_bytes:  # the common case: the whole sample is here
+                if crc32c.crc32c(buffer[lo:hi]) != crc:
+                    self._fail(first + i, crc32c.crc32c(buffer[lo:hi]))
                 continue
-            seg_lo, seg_hi = max(lo, start), min(hi, stop)
-            value = crc32c.crc32c(buffer[seg_lo - start:seg_hi - start], int(running[i]))
-            if hi <= stop:
-                if value != expected:
-                    raise DataCorruption(
-                        f"checksum mismatch for {describe(int(plan.sample_ids[i]))}: stored "
-                        f"CRC32C {expected:08x}, read {value:08x}; the extent is damaged, "
-                        "re-ingest the dataset or restore it from its source"
-                    )
+            value = crc32c.crc32c(buffer[max(lo, 0):min(hi, window_bytes)],
+                                  self.running if lo < 0 else 0)
+            if hi <= window_bytes:
+                if value != crc:
+                    self._fail(first + i, value)
             else:
-                running[i] = value
+                self.running = value
 
-    @staticmethod
-    def _short_read_error(plan: BatchPlan, short: ShortRead, describe) -> DataCorruption:
-        in_extent = plan.range_extent == short.extent_no
-        payload_pos = None
-        for r in np.flatnonzero(in_extent):
-            lo = int(plan.range_file_offset[r])
-            if lo <= short.file_offset < lo + int(plan.range_length[r]):
-                payload_pos = int(plan.range_payload_offset[r]) + short.file_offset + short.got - lo
-                break
-        sample = "a sample"
-        if payload_pos is not None:
-            i = int(np.searchsorted(plan.sample_payload_offset, payload_pos, side="right")) - 1
-            sample = describe(int(plan.sample_ids[max(i, 0)]))
-        return DataCorruption(
-            f"extent {short.extent_no} is truncated: reading {sample} got {short.got} of "
-            f"{short.wanted} bytes at offset {short.file_offset}; re-ingest the dataset"
+    def _fail(self, index: int, got: int) -> None:
+        plan = self.plan
+        raise DataCorruption(
+            f"checksum mismatch for {self.describe(int(plan.sample_ids[index]))}: stored CRC32C "
+            f"{int(plan.sample_crc[index]):08x}, read {got:08x}; the extent is damaged, "
+            "re-ingest the dataset or restore it from its source"
         )
 
 
+def _short_read_error(plan: BatchPlan, short: ShortRead, describe) -> DataCorruption:
+    in_extent = plan.range_extent == short.extent_no
+    payload_pos = None
+    for r in np.flatnonzero(in_extent):
+        lo = int(plan.range_file_offset[r])
+        if lo <= short.file_offset < lo + int(plan.range_length[r]):
+            payload_pos = int(plan.range_payload_offset[r]) + short.file_offset + short.got - lo
+            break
+    sample = "a sample"
+    if payload_pos is not None:
+        i = int(np.searchsorted(plan.sample_payload_offset, payload_pos, side="right")) - 1
+        sample = describe(int(plan.sample_ids[max(i, 0)]))
+    return DataCorruption(
+        f"extent {short.extent_no} is truncated: reading {sample} got {short.got} of "
+        f"{short.wanted} bytes at offset {short.file_offset}; re-ingest the dataset"
+    )
+
+
+_nowait_supported = hasattr(os, "RWF_NOWAIT")
+
+
+def _read_cached(files: ExtentFiles, dataset_id: int, pieces: list[Piece],
+                 buffer: memoryview) -> list[Piece]:
+    """Copy what the page cache holds of `pieces` into `buffer` without blocking.
+
+    Returns the pieces (or their remainders) that still need a blocking read.
+    One `preadv(RWF_NOWAIT)` per piece; falls back to returning everything
+    where the file system does not support RWF_NOWAIT.
+    """
+    global _nowait_supported
+    if not _nowait_supported:
+        return pieces
+    missed: list[Piece] = []
+    current_extent, fd = -1, -1
+    with contextlib.ExitStack() as stack:
+        for piece in pieces:
+            extent_no, file_offset, buffer_offset, size = piece
+            if extent_no != current_extent:
+                stack.close()
+                fd = stack.enter_context(files.acquire(dataset_id, extent_no))
+                current_extent = extent_no
+            try:
+                got = os.preadv(fd, [buffer[buffer_offset:buffer_offset + size]], file_offset,
+                                os.RWF_NOWAIT)
+            except BlockingIOError:
+                got = 0
+            except OSError as exc:
+                if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+                    raise
+                _nowait_supported = False
+                return pieces
+            if got < size:
+                missed.append((extent_no, file_offset + got, buffer_offset + got, size - got))
+    return missed
+
+
 def _read_pieces(files: ExtentFiles, dataset_id: int, pieces: list[Piece], buffer: memoryview) -> None:
-    """Read `pieces` into `buffer`, one `preadv` per piece.  Runs on a reader thread."""
-    current_extent, fd_context, fd = -1, None, -1
-    try:
+    """Read `pieces` into `buffer`, one blocking `preadv` per piece.  Runs on a reader thread."""
+    current_extent, fd = -1, -1
+    with contextlib.ExitStack() as stack:
         for extent_no, file_offset, buffer_offset, size in pieces:
             if extent_no != current_extent:
-                if fd_context is not None:
-                    fd_context.__exit__(None, None, None)
-                fd_context = files.acquire(dataset_id, extent_no)
-                fd = fd_context.__enter__()
+                stack.close()
+                fd = stack.enter_context(files.acquire(dataset_id, extent_no))
                 current_extent = extent_no
             target = buffer[buffer_offset:buffer_offset + size]
             got = os.preadv(fd, [target], file_offset)
@@ -292,6 +375,3 @@ def _read_pieces(files: ExtentFiles, dataset_id: int, pieces: list[Piece], buffe
                 if more == 0:
                     raise ShortRead(extent_no, file_offset, size, got)
                 got += more
-    finally:
-        if fd_context is not None:
-            fd_context.__exit__(None, None, None)

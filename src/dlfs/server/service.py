@@ -7,11 +7,12 @@ them into status codes.  Every handler honours the call's deadline.
 from __future__ import annotations
 
 import logging
+import os
 import time
 
 import grpc
 
-from dlfs import limits
+from dlfs import limits, wire
 from dlfs.errors import Cancelled, InvalidArgument
 from dlfs.proto import dlfs_pb2 as pb
 from dlfs.proto import dlfs_pb2_grpc
@@ -82,21 +83,34 @@ class DlfsServicer(dlfs_pb2_grpc.DlfsServicer):
         yield from self._stream(dataset, plan, whole and not request.skip_verify, context)
 
     def _stream(self, dataset, plan, verify: bool, context):
-        """Send a plan's payload as BatchChunks; the first carries offsets and lengths."""
+        """Send a plan's payload as pre-encoded BatchChunks (see dlfs.wire); the
+        first carries the offsets and lengths."""
         windows = self.store.read(dataset, plan, verify=verify, deadline=_deadline(context))
         header_sent = False
         for start, window in windows:
             if not context.is_active():
                 raise Cancelled("the client cancelled the read")
-            chunk = pb.BatchChunk(data=bytes(window), data_offset=start)
+            header = pb.BatchChunk(data_offset=start)
             if not header_sent:
-                convert.batch_header(chunk, plan.payload_bytes, plan.request_offsets,
+                convert.batch_header(header, plan.payload_bytes, plan.request_offsets,
                                      plan.request_lengths)
                 header_sent = True
-            yield chunk
+            yield wire.encode_chunk(header, window)
         if not header_sent:  # empty payload: only the header
-            yield convert.batch_header(pb.BatchChunk(), 0, plan.request_offsets,
-                                       plan.request_lengths)
+            yield wire.encode_chunk(convert.batch_header(
+                pb.BatchChunk(), 0, plan.request_offsets, plan.request_lengths), b"")
+
+    def GetIndex(self, request, context):
+        dataset = self.store.dataset(request.dataset)
+        per_chunk = limits.chunk_bytes_default // convert.INDEX_BYTES_PER_SAMPLE
+        for first in range(0, max(len(dataset), 1), per_chunk):
+            chunk = convert.index_chunk(dataset, first, min(first + per_chunk, len(dataset)))
+            if first == 0:
+                chunk.dataset_id = dataset.dataset_id
+                chunk.data_dir = os.path.abspath(self.store.config.data_dir)
+                chunk.daemon_token = self.store.token
+                chunk.samples = len(dataset)
+            yield chunk
 
     def Ingest(self, request_iterator, context):
         session = None

@@ -105,6 +105,7 @@ class Store:
                     extents.remove_dataset(dataset_id)
                 max_id = max(max_id, dataset_id)
             catalog.sync()
+            _write_token(data_dir)
             log.info("catalog replayed: %d datasets, %d samples, %d catalog bytes in %.2f s",
                      len(live), sum(len(d) for d in directory.all()), catalog.size,
                      time.monotonic() - started)
@@ -112,6 +113,16 @@ class Store:
         except BaseException:
             os.close(lock_fd)
             raise
+
+    @property
+    def token(self) -> str:
+        """Random per-start token also stored in DATA_DIR/daemon-token.
+
+        A client that reads the same token from that file sees this daemon's
+        files, so it may read extents directly (GetIndex).
+        """
+        with open(os.path.join(self.config.data_dir, TOKEN_FILE)) as f:
+            return f.read().strip()
 
     def close(self) -> None:
         """Abort running ingests, stop readers, flush and close the catalog."""
@@ -308,6 +319,21 @@ def _replay(records) -> tuple[dict[int, _Replayed], int]:
         elif rtype is cat.RecordType.DELETE:
             datasets.pop(cat.decode_delete(payload), None)
     return datasets, max_id
+
+
+TOKEN_FILE = "daemon-token"
+
+
+def _write_token(data_dir: str) -> str:
+    """A fresh random token in DATA_DIR/daemon-token; see `Store.token`."""
+    token = os.urandom(16).hex()
+    path = os.path.join(data_dir, TOKEN_FILE)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(token)
+    os.chmod(tmp, 0o600)
+    os.replace(tmp, path)
+    return token
 
 
 def _lock_data_dir(data_dir: str) -> int:
