@@ -1,0 +1,42 @@
+"""Co-located direct reads give the same bytes as reads through the daemon."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+import dlfs
+from conftest import write_tree
+from dlfs import Client
+
+
+def test_direct_reads_match_daemon_reads(daemon, tmp_path):
+    rng = np.random.default_rng(3)
+    tree = {f"c{i % 5}/{i:04d}": rng.bytes(int(rng.integers(0, 9000))) for i in range(400)}
+    write_tree(tmp_path / "src", tree)
+    with Client(daemon.address) as remote, Client(daemon.address, direct=True) as local:
+        remote.ingest(str(tmp_path / "src"), "ds")
+        ids = rng.integers(0, len(tree), 1000)
+        assert [bytes(s) for s in local.get_batch(ids, dataset="ds")] == \
+               [bytes(s) for s in remote.get_batch(ids, dataset="ds")]
+        paths = sorted(tree)
+        assert bytes(local.get_batch([paths[9]], dataset="ds")[0]) == tree[paths[9]]
+        with pytest.raises(dlfs.InvalidArgument, match="sample id 400 is out of range"):
+            local.get_batch([400], dataset="ds")
+        # A replaced dataset: the direct reader notices its old extents are gone.
+        write_tree(tmp_path / "v2", {"only": b"new"})
+        remote.ingest(str(tmp_path / "v2"), "ds", replace=True)
+        assert bytes(local.get_batch([0], dataset="ds")[0]) == b"new"
+
+
+def test_direct_reads_refuse_foreign_data_dirs(daemon, tmp_path):
+    write_tree(tmp_path / "src", {"a": b"1"})
+    with Client(daemon.address) as remote:
+        remote.ingest(str(tmp_path / "src"), "ds")
+    with open(os.path.join(daemon.data_dir, "daemon-token"), "w") as f:
+        f.write("someone else")
+    with Client(daemon.address, direct=True) as local:
+        with pytest.raises(dlfs.FailedPrecondition, match="belongs to another daemon"):
+            local.get_batch([0], dataset="ds")
