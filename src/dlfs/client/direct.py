@@ -7,9 +7,10 @@ payload buffer: no bytes cross the gRPC channel.  It is allowed only when
 the client can read DATA_DIR/daemon-token and finds the token the daemon
 reported, i.e. it sees the daemon's own files.
 
-A replaced or deleted dataset removes its extent files; the reader notices
-the missing file, fetches the index again once, and then reads the new
-dataset (or raises NotFound), as reads through the daemon would.
+A replaced or deleted dataset removes its extent directory; the reader
+checks for it before each batch (one stat), fetches the index again, and
+then reads the new dataset (or raises NotFound), as reads through the
+daemon would.
 """
 
 from __future__ import annotations
@@ -76,11 +77,13 @@ class DirectReader:
 
     def _load(self) -> None:
         index = _Index(self._client, self._dataset)
-        files = ExtentFiles(ExtentStore(os.path.join(index.data_dir, "extents")))
+        store = ExtentStore(os.path.join(index.data_dir, "extents"))
+        files = ExtentFiles(store)
         engine = ReadEngine(files, threads=self._threads)
         with self._lock:
             old = getattr(self, "_engine", None)
             self._index, self._files, self._engine = index, files, engine
+            self._dataset_dir = store.dataset_dir(index.dataset_id)
         if old is not None:
             old.close()
 
@@ -90,6 +93,8 @@ class DirectReader:
 
     def get_batch(self, ids, *, verify: bool = True) -> list[memoryview]:
         """Samples `ids` (validated integer ids) as memoryviews into one new buffer."""
+        if not os.path.isdir(self._dataset_dir):  # one stat per batch: replaced or deleted?
+            self._load()
         try:
             return self._read(ids, verify)
         except DataCorruption as exc:

@@ -51,8 +51,12 @@ class Store:
     """The storage core.  Thread-safe.  Use `Store.open(config)`; `close()` when done."""
 
     def __init__(self, config: ServerConfig, lock_fd: int, catalog: cat.Catalog,
-                 extents: ExtentStore, directory: SampleDirectory, next_dataset_id: int):
+                 extents: ExtentStore, directory: SampleDirectory, next_dataset_id: int,
+                 token: str):
         self.config = config
+        # Random per start, also in DATA_DIR/daemon-token: a client that reads the
+        # same token there sees this daemon's files and may read extents directly.
+        self.token = token
         self._lock_fd = lock_fd
         self.catalog = catalog
         self.extents = extents
@@ -105,24 +109,14 @@ class Store:
                     extents.remove_dataset(dataset_id)
                 max_id = max(max_id, dataset_id)
             catalog.sync()
-            _write_token(data_dir)
+            token = _write_token(data_dir)
             log.info("catalog replayed: %d datasets, %d samples, %d catalog bytes in %.2f s",
                      len(live), sum(len(d) for d in directory.all()), catalog.size,
                      time.monotonic() - started)
-            return cls(config, lock_fd, catalog, extents, directory, max_id + 1)
+            return cls(config, lock_fd, catalog, extents, directory, max_id + 1, token)
         except BaseException:
             os.close(lock_fd)
             raise
-
-    @property
-    def token(self) -> str:
-        """Random per-start token also stored in DATA_DIR/daemon-token.
-
-        A client that reads the same token from that file sees this daemon's
-        files, so it may read extents directly (GetIndex).
-        """
-        with open(os.path.join(self.config.data_dir, TOKEN_FILE)) as f:
-            return f.read().strip()
 
     def close(self) -> None:
         """Abort running ingests, stop readers, flush and close the catalog."""
