@@ -13,10 +13,12 @@ from dlfs.server.config import ServerConfig
 from dlfs.server.store import Store
 
 names = st.sampled_from(["alpha", "beta", "gamma"])
+# Directory names and file names come from disjoint sets, so no path is both.
 trees = st.dictionaries(
-    st.lists(st.sampled_from(["a", "b", "c", "d.bin", "e f"]), min_size=1, max_size=3).map("/".join),
+    st.tuples(st.lists(st.sampled_from(["a", "b", "c d"]), max_size=2),
+              st.sampled_from(["x.bin", "y", "z ü"])).map(lambda t: "/".join([*t[0], t[1]])),
     st.binary(max_size=300), min_size=1, max_size=12,
-).filter(lambda t: not any(p != q and q.startswith(p + "/") for p in t for q in t))
+)
 
 
 class StoreMachine(RuleBasedStateMachine):

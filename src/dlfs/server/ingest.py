@@ -11,6 +11,7 @@ writes a DELETE record, so nothing of the dataset remains.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import stat as stat_module
 import time
@@ -32,11 +33,25 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+@dataclasses.dataclass
+class _OpenFile:
+    """The sample being received."""
+
+    path: str
+    size: int
+    mode: int
+    mtime_ns: int
+    extent_no: int
+    offset: int
+    received: int = 0
+    crc: int = 0
+
+
 class IngestSession:
     """Receives one dataset's files; create with `Store.begin_ingest`.
 
     Call `start_file`, then `write` until the announced size is reached
-    (the file ends itself then; `finish_file` checks an optional client
+    (the file ends itself then; `check_last_crc` compares the client's
     CRC), repeat, then `commit` or `abort`.  Not thread-safe: one stream
     drives one session.
     """
@@ -52,7 +67,7 @@ class IngestSession:
         store.catalog.append(cat.RecordType.BEGIN, cat.encode_begin(dataset_id, self.created_ns, name))
         self._blocks: list[cat.SampleBlock] = []
         self._pending: list[tuple] = []  # (path, extent, offset, length, crc, mode, mtime)
-        self._file: list | None = None  # [path, size, mode, mtime, extent, offset, written, crc]
+        self._file: _OpenFile | None = None
         self._last: tuple[str, int] | None = None  # (path, crc) of the last finished file
         self.samples = 0
         self.bytes = 0
@@ -66,8 +81,8 @@ class IngestSession:
         """Begin a sample.  Raises InvalidArgument for a bad path or size."""
         if self._file is not None:
             raise InvalidArgument(
-                f"file {self._file[0]!r} got {self._file[6]} of {self._file[1]} bytes before "
-                f"{path!r} started"
+                f"file {self._file.path!r} got {self._file.received} of {self._file.size} bytes "
+                f"before {path!r} started"
             )
         check_sample_path(path)
         if size > limits.sample_bytes_max:
@@ -78,7 +93,7 @@ class IngestSession:
             raise InvalidArgument(f"file {path!r} has mode {mode:o}, which is not a regular file")
         mode = mode or (stat_module.S_IFREG | 0o444)
         extent_no, offset = self._writer.begin_sample(size)
-        self._file = [path, size, mode, mtime_ns, extent_no, offset, 0, 0]
+        self._file = _OpenFile(path, size, mode, mtime_ns, extent_no, offset)
         if size == 0:
             self._end_file()
 
@@ -89,14 +104,14 @@ class IngestSession:
             if len(data):
                 raise InvalidArgument("file data arrived before any file was started")
             return
-        if file[6] + len(data) > file[1]:
+        if file.received + len(data) > file.size:
             raise InvalidArgument(
-                f"file {file[0]!r} was announced as {file[1]} bytes but more arrived"
+                f"file {file.path!r} was announced as {file.size} bytes but more arrived"
             )
         self._writer.write(data)
-        file[6] += len(data)
-        file[7] = crc32c.crc32c(data, file[7])
-        if file[6] == file[1]:
+        file.received += len(data)
+        file.crc = crc32c.crc32c(data, file.crc)
+        if file.received == file.size:
             self._end_file()
 
     def check_last_crc(self, expected: int) -> None:
@@ -111,13 +126,13 @@ class IngestSession:
             )
 
     def _end_file(self) -> None:
-        path, size, mode, mtime_ns, extent_no, offset, _written, crc = self._file
+        file, self._file = self._file, None
         self._writer.end_sample()
-        self._file = None
-        self._pending.append((path, extent_no, offset, size, crc, mode, mtime_ns))
-        self._last = (path, crc)
+        self._pending.append((file.path, file.extent_no, file.offset, file.size, file.crc,
+                              file.mode, file.mtime_ns))
+        self._last = (file.path, file.crc)
         self.samples += 1
-        self.bytes += size
+        self.bytes += file.size
         if len(self._pending) >= limits.catalog_samples_per_record:
             self._flush_entries()
 
@@ -144,8 +159,8 @@ class IngestSession:
         session is aborted then)."""
         if self._file is not None:
             raise InvalidArgument(
-                f"the stream ended inside file {self._file[0]!r} ({self._file[6]} of "
-                f"{self._file[1]} bytes received)"
+                f"the stream ended inside file {self._file.path!r} ({self._file.received} of "
+                f"{self._file.size} bytes received)"
             )
         self._writer.sync()
         self._writer.close()
