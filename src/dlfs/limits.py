@@ -68,6 +68,9 @@ range_bytes_max = 1 * MiB
 inline_ranges_max = 2
 # Windows of one get_batch stream read ahead of the one being sent.
 read_ahead_windows = 2
+# Prefetch hints waiting for the prefetch thread; more are refused (a hint
+# that cannot be queued is dropped, never waited for).
+prefetch_queue_max = 64
 
 # --- daemon --------------------------------------------------------------------
 # Concurrent RPCs the daemon admits; more are refused with RESOURCE_EXHAUSTED.

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import time
 
 import numpy as np
 import pytest
@@ -40,3 +42,36 @@ def test_direct_reads_refuse_foreign_data_dirs(daemon, tmp_path):
     with Client(daemon.address, direct=True) as local:
         with pytest.raises(dlfs.FailedPrecondition, match="belongs to another daemon"):
             local.get_batch([0], dataset="ds")
+
+
+def resident_bytes(path: str) -> int:
+    """Bytes of `path` in the page cache, from util-linux fincore."""
+    out = subprocess.run(["fincore", "--bytes", "--noheadings", "--output", "RES", path],
+                         capture_output=True, text=True, check=True).stdout
+    return int(out.strip())
+
+
+def test_prefetch_hints_warm_the_page_cache(daemon, tmp_path):
+    rng = np.random.default_rng(4)
+    tree = {f"{i:04d}": rng.bytes(64 * 1024) for i in range(64)}
+    write_tree(tmp_path / "src", tree)
+    with Client(daemon.address) as client:
+        client.ingest(str(tmp_path / "src"), "ds")
+        ds = client.dataset("ds")
+        [dataset_dir] = os.listdir(os.path.join(daemon.data_dir, "extents"))
+        extent = os.path.join(daemon.data_dir, "extents", dataset_dir, "000000.ext")
+        fd = os.open(extent, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # evict the extent
+        finally:
+            os.close(fd)
+        assert resident_bytes(extent) < 64 * 1024
+        assert ds.prefetch(range(0, 64, 2)) is True
+        deadline = time.monotonic() + 10
+        while resident_bytes(extent) < 32 * 64 * 1024 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert 32 * 64 * 1024 <= resident_bytes(extent) < 48 * 64 * 1024  # hinted half only
+        with pytest.raises(dlfs.InvalidArgument, match="out of range"):
+            ds.prefetch([64])
+        assert [bytes(s) for s in ds.get_batch(range(0, 64, 2))] == \
+               [tree[f"{i:04d}"] for i in range(0, 64, 2)]

@@ -24,7 +24,7 @@ from dlfs import limits, wire
 from dlfs.client import convert
 from dlfs.client.convert import DatasetInfo, Entry
 from dlfs.client.errors import from_rpc_error
-from dlfs.errors import InvalidArgument, Unavailable
+from dlfs.errors import InvalidArgument, Overloaded, Unavailable
 from dlfs.paths import check_dataset_name, normalize_dir_path
 from dlfs.proto import dlfs_pb2 as pb
 from dlfs.proto import dlfs_pb2_grpc
@@ -214,6 +214,22 @@ class Dataset:
     def get(self, key: SampleKey, *, verify: bool = True) -> memoryview:
         """One sample by id or path."""
         return self.get_batch([key], verify=verify)[0]
+
+    def prefetch(self, keys: Iterable[SampleKey]) -> bool:
+        """Hint that samples `keys` will be read soon; the daemon starts reading them
+        into its page cache and this call returns at once.
+
+        Returns False when the daemon's prefetch queue is full (the hint was
+        dropped: only speed is lost).  Raises as get_batch does for bad keys.
+        """
+        request = pb.PrefetchRequest(dataset=self.name)
+        if not _fill_keys(request, keys):
+            return True
+        try:
+            self.client._call("Prefetch", request, retry=False)
+        except Overloaded:
+            return False
+        return True
 
     def read(self, key: SampleKey, offset: int = 0, length: int = 0, *, verify: bool = True
              ) -> memoryview:

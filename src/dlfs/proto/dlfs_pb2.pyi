@@ -126,6 +126,24 @@ class GetBatchRequest(_message.Message):
     skip_verify: bool
     def __init__(self, dataset: _Optional[str] = ..., ids: _Optional[_Iterable[int]] = ..., paths: _Optional[_Iterable[str]] = ..., skip_verify: _Optional[bool] = ...) -> None: ...
 
+class PrefetchRequest(_message.Message):
+    __slots__ = ("dataset", "ids", "paths")
+    DATASET_FIELD_NUMBER: _ClassVar[int]
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    PATHS_FIELD_NUMBER: _ClassVar[int]
+    dataset: str
+    ids: _containers.RepeatedScalarFieldContainer[int]
+    paths: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, dataset: _Optional[str] = ..., ids: _Optional[_Iterable[int]] = ..., paths: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class PrefetchReply(_message.Message):
+    __slots__ = ("ranges", "bytes")
+    RANGES_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    ranges: int
+    bytes: int
+    def __init__(self, ranges: _Optional[int] = ..., bytes: _Optional[int] = ...) -> None: ...
+
 class ReadRangeRequest(_message.Message):
     __slots__ = ("dataset", "id", "path", "offset", "length", "skip_verify")
     DATASET_FIELD_NUMBER: _ClassVar[int]

@@ -64,6 +64,11 @@ class DlfsStub:
                 request_serializer=dlfs_dot_proto_dot_dlfs__pb2.GetBatchRequest.SerializeToString,
                 response_deserializer=dlfs_dot_proto_dot_dlfs__pb2.BatchChunk.FromString,
                 _registered_method=True)
+        self.Prefetch = channel.unary_unary(
+                '/dlfs.v1.Dlfs/Prefetch',
+                request_serializer=dlfs_dot_proto_dot_dlfs__pb2.PrefetchRequest.SerializeToString,
+                response_deserializer=dlfs_dot_proto_dot_dlfs__pb2.PrefetchReply.FromString,
+                _registered_method=True)
         self.ReadRange = channel.unary_stream(
                 '/dlfs.v1.Dlfs/ReadRange',
                 request_serializer=dlfs_dot_proto_dot_dlfs__pb2.ReadRangeRequest.SerializeToString,
@@ -146,6 +151,18 @@ class DlfsServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Prefetch(self, request, context):
+        """Hint that these samples will be read soon: the daemon asks the kernel to
+        read them into the page cache in the background and returns at once.
+        Nothing is returned or guaranteed; a full prefetch queue refuses the
+        hint with RESOURCE_EXHAUSTED (drop it, it is only a hint).  Limits: as
+        GetBatch for ids; prefetch_queue_max hints queued.
+        Codes: NOT_FOUND, INVALID_ARGUMENT, RESOURCE_EXHAUSTED.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ReadRange(self, request, context):
         """Read `length` bytes at `offset` of one sample (by id or path); a length
         of 0 means "to the end".  Reading past the end returns fewer bytes (none
@@ -221,6 +238,11 @@ def add_DlfsServicer_to_server(servicer, server):
                     servicer.GetBatch,
                     request_deserializer=dlfs_dot_proto_dot_dlfs__pb2.GetBatchRequest.FromString,
                     response_serializer=dlfs_dot_proto_dot_dlfs__pb2.BatchChunk.SerializeToString,
+            ),
+            'Prefetch': grpc.unary_unary_rpc_method_handler(
+                    servicer.Prefetch,
+                    request_deserializer=dlfs_dot_proto_dot_dlfs__pb2.PrefetchRequest.FromString,
+                    response_serializer=dlfs_dot_proto_dot_dlfs__pb2.PrefetchReply.SerializeToString,
             ),
             'ReadRange': grpc.unary_stream_rpc_method_handler(
                     servicer.ReadRange,
@@ -405,6 +427,33 @@ class Dlfs:
             '/dlfs.v1.Dlfs/GetBatch',
             dlfs_dot_proto_dot_dlfs__pb2.GetBatchRequest.SerializeToString,
             dlfs_dot_proto_dot_dlfs__pb2.BatchChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Prefetch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dlfs.v1.Dlfs/Prefetch',
+            dlfs_dot_proto_dot_dlfs__pb2.PrefetchRequest.SerializeToString,
+            dlfs_dot_proto_dot_dlfs__pb2.PrefetchReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -74,6 +74,14 @@ class DlfsServicer(dlfs_pb2_grpc.DlfsServicer):
         _checked, plan = self.store.plan(dataset, ids=ids, paths=paths)
         yield from self._stream(dataset, plan, not request.skip_verify, context)
 
+    def Prefetch(self, request, context):
+        dataset = self.store.dataset(request.dataset)
+        ids = convert.ids_array(request.ids) if request.ids else None
+        paths = list(request.paths) if request.paths else None
+        _checked, plan = self.store.plan(dataset, ids=ids, paths=paths)
+        self.store.prefetcher.submit(dataset.dataset_id, plan)
+        return pb.PrefetchReply(ranges=plan.ranges, bytes=plan.payload_bytes)
+
     def ReadRange(self, request, context):
         dataset = self.store.dataset(request.dataset)
         if request.path and request.id:

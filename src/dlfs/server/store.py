@@ -34,6 +34,7 @@ from dlfs.server.config import ServerConfig
 from dlfs.server.directory import DatasetIndex, DatasetSummary, SampleDirectory
 from dlfs.server.extents import ExtentFiles, ExtentStore
 from dlfs.server.ingest import IngestSession
+from dlfs.server.prefetch import Prefetcher
 from dlfs.server.reader import BatchPlan, ReadEngine, plan_batch
 
 log = logging.getLogger(__name__)
@@ -64,6 +65,7 @@ class Store:
         self.files = ExtentFiles(extents, config.open_extents_max)
         self.engine = ReadEngine(self.files, threads=config.reader_threads,
                                  chunk_bytes=config.chunk_bytes)
+        self.prefetcher = Prefetcher(self.files)
         self._mutex = threading.Lock()
         self._next_dataset_id = next_dataset_id
         self._ingests: dict[str, IngestSession] = {}
@@ -127,6 +129,7 @@ class Store:
             sessions = list(self._ingests.values())
         for session in sessions:
             session.abort("the daemon is shutting down")
+        self.prefetcher.close()
         self.engine.close()
         self.files.close()
         self.catalog.close()

@@ -1,0 +1,83 @@
+"""Prefetch: read hinted samples into the page cache ahead of their batch.
+
+A client that knows its upcoming batches (the epoch order follows from the
+sampler's seed) sends them as hints; the daemon plans each hint like a batch
+(same sort and coalescing) and one background thread issues
+`posix_fadvise(WILLNEED)` per range, which makes the kernel start the reads
+without anyone waiting for them.  When the batch arrives, `ReadEngine`'s
+RWF_NOWAIT pass finds the data cached.  Hints never delay demand reads by
+more than the device queue they share, and a full queue drops new hints
+(Overloaded) instead of growing.  Nothing here imports grpc.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+
+from dlfs import limits
+from dlfs.errors import Overloaded
+from dlfs.server.extents import ExtentFiles
+from dlfs.server.reader import BatchPlan
+
+log = logging.getLogger(__name__)
+
+_STOP = object()
+
+
+class Prefetcher:
+    """One background thread turning queued plans into WILLNEED advice.  Thread-safe."""
+
+    def __init__(self, files: ExtentFiles, queue_max: int = limits.prefetch_queue_max):
+        self._files = files
+        self._queue: queue.Queue = queue.Queue(maxsize=queue_max)
+        self.ranges_advised = 0
+        self._thread = threading.Thread(target=self._run, name="dlfs-prefetch", daemon=True)
+        self._thread.start()
+
+    def submit(self, dataset_id: int, plan: BatchPlan) -> None:
+        """Queue a plan's ranges for read-ahead.  Raises Overloaded when the queue is full."""
+        try:
+            self._queue.put_nowait((dataset_id, plan))
+        except queue.Full:
+            raise Overloaded(
+                f"the prefetch queue is full ({self._queue.maxsize} hints); this hint was "
+                "dropped, which only costs speed") from None
+
+    def close(self) -> None:
+        while True:
+            try:
+                self._queue.get_nowait()
+            except queue.Empty:
+                break
+        self._queue.put(_STOP)
+        self._thread.join()
+
+    def _run(self) -> None:
+        while (item := self._queue.get()) is not _STOP:
+            dataset_id, plan = item
+            try:
+                self._advise(dataset_id, plan)
+            except Exception:  # noqa: BLE001 - a failed hint must not stop later ones
+                log.warning("prefetch of dataset id %x failed", dataset_id, exc_info=True)
+
+    def _advise(self, dataset_id: int, plan: BatchPlan) -> None:
+        extents = plan.range_extent.tolist()
+        offsets = plan.range_file_offset.tolist()
+        lengths = plan.range_length.tolist()
+        current, fd, held = -1, -1, None
+        try:
+            for extent_no, offset, length in zip(extents, offsets, lengths):
+                if extent_no != current:
+                    if held is not None:
+                        held.__exit__(None, None, None)
+                    held = self._files.acquire(dataset_id, extent_no)
+                    fd = held.__enter__()
+                    current = extent_no
+                os.posix_fadvise(fd, offset, length, os.POSIX_FADV_WILLNEED)
+                self.ranges_advised += 1
+        finally:
+            if held is not None:
+                held.__exit__(None, None, None)
