@@ -102,6 +102,9 @@ class Internal(DlfsError):
     status_code_name = "INTERNAL"
 
 
+# Trailing-metadata key carrying the error's class name across the wire.
+ERROR_CLASS_METADATA = "dlfs-error"
+
 ERROR_BY_STATUS_CODE_NAME: dict[str, type[DlfsError]] = {
     cls.status_code_name: cls
     for cls in (
@@ -119,3 +122,10 @@ ERROR_BY_STATUS_CODE_NAME: dict[str, type[DlfsError]] = {
         Internal,
     )
 }
+
+
+def _all_subclasses(cls: type) -> list[type]:
+    return [cls] + [s for sub in cls.__subclasses__() for s in _all_subclasses(sub)]
+
+
+ERROR_BY_CLASS_NAME: dict[str, type[DlfsError]] = {c.__name__: c for c in _all_subclasses(DlfsError)}

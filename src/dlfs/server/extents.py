@@ -128,8 +128,9 @@ class ExtentWriter:
     """
 
     def __init__(self, store: ExtentStore, dataset_id: int, created_ns: int,
-                 extent_bytes_max: int = limits.extent_bytes_max_default):
+                 extent_bytes_max: int = limits.extent_bytes_max_default, label: str = ""):
         self._store = store
+        self._label = label or f"dataset id {dataset_id:x}"  # for error messages
         self._dataset_id = dataset_id
         self._created_ns = created_ns
         self._extent_bytes_max = extent_bytes_max
@@ -157,7 +158,7 @@ class ExtentWriter:
         try:
             self._file.write(chunk)
         except OSError as exc:
-            raise no_space_error(exc, f"dataset {self._dataset_id:x}") from exc
+            raise no_space_error(exc, self._label) from exc
         self._remaining -= n
         self._end += n
 
@@ -175,7 +176,7 @@ class ExtentWriter:
                 os.fsync(self._file.fileno())
             _fsync_dir(self._store.dataset_dir(self._dataset_id))
         except OSError as exc:
-            raise no_space_error(exc, f"dataset {self._dataset_id:x}") from exc
+            raise no_space_error(exc, self._label) from exc
 
     def close(self) -> None:
         """Close the open extent without syncing (call `sync()` first to keep it)."""

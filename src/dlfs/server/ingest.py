@@ -63,7 +63,7 @@ class IngestSession:
         self.replace = replace
         self.created_ns = time.time_ns()
         self._writer = ExtentWriter(store.extents, dataset_id, self.created_ns,
-                                    store.config.extent_bytes_max)
+                                    store.config.extent_bytes_max, label=f"dataset {name!r}")
         store.catalog.append(cat.RecordType.BEGIN, cat.encode_begin(dataset_id, self.created_ns, name))
         self._blocks: list[cat.SampleBlock] = []
         self._pending: list[tuple] = []  # (path, extent, offset, length, crc, mode, mtime)

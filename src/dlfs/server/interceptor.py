@@ -1,6 +1,7 @@
 """The one place where typed errors become gRPC status codes.
 
-Any `DlfsError` raised by a handler is sent as its status code and message.
+Any `DlfsError` raised by a handler is sent as its status code and message,
+with the error's class name in the `dlfs-error` trailing metadata.
 Anything else is a bug: it becomes INTERNAL with a short error id, and the
 traceback goes to the daemon log under that id so an operator can find it.
 """
@@ -12,7 +13,7 @@ import uuid
 
 import grpc
 
-from dlfs.errors import DlfsError
+from dlfs.errors import ERROR_CLASS_METADATA, DlfsError
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +59,9 @@ def _abort(context: grpc.ServicerContext, exc: Exception, method: str):
     if isinstance(exc, DlfsError):
         code = getattr(grpc.StatusCode, exc.status_code_name, grpc.StatusCode.UNKNOWN)
         log.debug("%s -> %s: %s", method, code.name, exc.message)
+        # The exact class, so the client can raise e.g. StorageFull rather than
+        # the Overloaded that its status code alone would give.
+        context.set_trailing_metadata(((ERROR_CLASS_METADATA, type(exc).__name__),))
         context.abort(code, exc.message)
     if not context.is_active():
         log.info("%s: client went away (%s)", method, type(exc).__name__)
