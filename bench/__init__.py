@@ -1,0 +1,19 @@
+"""DLFS benchmark harness (issue 4): `python -m bench [--quick]`.
+
+Every contender reads the same generated data with the same seeded batch
+sequence, cold and warm, in one run; `report.py` prints the ratios to ext4
+one-file-per-sample.  See bench/README.md.
+
+Modules, in the order data flows:
+
+- `datagen`     generate the workloads (cached between runs) in three stores:
+                a one-file-per-sample tree, an LMDB, a DLFS data dir
+- `processes`   the daemon (and FUSE mount) as real subprocesses
+- `contenders`  one class per way of reading a batch
+- `measure`     timed runs, latency percentiles, cold/warm page cache, RSS
+- `runner`      warm-up and timed runs of every contender on one workload
+- `memory`      the sample directory's memory per sample (1,000,000 samples)
+- `report`      markdown table, JSON, PNG chart, target checks
+- `__main__`    the command line that runs it all
+- `profile_dlfs` py-spy on the daemon, pyinstrument on the client (not part of a run)
+"""

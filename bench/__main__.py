@@ -1,0 +1,129 @@
+"""`python -m bench [--quick]`: every contender, every workload, cold and warm, one table.
+
+    ./dev bench                      # full run: under 10 minutes on 2 cores (+ first-time data)
+    ./dev bench --quick              # tiny sizes, under a minute (what CI runs)
+    ./dev bench --workloads 4k --caches cold --contenders ext4-1,dlfs-grpc-1,fio
+
+Prints the markdown table and writes results.json, results.md and
+results.png to --out.  Generated data is cached in --data-dir.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import time
+
+from bench import datagen, memory, report, runner
+from bench.contenders import BenchEnv, all_contenders
+from bench.measure import CacheControl
+from bench.processes import Daemon, FuseMount, fuse_available
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true",
+                        help="tiny workloads, one timed run each (checks that it runs, not speed)")
+    parser.add_argument("--data-dir", default="/var/tmp/dlfs-bench",
+                        help="where generated data, the DLFS data dir and logs live (cached)")
+    parser.add_argument("--out", default=os.path.join(REPO, "bench", "results"),
+                        help="directory for results.json, results.md, results.png")
+    parser.add_argument("--workloads", default="4k,110k,140m",
+                        help="comma-separated subset of 4k,110k,140m")
+    parser.add_argument("--caches", default="warm,cold", help="comma-separated: warm,cold")
+    parser.add_argument("--contenders", default="",
+                        help="comma-separated subset of contender keys (default: all; ext4-1 is "
+                             "always included as the baseline)")
+    parser.add_argument("--runs", type=int, help="timed runs per row (default 3, quick 1)")
+    parser.add_argument("--no-memory", action="store_true", help="skip the memory experiment")
+    parser.add_argument("--no-restart", action="store_true",
+                        help="skip starting a daemon on a 1,000,000-sample catalog")
+    parser.add_argument("--reader-threads", type=int,
+                        help="pass --reader-threads to the daemon (default: its own)")
+    parser.add_argument("--daemon-arg", action="append", default=[], metavar="ARG",
+                        help="extra dlfs-server argument, e.g. --daemon-arg=--chunk-bytes=16777216"
+                             " (repeatable)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    started = time.monotonic()
+
+    def progress(message: str) -> None:
+        print(message, file=sys.stderr, flush=True)
+
+    wanted = set(args.workloads.split(","))
+    workloads = [w for w in (datagen.quick_workloads() if args.quick else datagen.full_workloads())
+                 if w.name in wanted]
+    caches = [c for c in args.caches.split(",") if c in ("warm", "cold")]
+    settings = runner.Settings(
+        runs=args.runs or (1 if args.quick else 3),
+        cold_budget_s=1.0 if args.quick else 4.0,
+        warm_budget_s=1.0 if args.quick else 2.0,
+        fio_runtime_s=1.0 if args.quick else 5.0,
+    )
+    data_dir = os.path.abspath(args.data_dir)
+    prepared = datagen.prepare_all(workloads, data_dir, log=progress)
+    cache_control = CacheControl()
+    daemon_args = ["--reader-threads", str(args.reader_threads)] if args.reader_threads else []
+    daemon_args += args.daemon_arg
+    daemon_info: dict = {}
+    measurements = []
+    with Daemon(os.path.join(data_dir, "dlfs"), os.path.join(data_dir, "daemon.log"),
+                daemon_args) as daemon:
+        daemon_info["rss_start_kib"] = daemon.rss_kib()
+        daemon_info["startup_s"] = daemon.startup_s
+        fuse_reason = fuse_available()
+        mountpoint = os.path.join(data_dir, "mnt")
+        fuse = None
+        if not fuse_reason:
+            try:
+                fuse = FuseMount(daemon.address, mountpoint, os.path.join(data_dir, "fuse.log"))
+                fuse.__enter__()
+            except Exception as exc:  # noqa: BLE001 - the FUSE rows say why
+                fuse, fuse_reason = None, f"not available: mount failed: {exc}"
+        try:
+            env = BenchEnv(daemon_address=daemon.address, o_direct_cold=not cache_control.root,
+                           fio_runtime_s=settings.fio_runtime_s,
+                           fuse_mountpoint=mountpoint if fuse else None, fuse_reason=fuse_reason)
+            contenders = all_contenders(env)
+            if args.contenders:
+                keep = set(args.contenders.split(",")) | {report.BASELINE}
+                contenders = [c for c in contenders if c.key in keep]
+            for p in prepared:
+                measurements += runner.run_workload(p, contenders, caches, settings,
+                                                    cache_control, progress)
+                daemon_info[f"rss_after_{p.workload.name}_kib"] = daemon.rss_kib()
+            daemon_info["hwm_end_kib"] = daemon.hwm_kib()
+        finally:
+            if fuse is not None:
+                fuse.__exit__()
+    memory_results = None
+    if not args.no_memory:
+        sizes = [2_000, 20_000] if args.quick else [100_000, 1_000_000]
+        restart = None if (args.quick or args.no_restart) else 1_000_000
+        memory_results = memory.run(sizes, restart, data_dir, log=progress)
+    results = report.build_results(
+        prepared=prepared, measurements=measurements, contenders=contenders,
+        memory=memory_results, daemon=daemon_info,
+        settings={"runs": settings.runs, "cold_budget_s": settings.cold_budget_s,
+                  "warm_budget_s": settings.warm_budget_s,
+                  "fio_runtime_s": settings.fio_runtime_s, "caches": caches,
+                  "reader_threads": args.reader_threads, "daemon_args": daemon_args},
+        cache_method=cache_control.method, quick=args.quick, data_dir=data_dir, repo=REPO,
+        elapsed_s=time.monotonic() - started)
+    paths = report.write(results, args.out)
+    print(report.markdown(results))
+    progress(f"bench: wrote {', '.join(paths.values())} in {time.monotonic() - started:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

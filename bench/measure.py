@@ -1,0 +1,250 @@
+"""Timing: one warm-up, several timed runs, min/median/max, batch latency percentiles.
+
+A *run* reads the workload's seeded batch sequence from the start, one
+batch after another (or several in flight, for contenders that pipeline),
+until the sequence ends or the run's time budget is spent; slow contenders
+therefore read a prefix of the same sequence.  Throughput of a run is
+samples (and bytes) delivered divided by its wall time; latency is the
+wall time of each batch call, pooled over the timed runs.
+
+Cold runs start from an empty page cache: as root, `sync` then
+`echo 3 > /proc/sys/vm/drop_caches` before every timed run (this drops the
+daemon's extent pages and cached inodes and dentries too).  Without root,
+the data files of the contender get `posix_fadvise(DONTNEED)` and the ext4
+contenders read with O_DIRECT (inodes stay cached then; the table says so).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import statistics
+import subprocess
+import time
+from typing import Callable, Iterable
+
+import numpy as np
+
+
+@dataclasses.dataclass
+class RunResult:
+    """What one timed run delivered."""
+
+    samples: int
+    bytes: int
+    elapsed_s: float
+    batch_latencies_s: list[float]
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.samples / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    @property
+    def mb_per_s(self) -> float:
+        return self.bytes / 1e6 / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+
+@dataclasses.dataclass
+class Measurement:
+    """One contender on one workload in one cache state."""
+
+    contender: str
+    workload: str
+    cache: str  # "cold" | "warm"
+    available: bool = True
+    note: str = ""
+    runs: list[RunResult] = dataclasses.field(default_factory=list)
+    # Set by contenders that measure themselves (fio): overrides the runs' figures.
+    latency_kind: str = "batch"  # "batch" | "io" (fio: per-I/O completion latency)
+    extra: dict = dataclasses.field(default_factory=dict)
+
+    def _per_run(self, attr: str) -> list[float]:
+        return [getattr(r, attr) for r in self.runs]
+
+    def summary(self) -> dict:
+        """Figures for the report (None where not available)."""
+        if not self.available or not self.runs:
+            return {"samples_per_s": None, "mb_per_s": None, "p50_ms": None, "p99_ms": None}
+        sps, mbs = self._per_run("samples_per_s"), self._per_run("mb_per_s")
+        latencies = [x for r in self.runs for x in r.batch_latencies_s]
+        out = {
+            "samples_per_s": statistics.median(sps),
+            "samples_per_s_min": min(sps),
+            "samples_per_s_max": max(sps),
+            "mb_per_s": statistics.median(mbs),
+            "mb_per_s_min": min(mbs),
+            "mb_per_s_max": max(mbs),
+            "p50_ms": None,
+            "p99_ms": None,
+            "batches": len(latencies),
+            "samples": sum(r.samples for r in self.runs),
+            "runs": len(self.runs),
+        }
+        if latencies:
+            out["p50_ms"] = float(np.percentile(latencies, 50)) * 1e3
+            out["p99_ms"] = float(np.percentile(latencies, 99)) * 1e3
+        out.update(self.extra)
+        return out
+
+
+def run_sequential(read_batch: Callable[[np.ndarray], list], batches: list[np.ndarray],
+                   expected_bytes: list[int], budget_s: float) -> RunResult:
+    """Read `batches` in order, one call each, until done or `budget_s` is spent.
+
+    Every returned batch is checked for its total byte count (cheap; the
+    CRC32C check runs in the warm-up, see `check_samples`).
+    """
+    latencies: list[float] = []
+    samples = nbytes = 0
+    clock = time.perf_counter
+    started = clock()
+    stop_at = started + budget_s
+    for batch, want in zip(batches, expected_bytes):
+        t0 = clock()
+        out = read_batch(batch)
+        t1 = clock()
+        got = _total(out)
+        if got != want or len(out) != len(batch):
+            raise AssertionError(f"batch returned {len(out)} samples, {got} bytes; "
+                                 f"expected {len(batch)} samples, {want} bytes")
+        latencies.append(t1 - t0)
+        samples += len(out)
+        nbytes += got
+        if t1 >= stop_at:
+            break
+    return RunResult(samples, nbytes, clock() - started, latencies)
+
+
+def run_in_flight(read_batch: Callable[[np.ndarray], list], batches: list[np.ndarray],
+                  expected_bytes: list[int], budget_s: float, in_flight: int) -> RunResult:
+    """Like `run_sequential` with `in_flight` threads each issuing the next batch."""
+    import threading
+
+    lock = threading.Lock()
+    position = [0]
+    latencies: list[float] = []
+    totals = [0, 0]
+    errors: list[BaseException] = []
+    clock = time.perf_counter
+    started = clock()
+    stop_at = started + budget_s
+
+    def worker() -> None:
+        try:
+            while True:
+                with lock:
+                    i = position[0]
+                    if i >= len(batches) or clock() >= stop_at or errors:
+                        return
+                    position[0] += 1
+                t0 = clock()
+                out = read_batch(batches[i])
+                t1 = clock()
+                got = _total(out)
+                if got != expected_bytes[i] or len(out) != len(batches[i]):
+                    raise AssertionError(f"batch {i} returned {got} bytes, expected "
+                                         f"{expected_bytes[i]}")
+                with lock:
+                    latencies.append(t1 - t0)
+                    totals[0] += len(out)
+                    totals[1] += got
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, name=f"bench-inflight-{k}")
+               for k in range(in_flight)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return RunResult(totals[0], totals[1], clock() - started, latencies)
+
+
+def _total(samples: Iterable) -> int:
+    return sum(len(s) for s in samples)
+
+
+def check_samples(out: list, ids: np.ndarray, crcs: np.ndarray) -> None:
+    """Assert every returned sample has its generated CRC32C (run once, in the warm-up)."""
+    import crc32c
+
+    for sample, sample_id in zip(out, ids.tolist()):
+        value = crc32c.crc32c(sample)
+        if value != int(crcs[sample_id]):
+            raise AssertionError(f"sample {sample_id}: CRC32C {value:08x}, generated "
+                                 f"{int(crcs[sample_id]):08x}")
+
+
+# --- page cache --------------------------------------------------------------------
+
+def is_root() -> bool:
+    return os.geteuid() == 0
+
+
+class CacheControl:
+    """Empties or fills the page cache for a workload's files."""
+
+    def __init__(self) -> None:
+        self.root = is_root()
+        self.method = ("drop_caches (sync; echo 3 > /proc/sys/vm/drop_caches)" if self.root
+                       else "posix_fadvise(DONTNEED) on the data files; ext4 rows use O_DIRECT")
+
+    def make_cold(self, files: Iterable[str]) -> None:
+        """Evict `files` (all of the page cache as root)."""
+        if self.root:
+            os.sync()
+            with open("/proc/sys/vm/drop_caches", "w") as f:
+                f.write("3\n")
+            return
+        for path in files:
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except OSError:
+                continue
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+    @staticmethod
+    def make_warm(files: Iterable[str]) -> float:
+        """Read `files` through the page cache; returns seconds taken."""
+        started = time.perf_counter()
+        buffer = bytearray(8 << 20)
+        for path in files:
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                while os.readv(fd, [buffer]) == len(buffer):
+                    pass
+            finally:
+                os.close(fd)
+        return time.perf_counter() - started
+
+
+# --- process memory ------------------------------------------------------------------
+
+def proc_status_kib(pid: int, field: str = "VmRSS") -> int:
+    """A `/proc/PID/status` field in KiB (VmRSS, VmHWM, ...); 0 if unavailable."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def git_info(repo: str) -> dict:
+    """HEAD commit and whether the work tree differs (never takes the index lock)."""
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(["git", "--no-optional-locks", "-C", repo, *args],
+                                  capture_output=True, text=True, timeout=10).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+
+    return {"commit": git("rev-parse", "HEAD"),
+            "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}

@@ -1,0 +1,347 @@
+"""Results out: a markdown table, JSON with the machine and git hash, a PNG chart, target checks.
+
+Every row shows the median of the timed runs (min–max beside it), batch
+latency p50/p99 pooled over the runs, and the ratio of its median samples/s
+to the ext4 one-file-per-sample, 1-thread row of the same workload and
+cache state.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+
+from bench.contenders import Contender
+from bench.datagen import Prepared
+from bench.measure import Measurement, git_info
+
+BASELINE = "ext4-1"
+# Runs of one row whose fastest is this much faster than its slowest are flagged:
+# another process competed for the CPUs or the disk (or emptied the page cache).
+NOISY_SPREAD = 1.5
+
+
+def machine_info(data_dir: str) -> dict:
+    """What the numbers were measured on."""
+    info: dict = {
+        "nproc": os.cpu_count(),
+        "cpus_usable": len(os.sched_getaffinity(0)),
+        "kernel": platform.release(),
+        "python": sys.version.split()[0],
+        "hostname": platform.node(),
+    }
+    try:
+        with open("/proc/meminfo") as f:
+            info["mem_total_mib"] = int(f.readline().split()[1]) // 1024
+        with open("/proc/cpuinfo") as f:
+            info["cpu_model"] = next((line.split(":", 1)[1].strip() for line in f
+                                      if line.startswith("model name")), "")
+    except OSError:
+        pass
+    info["disk"] = _disk_info(data_dir)
+    versions = {}
+    from importlib import metadata
+
+    for package in ("grpcio", "protobuf", "numpy", "lmdb", "crc32c"):
+        try:
+            versions[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            versions[package] = None
+    fio = shutil.which("fio")
+    if fio:
+        versions["fio"] = subprocess.run([fio, "--version"], capture_output=True,
+                                         text=True).stdout.strip()
+    info["versions"] = versions
+    return info
+
+
+def _disk_info(path: str) -> dict:
+    def run(*args: str) -> str:
+        try:
+            return subprocess.run(args, capture_output=True, text=True, timeout=10).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+
+    source_fs = run("findmnt", "-no", "SOURCE,FSTYPE", "--target", path).split()
+    out = {"source": source_fs[0] if source_fs else "", "fstype": source_fs[1] if len(source_fs) > 1
+           else ""}
+    device = os.path.basename(out["source"])
+    if device:
+        out["lsblk"] = run("lsblk", "-dno", "NAME,SIZE,ROTA,MODEL,TRAN", out["source"])
+        scheduler = f"/sys/block/{device}/queue/scheduler"
+        if os.path.exists(scheduler):
+            with open(scheduler) as f:
+                out["scheduler"] = f.read().strip()
+    return out
+
+
+def build_results(*, prepared: list[Prepared], measurements: list[Measurement],
+                  contenders: list[Contender], memory: dict | None, daemon: dict,
+                  settings: dict, cache_method: str, quick: bool, data_dir: str,
+                  repo: str, elapsed_s: float) -> dict:
+    labels = {c.key: c.label for c in contenders}
+    rows = []
+    for m in measurements:
+        summary = m.summary()
+        baseline = _find(measurements, m.workload, m.cache, BASELINE)
+        base_sps = baseline.summary()["samples_per_s"] if baseline and baseline.available else None
+        ratio = (summary["samples_per_s"] / base_sps
+                 if summary["samples_per_s"] is not None and base_sps else None)
+        rows.append({"workload": m.workload, "cache": m.cache, "contender": m.contender,
+                     "label": labels.get(m.contender, m.contender), "available": m.available,
+                     "note": m.note, "latency_kind": m.latency_kind,
+                     "ratio_to_ext4_1": ratio, **summary})
+    results = {
+        "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "quick": quick,
+        "git": git_info(repo),
+        "machine": machine_info(data_dir),
+        "cold_method": cache_method,
+        "settings": settings,
+        "elapsed_s": elapsed_s,
+        "workloads": [{"name": p.workload.name, "title": p.workload.title,
+                       "samples": p.workload.samples, "bytes": p.total_bytes,
+                       "batch_size": p.workload.batch_size,
+                       "batches_per_run": p.workload.batches_max,
+                       "generate_s": p.generate_s} for p in prepared],
+        "rows": rows,
+        "daemon": daemon,
+        "memory": memory,
+    }
+    results["targets"] = check_targets(results)
+    return results
+
+
+def _find(measurements, workload, cache, key):
+    return next((m for m in measurements
+                 if m.workload == workload and m.cache == cache and m.contender == key), None)
+
+
+def _row(results: dict, workload: str, cache: str, key: str) -> dict | None:
+    row = next((r for r in results["rows"] if r["workload"] == workload and r["cache"] == cache
+                and r["contender"] == key), None)
+    return row if row and row["available"] and row["samples_per_s"] else None
+
+
+def check_targets(results: dict) -> list[dict]:
+    """The issue's targets, each with its measured ratio and met / missed / not measured."""
+    targets = []
+
+    def add(name: str, value, goal: float, detail: str, higher_is_better: bool = True) -> None:
+        if value is None:
+            status = "not measured"
+        else:
+            status = "met" if (value >= goal if higher_is_better else value < goal) else "missed"
+        targets.append({"target": name, "value": value, "goal": goal, "status": status,
+                        "detail": detail})
+
+    def best_grpc(workload: str, cache: str):
+        rows = [r for k in ("dlfs-grpc-1", "dlfs-grpc-4", "dlfs-grpc-prefetch")
+                if (r := _row(results, workload, cache, k))]
+        return max(rows, key=lambda r: r["samples_per_s"]) if rows else None
+
+    cold4 = best_grpc("4k", "cold")
+    ext = _row(results, "4k", "cold", BASELINE)
+    fio = _row(results, "4k", "cold", "fio")
+    add("cold 4 KB: DLFS get_batch >= 8x ext4 1 thread",
+        cold4["ratio_to_ext4_1"] if cold4 and ext else None, 8.0,
+        f"{cold4['contender']}: {cold4['samples_per_s']:,.0f}/s vs ext4 {ext['samples_per_s']:,.0f}/s"
+        if cold4 and ext else "")
+    add("cold 4 KB: DLFS get_batch >= 70% of fio",
+        cold4["samples_per_s"] / fio["samples_per_s"] if cold4 and fio else None, 0.70,
+        f"{cold4['contender']}: {cold4['samples_per_s']:,.0f}/s vs fio {fio['samples_per_s']:,.0f}/s"
+        if cold4 and fio else "fio not available" if cold4 else "")
+    cold110 = best_grpc("110k", "cold")
+    add("cold 110 KB: DLFS get_batch >= 2x ext4 1 thread",
+        cold110["ratio_to_ext4_1"] if cold110 and cold110["ratio_to_ext4_1"] else None, 2.0,
+        f"{cold110['contender']}: {cold110['samples_per_s']:,.0f}/s" if cold110 else "")
+    warm4 = _row(results, "4k", "warm", "dlfs-grpc-4")
+    add("warm 4 KB: DLFS gRPC, 4 in flight >= 1x ext4 1 thread",
+        warm4["ratio_to_ext4_1"] if warm4 else None, 1.0,
+        f"{warm4['samples_per_s']:,.0f}/s" if warm4 else "")
+    direct = _row(results, "4k", "warm", "dlfs-direct")
+    add("warm 4 KB: co-located client (direct) >= 4x ext4 1 thread",
+        direct["ratio_to_ext4_1"] if direct else None, 4.0,
+        f"{direct['samples_per_s']:,.0f}/s" if direct else "Client(direct=True) not available")
+    for workload in ("4k", "110k"):
+        for cache in ("cold", "warm"):
+            for key in ("dlfs-grpc-1", "dlfs-grpc-4", "dlfs-grpc-prefetch", "dlfs-direct"):
+                row = _row(results, workload, cache, key)
+                if row and row["p50_ms"]:
+                    add(f"p99 < 4x p50: {key} {workload} {cache}", row["p99_ms"] / row["p50_ms"],
+                        4.0, f"p50 {row['p50_ms']:.2f} ms, p99 {row['p99_ms']:.2f} ms",
+                        higher_is_better=False)
+    memory = results.get("memory") or {}
+    restart = memory.get("daemon_restart")
+    builds = memory.get("index_build") or []
+    if restart:
+        add(f"memory: daemon RSS for {restart['samples']:,} samples < 300 MB",
+            restart["full_rss_kib"] * 1024 / 1e6, 300.0,
+            f"{restart['bytes_per_sample']:.0f} B/sample over an empty daemon "
+            f"({restart['empty_rss_kib'] * 1024 / 1e6:.0f} MB); peak "
+            f"{restart['full_hwm_kib'] * 1024 / 1e6:.0f} MB", higher_is_better=False)
+    elif builds:
+        big = builds[-1]
+        add(f"memory: directory of {big['samples']:,} samples < 300 MB (index only)",
+            big["retained_bytes"] / 1e6, 300.0,
+            f"{big['bytes_per_sample']:.0f} B/sample", higher_is_better=False)
+    return targets
+
+
+# --- markdown -------------------------------------------------------------------------------
+
+def _fmt(value, spec: str, empty: str = "—") -> str:
+    return empty if value is None else format(value, spec)
+
+
+def markdown(results: dict) -> str:
+    lines = [f"# DLFS benchmark — {results['timestamp']}" + (" (quick)" if results["quick"] else ""),
+             ""]
+    machine = results["machine"]
+    git = results["git"]
+    lines.append(f"Machine: {machine.get('nproc')} CPUs ({machine.get('cpu_model', '?')}), "
+                 f"{machine.get('mem_total_mib', 0) / 1024:.1f} GiB RAM, kernel "
+                 f"{machine.get('kernel')}, disk {machine['disk'].get('lsblk') or machine['disk']}"
+                 f" ({machine['disk'].get('fstype', '?')}); git {git['commit'][:12]}"
+                 + (" (dirty)" if git["dirty"] else "") + ".")
+    lines.append(f"Cold: {results['cold_method']}.  Runs per row: {results['settings']['runs']} "
+                 "timed after one warm-up; samples/s is the median (min–max); latency is per "
+                 "batch call, pooled over the runs.  Ratio: samples/s over ext4 one-file-per-"
+                 "sample, 1 thread, same workload and cache state.")
+    lines.append("")
+    workloads = {w["name"]: w for w in results["workloads"]}
+    for name, w in workloads.items():
+        for cache in ("cold", "warm"):
+            rows = [r for r in results["rows"] if r["workload"] == name and r["cache"] == cache]
+            if not rows:
+                continue
+            lines.append(f"## {w['title']} — {cache}, batches of {w['batch_size']} "
+                         f"(up to {w['batches_per_run']} per run)")
+            lines.append("")
+            lines.append("| contender | samples/s | MB/s | p50 ms | p99 ms | × ext4 1 thread | note |")
+            lines.append("| --- | ---: | ---: | ---: | ---: | ---: | --- |")
+            for r in rows:
+                if not r["available"]:
+                    lines.append(f"| {r['label']} | — | — | — | — | — | {r['note']} |")
+                    continue
+                spread = ""
+                if r.get("runs", 0) > 1:
+                    spread = (f" ({r['samples_per_s_min']:,.0f}–{r['samples_per_s_max']:,.0f})")
+                note = r["note"]
+                if r.get("runs", 0) > 1 and r["samples_per_s_min"] > 0 and \
+                        r["samples_per_s_max"] / r["samples_per_s_min"] > NOISY_SPREAD:
+                    spread_x = r["samples_per_s_max"] / r["samples_per_s_min"]
+                    note = (note + "; " if note else "") + (
+                        f"**noisy**: runs differ {spread_x:.1f}x (busy machine?)")
+                if r["latency_kind"] == "io":
+                    note = (note + "; " if note else "") + "latency per I/O"
+                lines.append(
+                    f"| {r['label']} | {r['samples_per_s']:,.0f}{spread} | {r['mb_per_s']:,.0f} | "
+                    f"{_fmt(r['p50_ms'], '.2f')} | {_fmt(r['p99_ms'], '.2f')} | "
+                    f"{_fmt(r['ratio_to_ext4_1'], '.2f')} | {note} |")
+            lines.append("")
+    daemon = results.get("daemon") or {}
+    if daemon:
+        lines.append(f"Daemon RSS: {daemon.get('rss_start_kib', 0) / 1024:.0f} MiB after start, "
+                     + ", ".join(f"after {k[len('rss_after_'):-len('_kib')]}: {v / 1024:.0f} MiB"
+                                 for k, v in daemon.items() if k.startswith("rss_after_")) +
+                     f"; peak (VmHWM) {daemon.get('hwm_end_kib', 0) / 1024:.0f} MiB.")
+        lines.append("")
+    memory = results.get("memory")
+    if memory:
+        lines.append("## Memory of the sample directory")
+        lines.append("")
+        lines.append("| samples | retained RSS | bytes/sample | peak bytes/sample | of which arrays "
+                     "| of which names | index build s |")
+        lines.append("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+        for b in memory.get("index_build", []):
+            lines.append(f"| {b['samples']:,} | {b['retained_bytes'] / 1e6:.0f} MB | "
+                         f"{b['bytes_per_sample']:.0f} | {b['peak_bytes_per_sample']:.0f} | "
+                         f"{b['arrays_bytes_per_sample']:.0f} | {b['names_bytes_per_sample']:.0f} | "
+                         f"{b['build_s']:.2f} |")
+        fit = memory.get("fit")
+        if fit:
+            lines.append("")
+            lines.append(f"Linear fit: {fit['bytes_per_sample']:.0f} bytes per sample + "
+                         f"{fit['fixed_bytes'] / 1e6:.1f} MB fixed.")
+        restart = memory.get("daemon_restart")
+        if restart:
+            lines.append("")
+            lines.append(
+                f"Real daemon on a data dir with {restart['samples']:,} samples: RSS "
+                f"{restart['full_rss_kib'] / 1024:.0f} MiB (empty data dir: "
+                f"{restart['empty_rss_kib'] / 1024:.0f} MiB; {restart['bytes_per_sample']:.0f} "
+                f"B/sample), peak {restart['full_hwm_kib'] / 1024:.0f} MiB, serving after "
+                f"{restart['full_startup_s']:.1f} s (empty: {restart['empty_startup_s']:.1f} s).")
+        lines.append("")
+    lines.append("## Targets")
+    lines.append("")
+    lines.append("| target | measured | goal | status | detail |")
+    lines.append("| --- | ---: | ---: | --- | --- |")
+    for t in results["targets"]:
+        lines.append(f"| {t['target']} | {_fmt(t['value'], '.2f')} | {t['goal']:g} | "
+                     f"{t['status']} | {t['detail']} |")
+    lines.append("")
+    return "\n".join(lines)
+
+
+# --- chart ----------------------------------------------------------------------------------
+
+def chart(results: dict, path: str) -> str:
+    """Bar chart of samples/s ratio to ext4 1 thread per workload and cache state.
+
+    Returns "" when written, else why not (matplotlib missing).
+    """
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib not installed: no PNG chart"
+    groups = [(w["name"], w["title"], cache) for w in results["workloads"]
+              for cache in ("cold", "warm")]
+    groups = [g for g in groups if any(r["workload"] == g[0] and r["cache"] == g[2]
+                                       for r in results["rows"])]
+    fig, axes = plt.subplots(len(groups), 1, figsize=(9, 2.2 + 1.9 * len(groups)), squeeze=False)
+    for ax, (name, title, cache) in zip(axes[:, 0], groups):
+        rows = [r for r in results["rows"] if r["workload"] == name and r["cache"] == cache]
+        labels = [r["contender"] for r in rows]
+        values = [r["ratio_to_ext4_1"] or 0 for r in rows]
+        colors = ["#1f77b4" if r["contender"].startswith("dlfs") else "#999999" for r in rows]
+        ax.barh(labels, values, color=colors)
+        ax.axvline(1.0, color="black", linewidth=0.8)
+        ax.set_xscale("log")
+        ax.invert_yaxis()
+        ax.set_title(f"{title} — {cache}", fontsize=9)
+        ax.tick_params(labelsize=8)
+        for y, (value, r) in enumerate(zip(values, rows)):
+            text = f"{value:.2f}x  {r['samples_per_s']:,.0f}/s" if value else "n/a"
+            ax.text(value if value else 1.0, y, " " + text, va="center", fontsize=7)
+    axes[-1, 0].set_xlabel("samples/s relative to ext4 one-file-per-sample, 1 thread (log)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return ""
+
+
+def write(results: dict, out_dir: str) -> dict[str, str]:
+    os.makedirs(out_dir, exist_ok=True)
+    paths = {"json": os.path.join(out_dir, "results.json"),
+             "markdown": os.path.join(out_dir, "results.md"),
+             "png": os.path.join(out_dir, "results.png")}
+    text = markdown(results)
+    with open(paths["markdown"], "w") as f:
+        f.write(text)
+    problem = chart(results, paths["png"])
+    if problem:
+        results["chart"] = problem
+        del paths["png"]
+    with open(paths["json"], "w") as f:
+        json.dump(results, f, indent=2, default=float)
+    return paths
