@@ -75,3 +75,24 @@ def test_prefetch_hints_warm_the_page_cache(daemon, tmp_path):
             ds.prefetch([64])
         assert [bytes(s) for s in ds.get_batch(range(0, 64, 2))] == \
                [tree[f"{i:04d}"] for i in range(0, 64, 2)]
+
+
+def test_direct_reads_report_corruption_and_truncation(daemon, tmp_path):
+    write_tree(tmp_path / "src", {"a": b"A" * 5000, "b": b"B" * 5000})
+    with Client(daemon.address) as remote:
+        remote.ingest(str(tmp_path / "src"), "ds")
+    [dataset_dir] = os.listdir(os.path.join(daemon.data_dir, "extents"))
+    extent = os.path.join(daemon.data_dir, "extents", dataset_dir, "000000.ext")
+    with open(extent, "r+b") as f:
+        data = f.read()
+        f.seek(data.index(b"A" * 5000) + 7)
+        f.write(b"x")
+    with Client(daemon.address, direct=True) as local:
+        with pytest.raises(dlfs.DataCorruption, match="checksum mismatch for sample 0"):
+            local.get_batch([0], dataset="ds")
+        assert bytes(local.get_batch([0], dataset="ds", verify=False)[0]).count(b"x") == 1
+    os.truncate(extent, data.index(b"B" * 5000) + 10)
+    with Client(daemon.address, direct=True) as local:
+        assert bytes(local.get_batch([0], dataset="ds", verify=False)[0]).count(b"x") == 1
+        with pytest.raises(dlfs.DataCorruption, match="is truncated: sample 1"):
+            local.get_batch([1], dataset="ds")

@@ -41,9 +41,10 @@ class Client:
     is thread-safe; after `os.fork` make a new one in the child.
 
     With `direct=True` the client must run on the daemon's host with read
-    access to its data dir: batches are then read from the extent files by
-    this process (see `dlfs.client.direct`); metadata still comes from the
-    daemon.  FailedPrecondition is raised at the first batch otherwise.
+    access to its data dir: batches are then served from the extent files
+    mapped into this process, as views of the page cache (see
+    `dlfs.client.direct`); metadata still comes from the daemon.
+    FailedPrecondition is raised at the first batch otherwise.
     """
 
     def __init__(self, address: str | Sequence[str], *,

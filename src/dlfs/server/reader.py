@@ -217,18 +217,6 @@ class ReadEngine:
                 for future in window.futures:
                     future.cancel()
 
-    def read_into(self, dataset_id: int, plan: BatchPlan, buffer: memoryview, *, verify: bool,
-                  describe: Callable[[int], str]) -> None:
-        """Read the whole payload into `buffer` (at least payload_bytes long) at once.
-
-        For callers that want one buffer rather than a stream (the
-        co-located client).  Raises DataCorruption as `stream` does.
-        """
-        window = self._start(dataset_id, plan, 0, plan.payload_bytes,
-                             buffer[:plan.payload_bytes])
-        self._finish(dataset_id, window, plan, _Verifier(plan, describe) if verify else None,
-                     describe, None)
-
     def _start(self, dataset_id: int, plan: BatchPlan, start: int, stop: int,
                buffer: memoryview | None = None) -> _Window:
         if buffer is None:
