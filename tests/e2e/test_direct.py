@@ -96,3 +96,31 @@ def test_direct_reads_report_corruption_and_truncation(daemon, tmp_path):
         assert bytes(local.get_batch([0], dataset="ds", verify=False)[0]).count(b"x") == 1
         with pytest.raises(dlfs.DataCorruption, match="is truncated: sample 1"):
             local.get_batch([1], dataset="ds")
+
+
+@pytest.mark.parametrize("direct", [False, True])
+def test_get_batch_carries_a_prefetch_hint(daemon, tmp_path, direct):
+    rng = np.random.default_rng(5)
+    tree = {f"{i:04d}": rng.bytes(64 * 1024) for i in range(64)}
+    write_tree(tmp_path / "src", tree)
+    with Client(daemon.address) as remote:
+        remote.ingest(str(tmp_path / "src"), "ds", replace=True)
+    [dataset_dir] = os.listdir(os.path.join(daemon.data_dir, "extents"))
+    extent = os.path.join(daemon.data_dir, "extents", dataset_dir, "000000.ext")
+    with Client(daemon.address, direct=direct) as client:
+        client.get_batch([0], dataset="ds")
+        fd = os.open(extent, os.O_RDONLY)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.close(fd)
+        before = resident_bytes(extent)
+        got = client.get_batch([1], dataset="ds", prefetch=range(32, 64))
+        assert bytes(got[0]) == tree["0001"]
+        deadline = time.monotonic() + 10
+        while resident_bytes(extent) < before + 32 * 64 * 1024 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert resident_bytes(extent) >= before + 32 * 64 * 1024
+        if direct:  # the co-located reader drops hint ids it does not know
+            assert bytes(client.get_batch([1], dataset="ds", prefetch=[64])[0]) == tree["0001"]
+        else:
+            with pytest.raises(dlfs.InvalidArgument, match="sample id 64 is out of range"):
+                client.get_batch([1], dataset="ds", prefetch=[64])

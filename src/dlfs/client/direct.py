@@ -152,6 +152,15 @@ class DirectReader:
             self._load()  # the dataset was replaced or deleted since the index was fetched
             return self._read(ids, verify)
 
+    def prefetch(self, ids) -> None:
+        """Start reading samples `ids` into the page cache (madvise WILLNEED); returns at once."""
+        index = self._index
+        ids = np.asarray(ids, dtype=np.int64)
+        ids = ids[(ids >= 0) & (ids < index.samples)]  # a hint; bad ids fail at get_batch
+        extent_nos = index.extent[ids].tolist()
+        extents = {e: self._extent(e) for e in set(extent_nos)}
+        _advise_willneed(extents, extent_nos, index.offset[ids].tolist(), index.length[ids].tolist())
+
     def _read(self, ids, verify: bool) -> list[memoryview]:
         index = self._index
         ids = np.asarray(ids, dtype=np.int64)

@@ -115,16 +115,18 @@ class LookupReply(_message.Message):
     def __init__(self, entries: _Optional[_Iterable[_Union[Entry, _Mapping]]] = ...) -> None: ...
 
 class GetBatchRequest(_message.Message):
-    __slots__ = ("dataset", "ids", "paths", "skip_verify")
+    __slots__ = ("dataset", "ids", "paths", "skip_verify", "prefetch_ids")
     DATASET_FIELD_NUMBER: _ClassVar[int]
     IDS_FIELD_NUMBER: _ClassVar[int]
     PATHS_FIELD_NUMBER: _ClassVar[int]
     SKIP_VERIFY_FIELD_NUMBER: _ClassVar[int]
+    PREFETCH_IDS_FIELD_NUMBER: _ClassVar[int]
     dataset: str
     ids: _containers.RepeatedScalarFieldContainer[int]
     paths: _containers.RepeatedScalarFieldContainer[str]
     skip_verify: bool
-    def __init__(self, dataset: _Optional[str] = ..., ids: _Optional[_Iterable[int]] = ..., paths: _Optional[_Iterable[str]] = ..., skip_verify: _Optional[bool] = ...) -> None: ...
+    prefetch_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, dataset: _Optional[str] = ..., ids: _Optional[_Iterable[int]] = ..., paths: _Optional[_Iterable[str]] = ..., skip_verify: _Optional[bool] = ..., prefetch_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class PrefetchRequest(_message.Message):
     __slots__ = ("dataset", "ids", "paths")

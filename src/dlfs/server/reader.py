@@ -124,19 +124,21 @@ Piece = tuple[int, int, int, int]
 
 
 def window_pieces(plan: BatchPlan, start: int, stop: int) -> list[Piece]:
-    """The parts of the plan's ranges that fall into payload bytes [start, stop)."""
-    range_end = plan.range_payload_offset + plan.range_length
+    """The parts of the plan's ranges that fall into payload bytes [start, stop).
+
+    Vectorized: two bisects and a few array operations, one list at the end.
+    """
+    range_start = plan.range_payload_offset.astype(np.int64)
+    range_end = range_start + plan.range_length.astype(np.int64)
     first = int(np.searchsorted(range_end, start, side="right"))
-    last = int(np.searchsorted(plan.range_payload_offset, stop, side="left"))
-    pieces = []
-    for r in range(first, last):
-        p_start = int(plan.range_payload_offset[r])
-        p_end = p_start + int(plan.range_length[r])
-        lo, hi = max(p_start, start), min(p_end, stop)
-        if hi > lo:
-            pieces.append((int(plan.range_extent[r]), int(plan.range_file_offset[r]) + lo - p_start,
-                           lo - start, hi - lo))
-    return pieces
+    last = int(np.searchsorted(range_start, stop, side="left"))
+    part_start, part_end = range_start[first:last], range_end[first:last]
+    lo = np.maximum(part_start, start)
+    hi = np.minimum(part_end, stop)
+    keep = hi > lo
+    file_offset = plan.range_file_offset[first:last].astype(np.int64) + (lo - part_start)
+    return list(zip(plan.range_extent[first:last][keep].tolist(), file_offset[keep].tolist(),
+                    (lo[keep] - start).tolist(), (hi - lo)[keep].tolist()))
 
 
 class ShortRead(Exception):

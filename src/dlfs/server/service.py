@@ -13,7 +13,7 @@ import time
 import grpc
 
 from dlfs import limits, wire
-from dlfs.errors import Cancelled, InvalidArgument
+from dlfs.errors import Cancelled, InvalidArgument, Overloaded
 from dlfs.proto import dlfs_pb2 as pb
 from dlfs.proto import dlfs_pb2_grpc
 from dlfs.server import convert
@@ -72,6 +72,12 @@ class DlfsServicer(dlfs_pb2_grpc.DlfsServicer):
         ids = convert.ids_array(request.ids) if request.ids else None
         paths = list(request.paths) if request.paths else None
         _checked, plan = self.store.plan(dataset, ids=ids, paths=paths)
+        if request.prefetch_ids:
+            _, hint = self.store.plan(dataset, ids=convert.ids_array(request.prefetch_ids))
+            try:
+                self.store.prefetcher.submit(dataset.dataset_id, hint)
+            except Overloaded:
+                pass  # a hint that cannot be queued is dropped: it only costs speed
         yield from self._stream(dataset, plan, not request.skip_verify, context)
 
     def Prefetch(self, request, context):
