@@ -5,6 +5,7 @@
     dlfs [--server HOST:PORT] ls NAME[/DIR] [-l]
     dlfs [--server HOST:PORT] stat NAME/PATH
     dlfs [--server HOST:PORT] cat NAME/PATH
+    dlfs [--server HOST:PORT] scrub NAME
     dlfs [--server HOST:PORT] rm NAME
 
 `--server` defaults to $DLFS_SERVER, then 127.0.0.1:7010.  Errors print one
@@ -100,6 +101,15 @@ def cmd_cat(client: Client, args) -> int:
     return 0
 
 
+def cmd_scrub(client: Client, args) -> int:
+    report = client.scrub(args.name)
+    for entry, reason in report.damaged:
+        print(f"DAMAGED {args.name}/{entry.path}: {reason}")
+    print(f"scrubbed {args.name}: {report.samples} samples, {_human_bytes(report.bytes)}, "
+          f"{len(report.damaged)} damaged")
+    return 1 if report.damaged else 0
+
+
 def cmd_rm(client: Client, args) -> int:
     info = client.delete(args.name)
     print(f"removed {info.name}: {info.samples} samples, {_human_bytes(info.bytes)} freed")
@@ -132,6 +142,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("cat", help="write a sample's bytes to stdout")
     p.add_argument("target", metavar="NAME/PATH")
     p.set_defaults(run=cmd_cat)
+    p = sub.add_parser("scrub", help="verify every sample's checksum; exit 1 if any is damaged")
+    p.add_argument("name")
+    p.set_defaults(run=cmd_scrub)
     p = sub.add_parser("rm", help="remove a dataset")
     p.add_argument("name")
     p.set_defaults(run=cmd_rm)

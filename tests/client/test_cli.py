@@ -66,3 +66,30 @@ def test_server_refuses_a_data_dir_in_use(daemon):
 def test_sigterm_stops_cleanly(daemon):
     assert daemon.stop() == 0
     assert "stopped; catalog flushed" in daemon.log()
+
+
+def test_scrub_reports_damaged_samples_by_path(daemon, tmp_path):
+    source = tmp_path / "src"
+    write_tree(source, {f"d/{i:03d}.bin": bytes([i]) * 3000 for i in range(50)})
+    dlfs(daemon.address, "ingest", str(source), "ds")
+    clean = dlfs(daemon.address, "scrub", "ds").stdout.decode()
+    assert clean.strip().endswith("scrubbed ds: 50 samples, 146.5 KiB, 0 damaged")
+    [dataset_dir] = os.listdir(os.path.join(daemon.data_dir, "extents"))
+    extent = os.path.join(daemon.data_dir, "extents", dataset_dir, "000000.ext")
+    with open(extent, "r+b") as f:
+        data = f.read()
+        for i in (7, 31):
+            f.seek(data.index(bytes([i]) * 3000) + 100)
+            f.write(b"\xff\xfe")
+    result = dlfs(daemon.address, "scrub", "ds", check=False)
+    out = result.stdout.decode()
+    assert result.returncode == 1
+    assert "DAMAGED ds/d/007.bin: checksum mismatch for sample 7" in out
+    assert "DAMAGED ds/d/031.bin" in out and out.count("DAMAGED") == 2
+    assert "50 samples" in out and "2 damaged" in out
+    # Every other sample still reads.
+    ok = [i for i in range(50) if i not in (7, 31)]
+    from dlfs import Client
+    with Client(daemon.address) as client:
+        assert [bytes(s) for s in client.get_batch(ok, dataset="ds")] == \
+               [bytes([i]) * 3000 for i in ok]

@@ -13,6 +13,8 @@ which lives as long as any of them does.
 
 from __future__ import annotations
 
+import dataclasses
+import sys
 import threading
 import time
 from typing import Iterable, Iterator, Sequence, Union
@@ -162,6 +164,37 @@ class Client:
         return ingest_tree(self, source_dir, name, replace=replace, include_hidden=include_hidden,
                            follow_symlinks=follow_symlinks, progress=progress)
 
+    def scrub(self, name: str, *, progress: bool | None = None) -> ScrubReport:
+        """Verify every sample of dataset `name` on the daemon; report the damaged ones.
+
+        Streams progress (a bar on a terminal when `progress` is None).
+        Raises NotFound.  Damaged samples are in the report, not raised.
+        """
+        check_dataset_name(name)
+        show = sys.stderr.isatty() if progress is None else progress
+        bar = None
+        damaged: list[tuple[Entry, str]] = []
+        try:
+            for update in self._stub.Scrub(pb.ScrubRequest(dataset=name),
+                                           timeout=limits.ingest_timeout_s_default):
+                if show and bar is None:
+                    from tqdm import tqdm
+
+                    bar = tqdm(total=update.bytes_checked if update.done else None, unit="B",
+                               unit_scale=True, unit_divisor=1024, desc=f"scrub {name}",
+                               file=sys.stderr)
+                if bar is not None:
+                    bar.update(update.bytes_checked - bar.n)
+                damaged.extend(zip(map(convert.entry, update.damaged), update.reasons))
+                if update.done:
+                    return ScrubReport(update.samples_checked, update.bytes_checked, damaged)
+        except grpc.RpcError as exc:
+            raise from_rpc_error(exc, self.address) from None
+        finally:
+            if bar is not None:
+                bar.close()
+        raise Unavailable(f"the scrub of {name!r} on {self.address} ended early")
+
     # --- samples --------------------------------------------------------------------
 
     def get_batch(self, keys: Iterable[SampleKey], *, dataset: str, verify: bool = True,
@@ -187,6 +220,13 @@ class Client:
             if not reply.more or not reply.entries:
                 return
             start_after = reply.entries[-1].name
+
+
+@dataclasses.dataclass(frozen=True)
+class ScrubReport:
+    samples: int
+    bytes: int
+    damaged: list  # (Entry, reason) of each sample that failed its checksum
 
 
 class Dataset:

@@ -190,6 +190,28 @@ class IndexChunk(_message.Message):
     crc32c: bytes
     def __init__(self, dataset_id: _Optional[int] = ..., data_dir: _Optional[str] = ..., daemon_token: _Optional[str] = ..., samples: _Optional[int] = ..., first_id: _Optional[int] = ..., extent: _Optional[bytes] = ..., offset: _Optional[bytes] = ..., length: _Optional[bytes] = ..., crc32c: _Optional[bytes] = ...) -> None: ...
 
+class ScrubRequest(_message.Message):
+    __slots__ = ("dataset",)
+    DATASET_FIELD_NUMBER: _ClassVar[int]
+    dataset: str
+    def __init__(self, dataset: _Optional[str] = ...) -> None: ...
+
+class ScrubProgress(_message.Message):
+    __slots__ = ("samples_checked", "bytes_checked", "samples_total", "damaged", "reasons", "done")
+    SAMPLES_CHECKED_FIELD_NUMBER: _ClassVar[int]
+    BYTES_CHECKED_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    DAMAGED_FIELD_NUMBER: _ClassVar[int]
+    REASONS_FIELD_NUMBER: _ClassVar[int]
+    DONE_FIELD_NUMBER: _ClassVar[int]
+    samples_checked: int
+    bytes_checked: int
+    samples_total: int
+    damaged: _containers.RepeatedCompositeFieldContainer[Entry]
+    reasons: _containers.RepeatedScalarFieldContainer[str]
+    done: bool
+    def __init__(self, samples_checked: _Optional[int] = ..., bytes_checked: _Optional[int] = ..., samples_total: _Optional[int] = ..., damaged: _Optional[_Iterable[_Union[Entry, _Mapping]]] = ..., reasons: _Optional[_Iterable[str]] = ..., done: _Optional[bool] = ...) -> None: ...
+
 class BatchChunk(_message.Message):
     __slots__ = ("data", "data_offset", "payload_bytes", "offsets", "lengths")
     DATA_FIELD_NUMBER: _ClassVar[int]

@@ -79,6 +79,11 @@ class DlfsStub:
                 request_serializer=dlfs_dot_proto_dot_dlfs__pb2.GetIndexRequest.SerializeToString,
                 response_deserializer=dlfs_dot_proto_dot_dlfs__pb2.IndexChunk.FromString,
                 _registered_method=True)
+        self.Scrub = channel.unary_stream(
+                '/dlfs.v1.Dlfs/Scrub',
+                request_serializer=dlfs_dot_proto_dot_dlfs__pb2.ScrubRequest.SerializeToString,
+                response_deserializer=dlfs_dot_proto_dot_dlfs__pb2.ScrubProgress.FromString,
+                _registered_method=True)
         self.Ingest = channel.stream_unary(
                 '/dlfs.v1.Dlfs/Ingest',
                 request_serializer=dlfs_dot_proto_dot_dlfs__pb2.IngestMessage.SerializeToString,
@@ -185,6 +190,16 @@ class DlfsServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Scrub(self, request, context):
+        """Verify the CRC32C of every sample of a dataset; streams progress, and
+        each damaged sample by path as it is found.  The last message has
+        done=true.  Reads the whole dataset: minutes for large ones.
+        Codes: NOT_FOUND.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Ingest(self, request_iterator, context):
         """Upload a whole dataset in one client stream: the first message carries
         `start`, then files as consecutive pieces.  The dataset becomes visible
@@ -253,6 +268,11 @@ def add_DlfsServicer_to_server(servicer, server):
                     servicer.GetIndex,
                     request_deserializer=dlfs_dot_proto_dot_dlfs__pb2.GetIndexRequest.FromString,
                     response_serializer=dlfs_dot_proto_dot_dlfs__pb2.IndexChunk.SerializeToString,
+            ),
+            'Scrub': grpc.unary_stream_rpc_method_handler(
+                    servicer.Scrub,
+                    request_deserializer=dlfs_dot_proto_dot_dlfs__pb2.ScrubRequest.FromString,
+                    response_serializer=dlfs_dot_proto_dot_dlfs__pb2.ScrubProgress.SerializeToString,
             ),
             'Ingest': grpc.stream_unary_rpc_method_handler(
                     servicer.Ingest,
@@ -508,6 +528,33 @@ class Dlfs:
             '/dlfs.v1.Dlfs/GetIndex',
             dlfs_dot_proto_dot_dlfs__pb2.GetIndexRequest.SerializeToString,
             dlfs_dot_proto_dot_dlfs__pb2.IndexChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Scrub(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/dlfs.v1.Dlfs/Scrub',
+            dlfs_dot_proto_dot_dlfs__pb2.ScrubRequest.SerializeToString,
+            dlfs_dot_proto_dot_dlfs__pb2.ScrubProgress.FromString,
             options,
             channel_credentials,
             insecure,

@@ -191,18 +191,20 @@ class ReadEngine:
         self._pool.shutdown(wait=True, cancel_futures=True)
 
     def stream(self, dataset_id: int, plan: BatchPlan, *, verify: bool,
-               describe: Callable[[int], str], deadline: float | None = None
-               ) -> Iterator[tuple[int, memoryview]]:
+               describe: Callable[[int], str], deadline: float | None = None,
+               bad: list | None = None) -> Iterator[tuple[int, memoryview]]:
         """Yield (payload offset, bytes) windows of the plan's payload, in order.
 
         Raises DataCorruption naming the sample (via `describe(sample_id)`)
         on a checksum mismatch or a truncated extent, and DeadlineExceeded
         when `deadline` (a `time.monotonic()` value) passes between windows.
-        A window's buffer stays valid after the generator moves on.
+        With a `bad` list, checksum mismatches are appended to it as
+        (sample id, message) instead (scrubbing).  A window's buffer stays
+        valid after the generator moves on.
         """
         bounds = [(a, min(a + self.chunk_bytes, plan.payload_bytes))
                   for a in range(0, plan.payload_bytes, self.chunk_bytes)]
-        verifier = _Verifier(plan, describe) if verify else None
+        verifier = _Verifier(plan, describe, bad) if verify else None
         inflight: collections.deque[_Window] = collections.deque()
         try:
             for start, stop in bounds:
@@ -255,9 +257,10 @@ class ReadEngine:
 class _Verifier:
     """Checks each sample's CRC32C as the windows of its payload arrive in order."""
 
-    def __init__(self, plan: BatchPlan, describe):
+    def __init__(self, plan: BatchPlan, describe, bad: list | None = None):
         self.plan = plan
         self.describe = describe
+        self.bad = bad  # collect (sample id, message) here instead of raising
         self.ends = plan.sample_payload_offset + plan.sample_length
         self.running = 0  # CRC so far of a sample cut by the previous window's end
         bad = (plan.sample_length == 0) & (plan.sample_crc != 0)
@@ -289,11 +292,13 @@ class _Verifier:
 
     def _fail(self, index: int, got: int) -> None:
         plan = self.plan
-        raise DataCorruption(
-            f"checksum mismatch for {self.describe(int(plan.sample_ids[index]))}: stored CRC32C "
-            f"{int(plan.sample_crc[index]):08x}, read {got:08x}; the extent is damaged, "
-            "re-ingest the dataset or restore it from its source"
-        )
+        sample_id = int(plan.sample_ids[index])
+        message = (f"checksum mismatch for {self.describe(sample_id)}: stored CRC32C "
+                   f"{int(plan.sample_crc[index]):08x}, read {got:08x}; the extent is damaged, "
+                   "re-ingest the dataset or restore it from its source")
+        if self.bad is None:
+            raise DataCorruption(message)
+        self.bad.append((sample_id, message))
 
 
 def _short_read_error(plan: BatchPlan, short: ShortRead, describe) -> DataCorruption:

@@ -17,7 +17,7 @@ from dlfs.errors import Cancelled, InvalidArgument, Overloaded
 from dlfs.proto import dlfs_pb2 as pb
 from dlfs.proto import dlfs_pb2_grpc
 from dlfs.server import convert
-from dlfs.server.store import Store
+from dlfs.server.store import Store, scrub
 
 log = logging.getLogger(__name__)
 
@@ -125,6 +125,18 @@ class DlfsServicer(dlfs_pb2_grpc.DlfsServicer):
                 chunk.daemon_token = self.store.token
                 chunk.samples = len(dataset)
             yield chunk
+
+    def Scrub(self, request, context):
+        dataset = self.store.dataset(request.dataset)
+        for checked, checked_bytes, bad in scrub(self.store, dataset):
+            if not context.is_active():
+                raise Cancelled("the client cancelled the scrub")
+            yield pb.ScrubProgress(
+                samples_checked=checked, bytes_checked=checked_bytes, samples_total=len(dataset),
+                damaged=[convert.entry(dataset.stat(dataset.path(i))) for i, _ in bad],
+                reasons=[reason for _, reason in bad])
+        yield pb.ScrubProgress(samples_checked=len(dataset), bytes_checked=dataset.total_bytes,
+                               samples_total=len(dataset), done=True)
 
     def Ingest(self, request_iterator, context):
         session = None
