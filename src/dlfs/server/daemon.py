@@ -9,7 +9,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from dlfs.proto import dlfs_pb2_grpc
-from dlfs.server.interceptor import ErrorInterceptor
+from dlfs.server.interceptor import ErrorInterceptor, tolerant
 from dlfs.server.service import DlfsServicer
 from dlfs.server.store import Store
 
@@ -82,10 +82,12 @@ _PRE_ENCODED_REPLIES = ("GetBatch", "ReadRange")
 
 
 def _add_servicer(servicer: DlfsServicer, server: grpc.Server) -> None:
-    """Register the generated handlers, with pre-encoded replies for the read RPCs."""
+    """Register the generated handlers: malformed requests reach the interceptor (as
+    INVALID_ARGUMENT), and the read RPCs send pre-encoded replies."""
     capture = _HandlerCapture()
     dlfs_pb2_grpc.add_DlfsServicer_to_server(servicer, capture)
-    handlers = dict(capture.handlers)
+    handlers = {name: handler._replace(request_deserializer=tolerant(handler.request_deserializer))
+                for name, handler in capture.handlers.items()}
     for name in _PRE_ENCODED_REPLIES:
         handlers[name] = handlers[name]._replace(response_serializer=None)
     server.add_generic_rpc_handlers(

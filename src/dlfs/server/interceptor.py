@@ -12,10 +12,34 @@ import logging
 import uuid
 
 import grpc
+from google.protobuf.message import DecodeError
 
-from dlfs.errors import ERROR_CLASS_METADATA, DlfsError
+from dlfs.errors import ERROR_CLASS_METADATA, DlfsError, InvalidArgument
 
 log = logging.getLogger(__name__)
+
+
+class Undecodable:
+    """Stands in for a request message that failed to parse (see `tolerant`)."""
+
+    def __init__(self, reason: str):
+        self.reason = reason
+
+
+def tolerant(deserializer):
+    """Wrap a request deserializer so a malformed message reaches the interceptor.
+
+    gRPC itself answers a deserializer's exception with INTERNAL; a client
+    that sends invalid protobuf (e.g. a string that is not UTF-8) made a bad
+    request, so the interceptor answers INVALID_ARGUMENT instead.
+    """
+    def parse(raw: bytes):
+        try:
+            return deserializer(raw)
+        except DecodeError as exc:
+            return Undecodable(str(exc) or "malformed message")
+
+    return parse
 
 
 class ErrorInterceptor(grpc.ServerInterceptor):
@@ -25,30 +49,50 @@ class ErrorInterceptor(grpc.ServerInterceptor):
             return None
         method = handler_call_details.method
         if handler.unary_unary:
-            return handler._replace(unary_unary=_wrap_unary(handler.unary_unary, method))
+            return handler._replace(unary_unary=_wrap_unary(handler.unary_unary, method, False))
         if handler.stream_unary:
-            return handler._replace(stream_unary=_wrap_unary(handler.stream_unary, method))
+            return handler._replace(stream_unary=_wrap_unary(handler.stream_unary, method, True))
         if handler.unary_stream:
-            return handler._replace(unary_stream=_wrap_stream(handler.unary_stream, method))
+            return handler._replace(unary_stream=_wrap_stream(handler.unary_stream, method, False))
         if handler.stream_stream:
-            return handler._replace(stream_stream=_wrap_stream(handler.stream_stream, method))
+            return handler._replace(stream_stream=_wrap_stream(handler.stream_stream, method, True))
         return handler
 
 
-def _wrap_unary(behavior, method: str):
+def _checked(request, streaming: bool):
+    if streaming:
+        return _checked_stream(request)
+    if isinstance(request, Undecodable):
+        raise _undecodable_error(request)
+    return request
+
+
+def _checked_stream(requests):
+    for request in requests:
+        if isinstance(request, Undecodable):
+            raise _undecodable_error(request)
+        yield request
+
+
+def _undecodable_error(request: Undecodable) -> InvalidArgument:
+    return InvalidArgument(f"the request is not a valid message ({request.reason}); string fields "
+                           "must be UTF-8")
+
+
+def _wrap_unary(behavior, method: str, streaming: bool):
     def wrapped(request, context):
         try:
-            return behavior(request, context)
+            return behavior(_checked(request, streaming), context)
         except Exception as exc:  # noqa: BLE001 - translated, never swallowed
             _abort(context, exc, method)
 
     return wrapped
 
 
-def _wrap_stream(behavior, method: str):
+def _wrap_stream(behavior, method: str, streaming: bool):
     def wrapped(request, context):
         try:
-            yield from behavior(request, context)
+            yield from behavior(_checked(request, streaming), context)
         except Exception as exc:  # noqa: BLE001 - translated, never swallowed
             _abort(context, exc, method)
 
