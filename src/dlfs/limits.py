@@ -86,11 +86,113 @@ ingests_concurrent_max_default = 8
 ingest_message_bytes = 1 * MiB
 
 # --- client ---------------------------------------------------------------------
+# Longest pause between a channel's attempts to reach a daemon that is down.
+# gRPC's default grows to two minutes (shared by every channel to the same
+# address), so a daemon back after a long outage would stay unreachable for
+# minutes; this bounds that to about a second.
+reconnect_backoff_max_s = 1.0
+# How long read calls retry an unreachable daemon before raising Unavailable.
+reconnect_timeout_s_default = 10.0
 # Default deadline of a metadata call and of a get_batch call.
 metadata_timeout_s_default = 30.0
 batch_timeout_s_default = 120.0
 # Ingest and delete may legitimately take long (a whole dataset).
 ingest_timeout_s_default = 24 * 3600.0
+
+# --- FUSE mount: concurrency -------------------------------------------------
+# Blocking client calls running in worker threads at once.  Handlers await
+# them, so the trio loop keeps serving other requests; the bound keeps a burst
+# of cold reads from opening hundreds of threads and streams.  Well below the
+# daemon's rpcs_concurrent_max_default so one mount cannot exhaust it alone.
+mount_rpcs_in_flight_max = 64
+# Page-cache pushes (notify_store) running in threads at once: each is a
+# memory copy in the kernel, so a few keep both cores busy.
+mount_stores_in_flight_max = 4
+# pyfuse3 worker tasks, i.e. kernel requests being handled at once.  Above
+# mount_rpcs_in_flight_max so requests served from memory (getattr, cached reads,
+# release) are not queued behind requests waiting for a thread.
+mount_fuse_tasks_max = 160
+# Idle worker tasks kept waiting on /dev/fuse (pyfuse3 min_tasks).
+mount_fuse_tasks_idle = 4
+
+# --- FUSE mount: data --------------------------------------------------------
+# Samples up to this size are fetched whole, with their CRC32C verified, on the
+# first read; larger files are read in units (below).  Covers images, audio clips
+# and small arrays in one round trip.
+mount_whole_sample_bytes_max = 8 * MiB
+# Larger files are cut into units of this size.  A random read (an h5py chunk,
+# an mmap page fault) fetches only the units it touches, so it does not pay
+# for a large window it will not use.
+mount_read_unit_bytes = 1 * MiB
+# A sequential reader fetches runs of units, up to this many bytes per
+# ReadRange call: large enough that per-RPC cost is small against transfer
+# time (DESIGN.md: gRPC moves data fastest in messages of several MiB).
+mount_read_run_bytes_max = 16 * MiB
+# How far ahead of a sequential reader runs are kept in flight, so the next
+# RPC overlaps the kernel's consumption of the current one.
+mount_read_ahead_bytes = 32 * MiB
+# Fetched bytes held until the kernel has taken them (it then keeps them in
+# the page cache).  Evicted least recently used beyond this bound.
+mount_read_cache_bytes_max = 256 * MiB
+# A read starting this close to where the previous read of the same file
+# ended continues it (the kernel sends read-ahead requests slightly out of
+# order); after `mount_sequential_reads_min` such reads in a row the reader is
+# sequential and gets runs and read-ahead.  Two, so that one random read that
+# happens to land near the last one does not fetch a whole run.
+mount_sequential_slack_bytes = 1 * MiB
+mount_sequential_reads_min = 2
+# Large files whose last read position is remembered to detect sequential
+# readers (least recently read forgotten first).
+mount_read_streams_max = 4096
+
+# glibc malloc: allocations below this come from the heap (glibc's ceiling is
+# 32 MiB), and freed heap memory is returned to the system only above the trim
+# threshold, so received pieces reuse memory instead of faulting in new pages
+# (main._keep_freed_memory).
+mount_malloc_mmap_threshold_bytes = 32 * MiB
+mount_malloc_trim_threshold_bytes = 256 * MiB
+
+# --- FUSE mount: metadata ----------------------------------------------------
+# Entries per ListDir call while listing a directory.  A page is kept per open
+# directory handle and serves many kernel readdir calls (each takes ~4 KiB of
+# entries), so one RPC answers tens of them.
+mount_dir_page_entries = 2000
+# Inodes the kernel has forgotten but this process keeps (least recently used
+# beyond this are dropped).  They make re-lookups after cache eviction free and
+# keep inode numbers stable while cached; ~200 bytes each.
+mount_idle_inodes_max = 262144
+# Kernel entry and attribute cache time for everything inside a dataset.
+# Sealed datasets are immutable, so this can be long; a dataset deleted or
+# replaced while mounted may be seen stale this long (README, fs.py).
+mount_cache_timeout_s_default = 3600.0
+# Entry cache time of the dataset directories at the mount root: a replaced or
+# deleted dataset is noticed by new lookups after this long.
+mount_dataset_entry_timeout_s = 5.0
+# st_blksize reported for files.  Readers size their buffers by it: Python's
+# open() allocates one of this size per file, and at 128 KiB (glibc's mmap
+# threshold) that allocation is an mmap/munmap per open, which halved warm
+# 110 KB reads.  4 KiB, as ext4 reports.
+mount_block_bytes = 4 * KiB
+
+# --- FUSE mount: daemon connection -------------------------------------------
+# How long a call waits for an unreachable daemon (retrying) before the FUSE
+# request fails with EIO.  Short: a training job should see an error, not hang.
+mount_reconnect_timeout_s_default = 5.0
+# Deadline of a metadata call (stat, one directory page).
+mount_metadata_timeout_s_default = 10.0
+# Deadline of a data call (one sample or one window).
+mount_read_timeout_s_default = 60.0
+# Failures of one kind are logged once per this interval (plus a count), so a
+# dead daemon does not flood the log with one line per failed read.
+mount_error_log_interval_s = 10.0
+
+# --- FUSE mount: mounting ----------------------------------------------------
+# `dlfs-mount` without --foreground waits this long for the mount to become
+# usable before it gives up and stops the background process.
+mount_ready_timeout_s = 120.0
+# After SIGTERM, requests still waiting for the daemon get this long to finish
+# before they are abandoned and the file system is unmounted.
+mount_shutdown_grace_s = 5.0
 
 assert chunk_bytes_default + 16 * MiB <= message_bytes_max
 assert range_bytes_max <= chunk_bytes_default
@@ -99,3 +201,16 @@ assert list_page_entries_default <= list_page_entries_max
 assert reader_threads_default <= reader_threads_max
 assert path_component_bytes_max < path_bytes_max
 assert extent_bytes_max_default <= sample_bytes_max
+assert mount_rpcs_in_flight_max < mount_fuse_tasks_max
+assert mount_rpcs_in_flight_max <= rpcs_concurrent_max_default
+assert mount_fuse_tasks_idle <= mount_fuse_tasks_max
+assert mount_read_run_bytes_max <= batch_bytes_max_default
+assert mount_whole_sample_bytes_max <= batch_bytes_max_default
+assert mount_read_unit_bytes % (128 * KiB) == 0  # aligned kernel reads never straddle units
+assert mount_read_run_bytes_max % mount_read_unit_bytes == 0
+assert mount_read_ahead_bytes >= mount_read_run_bytes_max
+assert mount_read_run_bytes_max + mount_read_ahead_bytes <= mount_read_cache_bytes_max
+assert mount_whole_sample_bytes_max <= mount_read_cache_bytes_max
+assert 1 <= mount_dir_page_entries <= list_page_entries_max
+assert mount_dataset_entry_timeout_s <= mount_cache_timeout_s_default
+assert reconnect_backoff_max_s <= mount_reconnect_timeout_s_default

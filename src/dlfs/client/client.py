@@ -52,7 +52,8 @@ class Client:
     def __init__(self, address: str | Sequence[str], *,
                  timeout_s: float = limits.metadata_timeout_s_default,
                  batch_timeout_s: float = limits.batch_timeout_s_default,
-                 reconnect_timeout_s: float = 10.0, direct: bool = False):
+                 reconnect_timeout_s: float = limits.reconnect_timeout_s_default,
+                 direct: bool = False):
         addresses = [address] if isinstance(address, str) else list(address)
         addresses = [a for part in addresses for a in part.split(",") if a]
         if len(addresses) != 1:
@@ -64,9 +65,13 @@ class Client:
         self.timeout_s = timeout_s
         self.batch_timeout_s = batch_timeout_s
         self.reconnect_timeout_s = reconnect_timeout_s
+        backoff_ms = int(limits.reconnect_backoff_max_s * 1000)
         self._channel = grpc.insecure_channel(self.address, options=[
             ("grpc.max_send_message_length", limits.message_bytes_max),
             ("grpc.max_receive_message_length", limits.message_bytes_max),
+            ("grpc.initial_reconnect_backoff_ms", backoff_ms),
+            ("grpc.min_reconnect_backoff_ms", backoff_ms),
+            ("grpc.max_reconnect_backoff_ms", backoff_ms),
         ])
         self._stub = dlfs_pb2_grpc.DlfsStub(self._channel)
         # The read RPCs hand the raw reply to dlfs.wire, which slices the payload without copying.
@@ -210,16 +215,22 @@ class Client:
     def listdir(self, dataset: str, path: str = "", *,
                 page_size: int = limits.list_page_entries_default) -> Iterator[Entry]:
         """Entries of a directory in name order, fetched page by page."""
-        path = normalize_dir_path(path)
         start_after = ""
         while True:
-            reply = self._call("ListDir", pb.ListDirRequest(
-                dataset=dataset, path=path, start_after=start_after, page_size=page_size))
-            for item in reply.entries:
-                yield convert.entry(item)
-            if not reply.more or not reply.entries:
+            entries, more = self.list_page(dataset, path, start_after, page_size)
+            yield from entries
+            if not more or not entries:
                 return
-            start_after = reply.entries[-1].name
+            start_after = entries[-1].name
+
+    def list_page(self, dataset: str, path: str = "", start_after: str = "",
+                  page_size: int = limits.list_page_entries_default) -> tuple[list[Entry], bool]:
+        """One page of a directory: at most `page_size` entries after name
+        `start_after`, in name order, and whether more follow.  One round trip."""
+        reply = self._call("ListDir", pb.ListDirRequest(
+            dataset=dataset, path=normalize_dir_path(path), start_after=start_after,
+            page_size=page_size))
+        return [convert.entry(e) for e in reply.entries], reply.more
 
 
 @dataclasses.dataclass(frozen=True)
@@ -281,19 +292,44 @@ class Dataset:
 
         One round trip.  The CRC32C is verified when the range is the whole sample.
         """
-        if offset < 0 or length < 0:
-            raise InvalidArgument(f"offset {offset} and length {length} must not be negative")
-        request = pb.ReadRangeRequest(dataset=self.name, offset=offset, length=length,
-                                      skip_verify=not verify)
-        if isinstance(key, str):
-            request.path = key
-        elif isinstance(key, (int, np.integer)) and not isinstance(key, bool):
-            if key < 0:
-                raise InvalidArgument(f"sample id {key} is negative")
-            request.id = int(key)
-        else:
-            raise InvalidArgument(f"a sample is named by an integer id or a path, not {key!r}")
+        request = _range_request(self.name, key, offset, length, verify=verify)
         return _call_stream(self.client, "ReadRange", request)[0]
+
+    def read_chunks(self, key: SampleKey, offset: int = 0, length: int = 0
+                    ) -> Iterator[tuple[int, memoryview]]:
+        """Like `read`, but hands out the reply's pieces as they arrive.
+
+        Yields (position from `offset`, bytes) in order; one round trip, no
+        reply-sized buffer, so a large range reaches the caller piece by
+        piece.  Not CRC-verified (a partial range cannot be).  UNAVAILABLE
+        before the first piece is retried as every read is; a stream that
+        breaks later raises Unavailable.
+        """
+        request = _range_request(self.name, key, offset, length, verify=False)
+        call = self.client._raw_reads["ReadRange"]
+        give_up = time.monotonic() + self.client.reconnect_timeout_s
+        for attempt in range(1 << 30):
+            received = 0
+            expected = None
+            try:
+                for raw in call(request, timeout=self.client.batch_timeout_s):
+                    header, data = wire.decode_chunk(raw)
+                    if expected is None:
+                        expected = header.payload_bytes
+                    if header.data_offset != received:
+                        raise Unavailable(f"DLFS daemon at {self.client.address} sent a read "
+                                          f"reply out of order ({header.data_offset} != {received})")
+                    if len(data):
+                        yield received, data.toreadonly()
+                        received += len(data)
+            except grpc.RpcError as exc:
+                if received == 0 and self.client._should_retry(exc, attempt, give_up):
+                    continue
+                raise from_rpc_error(exc, self.client.address) from None
+            if expected is not None and received != expected:
+                raise Unavailable(f"DLFS daemon at {self.client.address} ended a read reply "
+                                  f"after {received} of {expected} bytes")
+            return
 
     def path(self, sample_id: int) -> str:
         """Path of sample `sample_id`."""
@@ -322,6 +358,23 @@ class Dataset:
 
     def listdir(self, path: str = "", **kwargs) -> Iterator[Entry]:
         return self.client.listdir(self.name, path, **kwargs)
+
+
+def _range_request(dataset: str, key: SampleKey, offset: int, length: int, *, verify: bool
+                   ) -> pb.ReadRangeRequest:
+    if offset < 0 or length < 0:
+        raise InvalidArgument(f"offset {offset} and length {length} must not be negative")
+    request = pb.ReadRangeRequest(dataset=dataset, offset=offset, length=length,
+                                  skip_verify=not verify)
+    if isinstance(key, str):
+        request.path = key
+    elif isinstance(key, (int, np.integer)) and not isinstance(key, bool):
+        if key < 0:
+            raise InvalidArgument(f"sample id {key} is negative")
+        request.id = int(key)
+    else:
+        raise InvalidArgument(f"a sample is named by an integer id or a path, not {key!r}")
+    return request
 
 
 def _fill_keys(request, keys, ids_field: str = "ids", paths_field: str = "paths") -> int:

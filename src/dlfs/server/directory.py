@@ -118,8 +118,8 @@ class DatasetIndex:
         self.crc = block.crc[perm]
         self.mode = block.mode[perm]
         self.mtime_ns = block.mtime_ns[perm]
-        for array in (self.extent, self.offset, self.length, self.crc, self.mode, self.mtime_ns):
-            array.flags.writeable = False
+        for column in (self.extent, self.offset, self.length, self.crc, self.mode, self.mtime_ns):
+            column.flags.writeable = False
         self.total_bytes = int(self.length.sum())
         self.extents = int(np.unique(self.extent).size)
         self.names: list[str] = [""] * n

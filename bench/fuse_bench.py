@@ -1,0 +1,403 @@
+"""`python -m bench.fuse_bench [--quick]`: the FUSE mount next to ext4, in one run.
+
+    cd /work/main && python -m bench.fuse_bench            # ~5 minutes on 2 cores
+    python -m bench.fuse_bench --quick                     # small sizes, under a minute
+
+Builds one-file-per-sample trees on ext4 (a temporary directory under
+/var/tmp, removed afterwards), ingests them into a fresh daemon, mounts it
+with `dlfs-mount` and with the naive file system of `bench/naive_fuse.py`,
+and measures, 1 and 4 reader threads:
+
+- random small-file reads (Python open/read/close, as ImageFolder does) of
+  4 KiB and 110 KB files, cold (``echo 3 > /proc/sys/vm/drop_caches``: the
+  page cache of ext4, of the mount and of the daemon's extents all dropped)
+  and warm (a second pass over the same files: a second epoch);
+- sequential 1 MiB reads of large files: ext4 cold and warm; the mount with
+  its page cache empty (fresh mount) but the daemon warm, and warm; the
+  daemon's own get_batch bandwidth for the same file from this process.
+
+Prints a markdown table: median of the timed runs with min..max, and ratios
+against ext4 in the same cache state and against the naive mount.  Cold
+rows need root (drop_caches); without it they are skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import os
+import platform
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+from dlfs import Client
+
+MiB = 1024 * 1024
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+READY_TIMEOUT_S = 60.0
+PASS_ATTEMPTS = 5
+
+FULL = dict(files_4k=20000, files_110k=5000, large_files=2, large_bytes=140 * MiB,
+            pass_4k=4000, pass_110k=1500, runs=3)
+QUICK = dict(files_4k=2000, files_110k=400, large_files=2, large_bytes=24 * MiB,
+             pass_4k=800, pass_110k=200, runs=1)
+SIZES = {"4k": 4096, "110k": 110 * 1024}
+
+
+# --- processes ------------------------------------------------------------------------------
+
+class Daemon:
+    def __init__(self, root: str):
+        self.root = root
+        self.process: subprocess.Popen | None = None
+        self.address = ""
+
+    def __enter__(self) -> "Daemon":
+        address_file = os.path.join(self.root, "daemon.addr")
+        log = open(os.path.join(self.root, "daemon.log"), "ab")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "dlfs.server.main", "--data-dir",
+             os.path.join(self.root, "daemon"), "--listen", "127.0.0.1:0",
+             "--address-file", address_file], stdout=log, stderr=log)
+        log.close()
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while not os.path.exists(address_file):
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("dlfs-server did not start; see " + self.root + "/daemon.log")
+            time.sleep(0.05)
+        with open(address_file) as f:
+            self.address = f.read().strip()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.process.terminate()
+        self.process.wait(60)
+
+
+def is_mounted(path: str) -> bool:
+    with open("/proc/self/mounts") as f:
+        return any(line.split()[1] == os.path.realpath(path) for line in f)
+
+
+class Mount:
+    """`argv` serving `mountpoint` in the foreground; unmounted on exit."""
+
+    def __init__(self, argv: list[str], mountpoint: str, log_path: str):
+        self.argv = argv
+        self.mountpoint = mountpoint
+        self.log_path = log_path
+        self.process: subprocess.Popen | None = None
+
+    def __enter__(self) -> "Mount":
+        os.makedirs(self.mountpoint, exist_ok=True)
+        log = open(self.log_path, "ab")
+        self.process = subprocess.Popen(self.argv, stdout=log, stderr=log)
+        log.close()
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while not is_mounted(self.mountpoint):
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"{self.argv[:4]} did not mount; see {self.log_path}")
+            time.sleep(0.05)
+        os.listdir(self.mountpoint)  # answers
+        return self
+
+    def __exit__(self, *exc) -> None:
+        subprocess.run(["fusermount3", "-u", self.mountpoint], capture_output=True)
+        try:
+            self.process.wait(30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+            subprocess.run(["fusermount3", "-u", "-z", self.mountpoint], capture_output=True)
+
+
+def dlfs_mount(address: str, root: str, name: str) -> Mount:
+    mountpoint = os.path.join(root, name)
+    return Mount([sys.executable, "-m", "dlfs.fuse.main", address, mountpoint, "--foreground",
+                  "--log-file", os.path.join(root, name + ".log")], mountpoint,
+                 os.path.join(root, name + ".stderr"))
+
+
+def naive_mount(address: str, root: str) -> Mount:
+    mountpoint = os.path.join(root, "naive")
+    return Mount([sys.executable, "-m", "bench.naive_fuse", address, mountpoint], mountpoint,
+                 os.path.join(root, "naive.log"))
+
+
+# --- data -----------------------------------------------------------------------------------
+
+def make_tree(root: str, count: int, size: int, rng: np.random.Generator) -> list[str]:
+    """`count` files of `size` bytes in 100 class directories; their relative paths."""
+    paths = []
+    block = rng.bytes(size + count)  # distinct contents without generating count*size bytes
+    for i in range(count):
+        rel = f"c{i % 100:03d}/{i:07d}.bin"
+        os.makedirs(os.path.join(root, os.path.dirname(rel)), exist_ok=True)
+        with open(os.path.join(root, rel), "wb") as f:
+            f.write(block[i % count:i % count + size])
+        paths.append(rel)
+    return paths
+
+
+def drop_caches() -> None:
+    os.sync()
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("3\n")
+
+
+def can_drop_caches() -> bool:
+    return os.geteuid() == 0 and os.access("/proc/sys/vm/drop_caches", os.W_OK)
+
+
+# --- measurements ---------------------------------------------------------------------------
+
+def read_whole(path: str) -> int:
+    with open(path, "rb") as f:
+        return len(f.read())
+
+
+def timed_pass(paths: list[str], threads: int) -> float:
+    """Seconds to open/read/close every path, with `threads` readers."""
+    started = time.perf_counter()
+    if threads == 1:
+        for path in paths:
+            read_whole(path)
+    else:
+        with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+            for _ in pool.map(read_whole, paths, chunksize=16):
+                pass
+    return time.perf_counter() - started
+
+
+def page_cache_drops() -> int:
+    """How often anyone dropped the page cache since boot (/proc/vmstat)."""
+    with open("/proc/vmstat") as f:
+        for line in f:
+            if line.startswith("drop_pagecache "):
+                return int(line.split()[1])
+    return 0
+
+
+DISTURBED = [0]  # timed passes repeated because another process dropped the page cache
+
+
+def undisturbed(measure, prepare) -> float:
+    """`measure()` after `prepare()`, repeated (up to PASS_ATTEMPTS) while some
+    other process drops the page cache during it: on a shared machine a
+    concurrent `drop_caches` would make a warm pass cold."""
+    for _ in range(PASS_ATTEMPTS):
+        prepare()
+        before = page_cache_drops()
+        value = measure()
+        if page_cache_drops() == before:
+            return value
+        DISTURBED[0] += 1
+    raise RuntimeError(f"the page cache was dropped during {PASS_ATTEMPTS} attempts in a row; "
+                       "run the benchmark when nothing else drops caches")
+
+
+def small_files(base: str, rels: list[str], cold: bool, threads: int, runs: int,
+                rng: random.Random) -> list[float]:
+    """Files per second of `runs` passes in fresh random orders: cold passes
+    after drop_caches, warm passes right after a warm-up pass (the first epoch)."""
+    paths = [os.path.join(base, rel) for rel in rels]
+
+    def prepare() -> None:
+        rng.shuffle(paths)
+        if cold:
+            drop_caches()
+        else:
+            timed_pass(paths, threads)
+            rng.shuffle(paths)
+
+    return [undisturbed(lambda: len(paths) / timed_pass(paths, threads), prepare)
+            for _ in range(runs)]
+
+
+def sequential_read(path: str) -> float:
+    """MB/s of reading `path` in 1 MiB reads."""
+    started = time.perf_counter()
+    total = 0
+    with open(path, "rb", buffering=0) as f:
+        while chunk := f.read(MiB):
+            total += len(chunk)
+    return total / (time.perf_counter() - started) / 1e6
+
+
+# --- run ------------------------------------------------------------------------------------
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.fuse_bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="small sizes, one run each")
+    parser.add_argument("--tmp", default="/var/tmp", help="where the temporary trees live")
+    parser.add_argument("--keep", action="store_true", help="keep the temporary directory")
+    args = parser.parse_args(argv)
+    cfg = QUICK if args.quick else FULL
+    cold_ok = can_drop_caches()
+    root = tempfile.mkdtemp(prefix="dlfs-fuse-bench-", dir=args.tmp)
+    started = time.monotonic()
+    try:
+        small, large = run(cfg, root, cold_ok)
+    finally:
+        if not args.keep:
+            shutil.rmtree(root, ignore_errors=True)
+    print(report(cfg, small, large, cold_ok, time.monotonic() - started, args.quick))
+    return 0
+
+
+def run(cfg: dict, root: str, cold_ok: bool) -> tuple[dict, dict]:
+    """Measure everything; (small-file rates, large-file MB/s), keyed by row."""
+    rng = np.random.default_rng(1)
+    pick = random.Random(2)
+    src = os.path.join(root, "src")
+    trees = {w: make_tree(os.path.join(src, "s" + w), cfg["files_" + w], SIZES[w], rng)
+             for w in SIZES}
+    os.makedirs(os.path.join(src, "large"))
+    large = [f"large{i}.raw" for i in range(cfg["large_files"])]
+    for name in large:
+        with open(os.path.join(src, "large", name), "wb") as f:
+            for _ in range(cfg["large_bytes"] // (4 * MiB)):
+                f.write(rng.bytes(4 * MiB))
+    caches = ["cold", "warm"] if cold_ok else ["warm"]
+    small: dict[tuple, list[float]] = {}
+    with Daemon(root) as daemon:
+        with Client(daemon.address) as client:
+            for name in ("s4k", "s110k", "large"):
+                client.ingest(os.path.join(src, name), name, progress=False)
+        with dlfs_mount(daemon.address, root, "dlfs") as dlfs, \
+                naive_mount(daemon.address, root) as naive:
+            readers = {"ext4": src, "DLFS mount": dlfs.mountpoint,
+                       "naive pyfuse3": naive.mountpoint}
+            for workload in SIZES:
+                rels = pick.sample(trees[workload], cfg["pass_" + workload])
+                for threads in (1, 4):
+                    for cache in caches:
+                        for reader, mountpoint in readers.items():
+                            if reader == "naive pyfuse3" and threads > 1:
+                                continue
+                            runs = 1 if reader == "naive pyfuse3" else cfg["runs"]
+                            small[(workload, reader, threads, cache)] = small_files(
+                                os.path.join(mountpoint, "s" + workload), rels, cache == "cold",
+                                threads, runs, pick)
+            large_results = measure_large(cfg, root, daemon.address, src, large[0], caches,
+                                          naive.mountpoint)
+    return small, large_results
+
+
+def measure_large(cfg: dict, root: str, address: str, src: str, name: str, caches: list[str],
+                  naive_mountpoint: str) -> dict[str, list[float]]:
+    """MB/s of sequential reads of one large file, per reader and cache state."""
+    ext4_path = os.path.join(src, "large", name)
+    results: dict[str, list[float]] = {}
+    for cache in caches:
+        prepare = drop_caches if cache == "cold" else lambda: sequential_read(ext4_path)
+        results["ext4 " + cache] = [undisturbed(lambda: sequential_read(ext4_path), prepare)
+                                    for _ in range(cfg["runs"])]
+    with Client(address) as client:
+        ds = client.dataset("large")
+
+        def get_batch() -> float:
+            started = time.perf_counter()
+            size = len(ds.get_batch([name])[0])
+            return size / (time.perf_counter() - started) / 1e6
+
+        # Warm-up get_batch: the daemon's page cache holds the file for each pass.
+        results["get_batch"] = [undisturbed(get_batch, get_batch) for _ in range(cfg["runs"])]
+        results["mount"], results["mount warm"] = [], []
+        for i in range(cfg["runs"]):
+            for attempt in range(PASS_ATTEMPTS):
+                # A fresh mount has an empty page cache; the daemon's is warm.
+                with dlfs_mount(address, root, f"dlfs-large{i}-{attempt}") as m:
+                    path = os.path.join(m.mountpoint, "large", name)
+                    get_batch()
+                    before = page_cache_drops()
+                    first, second = sequential_read(path), sequential_read(path)
+                if page_cache_drops() == before:
+                    break
+                DISTURBED[0] += 1
+            results["mount"].append(first)
+            results["mount warm"].append(second)
+    results["naive"] = [sequential_read(os.path.join(naive_mountpoint, "large", name))]
+    return results
+
+
+# --- report -------------------------------------------------------------------------------
+
+def git_revision() -> str:
+    try:
+        return subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"],
+                              capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def report(cfg: dict, small: dict, large: dict, cold_ok: bool, elapsed_s: float,
+           quick: bool) -> str:
+    median = statistics.median
+
+    def spread(values: list[float]) -> str:
+        return f"{min(values):,.0f}..{max(values):,.0f}" if len(values) > 1 else "(1 run)"
+
+    def ratio(a: float | None, b: float | None) -> str:
+        return f"{a / b:.2f}x" if a and b else ""
+
+    lines = [
+        f"# FUSE mount benchmark{' (--quick: sizes too small to judge speed)' if quick else ''}",
+        "",
+        f"git {git_revision()} (+ working tree), {os.cpu_count()} CPUs, Linux "
+        f"{platform.release()}, Python {platform.python_version()}, "
+        f"{time.strftime('%Y-%m-%d %H:%M')}, {elapsed_s:.0f} s in all.  Trees on ext4: "
+        f"{cfg['files_4k']:,} x 4 KiB, {cfg['files_110k']:,} x 110 KB, {cfg['large_files']} x "
+        f"{cfg['large_bytes'] // MiB} MiB.  A pass reads {cfg['pass_4k']:,} (4 KiB) or "
+        f"{cfg['pass_110k']:,} (110 KB) random files with open/read/close; median of "
+        f"{cfg['runs']} timed passes (naive: 1).",
+        "",
+        "| workload | reader | threads | cache | median | min..max | MB/s | vs ext4 | vs naive |",
+        "|---|---|---:|---|---:|---:|---:|---:|---:|",
+    ]
+    for (workload, reader, threads, cache), values in small.items():
+        rate = median(values)
+        ext4 = median(small[(workload, "ext4", threads, cache)])
+        naive = small.get((workload, "naive pyfuse3", 1, cache))
+        versus_naive = ratio(rate, median(naive)) if naive and reader == "DLFS mount" else ""
+        lines.append(
+            f"| {workload} files | {reader} | {threads} | {cache} | {rate:,.0f} files/s | "
+            f"{spread(values)} | {rate * SIZES[workload] / 1e6:,.0f} | {ratio(rate, ext4)} | "
+            f"{versus_naive} |")
+    lines += ["", "| large file, sequential 1 MiB reads | cache | median MB/s | min..max | "
+              "vs ext4 | vs get_batch |", "|---|---|---:|---:|---:|---:|"]
+    get_batch = median(large["get_batch"])
+    rows = [("ext4", "cold", "ext4 cold", None), ("ext4", "warm", "ext4 warm", None),
+            ("daemon get_batch, in-process client", "daemon warm", "get_batch", None),
+            ("DLFS mount", "mount cold, daemon warm", "mount", None),
+            ("DLFS mount", "warm (second read)", "mount warm", "ext4 warm"),
+            ("naive pyfuse3", "mount cold, daemon warm", "naive", None)]
+    for label, cache, key, versus in rows:
+        if key not in large:
+            continue
+        value = median(large[key])
+        lines.append(f"| {label} | {cache} | {value:,.0f} | {spread(large[key])} | "
+                     f"{ratio(value, median(large[versus])) if versus else ''} | "
+                     f"{ratio(value, get_batch) if key in ('mount', 'naive') else ''} |")
+    lines += ["", "cold: the page caches of ext4, of the mount and of the daemon's extent "
+              "files are dropped before each timed pass; warm: a second pass over the same "
+              "files (the second epoch).  The mount keeps names and attributes of files the "
+              "kernel forgot (idle inodes), so a cold pass needs one RPC per file, for its bytes."]
+    if DISTURBED[0]:
+        lines.append(f"{DISTURBED[0]} timed passes were repeated because another process "
+                     "dropped the page cache while they ran (/proc/vmstat drop_pagecache).")
+    if not cold_ok:
+        lines.append("Cold rows skipped: dropping the page cache needs root.")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

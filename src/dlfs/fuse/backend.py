@@ -1,0 +1,131 @@
+"""The daemon as the mount sees it: blocking calls over one `dlfs.Client`.
+
+Everything here blocks (gRPC) and is thread-safe; the file system calls it
+from worker threads only (`trio.to_thread`), never on the trio loop.  Each
+call is one round trip with the client's deadline and UNAVAILABLE retry
+(bounded by `reconnect_timeout_s`), so a dead daemon turns into
+`dlfs.Unavailable` after that long, never a hang.
+
+The backend also notices when the daemon goes away and comes back and logs
+one line for each transition, naming the daemon's address.
+
+Reconnecting after a long outage is prompt because `Client` caps gRPC's
+reconnect backoff (`limits.reconnect_backoff_max_s`).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Callable, TypeVar
+
+from dlfs import Client, errors
+from dlfs.client.client import Dataset
+from dlfs.client.convert import DatasetInfo, Entry
+from dlfs import limits as fuse_limits
+from dlfs.fuse.errno_map import DAEMON_DOWN
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class Backend:
+    """Blocking access to one daemon.  Create it in the process that serves
+    the mount (after any fork): it opens a gRPC channel."""
+
+    def __init__(self, address: str, *,
+                 reconnect_timeout_s: float = fuse_limits.mount_reconnect_timeout_s_default,
+                 metadata_timeout_s: float = fuse_limits.mount_metadata_timeout_s_default,
+                 read_timeout_s: float = fuse_limits.mount_read_timeout_s_default):
+        self.client = Client(address, timeout_s=metadata_timeout_s,
+                             batch_timeout_s=read_timeout_s,
+                             reconnect_timeout_s=reconnect_timeout_s)
+        self.address = self.client.address
+        self._lock = threading.Lock()
+        self._down_since: float | None = None
+
+    def close(self) -> None:
+        self.client.close()
+
+    # --- calls (each one round trip) ------------------------------------------------
+
+    def sealed_datasets(self) -> list[DatasetInfo]:
+        """Summaries of the sealed datasets, sorted by name."""
+        return [i for i in self._run(lambda c: c.dataset_infos()) if i.sealed]
+
+    def dataset(self, name: str) -> DatasetInfo:
+        """Summary of dataset `name`.  Raises NotFound (also while it is being
+        ingested: an unsealed dataset cannot be read)."""
+        info = self._run(lambda c: c.dataset(name)).info
+        if not info.sealed:
+            raise errors.NotFound(f"dataset {name!r} is still being ingested")
+        return info
+
+    def stat(self, dataset: str, path: str) -> Entry:
+        """Entry of a file or directory of `dataset` ("" is its root).  Raises NotFound."""
+        return self._run(lambda c: c.stat(dataset, path))
+
+    def list_page(self, dataset: str, path: str, start_after: str, page_size: int
+                  ) -> tuple[list[Entry], bool]:
+        """Entries of a directory after name `start_after`, at most `page_size`
+        of them, in name order; and whether more follow.  Raises NotFound,
+        InvalidArgument (not a directory)."""
+        return self._run(lambda c: c.list_page(dataset, path, start_after, page_size))
+
+    def read(self, dataset: str, path: str, offset: int, length: int) -> memoryview:
+        """`length` bytes at `offset` of a sample (0: to the end; from 0 the
+        whole sample, CRC32C verified).  Raises NotFound, DataCorruption."""
+        # Dataset.read needs only the client and the name; the summary is not used.
+        info = DatasetInfo(dataset, 0, 0, True, 0, 0)
+        return self._run(lambda c: Dataset(c, info).read(path, offset, length))
+
+    def read_chunks(self, dataset: str, path: str, offset: int, length: int,
+                    deliver: Callable[[int, memoryview], None]) -> int:
+        """Stream `length` bytes at `offset` of a sample; returns how many came.
+
+        Calls `deliver(position, chunk)` for each piece as it arrives, in
+        order, `position` counted from `offset`: one round trip, no copy into
+        a reply-sized buffer (unlike `read`), so a large range costs one RPC
+        and reaches the caller piece by piece.  Not CRC-verified (a partial
+        range cannot be).  UNAVAILABLE before the first piece is retried like
+        every read; a stream that breaks later raises.  Raises what `read` does.
+        """
+        info = DatasetInfo(dataset, 0, 0, True, 0, 0)
+
+        def stream(client: Client) -> int:
+            received = 0
+            for position, chunk in Dataset(client, info).read_chunks(path, offset, length):
+                deliver(position, chunk)
+                received = position + len(chunk)
+            return received
+
+        return self._run(stream)
+
+    # --- internals ---------------------------------------------------------------------
+
+    def _run(self, call: Callable[[Client], T]) -> T:
+        try:
+            result = call(self.client)
+        except DAEMON_DOWN as exc:
+            self._went_down(exc)
+            raise
+        self._came_back()
+        return result
+
+    def _went_down(self, exc: errors.DlfsError) -> None:
+        with self._lock:
+            if self._down_since is not None:
+                return
+            self._down_since = time.monotonic()
+        log.error("DLFS daemon at %s is not answering; reads through the mount fail with EIO "
+                  "until it is back (%s: %s)", self.address, type(exc).__name__, exc)
+
+    def _came_back(self) -> None:
+        if self._down_since is None:  # fast path, no lock: the common case
+            return
+        with self._lock:
+            since, self._down_since = self._down_since, None
+        if since is not None:
+            log.warning("DLFS daemon at %s answers again after %.1f s; the mount serves again",
+                        self.address, time.monotonic() - since)

@@ -1,0 +1,166 @@
+"""Inode table: the mount's inode numbers and what the kernel holds of them.
+
+A node is one file or directory of a dataset, named by its key
+``(dataset, generation, path)``: `generation` is the dataset's creation time,
+so a dataset replaced under the same name gets new nodes (and new inode
+numbers) instead of silently aliasing the old ones.  The root of a mount
+that shows several datasets has the key ``ROOT_KEY``.
+
+Every node carries the attributes the kernel asks for (size, mode, mtime),
+so getattr never needs the daemon.  Lookup counts follow the FUSE protocol:
+each successful lookup (and each entry a readdir hands out) adds one,
+`forget` subtracts.  A node whose count drops to zero is *idle*: the kernel no
+longer knows it, but the node is kept, least recently used first out, up to
+`idle_inodes_max`, so a re-lookup after the kernel evicted its caches needs no
+daemon call and gets the same inode number.  Live nodes (count > 0) are never
+dropped, so the table holds at most what the kernel holds plus the idle bound.
+
+Not thread-safe: used from the trio loop only.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from typing import Callable
+
+import pyfuse3
+
+Key = tuple[str, int, str]
+ROOT_KEY: Key = ("", 0, "")
+
+
+@dataclasses.dataclass(slots=True, eq=False)
+class Node:
+    inode: int
+    key: Key
+    is_dir: bool
+    size: int
+    mode: int
+    mtime_ns: int
+    lookups: int = 0
+
+    @property
+    def dataset(self) -> str:
+        return self.key[0]
+
+    @property
+    def path(self) -> str:
+        return self.key[2]
+
+    def child_key(self, name: str) -> Key:
+        dataset, generation, path = self.key
+        return (dataset, generation, f"{path}/{name}" if path else name)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Attrs:
+    """What a node is made from (an `Entry` of the daemon, or the mount root)."""
+
+    is_dir: bool
+    size: int
+    mode: int
+    mtime_ns: int
+
+
+class InodeTable:
+    """Inode number <-> node, with lookup counts and a bounded set of idle nodes.
+
+    All operations are O(1).  The root node (inode `pyfuse3.ROOT_INODE`) is
+    pinned: never idle, never forgotten.
+    """
+
+    def __init__(self, root_key: Key, root_attrs: Attrs, *, idle_max: int):
+        assert idle_max >= 0
+        self.idle_max = idle_max
+        self._by_inode: dict[int, Node] = {}
+        self._by_key: dict[Key, Node] = {}
+        # Idle nodes in least-recently-used order (oldest first).
+        self._idle: collections.OrderedDict[int, Node] = collections.OrderedDict()
+        self._next_inode = pyfuse3.ROOT_INODE + 1
+        self.root = self._add(pyfuse3.ROOT_INODE, root_key, root_attrs)
+        self.root.lookups = 1  # pinned
+
+    def __len__(self) -> int:
+        return len(self._by_inode)
+
+    @property
+    def idle_count(self) -> int:
+        return len(self._idle)
+
+    def get(self, inode: int) -> Node:
+        """The node of `inode`.  Raises KeyError for an inode this table never
+        handed out or already dropped (the kernel would be at fault)."""
+        return self._by_inode[inode]
+
+    def find(self, key: Key) -> Node | None:
+        """The node of `key` if the table has it (live or idle), else None."""
+        node = self._by_key.get(key)
+        if node is not None and node.lookups == 0:
+            self._idle.move_to_end(node.inode)
+        return node
+
+    def node_for(self, key: Key, attrs: Callable[[], Attrs]) -> Node:
+        """The node of `key`, made from `attrs()` if the table does not have it.
+
+        Does not change the lookup count; a new node starts idle.
+        """
+        node = self.find(key)
+        if node is None:
+            inode = self._next_inode
+            self._next_inode += 1
+            node = self._add(inode, key, attrs())
+            self._idle[inode] = node
+            self._evict()
+        return node
+
+    def ref(self, node: Node) -> None:
+        """Count one more kernel reference (a lookup or readdirplus entry)."""
+        assert self._by_inode.get(node.inode) is node
+        if node.lookups == 0:
+            del self._idle[node.inode]
+        node.lookups += 1
+
+    def forget(self, inode: int, count: int) -> None:
+        """The kernel dropped `count` references to `inode`.  Unknown inodes
+        and over-large counts are ignored (forget must not fail)."""
+        node = self._by_inode.get(inode)
+        if node is None or node is self.root or node.lookups == 0:
+            return
+        node.lookups = max(0, node.lookups - count)
+        if node.lookups == 0:
+            self._idle[inode] = node
+            self._evict()
+
+    def drop_idle(self) -> None:
+        """Drop every idle node (e.g. after the daemon's datasets changed)."""
+        while self._idle:
+            self._remove(self._idle.popitem(last=False)[1])
+
+    def _add(self, inode: int, key: Key, attrs: Attrs) -> Node:
+        assert key not in self._by_key, key
+        node = Node(inode, key, attrs.is_dir, attrs.size, attrs.mode, attrs.mtime_ns)
+        self._by_inode[inode] = node
+        self._by_key[key] = node
+        return node
+
+    def _evict(self) -> None:
+        while len(self._idle) > self.idle_max:
+            self._remove(self._idle.popitem(last=False)[1])
+
+    def _remove(self, node: Node) -> None:
+        del self._by_inode[node.inode]
+        del self._by_key[node.key]
+
+    def check_invariants(self) -> None:
+        """Assert the structure is consistent.  O(n); for tests."""
+        assert self._by_inode[pyfuse3.ROOT_INODE] is self.root and self.root.lookups >= 1
+        assert len(self._by_inode) == len(self._by_key)
+        for inode, node in self._by_inode.items():
+            assert node.inode == inode and self._by_key[node.key] is node
+            assert node.lookups >= 0
+            assert (node.lookups == 0) == (inode in self._idle), inode
+            assert inode < self._next_inode
+        for inode, node in self._idle.items():
+            assert self._by_inode[inode] is node
+        assert len(self._idle) <= self.idle_max

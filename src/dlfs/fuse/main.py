@@ -1,0 +1,311 @@
+"""`dlfs-mount ADDR MOUNTPOINT`: mount a daemon's datasets read-only.
+
+Without ``--foreground`` the command starts the file system in a background
+process (this module again, with ``--foreground`` and a readiness pipe) and
+returns 0 only once the mount answers, or 1 with the reason.  It re-executes
+rather than forks because gRPC must not be initialised before a fork.
+
+With ``--foreground`` (systemd, Slurm) it serves until the file system is
+unmounted (``fusermount3 -u MOUNTPOINT``) or it gets SIGTERM, SIGINT or
+SIGHUP; then it unmounts cleanly and exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import logging
+import os
+import re
+import select
+import signal
+import subprocess
+import sys
+import time
+
+import pyfuse3
+import trio
+
+from dlfs import errors
+from dlfs import limits as fuse_limits
+from dlfs.fuse.backend import Backend
+from dlfs.fuse.fs import DIR_MODE, DlfsOperations, dataset_attrs, dataset_key
+from dlfs.fuse.inodes import ROOT_KEY, Attrs
+
+log = logging.getLogger("dlfs.fuse")
+
+READY = b"ready\n"
+ERROR_PREFIX = b"error "
+
+
+class MountError(Exception):
+    """The mount cannot be set up; the message says why and what to do."""
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="dlfs-mount",
+        description="Mount the datasets of a DLFS daemon as a read-only file system.",
+        epilog="Unmount with `fusermount3 -u MOUNTPOINT` (or SIGTERM to a --foreground mount).")
+    parser.add_argument("address", metavar="ADDR",
+                        help="daemon address HOST:PORT (several, comma-separated, once "
+                             "multi-daemon placement lands)")
+    parser.add_argument("mountpoint", metavar="MOUNTPOINT", help="an existing empty directory")
+    parser.add_argument("--dataset", metavar="NAME",
+                        help="mount only this dataset, its root at MOUNTPOINT (default: every "
+                             "dataset as a directory of MOUNTPOINT)")
+    parser.add_argument("-f", "--foreground", action="store_true",
+                        help="serve in this process until unmounted (for systemd and Slurm)")
+    parser.add_argument("--allow-other", action="store_true",
+                        help="let other users access the mount (needs user_allow_other in "
+                             "/etc/fuse.conf unless root)")
+    parser.add_argument("--cache-timeout", type=float, metavar="S",
+                        default=fuse_limits.mount_cache_timeout_s_default,
+                        help="seconds the kernel caches names and attributes (default "
+                             "%(default)s; datasets are immutable once sealed)")
+    parser.add_argument("--reconnect-timeout", type=float, metavar="S",
+                        default=fuse_limits.mount_reconnect_timeout_s_default,
+                        help="seconds a request waits for an unreachable daemon before it "
+                             "fails with EIO (default %(default)s)")
+    parser.add_argument("--metadata-timeout", type=float, metavar="S",
+                        default=fuse_limits.mount_metadata_timeout_s_default,
+                        help="deadline of a stat or listing call (default %(default)s)")
+    parser.add_argument("--read-timeout", type=float, metavar="S",
+                        default=fuse_limits.mount_read_timeout_s_default,
+                        help="deadline of one sample or window read (default %(default)s)")
+    parser.add_argument("--log-file", metavar="PATH",
+                        help="append log lines here (default: standard error)")
+    parser.add_argument("--debug", action="store_true", help="log every request (slow)")
+    parser.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    for name in ("cache_timeout", "reconnect_timeout", "metadata_timeout", "read_timeout"):
+        if not getattr(args, name) > 0:
+            parser.error(f"--{name.replace('_', '-')} must be positive")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    if args.foreground:
+        _setup_logging(args)
+    try:
+        check_mountpoint(args.mountpoint)
+        if args.foreground:
+            return run_foreground(args)
+        return run_background(argv, args)
+    except MountError as exc:
+        if args.ready_fd is None:
+            print(f"dlfs-mount: {exc}", file=sys.stderr)
+        else:  # the waiting parent prints it
+            _send(args.ready_fd, ERROR_PREFIX + str(exc).encode())
+            if args.log_file:
+                log.error("%s", exc)
+        return 1
+
+
+def check_mountpoint(path: str) -> None:
+    """Raise MountError unless `path` is a directory that nothing is mounted on."""
+    try:
+        os.stat(path)
+    except FileNotFoundError:
+        raise MountError(f"mount point {path} does not exist; create it with mkdir") from None
+    except OSError as exc:
+        raise MountError(f"mount point {path} is unusable ({exc.strerror}); if a previous mount "
+                         f"died, run `fusermount3 -u {path}`") from None
+    if not os.path.isdir(path):
+        raise MountError(f"mount point {path} is not a directory")
+    if os.path.ismount(path):
+        raise MountError(f"{path} is already a mount point; unmount it first "
+                         f"(`fusermount3 -u {path}`)")
+    if not os.path.exists("/dev/fuse"):
+        raise MountError("/dev/fuse is missing: install fuse3 and load the fuse kernel module")
+
+
+# --- background: start the foreground process and wait for it ------------------------------
+
+def run_background(argv: list[str], args: argparse.Namespace) -> int:
+    """Start `--foreground` in a new session; 0 once it serves, 1 if it failed."""
+    read_end, write_end = os.pipe()
+    stderr = open(args.log_file, "ab") if args.log_file else None
+    try:
+        child = subprocess.Popen(
+            [sys.executable, "-m", "dlfs.fuse.main", *argv, "--foreground",
+             "--ready-fd", str(write_end)],
+            pass_fds=(write_end,), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            stderr=stderr, start_new_session=True)
+    finally:
+        os.close(write_end)
+        if stderr is not None:
+            stderr.close()
+    message = _receive(read_end, fuse_limits.mount_ready_timeout_s)
+    os.close(read_end)
+    if message == READY:
+        return 0
+    if message.startswith(ERROR_PREFIX):
+        child.wait()
+        raise MountError(message[len(ERROR_PREFIX):].decode(errors="replace"))
+    if message:
+        raise AssertionError(f"unexpected readiness message {message!r}")
+    status = child.poll()
+    if status is None:
+        child.terminate()
+        child.wait()
+        raise MountError(f"the mount did not become usable within "
+                         f"{fuse_limits.mount_ready_timeout_s:.0f} s; stopped it"
+                         + (f" (see {args.log_file})" if args.log_file else ""))
+    raise MountError(f"the mount process exited with status {status} before the mount was "
+                     "usable" + (f" (see {args.log_file})" if args.log_file else ""))
+
+
+def _receive(fd: int, timeout_s: float) -> bytes:
+    """Everything written to pipe `fd` until EOF, or what came before the timeout."""
+    deadline = time.monotonic() + timeout_s
+    data = b""
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
+            return data
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            return data
+        data += chunk
+
+
+def _send(fd: int, message: bytes) -> None:
+    try:
+        os.write(fd, message)
+        os.close(fd)
+    except OSError:
+        pass  # the waiting parent is gone; nobody to tell
+
+
+# --- foreground: serve ----------------------------------------------------------------------
+
+def run_foreground(args: argparse.Namespace) -> int:
+    _keep_freed_memory()
+    try:
+        backend = Backend(args.address, reconnect_timeout_s=args.reconnect_timeout,
+                          metadata_timeout_s=args.metadata_timeout,
+                          read_timeout_s=args.read_timeout)
+    except errors.DlfsError as exc:
+        raise MountError(str(exc)) from None
+    try:
+        root_key, root_attrs, what = _resolve_root(backend, args.dataset)
+        operations = DlfsOperations(backend, root_key, root_attrs,
+                                    cache_timeout_s=args.cache_timeout)
+        options = set(pyfuse3.default_options) | {
+            "ro", "subtype=dlfs", "fsname=dlfs@" + re.sub(r"[^\w.:\-\[\]@]", "_", args.address)}
+        if args.allow_other:
+            options.add("allow_other")
+        if args.debug:
+            options.add("debug")
+        try:
+            pyfuse3.init(operations, args.mountpoint, options)
+        except RuntimeError as exc:
+            raise MountError(f"mounting {args.mountpoint} failed ({exc}); see the libfuse "
+                             "message above") from None
+        try:
+            trio.run(_serve, operations, args, what)
+        finally:
+            # Also after `fusermount3 -u` (then it is a no-op): never leave a
+            # dead mount behind, whatever ended the loop.
+            pyfuse3.close(unmount=True)
+        log.info("unmounted %s", args.mountpoint)
+        return 0
+    finally:
+        backend.close()
+
+
+def _resolve_root(backend: Backend, dataset: str | None) -> tuple:
+    """(root key, root attributes, description) of the mount; checks the daemon answers."""
+    try:
+        if dataset is not None:
+            info = backend.dataset(dataset)
+            return dataset_key(info), dataset_attrs(info), f"dataset {dataset!r}"
+        count = len(backend.sealed_datasets())
+    except errors.NotFound as exc:
+        raise MountError(f"{exc}; `dlfs datasets --server {backend.address}` lists the "
+                         "datasets") from None
+    except errors.DlfsError as exc:
+        raise MountError(f"cannot reach the DLFS daemon at {backend.address}: {exc}") from None
+    return ROOT_KEY, Attrs(True, 0, DIR_MODE, time.time_ns()), f"{count} datasets"
+
+
+async def _serve(operations: DlfsOperations, args: argparse.Namespace, what: str) -> None:
+    async with trio.open_nursery() as nursery:
+        operations.start(nursery)
+
+        async def run_fuse() -> None:
+            await pyfuse3.main(fuse_limits.mount_fuse_tasks_idle, fuse_limits.mount_fuse_tasks_max)
+            nursery.cancel_scope.cancel()  # unmounted: stop signal watch and read-ahead
+
+        nursery.start_soon(run_fuse)
+        nursery.start_soon(_stop_on_signal, nursery)
+        try:
+            # A stat of the root goes through this very loop: once it answers,
+            # the mount is usable.
+            await trio.to_thread.run_sync(os.stat, args.mountpoint, abandon_on_cancel=True)
+        except OSError as exc:
+            log.error("the new mount at %s does not answer (%s); unmounting", args.mountpoint, exc)
+            if args.ready_fd is not None:
+                _send(args.ready_fd, ERROR_PREFIX + f"mount does not answer: {exc}".encode())
+            pyfuse3.terminate()
+            return
+        log.info("serving %s of the DLFS daemon at %s at %s (read-only)", what,
+                 operations.backend.address, args.mountpoint)
+        if args.ready_fd is not None:
+            _send(args.ready_fd, READY)
+
+
+async def _stop_on_signal(nursery: trio.Nursery) -> None:
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
+        async for number in signals:
+            log.info("%s: unmounting", signal.Signals(number).name)
+            pyfuse3.terminate()
+            # Requests waiting for the daemon get a grace period, then are abandoned.
+            await trio.sleep(fuse_limits.mount_shutdown_grace_s)
+            nursery.cancel_scope.cancel()
+            return
+
+
+def _keep_freed_memory() -> None:
+    """Let glibc reuse freed multi-MiB buffers instead of unmapping them.
+
+    Every received piece of a read (4 MiB) is a fresh allocation; by default
+    glibc maps each one anew and the first touch of every page faults, which
+    costs about a sixth of large-file read bandwidth here.  Raising the mmap
+    and trim thresholds keeps freed pieces in the heap for the next ones.
+    What the heap keeps is bounded by what the mount holds at once
+    (`read_cache_bytes_max` plus pieces in flight).
+    """
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return  # not glibc: nothing to tune
+    m_trim_threshold, m_mmap_threshold = -1, -3  # <malloc.h>
+    if not (libc.mallopt(m_mmap_threshold, fuse_limits.mount_malloc_mmap_threshold_bytes) and
+            libc.mallopt(m_trim_threshold, fuse_limits.mount_malloc_trim_threshold_bytes)):
+        log.debug("mallopt refused the thresholds; large reads allocate mapped memory")
+
+
+def _setup_logging(args: argparse.Namespace) -> None:
+    """Log to --log-file, else to standard error.  A background mount without
+    --log-file logs warnings and errors only: it still writes to the terminal
+    it was started from."""
+    handler: logging.Handler = (logging.FileHandler(args.log_file) if args.log_file
+                                else logging.StreamHandler())
+    handler.setFormatter(logging.Formatter(
+        "%(asctime)s dlfs-mount[%(process)d] %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.addHandler(handler)
+    if args.debug:
+        root.setLevel(logging.DEBUG)
+    elif args.ready_fd is not None and not args.log_file:
+        root.setLevel(logging.WARNING)
+    else:
+        root.setLevel(logging.INFO)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,50 @@
+"""The one table from DLFS errors to errno values."""
+
+from __future__ import annotations
+
+import errno
+
+import pyfuse3
+import pytest
+
+from dlfs import errors
+from dlfs.fuse.errno_map import Stale, errno_for, fuse_error
+
+EXPECTED = {
+    errors.NotFound: errno.ENOENT,
+    errors.InvalidArgument: errno.EINVAL,
+    errors.AlreadyExists: errno.EEXIST,
+    errors.FailedPrecondition: errno.EIO,
+    errors.DataCorruption: errno.EIO,
+    errors.Overloaded: errno.EAGAIN,
+    errors.StorageFull: errno.ENOSPC,
+    errors.Unavailable: errno.EIO,
+    errors.DeadlineExceeded: errno.EIO,
+    errors.Cancelled: errno.EIO,
+    errors.PermissionDenied: errno.EACCES,
+    errors.Unauthenticated: errno.EACCES,
+    errors.Internal: errno.EIO,
+    errors.DlfsError: errno.EIO,
+    Stale: errno.ESTALE,
+}
+
+
+def all_error_classes(base=errors.DlfsError):
+    found = {base}
+    for sub in base.__subclasses__():
+        found |= all_error_classes(sub)
+    return found
+
+
+@pytest.mark.parametrize("cls", sorted(all_error_classes(), key=lambda c: c.__name__),
+                         ids=lambda c: c.__name__)
+def test_every_error_class_has_its_errno(cls):
+    assert cls in EXPECTED, f"{cls.__name__} is new: decide its errno in errno_map and here"
+    assert errno_for(cls("message")) == EXPECTED[cls]
+    error = fuse_error(cls("message"))
+    assert isinstance(error, pyfuse3.FUSEError) and error.errno == EXPECTED[cls]
+
+
+def test_not_found_on_an_open_handle_is_stale():
+    assert errno_for(errors.NotFound("gone"), on_handle=True) == errno.ESTALE
+    assert errno_for(errors.Unavailable("down"), on_handle=True) == errno.EIO

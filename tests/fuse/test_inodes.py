@@ -1,0 +1,97 @@
+"""The inode table against a plain model, with its invariants after every step."""
+
+from __future__ import annotations
+
+import pyfuse3
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from dlfs.fuse.inodes import ROOT_KEY, Attrs, InodeTable
+
+IDLE_MAX = 3
+KEYS = [("ds", 1, p) for p in ("", "a", "a/b", "a/c", "d", "e", "f")] + [("other", 2, "")]
+ROOT_ATTRS = Attrs(True, 0, 0o40555, 0)
+
+
+def attrs_of(key) -> Attrs:
+    return Attrs(False, len(key[2]), 0o100644, hash(key) & 0xFFFF)
+
+
+class InodeTableMachine(RuleBasedStateMachine):
+    """Model: key -> lookup count of the nodes the kernel knows, and the inode
+    each key had when last seen (numbers must be stable while in the table)."""
+
+    def __init__(self):
+        super().__init__()
+        self.table = InodeTable(ROOT_KEY, ROOT_ATTRS, idle_max=IDLE_MAX)
+        self.lookups: dict[tuple, int] = {}
+        self.inode_of: dict[tuple, int] = {}
+
+    @rule(key=st.sampled_from(KEYS))
+    def lookup(self, key):
+        node = self.table.node_for(key, lambda: attrs_of(key))
+        self.table.ref(node)
+        if key in self.inode_of and self.lookups.get(key, 0) > 0:
+            assert node.inode == self.inode_of[key], "a live node changed its inode"
+        self.inode_of[key] = node.inode
+        self.lookups[key] = self.lookups.get(key, 0) + 1
+        assert (node.size, node.mode) == (attrs_of(key).size, attrs_of(key).mode)
+
+    @rule(key=st.sampled_from(KEYS))
+    def peek(self, key):
+        """node_for without a reference (what readdir does before the kernel takes it)."""
+        node = self.table.node_for(key, lambda: attrs_of(key))
+        if self.lookups.get(key, 0) > 0:
+            assert node.inode == self.inode_of[key]
+        assert node.lookups == self.lookups.get(key, 0)
+
+    @precondition(lambda self: any(self.lookups.values()))
+    @rule(data=st.data())
+    def forget(self, data):
+        key = data.draw(st.sampled_from(sorted(k for k, n in self.lookups.items() if n)))
+        count = data.draw(st.integers(1, self.lookups[key]))
+        self.table.forget(self.inode_of[key], count)
+        self.lookups[key] -= count
+
+    @rule(inode=st.integers(0, 50), count=st.integers(1, 5))
+    def forget_unknown_or_root(self, inode, count):
+        """Forgetting what the kernel does not hold (or the root) changes nothing."""
+        known = {self.inode_of[k] for k, n in self.lookups.items() if n}
+        if inode in known:
+            return
+        before = {k: self.table.find(k).lookups for k, n in self.lookups.items() if n}
+        self.table.forget(inode, count)
+        assert {k: self.table.find(k).lookups for k in before} == before
+        assert self.table.get(pyfuse3.ROOT_INODE) is self.table.root
+
+    @invariant()
+    def consistent(self):
+        self.table.check_invariants()
+        for key, count in self.lookups.items():
+            if count:  # live nodes are never dropped
+                node = self.table.get(self.inode_of[key])
+                assert node.key == key and node.lookups == count
+        live = sum(1 for n in self.lookups.values() if n)
+        assert len(self.table) <= 1 + live + IDLE_MAX  # root + live + bounded idle
+
+
+TestInodeTable = InodeTableMachine.TestCase
+TestInodeTable.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+
+
+def test_idle_nodes_keep_their_inode_until_evicted():
+    table = InodeTable(ROOT_KEY, ROOT_ATTRS, idle_max=2)
+    a = table.node_for(KEYS[1], lambda: attrs_of(KEYS[1]))
+    table.ref(a)
+    table.forget(a.inode, 1)
+    assert table.find(KEYS[1]) is a and table.idle_count == 1  # re-lookup: same number
+    for key in KEYS[2:4]:  # two newer idle nodes push the oldest out
+        table.node_for(key, lambda: attrs_of(key))
+    assert table.find(KEYS[1]) is None
+    with pytest.raises(KeyError):
+        table.get(a.inode)
+    b = table.node_for(KEYS[1], lambda: attrs_of(KEYS[1]))
+    assert b.inode != a.inode  # numbers are never reused
+    table.check_invariants()
