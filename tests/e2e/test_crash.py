@@ -15,7 +15,7 @@ import dlfs
 from conftest import write_tree
 from dlfs import Client
 
-KILL_POINTS = int(os.environ.get("DLFS_CRASH_KILL_POINTS", "8"))
+KILL_POINTS = int(os.environ.get("DLFS_CRASH_KILL_POINTS", "20"))
 
 
 def read_all(client, name):
