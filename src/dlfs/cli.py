@@ -5,6 +5,7 @@
     dlfs [--server HOST:PORT] ls NAME[/DIR] [-l]
     dlfs [--server HOST:PORT] stat NAME/PATH
     dlfs [--server HOST:PORT] cat NAME/PATH
+    dlfs [--server HOST:PORT] status
     dlfs [--server HOST:PORT] scrub NAME
     dlfs [--server HOST:PORT] rm NAME
 
@@ -110,6 +111,23 @@ def cmd_scrub(client: Client, args) -> int:
     return 1 if report.damaged else 0
 
 
+def cmd_status(client: Client, args) -> int:
+    st = client.status()
+    probed = st.cache_hit_ranges + st.cache_miss_ranges
+    hit_rate = f"{100 * st.cache_hit_ranges / probed:.0f}%" if probed else "n/a"
+    errors = ", ".join(f"{code} {n}" for code, n in sorted(st.errors.items())) or "none"
+    print(f"daemon {st.address}: up {datetime.timedelta(seconds=int(st.uptime_s))}, "
+          f"dlfs {st.version}")
+    print(f"  data dir: {st.data_dir} (catalog {_human_bytes(st.catalog_bytes)})")
+    print(f"  datasets: {st.datasets}, {st.samples} samples, {_human_bytes(st.bytes)}"
+          f"{f', {st.ingests_running} ingest(s) running' if st.ingests_running else ''}")
+    print(f"  served: {st.batches_served} reads, {st.samples_served} samples, "
+          f"{_human_bytes(st.bytes_served)}; page-cache hits {hit_rate} of probed ranges")
+    print(f"  calls in flight: {st.rpcs_in_flight}; errors: {errors}")
+    print(f"  metrics: {'http://' + st.metrics_address + '/metrics' if st.metrics_address else 'not served (--metrics-listen)'}")
+    return 0
+
+
 def cmd_rm(client: Client, args) -> int:
     info = client.delete(args.name)
     print(f"removed {info.name}: {info.samples} samples, {_human_bytes(info.bytes)} freed")
@@ -142,6 +160,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("cat", help="write a sample's bytes to stdout")
     p.add_argument("target", metavar="NAME/PATH")
     p.set_defaults(run=cmd_cat)
+    p = sub.add_parser("status", help="the daemon's health and counters")
+    p.set_defaults(run=cmd_status)
     p = sub.add_parser("scrub", help="verify every sample's checksum; exit 1 if any is damaged")
     p.add_argument("name")
     p.set_defaults(run=cmd_scrub)

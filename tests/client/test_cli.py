@@ -93,3 +93,30 @@ def test_scrub_reports_damaged_samples_by_path(daemon, tmp_path):
     with Client(daemon.address) as client:
         assert [bytes(s) for s in client.get_batch(ok, dataset="ds")] == \
                [bytes([i]) * 3000 for i in ok]
+
+
+def test_status_and_metrics_endpoint(daemon_factory, tmp_path):
+    import urllib.request
+
+    daemon = daemon_factory(extra_args=["--metrics-listen", "127.0.0.1:0"])
+    write_tree(tmp_path / "src", {f"{i}": b"x" * 100 for i in range(10)})
+    dlfs(daemon.address, "ingest", str(tmp_path / "src"), "ds")
+    from dlfs import Client, NotFound
+    with Client(daemon.address) as client:
+        client.get_batch([1, 2, 2], dataset="ds")
+        try:
+            client.get_batch([1], dataset="nope")
+        except NotFound:
+            pass
+        status = client.status()
+    assert (status.datasets, status.samples, status.bytes) == (1, 10, 1000)
+    assert status.samples_served == 3 and status.batches_served == 1
+    assert status.errors == {"NOT_FOUND": 1}
+    out = dlfs(daemon.address, "status").stdout.decode()
+    assert "datasets: 1, 10 samples" in out and "errors: NOT_FOUND 1" in out
+    url = f"http://{status.metrics_address}/metrics"
+    assert f"metrics: {url}" in out
+    text = urllib.request.urlopen(url, timeout=10).read().decode()
+    assert "dlfs_samples_served_total 3.0" in text
+    assert 'dlfs_batch_latency_seconds_count{method="GetBatch"} 1.0' in text
+    assert 'dlfs_errors_total{code="NOT_FOUND"} 1.0' in text

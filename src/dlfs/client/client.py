@@ -169,6 +169,10 @@ class Client:
         return ingest_tree(self, source_dir, name, replace=replace, include_hidden=include_hidden,
                            follow_symlinks=follow_symlinks, progress=progress)
 
+    def status(self) -> convert.DaemonStatus:
+        """The daemon's health and counters (what `dlfs status` prints)."""
+        return convert.daemon_status(self.address, self._call("Status", pb.StatusRequest()))
+
     def scrub(self, name: str, *, progress: bool | None = None) -> ScrubReport:
         """Verify every sample of dataset `name` on the daemon; report the damaged ones.
 

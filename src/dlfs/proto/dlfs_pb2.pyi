@@ -212,6 +212,53 @@ class ScrubProgress(_message.Message):
     done: bool
     def __init__(self, samples_checked: _Optional[int] = ..., bytes_checked: _Optional[int] = ..., samples_total: _Optional[int] = ..., damaged: _Optional[_Iterable[_Union[Entry, _Mapping]]] = ..., reasons: _Optional[_Iterable[str]] = ..., done: _Optional[bool] = ...) -> None: ...
 
+class StatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class StatusReply(_message.Message):
+    __slots__ = ("version", "uptime_s", "data_dir", "metrics_address", "datasets", "samples", "bytes", "catalog_bytes", "ingests_running", "rpcs_in_flight", "samples_served", "bytes_served", "batches_served", "cache_hit_ranges", "cache_miss_ranges", "errors")
+    class ErrorsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    UPTIME_S_FIELD_NUMBER: _ClassVar[int]
+    DATA_DIR_FIELD_NUMBER: _ClassVar[int]
+    METRICS_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    DATASETS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    CATALOG_BYTES_FIELD_NUMBER: _ClassVar[int]
+    INGESTS_RUNNING_FIELD_NUMBER: _ClassVar[int]
+    RPCS_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_SERVED_FIELD_NUMBER: _ClassVar[int]
+    BYTES_SERVED_FIELD_NUMBER: _ClassVar[int]
+    BATCHES_SERVED_FIELD_NUMBER: _ClassVar[int]
+    CACHE_HIT_RANGES_FIELD_NUMBER: _ClassVar[int]
+    CACHE_MISS_RANGES_FIELD_NUMBER: _ClassVar[int]
+    ERRORS_FIELD_NUMBER: _ClassVar[int]
+    version: str
+    uptime_s: float
+    data_dir: str
+    metrics_address: str
+    datasets: int
+    samples: int
+    bytes: int
+    catalog_bytes: int
+    ingests_running: int
+    rpcs_in_flight: int
+    samples_served: int
+    bytes_served: int
+    batches_served: int
+    cache_hit_ranges: int
+    cache_miss_ranges: int
+    errors: _containers.ScalarMap[str, int]
+    def __init__(self, version: _Optional[str] = ..., uptime_s: _Optional[float] = ..., data_dir: _Optional[str] = ..., metrics_address: _Optional[str] = ..., datasets: _Optional[int] = ..., samples: _Optional[int] = ..., bytes: _Optional[int] = ..., catalog_bytes: _Optional[int] = ..., ingests_running: _Optional[int] = ..., rpcs_in_flight: _Optional[int] = ..., samples_served: _Optional[int] = ..., bytes_served: _Optional[int] = ..., batches_served: _Optional[int] = ..., cache_hit_ranges: _Optional[int] = ..., cache_miss_ranges: _Optional[int] = ..., errors: _Optional[_Mapping[str, int]] = ...) -> None: ...
+
 class BatchChunk(_message.Message):
     __slots__ = ("data", "data_offset", "payload_bytes", "offsets", "lengths")
     DATA_FIELD_NUMBER: _ClassVar[int]

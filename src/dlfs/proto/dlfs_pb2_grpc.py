@@ -84,6 +84,11 @@ class DlfsStub:
                 request_serializer=dlfs_dot_proto_dot_dlfs__pb2.ScrubRequest.SerializeToString,
                 response_deserializer=dlfs_dot_proto_dot_dlfs__pb2.ScrubProgress.FromString,
                 _registered_method=True)
+        self.Status = channel.unary_unary(
+                '/dlfs.v1.Dlfs/Status',
+                request_serializer=dlfs_dot_proto_dot_dlfs__pb2.StatusRequest.SerializeToString,
+                response_deserializer=dlfs_dot_proto_dot_dlfs__pb2.StatusReply.FromString,
+                _registered_method=True)
         self.Ingest = channel.stream_unary(
                 '/dlfs.v1.Dlfs/Ingest',
                 request_serializer=dlfs_dot_proto_dot_dlfs__pb2.IngestMessage.SerializeToString,
@@ -200,6 +205,14 @@ class DlfsServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Status(self, request, context):
+        """Health and counters of the daemon, for `dlfs status` (the same values
+        as the Prometheus endpoint).  Codes: none beyond the common ones.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Ingest(self, request_iterator, context):
         """Upload a whole dataset in one client stream: the first message carries
         `start`, then files as consecutive pieces.  The dataset becomes visible
@@ -273,6 +286,11 @@ def add_DlfsServicer_to_server(servicer, server):
                     servicer.Scrub,
                     request_deserializer=dlfs_dot_proto_dot_dlfs__pb2.ScrubRequest.FromString,
                     response_serializer=dlfs_dot_proto_dot_dlfs__pb2.ScrubProgress.SerializeToString,
+            ),
+            'Status': grpc.unary_unary_rpc_method_handler(
+                    servicer.Status,
+                    request_deserializer=dlfs_dot_proto_dot_dlfs__pb2.StatusRequest.FromString,
+                    response_serializer=dlfs_dot_proto_dot_dlfs__pb2.StatusReply.SerializeToString,
             ),
             'Ingest': grpc.stream_unary_rpc_method_handler(
                     servicer.Ingest,
@@ -555,6 +573,33 @@ class Dlfs:
             '/dlfs.v1.Dlfs/Scrub',
             dlfs_dot_proto_dot_dlfs__pb2.ScrubRequest.SerializeToString,
             dlfs_dot_proto_dot_dlfs__pb2.ScrubProgress.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Status(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dlfs.v1.Dlfs/Status',
+            dlfs_dot_proto_dot_dlfs__pb2.StatusRequest.SerializeToString,
+            dlfs_dot_proto_dot_dlfs__pb2.StatusReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -29,6 +29,8 @@ class ServerConfig:
     # "request": verify CRC32C unless the call opts out; "always"; "never".
     verify: str = "request"
     salvage_catalog: bool = False
+    # HOST:PORT for the Prometheus /metrics endpoint; empty: not served.
+    metrics_listen: str = ""
 
     def __post_init__(self):
         checks = [

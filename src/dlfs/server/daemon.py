@@ -28,7 +28,7 @@ class Daemon:
                                             thread_name_prefix="dlfs-rpc")
         self.server = grpc.server(
             self._executor,
-            interceptors=[ErrorInterceptor()],
+            interceptors=[ErrorInterceptor(store.metrics)],
             maximum_concurrent_rpcs=config.rpcs_concurrent_max,
             options=[
                 ("grpc.max_send_message_length", config.message_bytes_max),
@@ -36,7 +36,8 @@ class Daemon:
                 ("grpc.so_reuseport", 0),
             ],
         )
-        _add_servicer(DlfsServicer(store), self.server)
+        self.servicer = DlfsServicer(store)
+        _add_servicer(self.servicer, self.server)
         self.health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         self.address = ""
@@ -53,6 +54,8 @@ class Daemon:
             raise RuntimeError(f"cannot listen on {listen}: {exc}") from None
         if bound == 0:
             raise RuntimeError(f"cannot listen on {listen}: address in use or not available here")
+        if self.store.config.metrics_listen:
+            self.servicer.metrics_address = self.store.metrics.serve(self.store.config.metrics_listen)
         self.server.start()
         self.address = f"{host}:{bound}"
         for service in ("", SERVICE_NAME):

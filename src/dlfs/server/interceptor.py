@@ -43,20 +43,33 @@ def tolerant(deserializer):
 
 
 class ErrorInterceptor(grpc.ServerInterceptor):
+    """Translates errors to status codes and counts calls in flight and errors by code."""
+
+    def __init__(self, metrics):
+        self.metrics = metrics
+
     def intercept_service(self, continuation, handler_call_details):
         handler = continuation(handler_call_details)
         if handler is None:
             return None
-        method = handler_call_details.method
+        call = _Call(handler_call_details.method, self.metrics)
         if handler.unary_unary:
-            return handler._replace(unary_unary=_wrap_unary(handler.unary_unary, method, False))
+            return handler._replace(unary_unary=_wrap_unary(handler.unary_unary, call, False))
         if handler.stream_unary:
-            return handler._replace(stream_unary=_wrap_unary(handler.stream_unary, method, True))
+            return handler._replace(stream_unary=_wrap_unary(handler.stream_unary, call, True))
         if handler.unary_stream:
-            return handler._replace(unary_stream=_wrap_stream(handler.unary_stream, method, False))
+            return handler._replace(unary_stream=_wrap_stream(handler.unary_stream, call, False))
         if handler.stream_stream:
-            return handler._replace(stream_stream=_wrap_stream(handler.stream_stream, method, True))
+            return handler._replace(stream_stream=_wrap_stream(handler.stream_stream, call, True))
         return handler
+
+
+class _Call:
+    __slots__ = ("method", "metrics")
+
+    def __init__(self, method: str, metrics):
+        self.method = method
+        self.metrics = metrics
 
 
 def _checked(request, streaming: bool):
@@ -79,29 +92,39 @@ def _undecodable_error(request: Undecodable) -> InvalidArgument:
                            "must be UTF-8")
 
 
-def _wrap_unary(behavior, method: str, streaming: bool):
+def _wrap_unary(behavior, call: _Call, streaming: bool):
     def wrapped(request, context):
+        in_flight = call.metrics.rpcs_in_flight
+        in_flight.inc()
         try:
             return behavior(_checked(request, streaming), context)
         except Exception as exc:  # noqa: BLE001 - translated, never swallowed
-            _abort(context, exc, method)
+            _abort(context, exc, call)
+        finally:
+            in_flight.dec()
 
     return wrapped
 
 
-def _wrap_stream(behavior, method: str, streaming: bool):
+def _wrap_stream(behavior, call: _Call, streaming: bool):
     def wrapped(request, context):
+        in_flight = call.metrics.rpcs_in_flight
+        in_flight.inc()
         try:
             yield from behavior(_checked(request, streaming), context)
         except Exception as exc:  # noqa: BLE001 - translated, never swallowed
-            _abort(context, exc, method)
+            _abort(context, exc, call)
+        finally:
+            in_flight.dec()
 
     return wrapped
 
 
-def _abort(context: grpc.ServicerContext, exc: Exception, method: str):
+def _abort(context: grpc.ServicerContext, exc: Exception, call: _Call):
+    method = call.method
     if isinstance(exc, DlfsError):
         code = getattr(grpc.StatusCode, exc.status_code_name, grpc.StatusCode.UNKNOWN)
+        call.metrics.errors.labels(code.name).inc()
         log.debug("%s -> %s: %s", method, code.name, exc.message)
         # The exact class, so the client can raise e.g. StorageFull rather than
         # the Overloaded that its status code alone would give.
@@ -112,6 +135,7 @@ def _abort(context: grpc.ServicerContext, exc: Exception, method: str):
         raise exc
     if context.code() is not None:
         raise exc  # the handler already set a status with context.abort()
+    call.metrics.errors.labels("INTERNAL").inc()
     error_id = uuid.uuid4().hex[:12]
     log.error("%s failed with internal error %s", method, error_id, exc_info=exc)
     context.abort(grpc.StatusCode.INTERNAL,

@@ -43,6 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--salvage-catalog", action="store_true",
                         help="start even if the catalog is damaged mid-log, keeping only the "
                              "records before the damage")
+    parser.add_argument("--metrics-listen", default="", metavar="HOST:PORT",
+                        help="serve Prometheus metrics at http://HOST:PORT/metrics (PORT 0 "
+                             "picks one; `dlfs status` shows it); off by default")
     parser.add_argument("--log-level", default="INFO",
                         choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     defaults = ServerConfig(data_dir=".")

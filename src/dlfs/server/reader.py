@@ -178,10 +178,11 @@ class ReadEngine:
 
     def __init__(self, files: ExtentFiles, *, threads: int = limits.reader_threads_default,
                  chunk_bytes: int = limits.chunk_bytes_default,
-                 read_ahead_windows: int = limits.read_ahead_windows):
+                 read_ahead_windows: int = limits.read_ahead_windows, metrics=None):
         assert 1 <= threads <= limits.reader_threads_max
         assert chunk_bytes >= 1
         self.files = files
+        self.metrics = metrics  # dlfs.server.metrics.Metrics, or None
         self.threads = threads
         self.chunk_bytes = chunk_bytes
         self.read_ahead_windows = read_ahead_windows
@@ -226,9 +227,15 @@ class ReadEngine:
         if buffer is None:
             buffer = memoryview(np.empty(stop - start, dtype=np.uint8)).cast("B")
         pieces = window_pieces(plan, start, stop)
+        if self.metrics is not None:
+            self.metrics.ranges_read.inc(len(pieces))
         if len(pieces) > limits.inline_ranges_max:
+            probed = len(pieces)
             pieces = _read_cached(self.files, dataset_id, pieces, buffer)
             _advise_willneed(self.files, dataset_id, pieces)
+            if self.metrics is not None:
+                self.metrics.cache_hits.inc(probed - len(pieces))
+                self.metrics.cache_misses.inc(len(pieces))
         if len(pieces) <= limits.inline_ranges_max:
             return _Window(start, buffer, [], pieces)
         shares = min(self.threads, len(pieces))

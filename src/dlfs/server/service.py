@@ -10,6 +10,8 @@ import logging
 import os
 import time
 
+import dlfs
+
 import grpc
 
 from dlfs import limits, wire
@@ -30,6 +32,7 @@ def _deadline(context: grpc.ServicerContext) -> float | None:
 class DlfsServicer(dlfs_pb2_grpc.DlfsServicer):
     def __init__(self, store: Store):
         self.store = store
+        self.metrics_address = ""  # set by the daemon when it serves /metrics
 
     # --- metadata ----------------------------------------------------------------
 
@@ -68,6 +71,7 @@ class DlfsServicer(dlfs_pb2_grpc.DlfsServicer):
     # --- data ----------------------------------------------------------------------
 
     def GetBatch(self, request, context):
+        started = time.perf_counter()
         dataset = self.store.dataset(request.dataset)
         ids = convert.ids_array(request.ids) if request.ids else None
         paths = list(request.paths) if request.paths else None
@@ -75,26 +79,67 @@ class DlfsServicer(dlfs_pb2_grpc.DlfsServicer):
         if request.prefetch_ids:
             _, hint = self.store.plan(dataset, ids=convert.ids_array(request.prefetch_ids))
             try:
-                self.store.prefetcher.submit(dataset.dataset_id, hint)
+                self._hint(dataset, hint)
             except Overloaded:
                 pass  # a hint that cannot be queued is dropped: it only costs speed
         yield from self._stream(dataset, plan, not request.skip_verify, context)
+        self._count("GetBatch", plan, started)
 
     def Prefetch(self, request, context):
         dataset = self.store.dataset(request.dataset)
         ids = convert.ids_array(request.ids) if request.ids else None
         paths = list(request.paths) if request.paths else None
         _checked, plan = self.store.plan(dataset, ids=ids, paths=paths)
-        self.store.prefetcher.submit(dataset.dataset_id, plan)
+        self._hint(dataset, plan)
         return pb.PrefetchReply(ranges=plan.ranges, bytes=plan.payload_bytes)
 
     def ReadRange(self, request, context):
+        started = time.perf_counter()
         dataset = self.store.dataset(request.dataset)
         if request.path and request.id:
             raise InvalidArgument("give either a sample id or a path, not both")
         sample_id = dataset.id_of(request.path) if request.path else request.id
         plan, whole = self.store.plan_range(dataset, sample_id, request.offset, request.length)
         yield from self._stream(dataset, plan, whole and not request.skip_verify, context)
+        self._count("ReadRange", plan, started)
+
+    def _hint(self, dataset, plan) -> None:
+        try:
+            self.store.prefetcher.submit(dataset.dataset_id, plan)
+        except Overloaded:
+            self.store.metrics.prefetch_hints.labels("dropped").inc()
+            raise
+        self.store.metrics.prefetch_hints.labels("queued").inc()
+
+    def _count(self, method: str, plan, started: float) -> None:
+        m = self.store.metrics
+        m.batches.labels(method).inc()
+        m.batch_latency.labels(method).observe(time.perf_counter() - started)
+        m.samples_served.inc(plan.request_lengths.size)
+        m.bytes_served.inc(plan.payload_bytes)
+        m.samples_coalesced.inc(plan.sample_ids.size - plan.ranges)
+
+    def Status(self, request, context):
+        store, m = self.store, self.store.metrics
+        store.refresh_gauges()
+        errors = {s.labels["code"]: int(s.value) for s in m.errors.collect()[0].samples
+                  if s.name.endswith("_total")}
+        return pb.StatusReply(
+            version=dlfs.__version__, uptime_s=time.time() - m.started,
+            data_dir=os.path.abspath(store.config.data_dir),
+            metrics_address=self.metrics_address,
+            datasets=int(m.value("dlfs_datasets")), samples=int(m.value("dlfs_samples_stored")),
+            bytes=int(m.value("dlfs_bytes_stored")),
+            catalog_bytes=int(m.value("dlfs_catalog_bytes")),
+            ingests_running=store.running_ingests(),
+            rpcs_in_flight=int(m.value("dlfs_rpcs_in_flight")),
+            samples_served=int(m.value("dlfs_samples_served_total")),
+            bytes_served=int(m.value("dlfs_bytes_served_total")),
+            batches_served=int(sum(m.value("dlfs_batches_total", method=x)
+                                   for x in ("GetBatch", "ReadRange"))),
+            cache_hit_ranges=int(m.value("dlfs_cache_hit_ranges_total")),
+            cache_miss_ranges=int(m.value("dlfs_cache_miss_ranges_total")),
+            errors=errors)
 
     def _stream(self, dataset, plan, verify: bool, context):
         """Send a plan's payload as pre-encoded BatchChunks (see dlfs.wire); the

@@ -35,6 +35,7 @@ from dlfs.server.config import ServerConfig
 from dlfs.server.directory import DatasetIndex, DatasetSummary, SampleDirectory
 from dlfs.server.extents import ExtentFiles, ExtentStore
 from dlfs.server.ingest import IngestSession
+from dlfs.server.metrics import Metrics
 from dlfs.server.prefetch import Prefetcher
 from dlfs.server.reader import BatchPlan, ReadEngine, plan_batch
 
@@ -64,8 +65,9 @@ class Store:
         self.extents = extents
         self.directory = directory
         self.files = ExtentFiles(extents, config.open_extents_max)
+        self.metrics = Metrics()
         self.engine = ReadEngine(self.files, threads=config.reader_threads,
-                                 chunk_bytes=config.chunk_bytes)
+                                 chunk_bytes=config.chunk_bytes, metrics=self.metrics)
         self.prefetcher = Prefetcher(self.files)
         self._mutex = threading.Lock()
         self._next_dataset_id = next_dataset_id
@@ -217,6 +219,8 @@ class Store:
         if previous is not None:
             self.files.forget_dataset(previous.dataset_id)
             self.extents.remove_dataset(previous.dataset_id)
+        self.metrics.ingested_samples.inc(len(index))
+        self.metrics.ingested_bytes.inc(index.total_bytes)
         log.info("sealed dataset %r: %d samples, %d bytes%s", index.name, len(index),
                  index.total_bytes, " (replaced the previous one)" if previous else "")
         return index.summary()
@@ -282,6 +286,20 @@ class Store:
                           np.array([stop - start], np.uint64), dataset.crc[one])
         plan.sample_ids = np.array([sample_id], np.int64)
         return plan, (start == 0 and stop == size)
+
+    def refresh_gauges(self) -> None:
+        """Bring the stored-data gauges up to date (cheap: O(datasets))."""
+        datasets = self.directory.all()
+        m = self.metrics
+        m.datasets.set(len(datasets))
+        m.samples_stored.set(sum(len(d) for d in datasets))
+        m.bytes_stored.set(sum(d.total_bytes for d in datasets))
+        m.catalog_bytes.set(self.catalog.size)
+        m.open_extents.set(self.files.open_count())
+
+    def running_ingests(self) -> int:
+        with self._mutex:
+            return len(self._ingests)
 
     def read(self, dataset: DatasetIndex, plan: BatchPlan, *, verify: bool = True,
              deadline: float | None = None) -> Iterator[tuple[int, memoryview]]:
