@@ -71,6 +71,13 @@ range_bytes_max = 1 * MiB
 inline_ranges_max = 2
 # Windows of one get_batch stream read ahead of the one being sent.
 read_ahead_windows = 2
+# Bytes of read windows the daemon holds at once over all streams (each
+# stream holds up to read_ahead_windows + 1 chunks); beyond it, reads wait.
+inflight_bytes_max_default = 1 * GiB
+# Longest a read waits for that budget before it is refused (Overloaded).
+budget_wait_s_max = 30.0
+# HTTP/2 streams (concurrent calls) one client connection may open.
+streams_per_connection_max_default = 64
 # Prefetch hints waiting for the prefetch thread; more are refused (a hint
 # that cannot be queued is dropped, never waited for).
 prefetch_queue_max = 64
@@ -196,6 +203,7 @@ mount_shutdown_grace_s = 5.0
 
 assert chunk_bytes_default + 16 * MiB <= message_bytes_max
 assert range_bytes_max <= chunk_bytes_default
+assert (read_ahead_windows + 1) * chunk_bytes_default <= inflight_bytes_max_default
 assert ingest_message_bytes + 1 * MiB <= message_bytes_max
 assert list_page_entries_default <= list_page_entries_max
 assert reader_threads_default <= reader_threads_max

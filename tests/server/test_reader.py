@@ -177,3 +177,32 @@ def test_handle_cache_stays_bounded(tmp_path):
     finally:
         engine.close()
         files.close()
+
+
+def test_byte_budget_makes_slow_readers_push_back(tmp_path):
+    import time as _time
+
+    from dlfs.errors import Overloaded
+
+    store, (ext, off, length, crc), contents = write_samples(tmp_path, [50_000] * 8, 1 << 20)
+    files = ExtentFiles(store)
+    engine = ReadEngine(files, threads=2, chunk_bytes=65536, inflight_bytes_max=65536)
+    try:
+        plan = plan_batch(np.arange(8), ext, off, length, crc)
+        slow = engine.stream(7, plan, verify=True, describe=str)
+        next(slow)  # a client that took one window and stopped reading
+        assert engine.budget.free == 0
+        blocked = engine.stream(7, plan, verify=True, describe=str,
+                                deadline=_time.monotonic() + 0.2)
+        with pytest.raises(Overloaded, match="--inflight-bytes-max"):
+            next(blocked)
+        slow.close()  # the slow client goes away: its window is released
+        assert engine.budget.free == engine.budget.total
+        payload = read_all(engine, plan)  # and everyone else proceeds, one window at a time
+        got = [bytes(payload[o:o + n]) for o, n in zip(plan.request_offsets.tolist(),
+                                                          plan.request_lengths.tolist())]
+        assert got == contents
+        assert engine.budget.free == engine.budget.total
+    finally:
+        engine.close()
+        files.close()

@@ -22,6 +22,8 @@ class ServerConfig:
     reader_threads: int = limits.reader_threads_default
     rpc_threads: int = limits.rpc_threads_default
     rpcs_concurrent_max: int = limits.rpcs_concurrent_max_default
+    streams_per_connection_max: int = limits.streams_per_connection_max_default
+    inflight_bytes_max: int = limits.inflight_bytes_max_default
     ingests_concurrent_max: int = limits.ingests_concurrent_max_default
     extent_bytes_max: int = limits.extent_bytes_max_default
     open_extents_max: int = limits.open_extents_max_default
@@ -44,6 +46,9 @@ class ServerConfig:
             (self.rpc_threads <= self.rpcs_concurrent_max,
              "rpcs_concurrent_max must be at least rpc_threads"),
             (1 <= self.ingests_concurrent_max, "ingests_concurrent_max must be at least 1"),
+            (1 <= self.streams_per_connection_max, "streams_per_connection_max must be at least 1"),
+            (self.chunk_bytes <= self.inflight_bytes_max,
+             "inflight_bytes_max must be at least chunk_bytes"),
             (8192 <= self.extent_bytes_max <= limits.sample_bytes_max,
              "extent_bytes_max must be in 8 KiB .. sample_bytes_max"),
             (1 <= self.open_extents_max, "open_extents_max must be at least 1"),
@@ -67,6 +72,8 @@ SETTINGS_HELP = {
     "rpc_threads": "threads serving RPCs",
     "rpcs_concurrent_max": "RPCs admitted at once; more get RESOURCE_EXHAUSTED",
     "ingests_concurrent_max": "ingest streams admitted at once",
+    "streams_per_connection_max": "concurrent calls one client connection may open",
+    "inflight_bytes_max": "bytes of reads the daemon holds at once; more reads wait",
     "extent_bytes_max": "size at which a new extent file is started",
     "open_extents_max": "extent file descriptors kept open (LRU)",
     "coalesce_gap_bytes": "merge reads of samples at most this many bytes apart",

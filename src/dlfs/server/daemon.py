@@ -34,6 +34,7 @@ class Daemon:
                 ("grpc.max_send_message_length", config.message_bytes_max),
                 ("grpc.max_receive_message_length", config.message_bytes_max),
                 ("grpc.so_reuseport", 0),
+                ("grpc.max_concurrent_streams", config.streams_per_connection_max),
             ],
         )
         self.servicer = DlfsServicer(store)

@@ -29,6 +29,7 @@ import contextlib
 import dataclasses
 import errno
 import os
+import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable, Iterator
@@ -37,7 +38,7 @@ import crc32c
 import numpy as np
 
 from dlfs import limits
-from dlfs.errors import DataCorruption, DeadlineExceeded
+from dlfs.errors import DataCorruption, DeadlineExceeded, Overloaded
 from dlfs.server.extents import ExtentFiles
 
 
@@ -161,6 +162,52 @@ class _Window:
         self.pieces = pieces  # left for the waiting thread to read itself
 
 
+class ByteBudget:
+    """Bytes of window buffers the daemon may hold at once, across all streams.
+
+    The back-pressure of the read path: a stream whose client reads slowly
+    keeps its windows, and new reads wait for budget (up to their deadline,
+    at most `limits.budget_wait_s_max`) instead of allocating without bound.
+    Thread-safe.
+    """
+
+    def __init__(self, total: int):
+        self.total = total
+        self.free = total
+        self._cond = threading.Condition()
+
+    def try_acquire(self, size: int) -> bool:
+        with self._cond:
+            if size <= self.free:
+                self.free -= size
+                return True
+            return False
+
+    def acquire(self, size: int, deadline: float | None) -> None:
+        """Take `size` bytes, waiting for them.  Raises Overloaded when they do not
+        come before `deadline` (a time.monotonic() value) or budget_wait_s_max."""
+        size = min(size, self.total)
+        give_up = time.monotonic() + limits.budget_wait_s_max
+        if deadline is not None:
+            give_up = min(give_up, deadline)
+        with self._cond:
+            while size > self.free:
+                remaining = give_up - time.monotonic()
+                if remaining <= 0:
+                    raise Overloaded(
+                        f"the daemon holds its limit of {self.total} bytes of reads in flight "
+                        "(--inflight-bytes-max); clients are reading slower than they ask; "
+                        "retry later or with smaller batches")
+                self._cond.wait(remaining)
+            self.free -= size
+
+    def release(self, size: int) -> None:
+        if size:
+            with self._cond:
+                self.free = min(self.total, self.free + size)
+                self._cond.notify_all()
+
+
 class ReadEngine:
     """Long-lived reader threads that serve every batch of the daemon.
 
@@ -178,10 +225,12 @@ class ReadEngine:
 
     def __init__(self, files: ExtentFiles, *, threads: int = limits.reader_threads_default,
                  chunk_bytes: int = limits.chunk_bytes_default,
-                 read_ahead_windows: int = limits.read_ahead_windows, metrics=None):
+                 read_ahead_windows: int = limits.read_ahead_windows,
+                 inflight_bytes_max: int = limits.inflight_bytes_max_default, metrics=None):
         assert 1 <= threads <= limits.reader_threads_max
-        assert chunk_bytes >= 1
+        assert 1 <= chunk_bytes <= inflight_bytes_max
         self.files = files
+        self.budget = ByteBudget(inflight_bytes_max)
         self.metrics = metrics  # dlfs.server.metrics.Metrics, or None
         self.threads = threads
         self.chunk_bytes = chunk_bytes
@@ -207,17 +256,32 @@ class ReadEngine:
                   for a in range(0, plan.payload_bytes, self.chunk_bytes)]
         verifier = _Verifier(plan, describe, bad) if verify else None
         inflight: collections.deque[_Window] = collections.deque()
+        handed_out = 0  # bytes of the window the caller holds; released when it comes back
         try:
             for start, stop in bounds:
-                # Keep read_ahead_windows windows reading behind the one sent next.
-                if len(inflight) > self.read_ahead_windows:
-                    yield self._finish(dataset_id, inflight.popleft(), plan, verifier, describe,
-                                       deadline)
+                size = stop - start
+                # Start the next window while read-ahead and the byte budget allow;
+                # otherwise send the oldest one first.  Only a stream with nothing
+                # in flight waits for budget, so streams never wait on each other
+                # while holding memory.
+                while inflight and (len(inflight) > self.read_ahead_windows
+                                    or not self.budget.try_acquire(size)):
+                    window = inflight.popleft()
+                    handed_out = len(window.buffer)
+                    yield self._finish(dataset_id, window, plan, verifier, describe, deadline)
+                    self.budget.release(handed_out)
+                    handed_out = 0
+                if not inflight:
+                    self.budget.acquire(size, deadline)
                 inflight.append(self._start(dataset_id, plan, start, stop))
             while inflight:
-                yield self._finish(dataset_id, inflight.popleft(), plan, verifier, describe,
-                                   deadline)
+                window = inflight.popleft()
+                handed_out = len(window.buffer)
+                yield self._finish(dataset_id, window, plan, verifier, describe, deadline)
+                self.budget.release(handed_out)
+                handed_out = 0
         finally:
+            self.budget.release(handed_out + sum(len(w.buffer) for w in inflight))
             for window in inflight:
                 for future in window.futures:
                     future.cancel()

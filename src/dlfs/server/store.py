@@ -67,7 +67,8 @@ class Store:
         self.files = ExtentFiles(extents, config.open_extents_max)
         self.metrics = Metrics()
         self.engine = ReadEngine(self.files, threads=config.reader_threads,
-                                 chunk_bytes=config.chunk_bytes, metrics=self.metrics)
+                                 chunk_bytes=config.chunk_bytes,
+                                 inflight_bytes_max=config.inflight_bytes_max, metrics=self.metrics)
         self.prefetcher = Prefetcher(self.files)
         self._mutex = threading.Lock()
         self._next_dataset_id = next_dataset_id
