@@ -138,6 +138,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dlfs", description="DLFS command-line client")
     parser.add_argument("--server", default=os.environ.get("DLFS_SERVER", DEFAULT_SERVER),
                         help="daemon address HOST:PORT (default: $DLFS_SERVER or %(default)s)")
+    parser.add_argument("--token", default=None,
+                        help="token for a daemon started with --tokens-file (default: $DLFS_TOKEN)")
+    parser.add_argument("--tls-ca", default=None, metavar="PEM",
+                        help="CA of the daemon's TLS certificate; turns TLS on "
+                             "(default: $DLFS_TLS_CA)")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("ingest", help="upload a directory tree as a dataset")
     p.add_argument("source", help="directory whose regular files become samples")
@@ -174,7 +179,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        with Client(args.server, reconnect_timeout_s=2.0) as client:
+        with Client(args.server, reconnect_timeout_s=2.0, token=args.token,
+                    tls_ca=args.tls_ca) as client:
             return args.run(client, args)
     except DlfsError as exc:
         print(f"dlfs: {type(exc).__name__}: {exc.message}", file=sys.stderr)

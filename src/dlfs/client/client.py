@@ -24,6 +24,7 @@ import numpy as np
 
 from dlfs import limits, wire
 from dlfs.client import convert
+from dlfs.client.channel import open_channel
 from dlfs.client.convert import DatasetInfo, Entry
 from dlfs.client.errors import from_rpc_error
 from dlfs.errors import InvalidArgument, Overloaded, Unavailable
@@ -42,6 +43,11 @@ class Client:
     daemons per client arrive with the multi-daemon placement).  The client
     is thread-safe; after `os.fork` make a new one in the child.
 
+    `token` (default: $DLFS_TOKEN) authenticates to a daemon started with
+    --tokens-file; `tls_ca` (default: $DLFS_TLS_CA) is the CA file that
+    signed the daemon's certificate and turns TLS on; `tls_cert`/`tls_key`
+    present a client certificate to a daemon that requires one.
+
     With `direct=True` the client must run on the daemon's host with read
     access to its data dir: batches are then served from the extent files
     mapped into this process, as views of the page cache (see
@@ -53,7 +59,8 @@ class Client:
                  timeout_s: float = limits.metadata_timeout_s_default,
                  batch_timeout_s: float = limits.batch_timeout_s_default,
                  reconnect_timeout_s: float = limits.reconnect_timeout_s_default,
-                 direct: bool = False):
+                 direct: bool = False, token: str | None = None, tls_ca: str | None = None,
+                 tls_cert: str | None = None, tls_key: str | None = None):
         addresses = [address] if isinstance(address, str) else list(address)
         addresses = [a for part in addresses for a in part.split(",") if a]
         if len(addresses) != 1:
@@ -65,14 +72,8 @@ class Client:
         self.timeout_s = timeout_s
         self.batch_timeout_s = batch_timeout_s
         self.reconnect_timeout_s = reconnect_timeout_s
-        backoff_ms = int(limits.reconnect_backoff_max_s * 1000)
-        self._channel = grpc.insecure_channel(self.address, options=[
-            ("grpc.max_send_message_length", limits.message_bytes_max),
-            ("grpc.max_receive_message_length", limits.message_bytes_max),
-            ("grpc.initial_reconnect_backoff_ms", backoff_ms),
-            ("grpc.min_reconnect_backoff_ms", backoff_ms),
-            ("grpc.max_reconnect_backoff_ms", backoff_ms),
-        ])
+        self._channel = open_channel(self.address, token=token, tls_ca=tls_ca,
+                                     tls_cert=tls_cert, tls_key=tls_key)
         self._stub = dlfs_pb2_grpc.DlfsStub(self._channel)
         # The read RPCs hand the raw reply to dlfs.wire, which slices the payload without copying.
         self._raw_reads = {

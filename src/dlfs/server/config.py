@@ -33,6 +33,13 @@ class ServerConfig:
     salvage_catalog: bool = False
     # HOST:PORT for the Prometheus /metrics endpoint; empty: not served.
     metrics_listen: str = ""
+    # TLS: server certificate chain and key (PEM); with tls_client_ca, clients
+    # must present a certificate signed by that CA (mutual TLS).
+    tls_cert: str = ""
+    tls_key: str = ""
+    tls_client_ca: str = ""
+    # Tokens file (see dlfs.server.auth); empty: no authentication.
+    tokens_file: str = ""
 
     def __post_init__(self):
         checks = [
@@ -56,6 +63,8 @@ class ServerConfig:
              "coalesce_gap_bytes must be in 0..range_bytes_max"),
             (self.verify in ("request", "always", "never"),
              "verify must be request, always or never"),
+            (bool(self.tls_cert) == bool(self.tls_key), "give --tls-cert and --tls-key together"),
+            (not self.tls_client_ca or self.tls_cert, "--tls-client-ca needs --tls-cert"),
         ]
         for ok, message in checks:
             if not ok:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 from concurrent.futures import ThreadPoolExecutor
 
@@ -9,6 +10,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from dlfs.proto import dlfs_pb2_grpc
+from dlfs.server.auth import Authorizer, load_tokens
 from dlfs.server.interceptor import ErrorInterceptor, tolerant
 from dlfs.server.service import DlfsServicer
 from dlfs.server.store import Store
@@ -24,11 +26,12 @@ class Daemon:
     def __init__(self, store: Store):
         self.store = store
         config = store.config
+        authorizer = Authorizer(load_tokens(config.tokens_file)) if config.tokens_file else None
         self._executor = ThreadPoolExecutor(max_workers=config.rpc_threads,
                                             thread_name_prefix="dlfs-rpc")
         self.server = grpc.server(
             self._executor,
-            interceptors=[ErrorInterceptor(store.metrics)],
+            interceptors=[ErrorInterceptor(store.metrics, authorizer)],
             maximum_concurrent_rpcs=config.rpcs_concurrent_max,
             options=[
                 ("grpc.max_send_message_length", config.message_bytes_max),
@@ -49,12 +52,22 @@ class Daemon:
         host, _, port = listen.rpartition(":")
         if not host or not port.isdigit():
             raise ValueError(f"--listen {listen!r} must be HOST:PORT (PORT 0 picks a free port)")
+        config = self.store.config
         try:
-            bound = self.server.add_insecure_port(listen)
+            if config.tls_cert:
+                bound = self.server.add_secure_port(listen, _server_credentials(config))
+            else:
+                bound = self.server.add_insecure_port(listen)
         except RuntimeError as exc:
             raise RuntimeError(f"cannot listen on {listen}: {exc}") from None
         if bound == 0:
             raise RuntimeError(f"cannot listen on {listen}: address in use or not available here")
+        if not _is_loopback(host) and not (config.tls_cert and config.tokens_file):
+            log.warning("listening on %s without %s: anyone who can reach this address can "
+                        "read%s", listen, " and ".join(
+                            x for x, on in (("TLS", config.tls_cert),
+                                            ("tokens", config.tokens_file)) if not on),
+                        "" if config.tokens_file else ", ingest and delete datasets")
         if self.store.config.metrics_listen:
             self.servicer.metrics_address = self.store.metrics.serve(self.store.config.metrics_listen)
         self.server.start()
@@ -97,3 +110,23 @@ def _add_servicer(servicer: DlfsServicer, server: grpc.Server) -> None:
     server.add_generic_rpc_handlers(
         (grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
     server.add_registered_method_handlers(SERVICE_NAME, handlers)
+
+
+def _server_credentials(config) -> grpc.ServerCredentials:
+    with open(config.tls_cert, "rb") as f:
+        cert = f.read()
+    with open(config.tls_key, "rb") as f:
+        key = f.read()
+    client_ca = None
+    if config.tls_client_ca:
+        with open(config.tls_client_ca, "rb") as f:
+            client_ca = f.read()
+    return grpc.ssl_server_credentials([(key, cert)], root_certificates=client_ca,
+                                       require_client_auth=client_ca is not None)
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return host == "localhost"

@@ -45,14 +45,20 @@ def tolerant(deserializer):
 class ErrorInterceptor(grpc.ServerInterceptor):
     """Translates errors to status codes and counts calls in flight and errors by code."""
 
-    def __init__(self, metrics):
+    def __init__(self, metrics, authorizer=None):
         self.metrics = metrics
+        self.authorizer = authorizer  # dlfs.server.auth.Authorizer, or None: no tokens
 
     def intercept_service(self, continuation, handler_call_details):
         handler = continuation(handler_call_details)
         if handler is None:
             return None
         call = _Call(handler_call_details.method, self.metrics)
+        if self.authorizer is not None:
+            try:
+                self.authorizer.check(call.method, handler_call_details.invocation_metadata)
+            except DlfsError as denial:
+                handler = _refusing(handler, denial)
         if handler.unary_unary:
             return handler._replace(unary_unary=_wrap_unary(handler.unary_unary, call, False))
         if handler.stream_unary:
@@ -62,6 +68,24 @@ class ErrorInterceptor(grpc.ServerInterceptor):
         if handler.stream_stream:
             return handler._replace(stream_stream=_wrap_stream(handler.stream_stream, call, True))
         return handler
+
+
+def _refusing(handler, denial: Exception):
+    """The same kind of handler, raising `denial` instead of serving."""
+    def refuse(request, context):
+        raise denial
+
+    def refuse_stream(request, context):
+        raise denial
+        yield  # a generator, as streaming handlers are
+
+    if handler.unary_unary:
+        return handler._replace(unary_unary=refuse)
+    if handler.stream_unary:
+        return handler._replace(stream_unary=refuse)
+    if handler.unary_stream:
+        return handler._replace(unary_stream=refuse_stream)
+    return handler._replace(stream_stream=refuse_stream)
 
 
 class _Call:

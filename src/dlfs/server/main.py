@@ -46,6 +46,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--metrics-listen", default="", metavar="HOST:PORT",
                         help="serve Prometheus metrics at http://HOST:PORT/metrics (PORT 0 "
                              "picks one; `dlfs status` shows it); off by default")
+    parser.add_argument("--tls-cert", default="", metavar="PEM",
+                        help="serve TLS with this certificate (chain); needs --tls-key")
+    parser.add_argument("--tls-key", default="", metavar="PEM", help="private key of --tls-cert")
+    parser.add_argument("--tls-client-ca", default="", metavar="PEM",
+                        help="require client certificates signed by this CA (mutual TLS)")
+    parser.add_argument("--tokens-file", default="", metavar="FILE",
+                        help="require tokens: lines 'read TOKEN' or 'admin TOKEN'; read tokens "
+                             "may read, admin tokens may also ingest and delete")
     parser.add_argument("--log-level", default="INFO",
                         choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     defaults = ServerConfig(data_dir=".")
@@ -100,8 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, RuntimeError, DlfsError, OSError) as exc:
         print(f"dlfs-server: {exc}", file=sys.stderr)
         return 2
-    daemon = Daemon(store)
     try:
+        daemon = Daemon(store)
         if args.demo:
             ingest_demo(store)
         address = daemon.start()

@@ -1,0 +1,84 @@
+"""The gRPC channel to a daemon: message limits, reconnect backoff, TLS, token."""
+
+from __future__ import annotations
+
+import os
+
+import grpc
+
+from dlfs import limits
+from dlfs.errors import InvalidArgument
+
+
+def open_channel(address: str, *, token: str | None = None, tls_ca: str | None = None,
+                 tls_cert: str | None = None, tls_key: str | None = None) -> grpc.Channel:
+    """A channel to `address`; TLS when a CA is given, the token on every call.
+
+    `token` and `tls_ca` default to $DLFS_TOKEN and $DLFS_TLS_CA.
+    """
+    token = token if token is not None else os.environ.get("DLFS_TOKEN", "")
+    tls_ca = tls_ca if tls_ca is not None else os.environ.get("DLFS_TLS_CA", "")
+    backoff_ms = int(limits.reconnect_backoff_max_s * 1000)
+    options = [
+        ("grpc.max_send_message_length", limits.message_bytes_max),
+        ("grpc.max_receive_message_length", limits.message_bytes_max),
+        # gRPC's default backoff grows to two minutes and is shared by every
+        # channel to the address: a restarted daemon would stay unreachable.
+        ("grpc.initial_reconnect_backoff_ms", backoff_ms),
+        ("grpc.min_reconnect_backoff_ms", backoff_ms),
+        ("grpc.max_reconnect_backoff_ms", backoff_ms),
+    ]
+    if tls_ca:
+        credentials = grpc.ssl_channel_credentials(
+            root_certificates=_read(tls_ca, "TLS CA"),
+            private_key=_read(tls_key, "TLS client key") if tls_key else None,
+            certificate_chain=_read(tls_cert, "TLS client certificate") if tls_cert else None)
+        channel = grpc.secure_channel(address, credentials, options=options)
+    elif tls_cert or tls_key:
+        raise InvalidArgument("a client certificate needs tls_ca (the daemon's CA) as well")
+    else:
+        channel = grpc.insecure_channel(address, options=options)
+    if token:
+        channel = grpc.intercept_channel(channel, _TokenInterceptor(token))
+    return channel
+
+
+def _read(path: str, what: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as exc:
+        raise InvalidArgument(f"cannot read the {what} {path}: {exc.strerror}") from None
+
+
+class _TokenInterceptor(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor,
+                        grpc.StreamUnaryClientInterceptor, grpc.StreamStreamClientInterceptor):
+    """Adds ``authorization: Bearer TOKEN`` to every call."""
+
+    def __init__(self, token: str):
+        self._metadata = (("authorization", f"Bearer {token}"),)
+
+    def _details(self, details):
+        return _Details(details, self._metadata)
+
+    def intercept_unary_unary(self, continuation, details, request):
+        return continuation(self._details(details), request)
+
+    def intercept_unary_stream(self, continuation, details, request):
+        return continuation(self._details(details), request)
+
+    def intercept_stream_unary(self, continuation, details, requests):
+        return continuation(self._details(details), requests)
+
+    def intercept_stream_stream(self, continuation, details, requests):
+        return continuation(self._details(details), requests)
+
+
+class _Details(grpc.ClientCallDetails):
+    def __init__(self, details, extra):
+        self.method = details.method
+        self.timeout = details.timeout
+        self.metadata = tuple(details.metadata or ()) + extra
+        self.credentials = details.credentials
+        self.wait_for_ready = details.wait_for_ready
+        self.compression = details.compression
