@@ -50,6 +50,9 @@ open_extents_max_default = 512
 # Catalog record payload ceiling: a torn length field must not make replay
 # allocate gigabytes.
 catalog_record_bytes_max = 64 * MiB
+# The catalog is compacted at start when records of deleted, replaced or
+# aborted datasets exceed both the live records and this many bytes.
+catalog_compact_dead_bytes_min = 16 * MiB
 # Sample entries buffered before they are appended to the catalog as one record.
 catalog_samples_per_record = 16384
 

@@ -319,6 +319,27 @@ class Catalog:
                 raise no_space_error(exc, "the catalog") from exc
             self._size += len(record)
 
+    def rewrite(self, records) -> None:
+        """Replace the whole log with `records` ((type, payload) pairs), atomically.
+
+        Written to a new file, fsync'ed, renamed over the old one: a crash
+        leaves either the old log or the new one.  Used by compaction.
+        """
+        tmp = self.path + ".compact"
+        with self._lock:
+            with open(tmp, "wb") as f:
+                f.write(_file_header())
+                for record_type, payload in records:
+                    f.write(encode_record(record_type, payload))
+                f.flush()
+                os.fsync(f.fileno())
+                size = f.tell()
+            os.rename(tmp, self.path)
+            _fsync_parent(self.path)
+            os.close(self._fd)
+            self._fd = os.open(self.path, os.O_RDWR | os.O_CLOEXEC)
+            self._size = size
+
     def sync(self) -> None:
         with self._lock:
             os.fsync(self._fd)

@@ -28,6 +28,7 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
+from dlfs import limits
 from dlfs.errors import AlreadyExists, DataCorruption, InvalidArgument, NotFound, Overloaded
 from dlfs.paths import check_dataset_name
 from dlfs.server import catalog as cat
@@ -48,6 +49,7 @@ class _Replayed:
     created_ns: int
     blocks: list
     sealed: bool = False
+    record_bytes: int = 0  # SAMPLES payload bytes in the catalog
 
 
 class Store:
@@ -115,6 +117,7 @@ class Store:
                     extents.remove_dataset(dataset_id)
                 max_id = max(max_id, dataset_id)
             catalog.sync()
+            _compact_if_mostly_dead(catalog, replayed, max_id, live)
             del replayed, replay
             _release_free_heap()
             token = _write_token(data_dir)
@@ -359,6 +362,7 @@ def _replay(records) -> tuple[dict[int, _Replayed], int]:
             dataset_id, block = cat.decode_samples(payload)
             if dataset_id in datasets:
                 datasets[dataset_id].blocks.append(block)
+                datasets[dataset_id].record_bytes += len(payload)
         elif rtype is cat.RecordType.SEAL:
             dataset_id, replaces = cat.decode_seal(payload)
             if dataset_id in datasets:
@@ -367,6 +371,30 @@ def _replay(records) -> tuple[dict[int, _Replayed], int]:
         elif rtype is cat.RecordType.DELETE:
             datasets.pop(cat.decode_delete(payload), None)
     return datasets, max_id
+
+
+def _compact_if_mostly_dead(catalog: cat.Catalog, replayed: dict[int, _Replayed], max_id: int,
+                            live: set[int]) -> None:
+    """Rewrite the catalog with only the live datasets when deleted, replaced and
+    aborted ones make up most of it (keeps restart time proportional to what
+    is stored).  The largest dataset id survives as an empty BEGIN+DELETE
+    pair, so ids are never reused."""
+    live_bytes = sum(replayed[i].record_bytes for i in live)
+    dead_bytes = catalog.size - live_bytes
+    if dead_bytes <= max(live_bytes, limits.catalog_compact_dead_bytes_min):
+        return
+    records = [(cat.RecordType.BEGIN, cat.encode_begin(max_id, 0, "")),
+               (cat.RecordType.DELETE, cat.encode_delete(max_id))]
+    for dataset_id in sorted(live):
+        entry = replayed[dataset_id]
+        records.append((cat.RecordType.BEGIN,
+                        cat.encode_begin(dataset_id, entry.created_ns, entry.name)))
+        records.extend((cat.RecordType.SAMPLES, cat.encode_samples(dataset_id, block))
+                       for block in entry.blocks)
+        records.append((cat.RecordType.SEAL, cat.encode_seal(dataset_id)))
+    before = catalog.size
+    catalog.rewrite(records)
+    log.info("compacted the catalog from %d to %d bytes", before, catalog.size)
 
 
 def _release_free_heap() -> None:
