@@ -3,38 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
-import stat as stat_module
 
 from dlfs.proto import dlfs_pb2 as pb
-
-
-@dataclasses.dataclass(frozen=True)
-class DatasetInfo:
-    name: str
-    samples: int
-    bytes: int
-    sealed: bool
-    created_ns: int
-    extents: int
-
-
-@dataclasses.dataclass(frozen=True)
-class Entry:
-    """A file (sample) or directory of a dataset."""
-
-    name: str
-    path: str
-    is_dir: bool
-    size: int
-    mode: int
-    mtime_ns: int
-    id: int  # -1 for directories
-    crc32c: int
-    children: int  # directories: number of direct children
-
-    @property
-    def permissions(self) -> str:
-        return stat_module.filemode(self.mode)
+from dlfs.types import DatasetInfo, Entry
 
 
 def dataset_info(message: pb.DatasetInfo) -> DatasetInfo:

@@ -8,19 +8,20 @@ from __future__ import annotations
 import numpy as np
 
 from dlfs.proto import dlfs_pb2 as pb
-from dlfs.server.directory import DatasetIndex, DatasetSummary, EntryInfo
+from dlfs.server.directory import DatasetIndex
+from dlfs.types import DatasetInfo, Entry
 
 # extent u32 + offset u64 + length u64 + crc u32
 INDEX_BYTES_PER_SAMPLE = 24
 
 
-def dataset_info(summary: DatasetSummary) -> pb.DatasetInfo:
+def dataset_info(summary: DatasetInfo) -> pb.DatasetInfo:
     return pb.DatasetInfo(name=summary.name, samples=summary.samples, bytes=summary.bytes,
                           sealed=summary.sealed, created_unix_ns=summary.created_ns,
                           extents=summary.extents)
 
 
-def entry(info: EntryInfo) -> pb.Entry:
+def entry(info: Entry) -> pb.Entry:
     return pb.Entry(name=info.name, path=info.path,
                     kind=pb.DIRECTORY if info.is_dir else pb.FILE, size=info.size,
                     mode=info.mode, mtime_ns=info.mtime_ns, id=info.id, crc32c=info.crc32c,

@@ -18,7 +18,6 @@ Python int per sample; see DirNode).  `python -m bench.memory` measures it.
 from __future__ import annotations
 
 import array
-import dataclasses
 import stat as stat_module
 import threading
 from typing import Iterable, Sequence
@@ -30,33 +29,9 @@ from dlfs import limits
 from dlfs.errors import InvalidArgument, NotFound
 from dlfs.paths import check_sample_path, normalize_dir_path
 from dlfs.server.catalog import SampleBlock
+from dlfs.types import DatasetInfo, Entry
 
 DIR_MODE = stat_module.S_IFDIR | 0o555
-
-
-@dataclasses.dataclass(frozen=True)
-class EntryInfo:
-    """What `stat` and `listdir` report about a file or directory."""
-
-    name: str
-    path: str
-    is_dir: bool
-    size: int
-    mode: int
-    mtime_ns: int
-    id: int  # -1 for directories
-    crc32c: int
-    children: int  # direct children of a directory, 0 for files
-
-
-@dataclasses.dataclass(frozen=True)
-class DatasetSummary:
-    name: str
-    samples: int
-    bytes: int
-    sealed: bool
-    created_ns: int
-    extents: int
 
 
 class _FileMarker:
@@ -134,8 +109,8 @@ class DatasetIndex:
     def root(self) -> DirNode:
         return self.dirs[0]
 
-    def summary(self) -> DatasetSummary:
-        return DatasetSummary(self.name, len(self), self.total_bytes, True, self.created_ns,
+    def summary(self) -> DatasetInfo:
+        return DatasetInfo(self.name, len(self), self.total_bytes, True, self.created_ns,
                               self.extents)
 
     # --- building ---------------------------------------------------------------
@@ -254,7 +229,7 @@ class DatasetIndex:
 
     # --- metadata ----------------------------------------------------------------
 
-    def stat(self, path: str) -> EntryInfo:
+    def stat(self, path: str) -> Entry:
         """Entry of a file or directory ("" is the root).  O(depth)."""
         path = normalize_dir_path(path)
         if path == "":
@@ -269,7 +244,7 @@ class DatasetIndex:
         return self._dir_entry(child, name)
 
     def listdir(self, path: str, start_after: str = "", limit: int = limits.list_page_entries_default
-                ) -> tuple[list[EntryInfo], bool]:
+                ) -> tuple[list[Entry], bool]:
         """One page of a directory's entries in name order, after `start_after`.
 
         Returns (entries, more).  O(log n + limit) for a directory of n entries.
@@ -308,12 +283,12 @@ class DatasetIndex:
             raise NotFound(f"dataset {self.name!r} has no directory {path!r}")
         raise InvalidArgument(f"dataset {self.name!r}: {path!r} is a sample, not a directory")
 
-    def _file_entry(self, i: int, name: str) -> EntryInfo:
-        return EntryInfo(name, self.path(i), False, int(self.length[i]), int(self.mode[i]),
+    def _file_entry(self, i: int, name: str) -> Entry:
+        return Entry(name, self.path(i), False, int(self.length[i]), int(self.mode[i]),
                          int(self.mtime_ns[i]), i, int(self.crc[i]), 0)
 
-    def _dir_entry(self, node: DirNode, name: str) -> EntryInfo:
-        return EntryInfo(name, node.path, True, 0, DIR_MODE, self.created_ns, -1, 0,
+    def _dir_entry(self, node: DirNode, name: str) -> Entry:
+        return Entry(name, node.path, True, 0, DIR_MODE, self.created_ns, -1, 0,
                          len(node.children))
 
     # --- invariants ---------------------------------------------------------------

@@ -24,7 +24,8 @@ from dlfs import limits
 from dlfs.errors import DataCorruption, InvalidArgument
 from dlfs.paths import check_sample_path
 from dlfs.server import catalog as cat
-from dlfs.server.directory import DatasetIndex, DatasetSummary
+from dlfs.server.directory import DatasetIndex
+from dlfs.types import DatasetInfo
 from dlfs.server.extents import ExtentWriter
 
 if TYPE_CHECKING:
@@ -153,7 +154,7 @@ class IngestSession:
         self._blocks.append(block)
         self._pending = []
 
-    def commit(self) -> DatasetSummary:
+    def commit(self) -> DatasetInfo:
         """Seal the dataset and publish it.  Raises InvalidArgument on an
         unfinished file, a duplicate path or a file/directory conflict (the
         session is aborted then)."""

@@ -13,14 +13,13 @@ more than the device queue they share, and a full queue drops new hints
 from __future__ import annotations
 
 import logging
-import os
 import queue
 import threading
 
 from dlfs import limits
 from dlfs.errors import Overloaded
 from dlfs.server.extents import ExtentFiles
-from dlfs.server.reader import BatchPlan
+from dlfs.server.reader import BatchPlan, advise_willneed, window_pieces
 
 log = logging.getLogger(__name__)
 
@@ -64,20 +63,6 @@ class Prefetcher:
                 log.warning("prefetch of dataset id %x failed", dataset_id, exc_info=True)
 
     def _advise(self, dataset_id: int, plan: BatchPlan) -> None:
-        extents = plan.range_extent.tolist()
-        offsets = plan.range_file_offset.tolist()
-        lengths = plan.range_length.tolist()
-        current, fd, held = -1, -1, None
-        try:
-            for extent_no, offset, length in zip(extents, offsets, lengths):
-                if extent_no != current:
-                    if held is not None:
-                        held.__exit__(None, None, None)
-                    held = self._files.acquire(dataset_id, extent_no)
-                    fd = held.__enter__()
-                    current = extent_no
-                os.posix_fadvise(fd, offset, length, os.POSIX_FADV_WILLNEED)
-                self.ranges_advised += 1
-        finally:
-            if held is not None:
-                held.__exit__(None, None, None)
+        pieces = window_pieces(plan, 0, plan.payload_bytes)
+        advise_willneed(self._files, dataset_id, pieces)
+        self.ranges_advised += len(pieces)

@@ -296,7 +296,7 @@ class ReadEngine:
         if len(pieces) > limits.inline_ranges_max:
             probed = len(pieces)
             pieces = _read_cached(self.files, dataset_id, pieces, buffer)
-            _advise_willneed(self.files, dataset_id, pieces)
+            advise_willneed(self.files, dataset_id, pieces)
             if self.metrics is not None:
                 self.metrics.cache_hits.inc(probed - len(pieces))
                 self.metrics.cache_misses.inc(len(pieces))
@@ -395,6 +395,26 @@ _nowait_supported = hasattr(os, "RWF_NOWAIT")
 NOWAIT_PROBE_PIECES = 16
 
 
+@contextlib.contextmanager
+def _with_fds(files: ExtentFiles, dataset_id: int, pieces: list[Piece]):
+    """Iterate (fd, piece) over `pieces`, holding the current extent's descriptor.
+
+    Pieces come sorted by extent, so each extent is acquired once; the last
+    one is released when the `with` block ends, also on an early exit.
+    """
+    with contextlib.ExitStack() as stack:
+        def walk():
+            current_extent, fd = -1, -1
+            for piece in pieces:
+                if piece[0] != current_extent:
+                    stack.close()
+                    fd = stack.enter_context(files.acquire(dataset_id, piece[0]))
+                    current_extent = piece[0]
+                yield fd, piece
+
+        yield walk()
+
+
 def _read_cached(files: ExtentFiles, dataset_id: int, pieces: list[Piece],
                  buffer: memoryview) -> list[Piece]:
     """Copy what the page cache holds of `pieces` into `buffer` without blocking.
@@ -408,18 +428,13 @@ def _read_cached(files: ExtentFiles, dataset_id: int, pieces: list[Piece],
     if not _nowait_supported:
         return pieces
     missed: list[Piece] = []
-    current_extent, fd = -1, -1
-    with contextlib.ExitStack() as stack:
-        for index, piece in enumerate(pieces):
+    with _with_fds(files, dataset_id, pieces) as walk:
+        for index, (fd, piece) in enumerate(walk):
             if index == NOWAIT_PROBE_PIECES and len(missed) == index:
                 # Nothing cached so far: a cold window; leave the rest to the
                 # reader threads rather than paying a syscall per piece here.
                 return pieces
             extent_no, file_offset, buffer_offset, size = piece
-            if extent_no != current_extent:
-                stack.close()
-                fd = stack.enter_context(files.acquire(dataset_id, extent_no))
-                current_extent = extent_no
             try:
                 got = os.preadv(fd, [buffer[buffer_offset:buffer_offset + size]], file_offset,
                                 os.RWF_NOWAIT)
@@ -435,7 +450,7 @@ def _read_cached(files: ExtentFiles, dataset_id: int, pieces: list[Piece],
     return missed
 
 
-def _advise_willneed(files: ExtentFiles, dataset_id: int, pieces: list[Piece]) -> None:
+def advise_willneed(files: ExtentFiles, dataset_id: int, pieces: list[Piece]) -> None:
     """Submit the device reads of every piece at once, without waiting for them.
 
     `posix_fadvise(WILLNEED)` starts the read and returns, so one thread puts
@@ -445,25 +460,15 @@ def _advise_willneed(files: ExtentFiles, dataset_id: int, pieces: list[Piece]) -
     threads, against 36-50 k without the advice (the device does 85 k IOPS
     at queue depth 64), and better than issuing the advice from each share.
     """
-    current_extent, fd = -1, -1
-    with contextlib.ExitStack() as stack:
-        for extent_no, file_offset, _buffer_offset, size in pieces:
-            if extent_no != current_extent:
-                stack.close()
-                fd = stack.enter_context(files.acquire(dataset_id, extent_no))
-                current_extent = extent_no
+    with _with_fds(files, dataset_id, pieces) as walk:
+        for fd, (_extent_no, file_offset, _buffer_offset, size) in walk:
             os.posix_fadvise(fd, file_offset, size, os.POSIX_FADV_WILLNEED)
 
 
 def _read_pieces(files: ExtentFiles, dataset_id: int, pieces: list[Piece], buffer: memoryview) -> None:
     """Read `pieces` into `buffer`, one blocking `preadv` per piece.  Runs on a reader thread."""
-    current_extent, fd = -1, -1
-    with contextlib.ExitStack() as stack:
-        for extent_no, file_offset, buffer_offset, size in pieces:
-            if extent_no != current_extent:
-                stack.close()
-                fd = stack.enter_context(files.acquire(dataset_id, extent_no))
-                current_extent = extent_no
+    with _with_fds(files, dataset_id, pieces) as walk:
+        for fd, (extent_no, file_offset, buffer_offset, size) in walk:
             target = buffer[buffer_offset:buffer_offset + size]
             got = os.preadv(fd, [target], file_offset)
             while got < size:

@@ -33,7 +33,8 @@ from dlfs.errors import AlreadyExists, DataCorruption, InvalidArgument, NotFound
 from dlfs.paths import check_dataset_name
 from dlfs.server import catalog as cat
 from dlfs.server.config import ServerConfig
-from dlfs.server.directory import DatasetIndex, DatasetSummary, SampleDirectory
+from dlfs.server.directory import DatasetIndex, SampleDirectory
+from dlfs.types import DatasetInfo
 from dlfs.server.extents import ExtentFiles, ExtentStore
 from dlfs.server.ingest import IngestSession
 from dlfs.server.metrics import Metrics
@@ -157,17 +158,17 @@ class Store:
             return self.directory.get(name)
         return found
 
-    def summaries(self) -> list[DatasetSummary]:
+    def summaries(self) -> list[DatasetInfo]:
         """Sealed datasets and running ingests, sorted by name."""
         result = {d.name: d.summary() for d in self.directory.all()}
         with self._mutex:
             for name, session in self._ingests.items():
                 if name not in result:
-                    result[name] = DatasetSummary(name, session.samples, session.bytes, False,
+                    result[name] = DatasetInfo(name, session.samples, session.bytes, False,
                                                   session.created_ns, 0)
         return [result[name] for name in sorted(result)]
 
-    def delete(self, name: str) -> DatasetSummary:
+    def delete(self, name: str) -> DatasetInfo:
         """Remove a sealed dataset durably, then free its extents."""
         check_dataset_name(name)
         with self._mutex:
@@ -209,7 +210,7 @@ class Store:
             self._ingests[name] = session
             return session
 
-    def seal(self, session: IngestSession, index: DatasetIndex) -> DatasetSummary:
+    def seal(self, session: IngestSession, index: DatasetIndex) -> DatasetInfo:
         """Called by `IngestSession.commit`: durably seal and publish."""
         with self._mutex:
             previous = self.directory.find(session.name)

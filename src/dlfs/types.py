@@ -1,0 +1,37 @@
+"""Value types shared by daemon, client and FUSE layer (plain data, no grpc)."""
+
+from __future__ import annotations
+
+import dataclasses
+import stat as stat_module
+
+
+@dataclasses.dataclass(frozen=True)
+class DatasetInfo:
+    """A dataset's summary.  `sealed` is False while its ingest is running."""
+
+    name: str
+    samples: int
+    bytes: int
+    sealed: bool
+    created_ns: int
+    extents: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    """A file (sample) or directory of a dataset."""
+
+    name: str  # last path component ("" for the dataset root)
+    path: str  # full path inside the dataset
+    is_dir: bool
+    size: int  # directories: 0
+    mode: int  # st_mode, kept from the ingest source for files
+    mtime_ns: int
+    id: int  # sample id; -1 for directories
+    crc32c: int
+    children: int  # directories: number of direct children; files: 0
+
+    @property
+    def permissions(self) -> str:
+        return stat_module.filemode(self.mode)
