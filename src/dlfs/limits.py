@@ -204,6 +204,36 @@ mount_ready_timeout_s = 120.0
 # before they are abandoned and the file system is unmounted.
 mount_shutdown_grace_s = 5.0
 
+# --- training side (dlfs.sampler, dlfs.pipeline, dlfs.profile) ---------------
+# Samples one shuffle may cover: the permutation is held in memory as int64
+# (8 bytes a sample), so this bounds it at 8 GiB; far beyond any dataset's
+# sample count that fits a daemon's in-memory directory.
+shuffle_samples_max = 1 << 30
+# Ranks of one job.  A sanity bound: larger values are almost surely a bug
+# (a rank passed as world size, a negative number cast to unsigned).
+world_size_max = 1 << 20
+# Batches in flight at once in iter_batches, and so threads in its pool; each
+# holds one reply payload (batch_size x sample size) until the caller takes it.
+pipeline_prefetch_batches_max = 64
+# Batches hinted beyond those in flight.  The daemon queues at most
+# prefetch_queue_max hints and drops the rest, so hinting further ahead only
+# produces dropped hints (and pages that may be evicted before their turn).
+pipeline_hint_ahead_batches_max = prefetch_queue_max
+# Ids per Prefetch RPC (the daemon's default batch_ids_max).
+pipeline_hint_ids_max = batch_ids_max_default
+# Samples per batch: one get_batch call may carry no more (daemon default).
+pipeline_batch_size_max = batch_ids_max_default
+# Hints waiting for the hint thread; when it lags this far behind, new hints
+# are skipped (counted) rather than queued: a late hint is worthless.
+pipeline_hint_queue_max = 2 * prefetch_queue_max
+# Spans one timeline keeps (about 200 bytes each in memory and in the file).
+# Beyond it, new spans are counted as dropped and the summary says so:
+# a multi-day run must not grow without bound.
+timeline_spans_max = 1_000_000
+# Bytes of one worker spool file; past it the worker stops writing spans
+# (counted by the lines it did write).
+timeline_spool_file_bytes_max = 64 * MiB
+
 assert chunk_bytes_default + 16 * MiB <= message_bytes_max
 assert range_bytes_max <= chunk_bytes_default
 assert (read_ahead_windows + 1) * chunk_bytes_default <= inflight_bytes_max_default
@@ -225,3 +255,5 @@ assert mount_whole_sample_bytes_max <= mount_read_cache_bytes_max
 assert 1 <= mount_dir_page_entries <= list_page_entries_max
 assert mount_dataset_entry_timeout_s <= mount_cache_timeout_s_default
 assert reconnect_backoff_max_s <= mount_reconnect_timeout_s_default
+assert pipeline_hint_ahead_batches_max <= prefetch_queue_max
+assert pipeline_hint_ids_max <= batch_ids_max_default

@@ -271,6 +271,13 @@ class Dataset:
         """
         return fetch_batch(self.client, self.name, keys, verify=verify, prefetch=prefetch)
 
+    def iter_batches(self, order, batch_size: int, prefetch: int = 4, **options):
+        """Batches of `order` (sample ids) with `prefetch` batches in flight, so I/O
+        overlaps the caller's compute.  See `dlfs.pipeline.iter_batches`."""
+        from dlfs import pipeline
+
+        return pipeline.iter_batches(self, order, batch_size, prefetch=prefetch, **options)
+
     def get(self, key: SampleKey, *, verify: bool = True) -> memoryview:
         """One sample by id or path."""
         return self.get_batch([key], verify=verify)[0]

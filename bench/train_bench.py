@@ -1,0 +1,491 @@
+"""Emulated training, in the spirit of the DLIO benchmark: does the loader keep the accelerator busy?
+
+    python -m bench.train_bench            # full sweep, about 3 minutes on 2 cores (+ data once)
+    python -m bench.train_bench --quick    # small, under a minute: checks that it all runs
+
+A training step is a fixed sleep per batch (the accelerator's compute
+time); the main process sleeps, so the loader's workers get the CPUs.  Per
+compute time and loader, one cold epoch (page cache dropped first: as root
+``sync; echo 3 > /proc/sys/vm/drop_caches``, else ``posix_fadvise(DONTNEED)``
+on every data file) then one warm epoch (a new permutation, data cached).
+
+Loaders, all ``torch.utils.data.DataLoader(num_workers=W, batch_size=B)``
+with `dlfs.torch.ShuffleShardSampler` (same order for all):
+
+- ``ext4-folder``: the ImageFolder baseline on the ext4 source tree.
+  torchvision is not installed beside the CPU torch build here, so
+  `FolderDataset` emulates ImageFolder: it lists the class folders
+  (sorted), their files (sorted), and ``__getitem__`` opens and reads one
+  file (no decode: the step is emulated, as in DLIO).
+  Every loader turns a sample into a uint8 tensor (`dlfs.torch.to_tensor`)
+  so batches reach the main process as shared-memory tensors; returning
+  ``bytes`` would make pickling through the worker pipe the bottleneck
+  of every loader alike.
+- ``dlfs``: `dlfs.torch.DLFSDataset` over gRPC, one get_batch per batch.
+- ``dlfs-direct``: the same with ``direct=True`` (co-located: the worker
+  reads the extent files itself; metadata from the daemon).
+
+and, without a DataLoader, DLFS's own in-process loader:
+
+- ``dlfs-pipeline`` / ``dlfs-pipeline-direct``: `dlfs.pipeline.iter_batches`
+  (``prefetch`` batches in flight on threads of the training process), each
+  batch stacked into a uint8 tensor with its labels, same order; no worker
+  processes, so no batch crosses a process boundary.
+
+Reported per epoch: accelerator utilisation = compute time / wall time
+(wall from ``iter(loader)``, so worker start-up counts, as in DLIO) and
+samples/s.  A second table measures clairvoyant prefetch on cold epochs:
+the same loader with and without hints (`dlfs.torch.PrefetchHints`; and the
+torch-free `dlfs.pipeline.iter_batches` with ``hint_ahead``).  With
+``--trace-dir`` each run also writes a `dlfs.profile` timeline.
+
+Data: N files of 110 KiB random bytes in 10 class folders under
+``--data-dir`` (generated once, reused), ingested into a daemon started
+here on its own data dir.  Results: markdown on stdout, JSON beside it
+(``--out``), with the machine and git revision.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import platform
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+SAMPLE_BYTES = 110 * 1024
+CLASSES = 10
+STARTUP_TIMEOUT_S = 60.0
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    samples: int
+    batch_size: int
+    workers: int
+    compute_ms: tuple[float, ...]
+    hint_compute_ms: float
+    hint_ahead_batches: int
+    pipeline_prefetch: int = 4
+    loaders: tuple[str, ...] = ("ext4-folder", "dlfs", "dlfs-direct", "dlfs-pipeline",
+                                "dlfs-pipeline-direct")
+
+
+FULL = Plan(samples=8192, batch_size=64, workers=4, compute_ms=(6.0, 8.0, 10.0, 15.0, 30.0),
+            hint_compute_ms=4.0, hint_ahead_batches=16)
+QUICK = Plan(samples=1536, batch_size=64, workers=4, compute_ms=(8.0, 30.0),
+             hint_compute_ms=4.0, hint_ahead_batches=8)
+DATALOADER_KINDS = ("ext4-folder", "dlfs", "dlfs-direct")
+
+
+# --- data ---------------------------------------------------------------------------
+
+def prepare_files(root: str, samples: int) -> str:
+    """`samples` files of SAMPLE_BYTES random bytes in class folders; reused when present."""
+    tree = os.path.join(root, f"files-{samples}x{SAMPLE_BYTES}")
+    marker = os.path.join(tree, ".ready")
+    if os.path.exists(marker):
+        return tree
+    rng = np.random.default_rng(5)
+    for i in range(samples):
+        folder = os.path.join(tree, f"class{i % CLASSES:02d}")
+        os.makedirs(folder, exist_ok=True)
+        with open(os.path.join(folder, f"{i:07d}.jpg"), "wb") as f:
+            f.write(rng.bytes(SAMPLE_BYTES))
+    os.sync()
+    with open(marker, "w") as f:
+        f.write("ok\n")
+    return tree
+
+
+class Daemon:
+    """`python -m dlfs.server.main` on 127.0.0.1, a free port; SIGTERM on exit."""
+
+    def __init__(self, data_dir: str, log_path: str):
+        self.data_dir = data_dir
+        self.log_path = log_path
+        self.process: subprocess.Popen | None = None
+        self.address = ""
+
+    def __enter__(self) -> "Daemon":
+        address_file = os.path.join(os.path.dirname(self.log_path), f"addr-{os.getpid()}")
+        if os.path.exists(address_file):
+            os.unlink(address_file)
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "dlfs.server.main", "--data-dir", self.data_dir,
+                 "--listen", "127.0.0.1:0", "--address-file", address_file],
+                stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while not os.path.exists(address_file):
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                self.__exit__()
+                raise RuntimeError(f"dlfs-server did not start; see {self.log_path}")
+            time.sleep(0.02)
+        with open(address_file) as f:
+            self.address = f.read().strip()
+        os.unlink(address_file)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(10)
+
+
+def ensure_dataset(address: str, tree: str, name: str, samples: int) -> None:
+    from dlfs import Client, NotFound
+
+    with Client(address) as client:
+        try:
+            if len(client.dataset(name)) == samples:
+                return
+        except NotFound:
+            pass
+        client.ingest(tree, name, replace=True, progress=False)
+
+
+class CacheDropper:
+    """Empties the page cache of the benchmark's files before a cold epoch."""
+
+    def __init__(self, *roots: str):
+        self.roots = roots
+        self.root_user = os.geteuid() == 0
+        self.method = ("sync; echo 3 > /proc/sys/vm/drop_caches" if self.root_user
+                       else "posix_fadvise(DONTNEED) on every data file (not root)")
+
+    def drop(self) -> None:
+        os.sync()
+        if self.root_user:
+            with open("/proc/sys/vm/drop_caches", "w") as f:
+                f.write("3\n")
+            return
+        for root in self.roots:
+            for folder, _dirs, files in os.walk(root):
+                for name in files:
+                    fd = os.open(os.path.join(folder, name), os.O_RDONLY)
+                    try:
+                        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                    finally:
+                        os.close(fd)
+
+
+# --- loaders ------------------------------------------------------------------------
+
+def folder_dataset_class():
+    from torch.utils.data import Dataset
+
+    from dlfs.torch import to_tensor
+
+    class FolderDataset(Dataset):
+        """ImageFolder's file listing and labels, one open+read+close per sample."""
+
+        def __init__(self, root: str):
+            self.classes = sorted(e.name for e in os.scandir(root) if e.is_dir())
+            self.samples = [(os.path.join(root, c, f), i) for i, c in enumerate(self.classes)
+                            for f in sorted(os.listdir(os.path.join(root, c)))]
+
+        def __len__(self) -> int:
+            return len(self.samples)
+
+        def __getitem__(self, index: int):
+            path, label = self.samples[index]
+            with open(path, "rb") as f:
+                return to_tensor(f.read()), label
+
+    return FolderDataset
+
+
+def make_dataset(kind: str, tree: str, address: str, name: str):
+    """The loader's dataset; every one yields (uint8 tensor, label) through `to_tensor`."""
+    from dlfs.torch import DLFSDataset, to_tensor
+
+    if kind == "ext4-folder":
+        return folder_dataset_class()(tree)
+    if kind == "dlfs":
+        return DLFSDataset(address, name, transform=to_tensor)
+    if kind == "dlfs-direct":
+        return DLFSDataset(address, name, transform=to_tensor, client_options={"direct": True})
+    raise ValueError(f"{kind} is not a DataLoader kind")
+
+
+@dataclasses.dataclass
+class EpochResult:
+    loader: str
+    cache: str
+    compute_ms: float
+    samples: int
+    wall_s: float
+    compute_s: float
+    variant: str = ""
+
+    @property
+    def utilisation(self) -> float:
+        return self.compute_s / self.wall_s
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.samples / self.wall_s
+
+    def row(self) -> dict:
+        return dataclasses.asdict(self) | {"utilisation": self.utilisation,
+                                           "samples_per_s": self.samples_per_s}
+
+
+def train_epoch(batches_factory, compute_s: float, trace_path: str | None = None
+                ) -> tuple[int, float, float]:
+    """Run one emulated epoch; returns (samples, wall s, compute s).
+
+    Wall time runs from before ``iter()`` (worker start-up counts) to the end of
+    the last step; compute time is the measured sleeps.
+    """
+    from dlfs.profile import Timeline
+
+    with Timeline(trace_path, print_summary=False) as tl:
+        started = time.perf_counter()
+        source = batches_factory()
+        for _batch in tl.wrap(source):
+            with tl.step():
+                time.sleep(compute_s)
+        wall = time.perf_counter() - started
+    summary = tl.summary()
+    return summary["samples"], wall, summary["step_s"]
+
+
+def dataloader_epochs(kind: str, plan: Plan, compute_ms: float, epoch0: int, env: dict,
+                      caches: list[str], hints: bool = False) -> list[EpochResult]:
+    from torch.utils.data import DataLoader
+
+    from dlfs.torch import PrefetchHints, ShuffleShardSampler
+
+    dataset = make_dataset(kind, env["tree"], env["address"], env["name"])
+    sampler = ShuffleShardSampler(len(dataset), seed=17)
+    order_source = sampler
+    if hints:
+        order_source = PrefetchHints(sampler, dataset, ahead=plan.hint_ahead_batches
+                                     * plan.batch_size, chunk=plan.batch_size)
+    results = []
+    for offset, cache in enumerate(caches):
+        sampler.set_epoch(epoch0 + offset)
+        if cache == "cold":
+            env["dropper"].drop()
+
+        def factory():
+            # The loader itself (not an iterator): Timeline.wrap then tells a DLFSDataset to
+            # record its fetches before iter() starts the workers.
+            return DataLoader(dataset, batch_size=plan.batch_size, sampler=order_source,
+                              num_workers=plan.workers, timeout=120)
+
+        trace = _trace_path(env, f"{kind}{'-hints' if hints else ''}-{cache}-{compute_ms:g}ms")
+        samples, wall, compute = train_epoch(factory, compute_ms / 1000, trace)
+        results.append(EpochResult(kind, cache, compute_ms, samples, wall, compute,
+                                   "hints" if hints else ""))
+        env["progress"](f"train_bench: {kind:<20} {cache} {compute_ms:>5g} ms/batch "
+                        f"{'hints' if hints else '':<26} util {results[-1].utilisation:6.1%} "
+                        f"{results[-1].samples_per_s:8.0f} samples/s")
+    return results
+
+
+class PipelineLoader:
+    """An epoch of `dlfs.pipeline.iter_batches` as (uint8 batch tensor, labels) pairs."""
+
+    def __init__(self, env: dict, plan: Plan, order: list[int], direct: bool, hint_ahead: int,
+                 prefetch: int):
+        from dlfs.torch import DLFSDataset
+
+        self.meta = env["meta"] if "meta" in env else DLFSDataset(env["address"], env["name"])
+        env["meta"] = self.meta
+        self.env, self.plan, self.order = env, plan, order
+        self.direct, self.hint_ahead, self.prefetch = direct, hint_ahead, prefetch
+        self.stats = None
+
+    def __iter__(self):
+        import torch
+
+        from dlfs import Client
+        from dlfs.pipeline import iter_batches
+        from dlfs.torch import to_tensor
+
+        order = np.asarray(self.order, dtype=np.int64)
+        with Client(self.env["address"], direct=self.direct) as client:
+            ds = client.dataset(self.env["name"])
+            batches = iter_batches(ds, self.meta.ids[order], self.plan.batch_size,
+                                   prefetch=self.prefetch, hint_ahead=self.hint_ahead)
+            with batches:
+                for start, (_ids, samples) in zip(range(0, len(order), self.plan.batch_size),
+                                                  batches):
+                    labels = torch.from_numpy(
+                        self.meta.targets[order[start:start + self.plan.batch_size]])
+                    yield torch.stack([to_tensor(s) for s in samples]), labels
+            self.stats = batches.stats
+
+
+def pipeline_epochs(kind: str, plan: Plan, compute_ms: float, epoch0: int, env: dict,
+                    caches: list[str], hint_ahead: int = 0, prefetch: int | None = None
+                    ) -> list[EpochResult]:
+    from dlfs.torch import ShuffleShardSampler
+
+    prefetch = prefetch or plan.pipeline_prefetch
+    sampler = ShuffleShardSampler(plan.samples, seed=17)  # the DataLoaders' order
+    results = []
+    for offset, cache in enumerate(caches):
+        if cache == "cold":
+            env["dropper"].drop()
+        loader = PipelineLoader(env, plan, sampler.indices(epoch0 + offset),
+                                kind.endswith("direct"), hint_ahead, prefetch)
+        trace = _trace_path(env, f"{kind}-hint{hint_ahead}-{cache}-{compute_ms:g}ms")
+        samples, wall, compute = train_epoch(lambda: loader, compute_ms / 1000, trace)
+        variant = f"prefetch={prefetch} hint_ahead={hint_ahead}" if hint_ahead or \
+            prefetch != plan.pipeline_prefetch else ""
+        results.append(EpochResult(kind, cache, compute_ms, samples, wall, compute, variant))
+        env["progress"](f"train_bench: {kind:<20} {cache} {compute_ms:>5g} ms/batch "
+                        f"{variant:<26} util {results[-1].utilisation:6.1%} "
+                        f"{results[-1].samples_per_s:8.0f} samples/s")
+    return results
+
+
+def _trace_path(env: dict, label: str) -> str | None:
+    if not env.get("trace_dir"):
+        return None
+    os.makedirs(env["trace_dir"], exist_ok=True)
+    return os.path.join(env["trace_dir"], f"{label}.json")
+
+
+# --- report ---------------------------------------------------------------------------
+
+LOADER_TITLES = {
+    "ext4-folder": "ext4 ImageFolder-like, DataLoader",
+    "dlfs": "DLFSDataset, DataLoader",
+    "dlfs-direct": "DLFSDataset direct, DataLoader",
+    "dlfs-pipeline": "iter_batches (gRPC)",
+    "dlfs-pipeline-direct": "iter_batches direct",
+}
+
+
+def markdown(results: list[EpochResult], plan: Plan, env: dict) -> str:
+    """Two tables: utilisation and samples/s per compute time; hint gain on cold epochs."""
+    lines = [f"Emulated training: {plan.samples} samples of {SAMPLE_BYTES // 1024} KiB, "
+             f"batch {plan.batch_size}, DataLoader num_workers={plan.workers}, iter_batches "
+             f"prefetch={plan.pipeline_prefetch}; cold = {env['dropper'].method}. "
+             "Cells: accelerator utilisation / samples/s.", "",
+             "| compute ms/batch (100% = samples/s) | epoch | " + " | ".join(
+                 LOADER_TITLES[k] for k in plan.loaders) + " |",
+             "| --- | --- |" + " ---: |" * len(plan.loaders)]
+    table = {(r.loader, r.cache, r.compute_ms): r for r in results
+             if r.compute_ms in plan.compute_ms and not r.variant}
+    for compute_ms in plan.compute_ms:
+        ideal = plan.batch_size / (compute_ms / 1000)
+        for cache in ("cold", "warm"):
+            cells = []
+            for kind in plan.loaders:
+                r = table.get((kind, cache, compute_ms))
+                cells.append(f"{r.utilisation:.0%} / {r.samples_per_s:,.0f}" if r else "-")
+            lines.append(f"| {compute_ms:g} ({ideal:,.0f}) | {cache} | " + " | ".join(cells)
+                         + " |")
+    c = plan.hint_compute_ms
+    lines += ["", f"Clairvoyant prefetch: cold epoch, {c:g} ms/batch, hints "
+              f"{plan.hint_ahead_batches} batches ahead (iter_batches with prefetch=2; "
+              f"DataLoader: PrefetchHints ahead {plan.hint_ahead_batches} batches):", "",
+              "| loader | no hints | hints | gain in samples/s |", "| --- | ---: | ---: | ---: |"]
+    rows = [r for r in results if r.compute_ms == c and r.cache == "cold"]
+    for kind in ("dlfs-pipeline", "dlfs-pipeline-direct", "dlfs"):
+        mine = [r for r in rows if r.loader == kind]
+        base = [r for r in mine if r.variant in ("", "prefetch=2 hint_ahead=0")]
+        hinted = [r for r in mine if r not in base]
+        if base and hinted:
+            b, h = base[0], hinted[0]
+            lines.append(f"| {LOADER_TITLES[kind]} | {b.utilisation:.0%} / "
+                         f"{b.samples_per_s:,.0f} | {h.utilisation:.0%} / "
+                         f"{h.samples_per_s:,.0f} | {h.samples_per_s / b.samples_per_s - 1:+.0%} |")
+    return "\n".join(lines)
+
+
+def machine() -> dict:
+    try:
+        revision = subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"],
+                                  capture_output=True, text=True, timeout=10).stdout.strip()
+    except OSError:
+        revision = ""
+    import torch
+
+    return {"host": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version(),
+            "torch": torch.__version__, "git": revision,
+            "kernel": platform.release()}
+
+
+# --- main -------------------------------------------------------------------------------
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.train_bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="small sizes, under a minute")
+    parser.add_argument("--data-dir", default="/var/tmp/dlfs-train-bench",
+                        help="generated files, the daemon's data dir and logs (reused)")
+    parser.add_argument("--out", default="", help="write results JSON here")
+    parser.add_argument("--trace-dir", default="", help="write a dlfs.profile trace per epoch")
+    parser.add_argument("--compute-ms", default="",
+                        help="comma-separated compute times per batch (default: the plan's)")
+    parser.add_argument("--workers", type=int, help="DataLoader num_workers (default 4)")
+    parser.add_argument("--samples", type=int, help="number of samples (default 8192 / 1536)")
+    args = parser.parse_args(argv)
+    plan = QUICK if args.quick else FULL
+    if args.compute_ms:
+        plan = dataclasses.replace(plan, compute_ms=tuple(
+            float(x) for x in args.compute_ms.split(",")))
+    if args.workers:
+        plan = dataclasses.replace(plan, workers=args.workers)
+    if args.samples:
+        plan = dataclasses.replace(plan, samples=args.samples)
+
+    def progress(message: str) -> None:
+        print(message, file=sys.stderr, flush=True)
+
+    started = time.monotonic()
+    os.makedirs(args.data_dir, exist_ok=True)
+    tree = prepare_files(args.data_dir, plan.samples)
+    progress(f"train_bench: {plan.samples} files ready in {time.monotonic() - started:.0f} s")
+    dlfs_dir = os.path.join(args.data_dir, "dlfs")
+    with Daemon(dlfs_dir, os.path.join(args.data_dir, "daemon.log")) as daemon:
+        name = f"train-{plan.samples}"
+        ensure_dataset(daemon.address, tree, name, plan.samples)
+        progress(f"train_bench: dataset {name} ingested ({time.monotonic() - started:.0f} s)")
+        env = {"tree": tree, "address": daemon.address, "name": name, "progress": progress,
+               "dropper": CacheDropper(tree, dlfs_dir), "trace_dir": args.trace_dir}
+        results: list[EpochResult] = []
+        for compute_ms in plan.compute_ms:
+            for kind in plan.loaders:
+                run = dataloader_epochs if kind in DATALOADER_KINDS else pipeline_epochs
+                results += run(kind, plan, compute_ms, 0, env, ["cold", "warm"])
+        # Clairvoyant prefetch on cold epochs where I/O matters (short compute, few batches
+        # in flight), each with and without hints on the same epoch order.
+        c, ahead = plan.hint_compute_ms, plan.hint_ahead_batches
+        for kind in ("dlfs-pipeline", "dlfs-pipeline-direct"):
+            for hint_ahead in (0, ahead):
+                results += pipeline_epochs(kind, plan, c, 0, env, ["cold"], hint_ahead, prefetch=2)
+        for hints in (False, True):
+            results += dataloader_epochs("dlfs", plan, c, 0, env, ["cold"], hints=hints)
+    report = markdown(results, plan, env)
+    print(report)
+    elapsed = time.monotonic() - started
+    progress(f"train_bench: done in {elapsed:.0f} s")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"plan": dataclasses.asdict(plan), "machine": machine(),
+                       "cache_drop": env["dropper"].method, "elapsed_s": elapsed,
+                       "results": [r.row() for r in results], "markdown": report}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

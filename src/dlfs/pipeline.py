@@ -1,0 +1,302 @@
+"""Prefetching batch iterator: several get_batch calls in flight while the caller computes.
+
+    from dlfs import Client
+    from dlfs.pipeline import iter_batches
+    from dlfs.sampler import ShuffleShard
+
+    ds = Client("127.0.0.1:7010").dataset("demo")
+    order = ShuffleShard(len(ds), seed=1).indices(epoch=0)
+    with iter_batches(ds, order, batch_size=256, prefetch=4) as batches:
+        for ids, samples in batches:
+            train_step(samples)
+
+`iter_batches` cuts `order` into batches and keeps `prefetch` of them in
+flight on a small thread pool (one thread per batch in flight; gRPC
+releases the GIL while it waits), yielding them in order.  The pipeline
+stops its threads when it is exhausted, closed, used as a context manager
+that exits, garbage-collected, or when a batch fails (the error is raised
+at that batch's turn, after the threads are stopped).  Closing waits for the
+calls already running (bounded by the client's batch timeout) and cancels
+the rest, so no thread outlives the pipeline.
+
+Clairvoyant hints (opt-in, ``hint_ahead=K``): the order is known, so the
+pipeline also sends ``ds.prefetch(ids)`` for the K batches beyond the ones in
+flight; the daemon starts reading them into its page cache.  This tells the
+storage the future access order, which some benchmark rules (MLPerf
+Storage) forbid, hence off by default.  Hints go out in order from one
+`HintSender` thread, one Prefetch RPC per batch (per `limits.pipeline_hint_ids_max` ids
+at the start), so their round trips never delay the consumer; a hint the
+daemon's full queue refuses is counted, not retried.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import dataclasses
+import logging
+import queue
+import threading
+import time
+from typing import Callable, NamedTuple, Sequence
+
+import numpy as np
+
+from dlfs import limits
+from dlfs.errors import DlfsError, InvalidArgument
+
+log = logging.getLogger(__name__)
+
+
+
+class Batch(NamedTuple):
+    """One batch: its sample ids (int64 array) and samples (read-only memoryviews)."""
+
+    ids: np.ndarray
+    samples: list
+
+
+@dataclasses.dataclass
+class PipelineStats:
+    """Counters of one pipeline (read them after or during iteration)."""
+
+    batches: int = 0  # batches handed to the caller
+    samples: int = 0
+    wait_s: float = 0.0  # time the caller spent waiting in next()
+    hints_sent: int = 0  # Prefetch RPCs the daemon accepted
+    hints_dropped: int = 0  # refused by the daemon's full queue, or skipped by a lagging sender
+
+
+def iter_batches(ds, order: Sequence[int], batch_size: int, prefetch: int = 4, *,
+                 hint_ahead: int = 0, drop_last: bool = False, verify: bool = True,
+                 timeline=None) -> "BatchPipeline":
+    """Batches of `ds` (a `dlfs.Dataset`) in `order`, `prefetch` of them in flight.
+
+    Returns a `BatchPipeline`: an iterator of `Batch` (``ids, samples``) and a
+    context manager.  The last batch is shorter unless `drop_last`.
+    `hint_ahead` batches beyond those in flight are hinted to the daemon
+    (opt-in, see the module doc).  With a `dlfs.profile.Timeline`, each
+    get_batch and hint is recorded as a span on its thread.
+
+    Cost: one get_batch round trip per batch; threads start at the first
+    `next()`.  Raises InvalidArgument for bad arguments at once; a failed
+    batch raises its typed error (NotFound, DataCorruption, Unavailable, ...)
+    when its turn comes.
+    """
+    return BatchPipeline(ds, order, batch_size, prefetch=prefetch, hint_ahead=hint_ahead,
+                         drop_last=drop_last, verify=verify, timeline=timeline)
+
+
+class BatchPipeline:
+    """Iterator over batches with a bounded number of get_batch calls in flight.
+
+    Consume it from one thread.  `close()` (idempotent) stops the threads;
+    iteration after it ends at once.
+    """
+
+    def __init__(self, ds, order: Sequence[int], batch_size: int, *, prefetch: int = 4,
+                 hint_ahead: int = 0, drop_last: bool = False, verify: bool = True,
+                 timeline=None):
+        _check_int("batch_size", batch_size, 1, limits.pipeline_batch_size_max)
+        _check_int("prefetch", prefetch, 1, limits.pipeline_prefetch_batches_max)
+        _check_int("hint_ahead", hint_ahead, 0, limits.pipeline_hint_ahead_batches_max)
+        ids = _as_ids(order)
+        count = len(ids) // batch_size if drop_last else -(-len(ids) // batch_size)
+        self._batches = [ids[i * batch_size:(i + 1) * batch_size] for i in range(count)]
+        self._ds = ds
+        self._prefetch = prefetch
+        self._hint_ahead = hint_ahead
+        self._verify = verify
+        self._timeline = timeline
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._inflight: collections.deque = collections.deque()
+        self._next_submit = 0  # first batch not yet submitted
+        self._hinted_until = 0  # batches below this were hinted or submitted
+        self._closed = False
+        self._hints: HintSender | None = None
+        self.stats = PipelineStats()
+
+    def __len__(self) -> int:
+        """Batches in the whole order (not those left)."""
+        return len(self._batches)
+
+    def __iter__(self) -> "BatchPipeline":
+        return self
+
+    def __next__(self) -> Batch:
+        if self._closed:
+            raise StopIteration
+        started = time.perf_counter()
+        if self._pool is None:
+            self._start()
+        if not self._inflight:
+            self.close()
+            raise StopIteration
+        number, future = self._inflight.popleft()
+        try:
+            self._submit_next()  # keep the window full while we wait
+            samples = future.result()
+        except BaseException:
+            self.close()
+            raise
+        self.stats.batches += 1
+        self.stats.samples += len(samples)
+        self.stats.wait_s += time.perf_counter() - started
+        return Batch(self._batches[number], samples)
+
+    def close(self) -> None:
+        """Cancel the batches not yet started, wait for the running ones, stop the threads."""
+        if self._closed:
+            return
+        self._closed = True
+        for _number, future in self._inflight:
+            future.cancel()
+        self._inflight.clear()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+        if self._hints is not None:
+            self._hints.close()
+
+    def __enter__(self) -> "BatchPipeline":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        if getattr(self, "_pool", None) is not None:
+            self.close()
+
+    # --- inside -----------------------------------------------------------------
+
+    def _start(self) -> None:
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=self._prefetch, thread_name_prefix="dlfs-pipeline")
+        while len(self._inflight) < self._prefetch and self._submit_next():
+            pass
+
+    def _submit_next(self) -> bool:
+        """Submit the next batch (and hint the ones `hint_ahead` beyond it); False at the end."""
+        number = self._next_submit
+        if number >= len(self._batches):
+            return False
+        self._next_submit += 1
+        # The task must not reference self: the last reference to a dropped pipeline
+        # would then die on a pool thread, whose __del__ cannot join its own thread.
+        future = self._pool.submit(_fetch, self._ds, self._batches[number], number, self._verify,
+                                   self._timeline)
+        self._inflight.append((number, future))
+        self._hinted_until = max(self._hinted_until, number + 1)
+        if self._hint_ahead and len(self._inflight) >= self._prefetch:
+            self._hint(self._hinted_until, number + 1 + self._hint_ahead)
+        return True
+
+    def _hint(self, first: int, end: int) -> None:
+        """Queue hints for batches [first, end), at most limits.pipeline_hint_ids_max ids per RPC."""
+        end = min(end, len(self._batches))
+        if first >= end:
+            return
+        self._hinted_until = end
+        if self._hints is None:
+            self._hints = HintSender(self._ds.prefetch, name="dlfs-pipeline-hints",
+                                     timeline=self._timeline, stats=self.stats)
+        ids = np.concatenate(self._batches[first:end])
+        for start in range(0, len(ids), limits.pipeline_hint_ids_max):
+            self._hints.submit(ids[start:start + limits.pipeline_hint_ids_max])
+
+
+class HintSender:
+    """One thread that sends prefetch hints in order, so callers never wait for them.
+
+    ``submit(ids)`` returns at once (False, counted as dropped, when
+    `limits.pipeline_hint_queue_max` hints are already waiting).  `send(ids) -> bool` is the
+    hint call (``Dataset.prefetch`` or ``DLFSDataset.hint``); False means
+    the daemon refused it.  A hint that raises a DLFS error stops the
+    sending: the error is logged once and kept in `error` (the next batch
+    fetch reports the same trouble with its own exception).  `close()`
+    discards queued hints and joins the thread.
+    """
+
+    def __init__(self, send: Callable[[Sequence[int]], bool], *, name: str = "dlfs-hints",
+                 timeline=None, stats: PipelineStats | None = None):
+        self._send = send
+        self._timeline = timeline
+        self.stats = stats if stats is not None else PipelineStats()
+        self.error: DlfsError | None = None
+        self._queue: queue.Queue = queue.Queue(maxsize=limits.pipeline_hint_queue_max)
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, ids) -> bool:
+        if self._stopping.is_set() or self.error is not None:
+            return False
+        try:
+            self._queue.put_nowait(ids)
+        except queue.Full:
+            self.stats.hints_dropped += 1
+            return False
+        return True
+
+    def close(self) -> None:
+        if self._stopping.is_set():
+            return
+        self._stopping.set()
+        while True:
+            try:
+                self._queue.get_nowait()
+            except queue.Empty:
+                break
+        self._queue.put(None)
+        self._thread.join()
+
+    def _run(self) -> None:
+        while (ids := self._queue.get()) is not None:
+            if self._stopping.is_set() or self.error is not None:
+                continue
+            started = time.perf_counter_ns()
+            try:
+                accepted = self._send(ids)
+            except DlfsError as exc:
+                self.error = exc
+                log.warning("prefetch hints stopped: %s", exc)
+                continue
+            if accepted:
+                self.stats.hints_sent += 1
+            else:
+                self.stats.hints_dropped += 1
+            if self._timeline is not None:
+                self._timeline.record("hint", started, time.perf_counter_ns(), cat="hint",
+                                      args={"samples": len(ids), "accepted": accepted})
+
+
+def _fetch(ds, ids: np.ndarray, number: int, verify: bool, timeline) -> list:
+    """One batch on a pool thread: one get_batch round trip."""
+    start = time.perf_counter_ns()
+    samples = ds.get_batch(ids, verify=verify)
+    if timeline is not None:
+        timeline.record("get_batch", start, time.perf_counter_ns(), cat="io",
+                        args={"batch": number, "samples": len(samples)})
+    return samples
+
+
+def _as_ids(order) -> np.ndarray:
+    try:
+        ids = np.asarray(order)
+    except (TypeError, ValueError) as exc:
+        raise InvalidArgument(f"order must be a sequence of sample ids: {exc}") from None
+    if ids.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    if ids.ndim != 1 or ids.dtype.kind not in "iu":
+        raise InvalidArgument(
+            f"order must be a flat sequence of integer sample ids (got {ids.dtype}, "
+            f"{ids.ndim} dimensions); map paths to ids with ds.index(path)")
+    if ids.dtype.kind == "i" and ids.min() < 0:
+        raise InvalidArgument(f"order holds a negative sample id ({int(ids.min())})")
+    return ids.astype(np.int64, copy=False)
+
+
+def _check_int(name: str, value, low: int, high: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) \
+            or not low <= value <= high:
+        raise InvalidArgument(f"{name} must be an integer in [{low}, {high}], not {value!r}")

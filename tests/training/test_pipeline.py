@@ -1,0 +1,180 @@
+"""dlfs.pipeline.iter_batches against a real daemon: order, bounds, hints, clean shutdown."""
+
+from __future__ import annotations
+
+import gc
+import threading
+import time
+
+import pytest
+
+from conftest import unique_name, write_tree
+from dlfs import Client, InvalidArgument
+from dlfs import limits
+from dlfs.pipeline import iter_batches
+from dlfs.sampler import ShuffleShard
+
+SAMPLES = 53
+
+
+@pytest.fixture(scope="module")
+def dataset(shared_daemon, tmp_path_factory):
+    root = tmp_path_factory.mktemp("pipeline")
+    write_tree(root, {f"s/{i:04d}": f"sample {i:04d}".encode() * (1 + i % 7)
+                      for i in range(SAMPLES)})
+    name = unique_name("pipe")
+    with Client(shared_daemon.address) as client:
+        client.ingest(str(root), name, progress=False)
+        yield client.dataset(name)
+
+
+def pipeline_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("dlfs-")]
+
+
+def content(i: int) -> bytes:
+    return f"sample {i:04d}".encode() * (1 + i % 7)
+
+
+class Concurrency:
+    """Delegates to a real Dataset and records how many get_batch calls overlap."""
+
+    def __init__(self, ds, delay_s: float = 0.0):
+        self.ds = ds
+        self.delay_s = delay_s
+        self.running = 0
+        self.most = 0
+        self.calls = 0
+        self.hints: list[tuple[float, list[int]]] = []
+        self.requested: dict[int, float] = {}  # sample id -> when its batch was requested
+        self._lock = threading.Lock()
+
+    def get_batch(self, ids, verify=True):
+        now = time.perf_counter()
+        with self._lock:
+            self.requested.update((int(i), now) for i in ids)
+            self.running += 1
+            self.calls += 1
+            self.most = max(self.most, self.running)
+        try:
+            time.sleep(self.delay_s)
+            return self.ds.get_batch(ids, verify=verify)
+        finally:
+            with self._lock:
+                self.running -= 1
+
+    def prefetch(self, ids):
+        self.hints.append((time.perf_counter(), [int(i) for i in ids]))
+        return self.ds.prefetch(ids)
+
+
+@pytest.mark.parametrize("batch_size,prefetch,drop_last", [(1, 1, False), (5, 4, False),
+                                                           (5, 4, True), (53, 2, False),
+                                                           (100, 3, False)])
+def test_batches_in_order_with_the_right_bytes(dataset, batch_size, prefetch, drop_last):
+    order = ShuffleShard(SAMPLES, seed=4).indices(epoch=1)
+    got = []
+    with iter_batches(dataset, order, batch_size, prefetch=prefetch,
+                      drop_last=drop_last) as batches:
+        for ids, samples in batches:
+            assert len(ids) == len(samples) <= batch_size
+            got += [(int(i), bytes(s)) for i, s in zip(ids, samples)]
+    expected = order[:len(order) // batch_size * batch_size] if drop_last else order
+    assert [i for i, _ in got] == expected
+    assert all(data == content(i) for i, data in got)
+    assert pipeline_threads() == []
+
+
+def test_at_most_prefetch_batches_in_flight(dataset):
+    counting = Concurrency(dataset, delay_s=0.02)
+    batches = iter_batches(counting, list(range(SAMPLES)), 4, prefetch=3)
+    for _ in batches:
+        time.sleep(0.03)  # a slow consumer: the window fills up
+    assert counting.calls == 14
+    assert counting.most == 3
+    assert batches.stats.batches == 14 and batches.stats.samples == SAMPLES
+    assert pipeline_threads() == []
+
+
+def test_clairvoyant_hints_cover_the_batches_beyond_the_window(dataset):
+    counting = Concurrency(dataset)
+    order = ShuffleShard(SAMPLES, seed=1).indices()
+    batches = iter_batches(counting, order, 5, prefetch=2, hint_ahead=3)
+    got = []
+    for ids, _ in batches:
+        got += [int(i) for i in ids]
+        time.sleep(0.02)  # a consumer slower than the hint thread
+    assert got == order
+    hinted = [i for _when, hint in counting.hints for i in hint]
+    # Batches 0 and 1 are fetched at once; 2.. are hinted (in order, each once) before
+    # they are requested.
+    assert hinted == order[10:]
+    for when, hint in counting.hints:
+        assert when < counting.requested[hint[0]]
+    assert batches.stats.hints_sent + batches.stats.hints_dropped == len(counting.hints)
+    assert [t for t in threading.enumerate() if t.name == "dlfs-pipeline-hints"] == []
+    none = Concurrency(dataset)
+    list(iter_batches(none, order, 5, prefetch=2))
+    assert none.hints == []  # opt-in: no hints by default
+
+
+@pytest.mark.parametrize("how", ["break", "with-break", "exception", "close", "never-started"])
+def test_early_exit_stops_every_thread(dataset, how):
+    before = set(threading.enumerate())
+    slow = Concurrency(dataset, delay_s=0.05)
+    order = list(range(SAMPLES))
+    if how == "break":
+        for n, _batch in enumerate(iter_batches(slow, order, 2, prefetch=4)):
+            if n == 1:
+                break
+    elif how == "with-break":
+        with iter_batches(slow, order, 2, prefetch=4) as batches:
+            for _ in batches:
+                assert len(pipeline_threads()) == 4
+                break
+    elif how == "exception":
+        with pytest.raises(RuntimeError, match="training failed"):
+            with iter_batches(slow, order, 2, prefetch=4) as batches:
+                for _ in batches:
+                    raise RuntimeError("training failed")
+    elif how == "close":
+        batches = iter_batches(slow, order, 2, prefetch=4)
+        next(batches)
+        batches.close()
+        assert list(batches) == []  # closed: iteration ends at once
+    else:
+        iter_batches(slow, order, 2, prefetch=4)
+    gc.collect()
+    assert pipeline_threads() == []
+    assert set(threading.enumerate()) <= before
+    assert slow.running == 0
+    # At most the window (4) plus one batch per next() (2 at most here) was ever
+    # requested; the 27 batches of the order were never all fetched.
+    assert slow.calls <= 6
+
+
+def test_a_failing_batch_raises_its_typed_error_at_its_turn(dataset):
+    order = [0, 1, 2, 3, SAMPLES + 5, 4, 5, 6, 7, 8]
+    got = []
+    with pytest.raises(InvalidArgument):
+        for ids, _ in iter_batches(dataset, order, 2, prefetch=3):
+            got += [int(i) for i in ids]
+    assert got == [0, 1, 2, 3]
+    assert pipeline_threads() == []
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"batch_size": 0}, "batch_size"), ({"prefetch": 0}, "prefetch"),
+    ({"prefetch": limits.pipeline_prefetch_batches_max + 1}, "prefetch"), ({"hint_ahead": -1}, "hint_ahead"),
+    ({"order": [1, -2]}, "negative"), ({"order": ["a/b"]}, "ds.index"),
+    ({"order": [[1, 2]]}, "flat"), ({"batch_size": True}, "batch_size"),
+])
+def test_bad_arguments_are_refused_at_once(dataset, kwargs, match):
+    args = {"order": [1, 2, 3], "batch_size": 2} | kwargs
+    with pytest.raises(InvalidArgument, match=match):
+        iter_batches(dataset, args.pop("order"), args.pop("batch_size"), **args)
+
+
+def test_empty_order_yields_nothing(dataset):
+    assert list(iter_batches(dataset, [], 4)) == []
+    assert pipeline_threads() == []
