@@ -239,6 +239,13 @@ class DlfsGrpc(Contender):
     def close(self) -> None:
         self._client.close()
 
+    def evict(self, cache_control: CacheControl) -> None:
+        # drop_caches leaves mapped pages alone, and this client maps the
+        # extents: unmap them (a new client) around the drop.
+        self.close()
+        super().evict(cache_control)
+        self.open(self.prepared, self.cache)
+
     def data_files(self) -> list[str]:
         return self.prepared.extent_files()
 
@@ -314,8 +321,8 @@ class DlfsFuse(Contender):
 class DlfsDirect(Contender):
     """`Client(address, direct=True)`: a client on the daemon's host reads the extents itself.
 
-    It fetches the dataset's index once over gRPC, then plans and reads each
-    batch in-process, zero-copy into one buffer; no sample bytes cross gRPC.
+    It fetches the dataset's index once over gRPC and maps the extent files;
+    samples are views of the page cache, no sample bytes cross gRPC.
     """
 
     key = "dlfs-direct"
@@ -339,6 +346,13 @@ class DlfsDirect(Contender):
 
     def close(self) -> None:
         self._client.close()
+
+    def evict(self, cache_control: CacheControl) -> None:
+        # drop_caches leaves mapped pages alone, and this client maps the
+        # extents: unmap them (a new client) around the drop.
+        self.close()
+        super().evict(cache_control)
+        self.open(self.prepared, self.cache)
 
     def data_files(self) -> list[str]:
         return self.prepared.extent_files()

@@ -81,6 +81,9 @@ inflight_bytes_max_default = 1 * GiB
 budget_wait_s_max = 30.0
 # HTTP/2 streams (concurrent calls) one client connection may open.
 streams_per_connection_max_default = 64
+# Kernels read at most their read-ahead size (128 KiB by default) per
+# WILLNEED advice call, so larger ranges are advised in pieces of this size.
+willneed_chunk_bytes = 128 * KiB
 # Prefetch hints waiting for the prefetch thread; more are refused (a hint
 # that cannot be queued is dropped, never waited for).
 prefetch_queue_max = 64

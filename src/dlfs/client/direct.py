@@ -23,6 +23,7 @@ import crc32c
 import grpc
 import numpy as np
 
+from dlfs import limits
 from dlfs.client.errors import from_rpc_error
 from dlfs.errors import DataCorruption, FailedPrecondition, InvalidArgument
 from dlfs.proto import dlfs_pb2 as pb
@@ -182,7 +183,7 @@ class DirectReader:
         extent_nos = extent_array.tolist()
         offsets = index.offset[ids].tolist()
         lengths = index.length[ids].tolist()
-        if self._looks_cold(extents, extent_nos, offsets):
+        if self._looks_cold(extents, extent_nos, offsets, lengths):
             _advise_willneed(extents, extent_nos, offsets, lengths)
         samples = [extents[e].view[o:o + n] for e, o, n in zip(extent_nos, offsets, lengths)]
         if verify:
@@ -195,11 +196,20 @@ class DirectReader:
         return samples
 
     @staticmethod
-    def _looks_cold(extents, extent_nos, offsets) -> bool:
+    def _looks_cold(extents, extent_nos, offsets, lengths) -> bool:
+        """Whether a probe of the first samples finds any byte not in the page cache.
+
+        Probes the middle of each sample: its first page may be cached only
+        because it is the last page of the sample before.  A sample of a
+        read-ahead chunk or more counts as cold outright: advising it costs
+        little next to reading it, and one probe says little about it.
+        """
         probe = bytearray(1)
-        for e, o in zip(extent_nos[:NOWAIT_PROBE_PIECES], offsets[:NOWAIT_PROBE_PIECES]):
+        for e, o, n in list(zip(extent_nos, offsets, lengths))[:NOWAIT_PROBE_PIECES]:
+            if n >= limits.willneed_chunk_bytes:
+                return True
             try:
-                if os.preadv(extents[e].fd, [probe], o, os.RWF_NOWAIT) == 0:
+                if n and os.preadv(extents[e].fd, [probe], o + n // 2, os.RWF_NOWAIT) == 0:
                     return True
             except BlockingIOError:
                 return True
@@ -207,9 +217,18 @@ class DirectReader:
 
 
 def _advise_willneed(extents, extent_nos, offsets, lengths) -> None:
-    """Start reading every sample's pages at once (madvise WILLNEED per sample)."""
+    """Start reading every sample's pages at once (madvise WILLNEED).
+
+    The kernel reads at most its read-ahead size per WILLNEED call, so large
+    samples are advised in `limits.willneed_chunk_bytes` pieces: a 140 MB
+    sample is then all in flight, not faulted in a page at a time.
+    """
     page = mmap.PAGESIZE
+    step = limits.willneed_chunk_bytes
     for e, o, n in zip(extent_nos, offsets, lengths):
-        if n:
-            start = o - o % page
-            extents[e].view.obj.madvise(mmap.MADV_WILLNEED, start, o + n - start)
+        mapping = extents[e].view.obj
+        start, end = o - o % page, o + n
+        while start < end:
+            length = min(step, end - start)
+            mapping.madvise(mmap.MADV_WILLNEED, start, length)
+            start += length

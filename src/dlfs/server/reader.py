@@ -462,7 +462,10 @@ def advise_willneed(files: ExtentFiles, dataset_id: int, pieces: list[Piece]) ->
     """
     with _with_fds(files, dataset_id, pieces) as walk:
         for fd, (_extent_no, file_offset, _buffer_offset, size) in walk:
-            os.posix_fadvise(fd, file_offset, size, os.POSIX_FADV_WILLNEED)
+            # The kernel reads at most its read-ahead size per call.
+            for start in range(file_offset, file_offset + size, limits.willneed_chunk_bytes):
+                length = min(limits.willneed_chunk_bytes, file_offset + size - start)
+                os.posix_fadvise(fd, start, length, os.POSIX_FADV_WILLNEED)
 
 
 def _read_pieces(files: ExtentFiles, dataset_id: int, pieces: list[Piece], buffer: memoryview) -> None:
