@@ -1,6 +1,7 @@
 """`dlfs`: the command-line client.
 
-    dlfs [--server HOST:PORT] ingest SRC_DIR NAME [--replace] [--include-hidden] [--follow-symlinks]
+    dlfs [--server HOST:PORT[,HOST:PORT...]] ingest SRC_DIR NAME [--replace] [--replicas N]
+         [--include-hidden] [--follow-symlinks]
     dlfs [--server HOST:PORT] datasets
     dlfs [--server HOST:PORT] ls NAME[/DIR] [-l]
     dlfs [--server HOST:PORT] stat NAME/PATH
@@ -44,7 +45,12 @@ def _mtime(ns: int) -> str:
 def cmd_ingest(client: Client, args) -> int:
     report = walk_tree(args.source, include_hidden=args.include_hidden,
                        follow_symlinks=args.follow_symlinks)
-    info = upload(client, args.name, report, replace=args.replace)
+    if "," in client.address or args.replicas != 1:
+        info = client.ingest(args.source, args.name, replace=args.replace,
+                             include_hidden=args.include_hidden,
+                             follow_symlinks=args.follow_symlinks, replicas=args.replicas)
+    else:
+        info = upload(client, args.name, report, replace=args.replace)
     print(f"ingested {info.name}: {info.samples} samples, {info.bytes} bytes "
           f"({_human_bytes(info.bytes)})")
     skipped = [(report.skipped_hidden, "hidden"), (report.skipped_symlinks, "symlinks"),
@@ -112,7 +118,17 @@ def cmd_scrub(client: Client, args) -> int:
 
 
 def cmd_status(client: Client, args) -> int:
-    st = client.status()
+    failures = 0
+    for address, result in client.statuses().items():
+        if isinstance(result, DlfsError):
+            print(f"daemon {address}: DOWN ({type(result).__name__}: {result.message})")
+            failures += 1
+        else:
+            _print_status(result)
+    return 1 if failures else 0
+
+
+def _print_status(st) -> None:
     probed = st.cache_hit_ranges + st.cache_miss_ranges
     hit_rate = f"{100 * st.cache_hit_ranges / probed:.0f}%" if probed else "n/a"
     errors = ", ".join(f"{code} {n}" for code, n in sorted(st.errors.items())) or "none"
@@ -125,7 +141,6 @@ def cmd_status(client: Client, args) -> int:
           f"{_human_bytes(st.bytes_served)}; page-cache hits {hit_rate} of probed ranges")
     print(f"  calls in flight: {st.rpcs_in_flight}; errors: {errors}")
     print(f"  metrics: {'http://' + st.metrics_address + '/metrics' if st.metrics_address else 'not served (--metrics-listen)'}")
-    return 0
 
 
 def cmd_rm(client: Client, args) -> int:
@@ -137,7 +152,8 @@ def cmd_rm(client: Client, args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dlfs", description="DLFS command-line client")
     parser.add_argument("--server", default=os.environ.get("DLFS_SERVER", DEFAULT_SERVER),
-                        help="daemon address HOST:PORT (default: $DLFS_SERVER or %(default)s)")
+                        help="daemon address HOST:PORT, or several separated by ',' for a "
+                             "dataset striped over them (default: $DLFS_SERVER or %(default)s)")
     parser.add_argument("--token", default=None,
                         help="token for a daemon started with --tokens-file (default: $DLFS_TOKEN)")
     parser.add_argument("--tls-ca", default=None, metavar="PEM",
@@ -152,6 +168,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="include files and directories whose name starts with '.'")
     p.add_argument("--follow-symlinks", action="store_true",
                    help="follow symbolic links to files and directories (loops are skipped)")
+    p.add_argument("--replicas", type=int, default=1,
+                   help="with several daemons (--server A,B,C): copies of each sample")
     p.set_defaults(run=cmd_ingest)
     p = sub.add_parser("datasets", help="list datasets")
     p.set_defaults(run=cmd_datasets)

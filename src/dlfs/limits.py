@@ -95,10 +95,27 @@ rpcs_concurrent_max_default = 256
 rpc_threads_default = 32
 # Concurrent ingest sessions (each holds one open extent and buffers entries).
 ingests_concurrent_max_default = 8
+# A two-phase ingest (striped datasets) that is prepared but neither
+# committed nor aborted by then is discarded.
+prepared_ingest_timeout_s = 300.0
+# Daemons that hold each sample of a striped dataset, at most.
+replicas_max = 8
+# Daemons one striped dataset may span (member indices are u16).
+members_max = 4096
 # Ingest stream: bytes per client message.
 ingest_message_bytes = 1 * MiB
 
 # --- client ---------------------------------------------------------------------
+# A member daemon that failed with UNAVAILABLE is skipped this long before a
+# multi-daemon client tries it again (a daemon that is back is used again).
+member_down_s = 5.0
+# How long a multi-daemon client retries an unreachable member before it
+# fails over to a replica: short, because the replica is right there.
+failover_timeout_s = 1.0
+# Calls a multi-daemon client runs at once (parts of batches, hints).
+cluster_calls_in_flight_max = 64
+# Pieces buffered per member while a striped ingest streams to it.
+ingest_queue_pieces_max = 64
 # Longest pause between a channel's attempts to reach a daemon that is down.
 # gRPC's default grows to two minutes (shared by every channel to the same
 # address), so a daemon back after a long outage would stay unreachable for

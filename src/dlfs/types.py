@@ -16,6 +16,15 @@ class DatasetInfo:
     sealed: bool
     created_ns: int
     extents: int
+    # Striped datasets (docs/cluster.md): member daemons in placement order,
+    # copies of each sample, and which member answered.  () for one daemon.
+    members: tuple = ()
+    replicas: int = 0
+    member_index: int = 0
+
+    @property
+    def striped(self) -> bool:
+        return bool(self.members)
 
 
 @dataclasses.dataclass(frozen=True)

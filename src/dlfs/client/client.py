@@ -27,7 +27,7 @@ from dlfs.client import convert
 from dlfs.client.channel import open_channel
 from dlfs.client.convert import DatasetInfo, Entry
 from dlfs.client.errors import from_rpc_error
-from dlfs.errors import InvalidArgument, Overloaded, Unavailable
+from dlfs.errors import DlfsError, InvalidArgument, NotFound, Overloaded, Unavailable
 from dlfs.paths import check_dataset_name, normalize_dir_path
 from dlfs.proto import dlfs_pb2 as pb
 from dlfs.proto import dlfs_pb2_grpc
@@ -39,9 +39,11 @@ _RETRY_BACKOFF_S = (0.05, 0.1, 0.2, 0.5, 1.0)
 class Client:
     """Connection to a DLFS daemon.
 
-    `address` is ``HOST:PORT`` (or a one-element list of it; several
-    daemons per client arrive with the multi-daemon placement).  The client
-    is thread-safe; after `os.fork` make a new one in the child.
+    `address` is ``HOST:PORT``, or several (a list, or one string separated
+    by ','): then datasets striped over those daemons are read from all of
+    them, each sample from a live holder, with failover to replicas (see
+    `dlfs.client.cluster`).  The client is thread-safe; after `os.fork` make
+    a new one in the child.
 
     `token` (default: $DLFS_TOKEN) authenticates to a daemon started with
     --tokens-file; `tls_ca` (default: $DLFS_TLS_CA) is the CA file that
@@ -62,27 +64,40 @@ class Client:
                  direct: bool = False, token: str | None = None, tls_ca: str | None = None,
                  tls_cert: str | None = None, tls_key: str | None = None):
         addresses = [address] if isinstance(address, str) else list(address)
-        addresses = [a for part in addresses for a in part.split(",") if a]
-        if len(addresses) != 1:
-            raise InvalidArgument(
-                f"got {len(addresses)} daemon addresses; this client version talks to exactly "
-                "one daemon (HOST:PORT)"
-            )
-        self.address = addresses[0]
+        addresses = list(dict.fromkeys(a.strip() for part in addresses for a in part.split(",")
+                                       if a.strip()))
+        if not addresses:
+            raise InvalidArgument("no daemon address given (HOST:PORT, or several separated by ',')")
         self.timeout_s = timeout_s
         self.batch_timeout_s = batch_timeout_s
         self.reconnect_timeout_s = reconnect_timeout_s
-        self._channel = open_channel(self.address, token=token, tls_ca=tls_ca,
-                                     tls_cert=tls_cert, tls_key=tls_key)
-        self._stub = dlfs_pb2_grpc.DlfsStub(self._channel)
-        # The read RPCs hand the raw reply to dlfs.wire, which slices the payload without copying.
-        self._raw_reads = {
-            name: self._channel.unary_stream(f"/dlfs.v1.Dlfs/{name}",
-                                             request_serializer=request_type.SerializeToString,
-                                             response_deserializer=None)
-            for name, request_type in (("GetBatch", pb.GetBatchRequest),
-                                       ("ReadRange", pb.ReadRangeRequest))
-        }
+        self._cluster = None
+        if len(addresses) > 1:
+            if direct:
+                raise InvalidArgument("direct=True reads one daemon's files; give one address")
+            from dlfs.client.cluster import ClusterRouter
+
+            member_options = dict(timeout_s=timeout_s, batch_timeout_s=batch_timeout_s,
+                                  reconnect_timeout_s=min(reconnect_timeout_s,
+                                                          limits.failover_timeout_s),
+                                  token=token, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key)
+            self.address = ",".join(addresses)
+            self._cluster = ClusterRouter(lambda a: Client(a, **member_options), addresses)
+            self._channel = self._stub = None
+            self._raw_reads: dict = {}
+        else:
+            self.address = addresses[0]
+            self._channel = open_channel(self.address, token=token, tls_ca=tls_ca,
+                                         tls_cert=tls_cert, tls_key=tls_key)
+            self._stub = dlfs_pb2_grpc.DlfsStub(self._channel)
+            # The read RPCs hand the raw reply to dlfs.wire, which slices the payload without copying.
+            self._raw_reads = {
+                name: self._channel.unary_stream(f"/dlfs.v1.Dlfs/{name}",
+                                                 request_serializer=request_type.SerializeToString,
+                                                 response_deserializer=None)
+                for name, request_type in (("GetBatch", pb.GetBatchRequest),
+                                           ("ReadRange", pb.ReadRangeRequest))
+            }
         self.direct = direct
         self._direct_readers: dict = {}
         self._direct_lock = threading.Lock()
@@ -92,7 +107,10 @@ class Client:
             readers, self._direct_readers = list(self._direct_readers.values()), {}
         for reader in readers:
             reader.close()
-        self._channel.close()
+        if self._cluster is not None:
+            self._cluster.close()
+        else:
+            self._channel.close()
 
     def _direct_reader(self, dataset: str):
         """The co-located reader of `dataset` (created on first use)."""
@@ -116,7 +134,13 @@ class Client:
     # --- calls --------------------------------------------------------------
 
     def _call(self, method: str, request, *, timeout_s: float | None = None, retry: bool = True):
-        """Unary call with deadline, typed errors and retry on UNAVAILABLE."""
+        """Unary call with deadline, typed errors and retry on UNAVAILABLE.
+
+        Several daemons: the first member that answers (see ClusterRouter.call_any).
+        """
+        if self._cluster is not None:
+            return self._cluster.call_any(
+                lambda member: member._call(method, request, timeout_s=timeout_s, retry=retry))
         stub_method = getattr(self._stub, method)
         give_up = time.monotonic() + (self.reconnect_timeout_s if retry else 0.0)
         for attempt in range(1 << 30):
@@ -142,9 +166,23 @@ class Client:
         return [info.name for info in self.dataset_infos() if info.sealed]
 
     def dataset_infos(self) -> list[DatasetInfo]:
-        """Summaries of all datasets, including ingests in progress (sealed=False)."""
-        reply = self._call("ListDatasets", pb.ListDatasetsRequest())
-        return [convert.dataset_info(d) for d in reply.datasets]
+        """Summaries of all datasets, including ingests in progress (sealed=False).
+
+        Several daemons: the union over the members that answer.
+        """
+        if self._cluster is None:
+            reply = self._call("ListDatasets", pb.ListDatasetsRequest())
+            return [convert.dataset_info(d) for d in reply.datasets]
+        found: dict[str, DatasetInfo] = {}
+        for result in self._cluster.each(lambda member: member.dataset_infos()).values():
+            if isinstance(result, list):
+                for info in result:
+                    if info.name not in found or (info.sealed and not found[info.name].sealed):
+                        found[info.name] = info
+        if not found and all(isinstance(r, Exception)
+                             for r in self._cluster.each(lambda m: m.address).values()):
+            raise Unavailable(f"none of the DLFS daemons {self.address} answers")
+        return [found[name] for name in sorted(found)]
 
     def dataset(self, name: str) -> "Dataset":
         """Open dataset `name`.  Raises NotFound, InvalidArgument."""
@@ -153,26 +191,71 @@ class Client:
         return Dataset(self, info)
 
     def delete(self, name: str) -> DatasetInfo:
-        """Remove dataset `name` and free its space.  Raises NotFound."""
+        """Remove dataset `name` and free its space (on every member that has it).
+
+        Raises NotFound; with several daemons, Unavailable when a member that
+        may hold part of it does not answer (delete again once it is back).
+        """
         check_dataset_name(name)
-        reply = self._call("DeleteDataset", pb.DeleteDatasetRequest(dataset=name), retry=False)
-        return convert.dataset_info(reply)
+        request = pb.DeleteDatasetRequest(dataset=name)
+        if self._cluster is None:
+            return convert.dataset_info(self._call("DeleteDataset", request, retry=False))
+        results = self._cluster.each(
+            lambda member: convert.dataset_info(member._call("DeleteDataset", request,
+                                                             retry=False)))
+        deleted = [r for r in results.values() if isinstance(r, DatasetInfo)]
+        down = [a for a, r in results.items() if isinstance(r, Unavailable)]
+        if down:
+            raise Unavailable(f"dataset {name!r} was deleted on {len(deleted)} daemon(s), but "
+                              f"{', '.join(down)} did not answer: delete it again once they are back")
+        if not deleted:
+            raise NotFound(f"no dataset named {name!r} on {self.address}")
+        return deleted[0]
 
     def ingest(self, source_dir: str, name: str, *, replace: bool = False,
                include_hidden: bool = False, follow_symlinks: bool = False,
-               progress: bool | None = None) -> DatasetInfo:
+               progress: bool | None = None, replicas: int = 1) -> DatasetInfo:
         """Upload every regular file below `source_dir` as dataset `name`.
 
         See `dlfs.client.ingest.ingest_tree` for the file selection rules.
+        Several daemons: the dataset is striped over all of them, each sample
+        stored on `replicas` of them (docs/cluster.md).
         """
-        from dlfs.client.ingest import ingest_tree
+        from dlfs.client.ingest import ingest_tree, walk_tree
 
-        return ingest_tree(self, source_dir, name, replace=replace, include_hidden=include_hidden,
-                           follow_symlinks=follow_symlinks, progress=progress)
+        if self._cluster is None:
+            if replicas != 1:
+                raise InvalidArgument(f"--replicas {replicas} needs as many daemons; one was given")
+            return ingest_tree(self, source_dir, name, replace=replace,
+                               include_hidden=include_hidden, follow_symlinks=follow_symlinks,
+                               progress=progress)
+        from dlfs.client.cluster import ingest_striped
+
+        check_dataset_name(name)
+        report = walk_tree(source_dir, include_hidden=include_hidden,
+                           follow_symlinks=follow_symlinks)
+        info = ingest_striped(self._cluster, report, name, replace=replace, replicas=replicas,
+                              progress=progress)
+        self._cluster.forget(name)
+        return info
 
     def status(self) -> convert.DaemonStatus:
-        """The daemon's health and counters (what `dlfs status` prints)."""
+        """The daemon's health and counters (what `dlfs status` prints).
+
+        Several daemons: the first member that answers; see `statuses`.
+        """
+        if self._cluster is not None:
+            return self._cluster.call_any(lambda member: member.status())
         return convert.daemon_status(self.address, self._call("Status", pb.StatusRequest()))
+
+    def statuses(self) -> dict:
+        """Per daemon address: its DaemonStatus, or the error that reaching it raised."""
+        if self._cluster is None:
+            try:
+                return {self.address: self.status()}
+            except DlfsError as exc:
+                return {self.address: exc}
+        return self._cluster.each(lambda member: member.status())
 
     def scrub(self, name: str, *, progress: bool | None = None) -> ScrubReport:
         """Verify every sample of dataset `name` on the daemon; report the damaged ones.
@@ -181,6 +264,9 @@ class Client:
         Raises NotFound.  Damaged samples are in the report, not raised.
         """
         check_dataset_name(name)
+        if self._cluster is not None:
+            return _merge_scrubs(name, self._cluster.each(
+                lambda member: member.scrub(name, progress=False)))
         show = sys.stderr.isatty() if progress is None else progress
         bar = None
         damaged: list[tuple[Entry, str]] = []
@@ -292,6 +378,10 @@ class Dataset:
         request = pb.PrefetchRequest(dataset=self.name)
         if not _fill_keys(request, keys):
             return True
+        if self.client._cluster is not None:
+            ids = np.asarray(self._ids(request), dtype=np.int64)
+            self.client._cluster.prefetch(self.name, ids)
+            return True
         try:
             self.client._call("Prefetch", request, retry=False)
         except Overloaded:
@@ -304,8 +394,32 @@ class Dataset:
 
         One round trip.  The CRC32C is verified when the range is the whole sample.
         """
+        if self.client._cluster is not None:
+            return self._on_holder(key, lambda ds: ds.read(self._id(key), offset, length,
+                                                           verify=verify))
         request = _range_request(self.name, key, offset, length, verify=verify)
         return _call_stream(self.client, "ReadRange", request)[0]
+
+    def _id(self, key: SampleKey) -> int:
+        return self.index(key) if isinstance(key, str) else int(key)
+
+    def _ids(self, request) -> list[int]:
+        """The ids of a request filled by _fill_keys (paths resolved with one Lookup)."""
+        if request.paths:
+            return [e.id for e in self.lookup(list(request.paths))]
+        return list(request.ids)
+
+    def _on_holder(self, key: SampleKey, call):
+        """Several daemons: `call(Dataset on a holder of key)`, failing over to replicas."""
+        router = self.client._cluster
+        sample_id = self._id(key)
+        for _attempt in range(limits.replicas_max):
+            member = router.holder_of(self.name, sample_id)
+            try:
+                return call(Dataset(member, self.info))
+            except Unavailable as exc:
+                router.mark_down(member.address, exc)
+        raise Unavailable(f"no holder of sample {sample_id} of dataset {self.name!r} answers")
 
     def read_chunks(self, key: SampleKey, offset: int = 0, length: int = 0
                     ) -> Iterator[tuple[int, memoryview]]:
@@ -317,6 +431,10 @@ class Dataset:
         before the first piece is retried as every read is; a stream that
         breaks later raises Unavailable.
         """
+        if self.client._cluster is not None:
+            member = self.client._cluster.holder_of(self.name, self._id(key))
+            yield from Dataset(member, self.info).read_chunks(self._id(key), offset, length)
+            return
         request = _range_request(self.name, key, offset, length, verify=False)
         call = self.client._raw_reads["ReadRange"]
         give_up = time.monotonic() + self.client.reconnect_timeout_s
@@ -421,6 +539,14 @@ def fetch_batch(client: Client, dataset: str, keys, *, verify: bool = True,
     _fill_keys(request, prefetch, ids_field="prefetch_ids", paths_field="prefetch_ids")
     if not _fill_keys(request, keys):
         return []
+    if client._cluster is not None:
+        if request.paths:
+            lookup = pb.LookupRequest(dataset=dataset, paths=request.paths)
+            ids = [e.id for e in client._call("Lookup", lookup).entries]
+        else:
+            ids = request.ids
+        return client._cluster.get_batch(dataset, np.asarray(ids, dtype=np.int64), verify=verify,
+                                         prefetch=np.asarray(request.prefetch_ids, dtype=np.int64))
     if client.direct:
         if request.paths:
             lookup = pb.LookupRequest(dataset=dataset, paths=request.paths)
@@ -467,3 +593,15 @@ def _assemble(chunks) -> list[memoryview]:
     for _ in chunks:  # drain so the call completes and its status is checked
         pass
     return [payload[o:o + n] for o, n in zip(first.offsets, first.lengths)]
+
+
+def _merge_scrubs(name: str, results: dict) -> ScrubReport:
+    """One report from every member's scrub of its own samples."""
+    reports = [r for r in results.values() if isinstance(r, ScrubReport)]
+    down = [a for a, r in results.items() if isinstance(r, Unavailable)]
+    if down:
+        raise Unavailable(f"cannot scrub {name!r} on {', '.join(down)}: not answering")
+    if not reports:
+        raise NotFound(f"no dataset named {name!r} on any daemon")
+    return ScrubReport(sum(r.samples for r in reports), sum(r.bytes for r in reports),
+                       [d for r in reports for d in r.damaged])

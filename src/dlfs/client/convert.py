@@ -10,7 +10,8 @@ from dlfs.types import DatasetInfo, Entry
 
 def dataset_info(message: pb.DatasetInfo) -> DatasetInfo:
     return DatasetInfo(message.name, message.samples, message.bytes, message.sealed,
-                       message.created_unix_ns, message.extents)
+                       message.created_unix_ns, message.extents, tuple(message.members),
+                       message.replicas, message.member_index)
 
 
 def entry(message: pb.Entry) -> Entry:

@@ -48,8 +48,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         description="Mount the datasets of a DLFS daemon as a read-only file system.",
         epilog="Unmount with `fusermount3 -u MOUNTPOINT` (or SIGTERM to a --foreground mount).")
     parser.add_argument("address", metavar="ADDR",
-                        help="daemon address HOST:PORT (several, comma-separated, once "
-                             "multi-daemon placement lands)")
+                        help="daemon address HOST:PORT, or several comma-separated for "
+                             "a dataset striped over them (reads fail over to replicas)")
     parser.add_argument("mountpoint", metavar="MOUNTPOINT", help="an existing empty directory")
     parser.add_argument("--dataset", metavar="NAME",
                         help="mount only this dataset, its root at MOUNTPOINT (default: every "

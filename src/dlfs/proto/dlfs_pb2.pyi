@@ -33,20 +33,26 @@ class GetDatasetRequest(_message.Message):
     def __init__(self, dataset: _Optional[str] = ...) -> None: ...
 
 class DatasetInfo(_message.Message):
-    __slots__ = ("name", "samples", "bytes", "sealed", "created_unix_ns", "extents")
+    __slots__ = ("name", "samples", "bytes", "sealed", "created_unix_ns", "extents", "members", "replicas", "member_index")
     NAME_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_FIELD_NUMBER: _ClassVar[int]
     BYTES_FIELD_NUMBER: _ClassVar[int]
     SEALED_FIELD_NUMBER: _ClassVar[int]
     CREATED_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
     EXTENTS_FIELD_NUMBER: _ClassVar[int]
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_INDEX_FIELD_NUMBER: _ClassVar[int]
     name: str
     samples: int
     bytes: int
     sealed: bool
     created_unix_ns: int
     extents: int
-    def __init__(self, name: _Optional[str] = ..., samples: _Optional[int] = ..., bytes: _Optional[int] = ..., sealed: _Optional[bool] = ..., created_unix_ns: _Optional[int] = ..., extents: _Optional[int] = ...) -> None: ...
+    members: _containers.RepeatedScalarFieldContainer[str]
+    replicas: int
+    member_index: int
+    def __init__(self, name: _Optional[str] = ..., samples: _Optional[int] = ..., bytes: _Optional[int] = ..., sealed: _Optional[bool] = ..., created_unix_ns: _Optional[int] = ..., extents: _Optional[int] = ..., members: _Optional[_Iterable[str]] = ..., replicas: _Optional[int] = ..., member_index: _Optional[int] = ...) -> None: ...
 
 class Entry(_message.Message):
     __slots__ = ("name", "path", "kind", "size", "mode", "mtime_ns", "id", "crc32c", "children")
@@ -169,7 +175,7 @@ class GetIndexRequest(_message.Message):
     def __init__(self, dataset: _Optional[str] = ...) -> None: ...
 
 class IndexChunk(_message.Message):
-    __slots__ = ("dataset_id", "data_dir", "daemon_token", "samples", "first_id", "extent", "offset", "length", "crc32c")
+    __slots__ = ("dataset_id", "data_dir", "daemon_token", "samples", "first_id", "extent", "offset", "length", "crc32c", "holders", "members", "replicas")
     DATASET_ID_FIELD_NUMBER: _ClassVar[int]
     DATA_DIR_FIELD_NUMBER: _ClassVar[int]
     DAEMON_TOKEN_FIELD_NUMBER: _ClassVar[int]
@@ -179,6 +185,9 @@ class IndexChunk(_message.Message):
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     LENGTH_FIELD_NUMBER: _ClassVar[int]
     CRC32C_FIELD_NUMBER: _ClassVar[int]
+    HOLDERS_FIELD_NUMBER: _ClassVar[int]
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
     dataset_id: int
     data_dir: str
     daemon_token: str
@@ -188,7 +197,10 @@ class IndexChunk(_message.Message):
     offset: bytes
     length: bytes
     crc32c: bytes
-    def __init__(self, dataset_id: _Optional[int] = ..., data_dir: _Optional[str] = ..., daemon_token: _Optional[str] = ..., samples: _Optional[int] = ..., first_id: _Optional[int] = ..., extent: _Optional[bytes] = ..., offset: _Optional[bytes] = ..., length: _Optional[bytes] = ..., crc32c: _Optional[bytes] = ...) -> None: ...
+    holders: bytes
+    members: _containers.RepeatedScalarFieldContainer[str]
+    replicas: int
+    def __init__(self, dataset_id: _Optional[int] = ..., data_dir: _Optional[str] = ..., daemon_token: _Optional[str] = ..., samples: _Optional[int] = ..., first_id: _Optional[int] = ..., extent: _Optional[bytes] = ..., offset: _Optional[bytes] = ..., length: _Optional[bytes] = ..., crc32c: _Optional[bytes] = ..., holders: _Optional[bytes] = ..., members: _Optional[_Iterable[str]] = ..., replicas: _Optional[int] = ...) -> None: ...
 
 class ScrubRequest(_message.Message):
     __slots__ = ("dataset",)
@@ -282,28 +294,46 @@ class IngestMessage(_message.Message):
     def __init__(self, start: _Optional[_Union[IngestStart, _Mapping]] = ..., pieces: _Optional[_Iterable[_Union[IngestPiece, _Mapping]]] = ...) -> None: ...
 
 class IngestStart(_message.Message):
-    __slots__ = ("dataset", "replace")
+    __slots__ = ("dataset", "replace", "members", "replicas", "member_index", "prepare_only")
     DATASET_FIELD_NUMBER: _ClassVar[int]
     REPLACE_FIELD_NUMBER: _ClassVar[int]
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_INDEX_FIELD_NUMBER: _ClassVar[int]
+    PREPARE_ONLY_FIELD_NUMBER: _ClassVar[int]
     dataset: str
     replace: bool
-    def __init__(self, dataset: _Optional[str] = ..., replace: _Optional[bool] = ...) -> None: ...
+    members: _containers.RepeatedScalarFieldContainer[str]
+    replicas: int
+    member_index: int
+    prepare_only: bool
+    def __init__(self, dataset: _Optional[str] = ..., replace: _Optional[bool] = ..., members: _Optional[_Iterable[str]] = ..., replicas: _Optional[int] = ..., member_index: _Optional[int] = ..., prepare_only: _Optional[bool] = ...) -> None: ...
 
 class IngestPiece(_message.Message):
-    __slots__ = ("path", "size", "mode", "mtime_ns", "data", "crc32c")
+    __slots__ = ("path", "size", "mode", "mtime_ns", "data", "crc32c", "holders", "remote")
     PATH_FIELD_NUMBER: _ClassVar[int]
     SIZE_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
     MTIME_NS_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
     CRC32C_FIELD_NUMBER: _ClassVar[int]
+    HOLDERS_FIELD_NUMBER: _ClassVar[int]
+    REMOTE_FIELD_NUMBER: _ClassVar[int]
     path: str
     size: int
     mode: int
     mtime_ns: int
     data: bytes
     crc32c: int
-    def __init__(self, path: _Optional[str] = ..., size: _Optional[int] = ..., mode: _Optional[int] = ..., mtime_ns: _Optional[int] = ..., data: _Optional[bytes] = ..., crc32c: _Optional[int] = ...) -> None: ...
+    holders: _containers.RepeatedScalarFieldContainer[int]
+    remote: bool
+    def __init__(self, path: _Optional[str] = ..., size: _Optional[int] = ..., mode: _Optional[int] = ..., mtime_ns: _Optional[int] = ..., data: _Optional[bytes] = ..., crc32c: _Optional[int] = ..., holders: _Optional[_Iterable[int]] = ..., remote: _Optional[bool] = ...) -> None: ...
+
+class CommitIngestRequest(_message.Message):
+    __slots__ = ("dataset",)
+    DATASET_FIELD_NUMBER: _ClassVar[int]
+    dataset: str
+    def __init__(self, dataset: _Optional[str] = ...) -> None: ...
 
 class DeleteDatasetRequest(_message.Message):
     __slots__ = ("dataset",)

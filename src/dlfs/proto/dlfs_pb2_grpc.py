@@ -94,6 +94,16 @@ class DlfsStub:
                 request_serializer=dlfs_dot_proto_dot_dlfs__pb2.IngestMessage.SerializeToString,
                 response_deserializer=dlfs_dot_proto_dot_dlfs__pb2.DatasetInfo.FromString,
                 _registered_method=True)
+        self.CommitIngest = channel.unary_unary(
+                '/dlfs.v1.Dlfs/CommitIngest',
+                request_serializer=dlfs_dot_proto_dot_dlfs__pb2.CommitIngestRequest.SerializeToString,
+                response_deserializer=dlfs_dot_proto_dot_dlfs__pb2.DatasetInfo.FromString,
+                _registered_method=True)
+        self.AbortIngest = channel.unary_unary(
+                '/dlfs.v1.Dlfs/AbortIngest',
+                request_serializer=dlfs_dot_proto_dot_dlfs__pb2.CommitIngestRequest.SerializeToString,
+                response_deserializer=dlfs_dot_proto_dot_dlfs__pb2.DatasetInfo.FromString,
+                _registered_method=True)
         self.DeleteDataset = channel.unary_unary(
                 '/dlfs.v1.Dlfs/DeleteDataset',
                 request_serializer=dlfs_dot_proto_dot_dlfs__pb2.DeleteDatasetRequest.SerializeToString,
@@ -227,6 +237,21 @@ class DlfsServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CommitIngest(self, request, context):
+        """Publish (or discard) a dataset whose Ingest ran with prepare_only.
+        Codes: NOT_FOUND (no prepared ingest of that name: never prepared, or
+        timed out and discarded).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AbortIngest(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def DeleteDataset(self, request, context):
         """Remove a sealed dataset and free its extents.  Codes: NOT_FOUND.
         """
@@ -295,6 +320,16 @@ def add_DlfsServicer_to_server(servicer, server):
             'Ingest': grpc.stream_unary_rpc_method_handler(
                     servicer.Ingest,
                     request_deserializer=dlfs_dot_proto_dot_dlfs__pb2.IngestMessage.FromString,
+                    response_serializer=dlfs_dot_proto_dot_dlfs__pb2.DatasetInfo.SerializeToString,
+            ),
+            'CommitIngest': grpc.unary_unary_rpc_method_handler(
+                    servicer.CommitIngest,
+                    request_deserializer=dlfs_dot_proto_dot_dlfs__pb2.CommitIngestRequest.FromString,
+                    response_serializer=dlfs_dot_proto_dot_dlfs__pb2.DatasetInfo.SerializeToString,
+            ),
+            'AbortIngest': grpc.unary_unary_rpc_method_handler(
+                    servicer.AbortIngest,
+                    request_deserializer=dlfs_dot_proto_dot_dlfs__pb2.CommitIngestRequest.FromString,
                     response_serializer=dlfs_dot_proto_dot_dlfs__pb2.DatasetInfo.SerializeToString,
             ),
             'DeleteDataset': grpc.unary_unary_rpc_method_handler(
@@ -626,6 +661,60 @@ class Dlfs:
             target,
             '/dlfs.v1.Dlfs/Ingest',
             dlfs_dot_proto_dot_dlfs__pb2.IngestMessage.SerializeToString,
+            dlfs_dot_proto_dot_dlfs__pb2.DatasetInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CommitIngest(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dlfs.v1.Dlfs/CommitIngest',
+            dlfs_dot_proto_dot_dlfs__pb2.CommitIngestRequest.SerializeToString,
+            dlfs_dot_proto_dot_dlfs__pb2.DatasetInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AbortIngest(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dlfs.v1.Dlfs/AbortIngest',
+            dlfs_dot_proto_dot_dlfs__pb2.CommitIngestRequest.SerializeToString,
             dlfs_dot_proto_dot_dlfs__pb2.DatasetInfo.FromString,
             options,
             channel_credentials,

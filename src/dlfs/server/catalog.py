@@ -13,6 +13,10 @@ Record types and payloads:
             | crc u32[n] | mode u32[n] | mtime ns i64[n] | paths: UTF-8, NUL-separated
     SEAL    dataset id u64 | replaces dataset id u64 (0: none)
     DELETE  dataset id u64 (also ends an ingest that was aborted)
+    CLUSTER dataset id u64 | replicas u32 | member index u32 | member addresses
+            (UTF-8, NUL-separated): the dataset is striped over these daemons
+    HOLDERS dataset id u64 | count u32 | replicas u32 | member indices u16[n x r]
+            of the samples of the SAMPLES record just before it
 
 A dataset becomes visible only with its SEAL record, which is written after
 its extents and SAMPLES records are synced, and the catalog is synced before
@@ -62,6 +66,8 @@ class RecordType(enum.IntEnum):
     SAMPLES = 2
     SEAL = 3
     DELETE = 4
+    CLUSTER = 5
+    HOLDERS = 6
 
 
 class CatalogCorrupt(DlfsError):
@@ -81,6 +87,8 @@ class SampleBlock:
     crc: np.ndarray  # uint32
     mode: np.ndarray  # uint32
     mtime_ns: np.ndarray  # int64
+    # Striped datasets: uint16 (n, replicas) member indices holding each sample.
+    holders: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -93,7 +101,10 @@ class SampleBlock:
         for block in blocks:
             paths.extend(block.paths)
         arrays = [np.concatenate([getattr(b, f) for b in blocks]) for f in _ARRAY_FIELDS]
-        return SampleBlock(paths, *arrays)
+        holders = None
+        if any(b.holders is not None for b in blocks):
+            holders = np.concatenate([b.holders for b in blocks])
+        return SampleBlock(paths, *arrays, holders=holders)
 
 
 _ARRAY_FIELDS = ("extent", "offset", "length", "crc", "mode", "mtime_ns")
@@ -114,6 +125,30 @@ def encode_samples(dataset_id: int, block: SampleBlock) -> bytes:
         parts.append(array.tobytes())
     parts.append("\0".join(block.paths).encode("utf-8"))
     return b"".join(parts)
+
+
+_CLUSTER = struct.Struct("<QII")
+_HOLDERS = struct.Struct("<QII")
+
+
+def encode_cluster(dataset_id: int, replicas: int, member_index: int, members: list[str]) -> bytes:
+    return _CLUSTER.pack(dataset_id, replicas, member_index) + "\0".join(members).encode("utf-8")
+
+
+def decode_cluster(payload: bytes) -> tuple[int, int, int, list[str]]:
+    dataset_id, replicas, member_index = _CLUSTER.unpack_from(payload)
+    return dataset_id, replicas, member_index, payload[_CLUSTER.size:].decode("utf-8").split("\0")
+
+
+def encode_holders(dataset_id: int, holders: np.ndarray) -> bytes:
+    n, replicas = holders.shape
+    return _HOLDERS.pack(dataset_id, n, replicas) + np.ascontiguousarray(holders, "<u2").tobytes()
+
+
+def decode_holders(payload: bytes) -> tuple[int, np.ndarray]:
+    dataset_id, n, replicas = _HOLDERS.unpack_from(payload)
+    array = np.frombuffer(payload, "<u2", count=n * replicas, offset=_HOLDERS.size)
+    return dataset_id, array.reshape(n, replicas).copy()
 
 
 def encode_seal(dataset_id: int, replaces_dataset_id: int = 0) -> bytes:

@@ -8,17 +8,38 @@ from __future__ import annotations
 import numpy as np
 
 from dlfs.proto import dlfs_pb2 as pb
-from dlfs.server.directory import DatasetIndex
+from dlfs import limits
+from dlfs.errors import InvalidArgument
+from dlfs.server.directory import Cluster, DatasetIndex
 from dlfs.types import DatasetInfo, Entry
 
-# extent u32 + offset u64 + length u64 + crc u32
-INDEX_BYTES_PER_SAMPLE = 24
+# extent u32 + offset u64 + length u64 + crc u32 + holders (u16 x replicas_max at most)
+INDEX_BYTES_PER_SAMPLE = 24 + 2 * limits.replicas_max
 
 
 def dataset_info(summary: DatasetInfo) -> pb.DatasetInfo:
     return pb.DatasetInfo(name=summary.name, samples=summary.samples, bytes=summary.bytes,
                           sealed=summary.sealed, created_unix_ns=summary.created_ns,
-                          extents=summary.extents)
+                          extents=summary.extents, members=list(summary.members),
+                          replicas=summary.replicas, member_index=summary.member_index)
+
+
+def cluster(start: pb.IngestStart) -> Cluster | None:
+    """The striping of an ingest (None: one daemon).  Raises InvalidArgument."""
+    members = list(start.members)
+    if not members:
+        if start.replicas or start.member_index:
+            raise InvalidArgument("replicas and member_index need the list of members")
+        return None
+    if len(members) > limits.members_max or len(set(members)) != len(members) or not all(members):
+        raise InvalidArgument(f"members must be 1..{limits.members_max} distinct, non-empty "
+                              "daemon addresses")
+    if not 1 <= start.replicas <= min(len(members), limits.replicas_max):
+        raise InvalidArgument(f"replicas {start.replicas} must be in 1..{min(len(members), limits.replicas_max)} "
+                              f"for {len(members)} members")
+    if start.member_index >= len(members):
+        raise InvalidArgument(f"member_index {start.member_index} is not below {len(members)}")
+    return Cluster(tuple(members), start.replicas, start.member_index)
 
 
 def entry(info: Entry) -> pb.Entry:
@@ -51,4 +72,6 @@ def index_chunk(dataset: DatasetIndex, first: int, stop: int) -> pb.IndexChunk:
         offset=dataset.offset[part].astype("<u8").tobytes(),
         length=dataset.length[part].astype("<u8").tobytes(),
         crc32c=dataset.crc[part].astype("<u4").tobytes(),
+        holders=(dataset.holders[part].astype("<u2").tobytes()
+                 if dataset.holders is not None else b""),
     )

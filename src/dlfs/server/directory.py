@@ -18,6 +18,7 @@ Python int per sample; see DirNode).  `python -m bench.memory` measures it.
 from __future__ import annotations
 
 import array
+import dataclasses
 import stat as stat_module
 import threading
 from typing import Iterable, Sequence
@@ -26,12 +27,23 @@ import numpy as np
 from sortedcontainers import SortedDict
 
 from dlfs import limits
-from dlfs.errors import InvalidArgument, NotFound
+from dlfs.errors import FailedPrecondition, InvalidArgument, NotFound
 from dlfs.paths import check_sample_path, normalize_dir_path
 from dlfs.server.catalog import SampleBlock
+from dlfs.server.extents import NO_EXTENT
 from dlfs.types import DatasetInfo, Entry
 
 DIR_MODE = stat_module.S_IFDIR | 0o555
+
+
+@dataclasses.dataclass(frozen=True)
+class Cluster:
+    """How a striped dataset is spread: member daemons (placement order),
+    copies per sample, and this daemon's index among the members."""
+
+    members: tuple
+    replicas: int
+    member_index: int
 
 
 class _FileMarker:
@@ -77,10 +89,12 @@ class DatasetIndex:
     Build cost: O(n log n) for the sort, O(n) for the tree.
     """
 
-    def __init__(self, name: str, dataset_id: int, created_ns: int, block: SampleBlock):
+    def __init__(self, name: str, dataset_id: int, created_ns: int, block: SampleBlock,
+                 cluster: Cluster | None = None):
         self.name = name
         self.dataset_id = dataset_id
         self.created_ns = created_ns
+        self.cluster = cluster  # striped datasets: the member daemons, else None
         n = len(block)
         if n >= NO_ID:
             raise InvalidArgument(f"dataset {name!r} has {n} samples; at most {int(NO_ID) - 1} fit")
@@ -93,10 +107,16 @@ class DatasetIndex:
         self.crc = block.crc[perm]
         self.mode = block.mode[perm]
         self.mtime_ns = block.mtime_ns[perm]
+        self.holders = block.holders[perm] if block.holders is not None else None
+        if cluster is not None and self.holders is None and n == 0:
+            self.holders = np.empty((0, cluster.replicas), dtype=np.uint16)
         for column in (self.extent, self.offset, self.length, self.crc, self.mode, self.mtime_ns):
             column.flags.writeable = False
+        if (self.holders is None) != (cluster is None):
+            raise InvalidArgument(f"dataset {name!r}: sample holders and cluster members must "
+                                  "come together")
         self.total_bytes = int(self.length.sum())
-        self.extents = int(np.unique(self.extent).size)
+        self.extents = int(np.unique(self.extent[self.extent != NO_EXTENT]).size)
         self.names: list[str] = [""] * n
         self.parent = np.zeros(n, dtype=np.uint32)
         self.dirs: list[DirNode] = [DirNode("", 0)]
@@ -110,8 +130,23 @@ class DatasetIndex:
         return self.dirs[0]
 
     def summary(self) -> DatasetInfo:
+        cluster = self.cluster
         return DatasetInfo(self.name, len(self), self.total_bytes, True, self.created_ns,
-                              self.extents)
+                           self.extents, tuple(cluster.members) if cluster else (),
+                           cluster.replicas if cluster else 0,
+                           cluster.member_index if cluster else 0)
+
+    def check_local(self, ids: np.ndarray) -> None:
+        """Raise FailedPrecondition if any of `ids` is stored on other daemons only."""
+        if self.cluster is None or ids.size == 0:
+            return
+        remote = self.extent[ids] == NO_EXTENT
+        if remote.any():
+            sample_id = int(ids[np.argmax(remote)])
+            holders = ", ".join(self.cluster.members[h] for h in self.holders[sample_id])
+            raise FailedPrecondition(
+                f"sample {sample_id} of dataset {self.name!r} is stored on {holders}, not on "
+                "this daemon; a client given every member address routes reads itself")
 
     # --- building ---------------------------------------------------------------
 

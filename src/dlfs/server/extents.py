@@ -38,6 +38,8 @@ HEADER_BYTES = 4096
 _HEADER = struct.Struct("<8sIQIq")  # magic, version, dataset id, extent no, created ns
 _HEADER_CRC = struct.Struct("<I")
 WRITE_BUFFER_BYTES = 4 * limits.MiB
+# Extent number of a sample of a striped dataset that other daemons store.
+NO_EXTENT = 0xFFFFFFFF
 
 _NO_SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 

@@ -24,9 +24,9 @@ from dlfs import limits
 from dlfs.errors import DataCorruption, InvalidArgument
 from dlfs.paths import check_sample_path
 from dlfs.server import catalog as cat
-from dlfs.server.directory import DatasetIndex
+from dlfs.server.directory import Cluster, DatasetIndex
+from dlfs.server.extents import NO_EXTENT, ExtentWriter
 from dlfs.types import DatasetInfo
-from dlfs.server.extents import ExtentWriter
 
 if TYPE_CHECKING:
     from dlfs.server.store import Store
@@ -57,17 +57,25 @@ class IngestSession:
     drives one session.
     """
 
-    def __init__(self, store: "Store", name: str, dataset_id: int, replace: bool):
+    def __init__(self, store: "Store", name: str, dataset_id: int, replace: bool,
+                 cluster: Cluster | None = None):
         self._store = store
         self.name = name
         self.dataset_id = dataset_id
         self.replace = replace
+        self.cluster = cluster
         self.created_ns = time.time_ns()
         self._writer = ExtentWriter(store.extents, dataset_id, self.created_ns,
                                     store.config.extent_bytes_max, label=f"dataset {name!r}")
         store.catalog.append(cat.RecordType.BEGIN, cat.encode_begin(dataset_id, self.created_ns, name))
+        if cluster is not None:
+            store.catalog.append(cat.RecordType.CLUSTER, cat.encode_cluster(
+                dataset_id, cluster.replicas, cluster.member_index, list(cluster.members)))
         self._blocks: list[cat.SampleBlock] = []
-        self._pending: list[tuple] = []  # (path, extent, offset, length, crc, mode, mtime)
+        # (path, extent, offset, length, crc, mode, mtime, holders)
+        self._pending: list[tuple] = []
+        self._holders: tuple = ()  # holders of the file being received
+        self._index: DatasetIndex | None = None  # built by prepare()
         self._file: _OpenFile | None = None
         self._last: tuple[str, int] | None = None  # (path, crc) of the last finished file
         self.samples = 0
@@ -78,8 +86,46 @@ class IngestSession:
     def file_open(self) -> bool:
         return self._file is not None
 
-    def start_file(self, path: str, size: int, mode: int, mtime_ns: int) -> None:
-        """Begin a sample.  Raises InvalidArgument for a bad path or size."""
+    def start_file(self, path: str, size: int, mode: int, mtime_ns: int,
+                   holders: tuple = ()) -> None:
+        """Begin a sample stored here.  `holders`: the member indices storing it
+        (striped datasets only; must include this daemon).  Raises InvalidArgument."""
+        self._check_holders(path, holders, remote=False)
+        self._holders = tuple(holders)
+        self._start(path, size, mode, mtime_ns)
+
+    def add_remote(self, path: str, size: int, mode: int, mtime_ns: int, crc: int,
+                   holders: tuple) -> None:
+        """Record a sample of a striped dataset that other members store (metadata only)."""
+        if self._file is not None:
+            raise InvalidArgument(
+                f"file {self._file.path!r} got {self._file.received} of {self._file.size} bytes "
+                f"before {path!r} started")
+        self._check_holders(path, holders, remote=True)
+        check_sample_path(path)
+        self._pending.append((path, NO_EXTENT, 0, size, crc, _regular_mode(path, mode), mtime_ns,
+                              tuple(holders)))
+        self._last = (path, crc)
+        self._count(size)
+
+    def _check_holders(self, path: str, holders, remote: bool) -> None:
+        cluster = self.cluster
+        if cluster is None:
+            if holders or remote:
+                raise InvalidArgument(f"file {path!r} names holders, but the ingest did not "
+                                      "name cluster members")
+            return
+        members = len(cluster.members)
+        if (len(holders) != cluster.replicas or len(set(holders)) != len(holders)
+                or any(h >= members for h in holders)):
+            raise InvalidArgument(f"file {path!r}: holders {list(holders)} must be "
+                                  f"{cluster.replicas} distinct member indices below {members}")
+        if (cluster.member_index in holders) == remote:
+            raise InvalidArgument(
+                f"file {path!r}: holders {list(holders)} and remote={remote} disagree about "
+                f"member {cluster.member_index} (this daemon)")
+
+    def _start(self, path: str, size: int, mode: int, mtime_ns: int) -> None:
         if self._file is not None:
             raise InvalidArgument(
                 f"file {self._file.path!r} got {self._file.received} of {self._file.size} bytes "
@@ -90,9 +136,7 @@ class IngestSession:
             raise InvalidArgument(
                 f"file {path!r} is {size} bytes, over the limit of {limits.sample_bytes_max}"
             )
-        if mode and not stat_module.S_ISREG(mode):
-            raise InvalidArgument(f"file {path!r} has mode {mode:o}, which is not a regular file")
-        mode = mode or (stat_module.S_IFREG | 0o444)
+        mode = _regular_mode(path, mode)
         extent_no, offset = self._writer.begin_sample(size)
         self._file = _OpenFile(path, size, mode, mtime_ns, extent_no, offset)
         if size == 0:
@@ -130,10 +174,13 @@ class IngestSession:
         file, self._file = self._file, None
         self._writer.end_sample()
         self._pending.append((file.path, file.extent_no, file.offset, file.size, file.crc,
-                              file.mode, file.mtime_ns))
+                              file.mode, file.mtime_ns, self._holders))
         self._last = (file.path, file.crc)
+        self._count(file.size)
+
+    def _count(self, size: int) -> None:
         self.samples += 1
-        self.bytes += file.size
+        self.bytes += size
         if len(self._pending) >= limits.catalog_samples_per_record:
             self._flush_entries()
 
@@ -149,15 +196,21 @@ class IngestSession:
             np.array(columns[4], dtype=np.uint32),
             np.array(columns[5], dtype=np.uint32),
             np.array(columns[6], dtype=np.int64),
+            holders=np.array(columns[7], dtype=np.uint16) if self.cluster else None,
         )
-        self._store.catalog.append(cat.RecordType.SAMPLES, cat.encode_samples(self.dataset_id, block))
+        catalog = self._store.catalog
+        catalog.append(cat.RecordType.SAMPLES, cat.encode_samples(self.dataset_id, block))
+        if block.holders is not None:
+            catalog.append(cat.RecordType.HOLDERS, cat.encode_holders(self.dataset_id, block.holders))
         self._blocks.append(block)
         self._pending = []
 
-    def commit(self) -> DatasetInfo:
-        """Seal the dataset and publish it.  Raises InvalidArgument on an
-        unfinished file, a duplicate path or a file/directory conflict (the
-        session is aborted then)."""
+    def prepare(self) -> None:
+        """Make everything durable and check the tree, without publishing.
+
+        Raises InvalidArgument on an unfinished file, a duplicate path or a
+        file/directory conflict (the caller aborts the session then).
+        """
         if self._file is not None:
             raise InvalidArgument(
                 f"the stream ended inside file {self._file.path!r} ({self._file.received} of "
@@ -166,10 +219,15 @@ class IngestSession:
         self._writer.sync()
         self._writer.close()
         self._flush_entries()
-        index = DatasetIndex(self.name, self.dataset_id, self.created_ns,
-                             cat.SampleBlock.concat(self._blocks))
+        self._index = DatasetIndex(self.name, self.dataset_id, self.created_ns,
+                                   cat.SampleBlock.concat(self._blocks), self.cluster)
         self._blocks = []
-        summary = self._store.seal(self, index)
+
+    def commit(self) -> DatasetInfo:
+        """Prepare (if not done yet), then seal the dataset and publish it."""
+        if self._index is None:
+            self.prepare()
+        summary = self._store.seal(self, self._index)
         self.closed = True
         return summary
 
@@ -181,3 +239,10 @@ class IngestSession:
         log.warning("ingest of dataset %r aborted: %s", self.name, reason)
         self._writer.close()
         self._store.discard(self)
+
+
+def _regular_mode(path: str, mode: int) -> int:
+    """`mode` of a regular file (0 means read-only for everyone); raises otherwise."""
+    if mode and not stat_module.S_ISREG(mode):
+        raise InvalidArgument(f"file {path!r} has mode {mode:o}, which is not a regular file")
+    return mode or (stat_module.S_IFREG | 0o444)

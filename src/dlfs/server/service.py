@@ -20,6 +20,7 @@ from dlfs.proto import dlfs_pb2 as pb
 from dlfs.proto import dlfs_pb2_grpc
 from dlfs.server import convert
 from dlfs.server.store import Store, scrub
+from dlfs.types import DatasetInfo
 
 log = logging.getLogger(__name__)
 
@@ -169,6 +170,9 @@ class DlfsServicer(dlfs_pb2_grpc.DlfsServicer):
                 chunk.data_dir = os.path.abspath(self.store.config.data_dir)
                 chunk.daemon_token = self.store.token
                 chunk.samples = len(dataset)
+                if dataset.cluster is not None:
+                    chunk.members.extend(dataset.cluster.members)
+                    chunk.replicas = dataset.cluster.replicas
             yield chunk
 
     def Scrub(self, request, context):
@@ -190,12 +194,22 @@ class DlfsServicer(dlfs_pb2_grpc.DlfsServicer):
                 if session is None:
                     if not message.HasField("start"):
                         raise InvalidArgument("the first ingest message must carry `start`")
-                    session = self.store.begin_ingest(message.start.dataset, message.start.replace)
+                    start = message.start
+                    session = self.store.begin_ingest(start.dataset, start.replace,
+                                                      convert.cluster(start))
                 elif message.HasField("start"):
                     raise InvalidArgument("`start` may only appear in the first ingest message")
                 for piece in message.pieces:
+                    if piece.remote:
+                        if not piece.path or piece.data or not piece.HasField("crc32c"):
+                            raise InvalidArgument("a remote piece carries a path, a crc32c and "
+                                                  "no data")
+                        session.add_remote(piece.path, piece.size, piece.mode, piece.mtime_ns,
+                                           piece.crc32c, tuple(piece.holders))
+                        continue
                     if piece.path:
-                        session.start_file(piece.path, piece.size, piece.mode, piece.mtime_ns)
+                        session.start_file(piece.path, piece.size, piece.mode, piece.mtime_ns,
+                                           tuple(piece.holders))
                     session.write(piece.data)
                     if piece.HasField("crc32c"):
                         if session.file_open:
@@ -205,6 +219,11 @@ class DlfsServicer(dlfs_pb2_grpc.DlfsServicer):
                 raise InvalidArgument("the ingest stream was empty")
             if not context.is_active():
                 raise Cancelled("the client went away before the ingest finished")
+            if start.prepare_only:
+                session.prepare()
+                self.store.hold_prepared(session)
+                return convert.dataset_info(DatasetInfo(
+                    session.name, session.samples, session.bytes, False, session.created_ns, 0))
             return convert.dataset_info(session.commit())
         except BaseException as exc:
             if session is not None:
@@ -212,6 +231,12 @@ class DlfsServicer(dlfs_pb2_grpc.DlfsServicer):
             if isinstance(exc, grpc.RpcError) and not context.is_active():
                 raise Cancelled("the ingest stream broke off; nothing was kept") from exc
             raise
+
+    def CommitIngest(self, request, context):
+        return convert.dataset_info(self.store.finish_prepared(request.dataset, commit=True))
+
+    def AbortIngest(self, request, context):
+        return convert.dataset_info(self.store.finish_prepared(request.dataset, commit=False))
 
     def DeleteDataset(self, request, context):
         return convert.dataset_info(self.store.delete(request.dataset))

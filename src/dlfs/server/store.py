@@ -33,9 +33,9 @@ from dlfs.errors import AlreadyExists, DataCorruption, InvalidArgument, NotFound
 from dlfs.paths import check_dataset_name
 from dlfs.server import catalog as cat
 from dlfs.server.config import ServerConfig
-from dlfs.server.directory import DatasetIndex, SampleDirectory
+from dlfs.server.directory import Cluster, DatasetIndex, SampleDirectory
 from dlfs.types import DatasetInfo
-from dlfs.server.extents import ExtentFiles, ExtentStore
+from dlfs.server.extents import NO_EXTENT, ExtentFiles, ExtentStore
 from dlfs.server.ingest import IngestSession
 from dlfs.server.metrics import Metrics
 from dlfs.server.prefetch import Prefetcher
@@ -50,7 +50,8 @@ class _Replayed:
     created_ns: int
     blocks: list
     sealed: bool = False
-    record_bytes: int = 0  # SAMPLES payload bytes in the catalog
+    record_bytes: int = 0  # SAMPLES and HOLDERS payload bytes in the catalog
+    cluster: Cluster | None = None
 
 
 class Store:
@@ -76,6 +77,7 @@ class Store:
         self._mutex = threading.Lock()
         self._next_dataset_id = next_dataset_id
         self._ingests: dict[str, IngestSession] = {}
+        self._prepared: dict[str, tuple[IngestSession, threading.Timer]] = {}
         self._closed = False
 
     # --- lifecycle -------------------------------------------------------------
@@ -106,7 +108,7 @@ class Store:
                     extents.remove_dataset(dataset_id)
                     continue
                 index = DatasetIndex(entry.name, dataset_id, entry.created_ns,
-                                     cat.SampleBlock.concat(entry.blocks))
+                                     cat.SampleBlock.concat(entry.blocks), entry.cluster)
                 replaced = directory.publish(index)
                 if replaced is not None:  # cannot happen with a well-formed log
                     log.error("catalog holds two sealed datasets named %r; keeping the later",
@@ -137,6 +139,8 @@ class Store:
                 return
             self._closed = True
             sessions = list(self._ingests.values())
+        for _session, timer in list(self._prepared.values()):
+            timer.cancel()
         for session in sessions:
             session.abort("the daemon is shutting down")
         self.prefetcher.close()
@@ -182,7 +186,8 @@ class Store:
 
     # --- ingest ------------------------------------------------------------------
 
-    def begin_ingest(self, name: str, replace: bool = False) -> IngestSession:
+    def begin_ingest(self, name: str, replace: bool = False,
+                     cluster: Cluster | None = None) -> IngestSession:
         """Start an ingest of dataset `name`.
 
         Raises AlreadyExists (name taken without `replace`, or being
@@ -206,9 +211,40 @@ class Store:
                 )
             dataset_id = self._next_dataset_id
             self._next_dataset_id += 1
-            session = IngestSession(self, name, dataset_id, replace)
+            session = IngestSession(self, name, dataset_id, replace, cluster)
             self._ingests[name] = session
             return session
+
+    def hold_prepared(self, session: IngestSession) -> None:
+        """Keep a prepared session until CommitIngest/AbortIngest, at most
+        prepared_ingest_timeout_s; then it is discarded."""
+        def expire() -> None:
+            if self._prepared.pop(session.name, (None,))[0] is session:
+                session.abort(f"not committed within {limits.prepared_ingest_timeout_s:.0f} s")
+
+        timer = threading.Timer(limits.prepared_ingest_timeout_s, expire)
+        timer.daemon = True
+        with self._mutex:
+            self._prepared[session.name] = (session, timer)
+        timer.start()
+
+    def finish_prepared(self, name: str, commit: bool) -> DatasetInfo:
+        """Commit (publish) or abort the prepared ingest of `name`.  Raises NotFound."""
+        check_dataset_name(name)
+        with self._mutex:
+            session, timer = self._prepared.pop(name, (None, None))
+        if session is None:
+            raise NotFound(f"no prepared ingest of dataset {name!r} (never prepared, already "
+                           "finished, or discarded after prepared_ingest_timeout_s)")
+        timer.cancel()
+        if commit:
+            try:
+                return session.commit()
+            except BaseException as exc:
+                session.abort(f"commit failed: {exc}")
+                raise
+        session.abort("aborted by the client")
+        return DatasetInfo(name, session.samples, session.bytes, False, session.created_ns, 0)
 
     def seal(self, session: IngestSession, index: DatasetIndex) -> DatasetInfo:
         """Called by `IngestSession.commit`: durably seal and publish."""
@@ -261,6 +297,7 @@ class Store:
                 "(--batch-ids-max); split it into smaller batches"
             )
         checked = dataset.ids_of(paths) if path_count else dataset.check_ids(ids if id_count else [])
+        dataset.check_local(checked)
         plan = plan_batch(checked, dataset.extent, dataset.offset, dataset.length, dataset.crc,
                           coalesce_gap_bytes=self.config.coalesce_gap_bytes)
         if plan.payload_bytes > self.config.batch_bytes_max:
@@ -278,7 +315,7 @@ class Store:
         `whole` says the range covers the entire sample (only then can its
         CRC32C be verified).  Raises InvalidArgument past batch_bytes_max.
         """
-        dataset.check_ids([sample_id])
+        dataset.check_local(dataset.check_ids([sample_id]))
         size = int(dataset.length[sample_id])
         start = min(offset, size)
         stop = size if length == 0 else min(size, start + length)
@@ -329,7 +366,8 @@ def scrub(store: "Store", dataset: DatasetIndex, chunk_samples: int = 4096
     the same read engine as batches.  A damaged sample is reported and the
     scrub goes on; a truncated extent reports the samples of its chunk.
     """
-    order = np.lexsort((dataset.offset, dataset.extent))
+    local = np.flatnonzero(dataset.extent != NO_EXTENT)  # striped: other members check theirs
+    order = local[np.lexsort((dataset.offset[local], dataset.extent[local]))]
     checked = checked_bytes = 0
 
     def describe(sample_id: int) -> str:
@@ -364,6 +402,16 @@ def _replay(records) -> tuple[dict[int, _Replayed], int]:
             if dataset_id in datasets:
                 datasets[dataset_id].blocks.append(block)
                 datasets[dataset_id].record_bytes += len(payload)
+        elif rtype is cat.RecordType.CLUSTER:
+            dataset_id, replicas, member_index, members = cat.decode_cluster(payload)
+            if dataset_id in datasets:
+                datasets[dataset_id].cluster = Cluster(tuple(members), replicas, member_index)
+        elif rtype is cat.RecordType.HOLDERS:
+            dataset_id, holders = cat.decode_holders(payload)
+            entry = datasets.get(dataset_id)
+            if entry is not None and entry.blocks and len(entry.blocks[-1]) == len(holders):
+                entry.blocks[-1].holders = holders
+                entry.record_bytes += len(payload)
         elif rtype is cat.RecordType.SEAL:
             dataset_id, replaces = cat.decode_seal(payload)
             if dataset_id in datasets:
@@ -390,8 +438,15 @@ def _compact_if_mostly_dead(catalog: cat.Catalog, replayed: dict[int, _Replayed]
         entry = replayed[dataset_id]
         records.append((cat.RecordType.BEGIN,
                         cat.encode_begin(dataset_id, entry.created_ns, entry.name)))
-        records.extend((cat.RecordType.SAMPLES, cat.encode_samples(dataset_id, block))
-                       for block in entry.blocks)
+        if entry.cluster is not None:
+            c = entry.cluster
+            records.append((cat.RecordType.CLUSTER, cat.encode_cluster(
+                dataset_id, c.replicas, c.member_index, list(c.members))))
+        for block in entry.blocks:
+            records.append((cat.RecordType.SAMPLES, cat.encode_samples(dataset_id, block)))
+            if block.holders is not None:
+                records.append((cat.RecordType.HOLDERS, cat.encode_holders(dataset_id,
+                                                                           block.holders)))
         records.append((cat.RecordType.SEAL, cat.encode_seal(dataset_id)))
     before = catalog.size
     catalog.rewrite(records)
