@@ -67,3 +67,17 @@ def test_quick_benchmark_runs_and_writes_results(tmp_path):
     assert all(t["status"] in ("met", "missed", "not measured") for t in targets.values())
     memory = results["memory"]["index_build"]
     assert memory and all(m["bytes_per_sample"] > 0 for m in memory)
+
+
+@pytest.mark.timeout(120)
+def test_cluster_benchmark_runs(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "bench.cluster", "--quick", "--out",
+                           str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=110)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    with open(tmp_path / "cluster-quick.json") as f:
+        results = json.load(f)
+    assert [m["daemons"] for m in results["measured"]] == [1, 2, 4]
+    assert all(m["samples_per_s"] > 0 for m in results["measured"])
+    for row in results["model"]:
+        assert row["load_max_over_mean"] >= 1.0
+        assert abs(row["moved_when_adding_one"] - row["expected_moved"]) < 0.05
