@@ -61,3 +61,46 @@ def test_compaction_keeps_live_data_and_drops_dead_records(tmp_path, monkeypatch
     assert store.directory.names() == ["churn", "keep", "new"]
     assert read_all(store, "keep") == [keep[k] for k in sorted(keep)]
     store.close()
+
+
+def test_striped_dataset_survives_restart_and_compaction(tmp_path, monkeypatch):
+    import crc32c
+    import numpy as np
+    import pytest
+
+    from dlfs.errors import FailedPrecondition
+    from dlfs.server.directory import Cluster
+
+    config = ServerConfig(data_dir=str(tmp_path / "data"))
+    cluster = Cluster(("a:1", "b:2"), 1, 0)
+    store = Store.open(config)
+    ingest(store, "churn", {"x": b"1"})
+    ingest(store, "churn", {"x": b"2"}, replace=True)
+    session = store.begin_ingest("striped", cluster=cluster)
+    files = {f"{i:03d}": bytes([i]) * 10 for i in range(40)}
+    for i, (path, data) in enumerate(sorted(files.items())):
+        if i % 2 == 0:
+            session.start_file(path, len(data), 0o100644, 1, holders=(0,))
+            session.write(data)
+        else:
+            session.add_remote(path, len(data), 0o100644, 1, crc32c.crc32c(data), (1,))
+    session.commit()
+    store.close()
+
+    monkeypatch.setattr(limits, "catalog_compact_dead_bytes_min", 0)
+    for _ in range(2):  # a plain restart, then one that compacts
+        store = Store.open(config)
+        dataset = store.dataset("striped")
+        assert dataset.cluster == cluster
+        assert dataset.holders[:, 0].tolist() == [i % 2 for i in range(40)]
+        assert dataset.summary().members == ("a:1", "b:2")
+        dataset.check_invariants()
+        _, plan = store.plan(dataset, ids=[0, 2, 38])
+        payload = bytearray(plan.payload_bytes)
+        for start, window in store.read(dataset, plan):
+            payload[start:start + len(window)] = window
+        assert bytes(payload) == files["000"] + files["002"] + files["038"]
+        with pytest.raises(FailedPrecondition, match="stored on b:2"):
+            store.plan(dataset, ids=[1])
+        assert np.all(dataset.length == 10)
+        store.close()
