@@ -273,7 +273,7 @@ class DlfsGrpcPrefetch(DlfsGrpc):
         self.label = "DLFS get_batch over loopback gRPC, 1 in flight + prefetch hint of the next"
 
     def availability(self) -> str:
-        from dlfs.client.client import Dataset
+        from dlfs.client.dataset import Dataset
 
         return "" if hasattr(Dataset, "prefetch") else "not available: no Dataset.prefetch"
 

@@ -17,22 +17,22 @@ import dataclasses
 import sys
 import threading
 import time
-from typing import Iterable, Iterator, Sequence, Union
+from typing import Iterable, Iterator, Sequence
 
 import grpc
-import numpy as np
 
-from dlfs import limits, wire
+from dlfs import limits
 from dlfs.client import convert
 from dlfs.client.channel import open_channel
 from dlfs.client.convert import DatasetInfo, Entry
+from dlfs.client.dataset import Dataset
 from dlfs.client.errors import from_rpc_error
-from dlfs.errors import DlfsError, InvalidArgument, NotFound, Overloaded, Unavailable
+from dlfs.client.reads import SampleKey, fetch_batch
+from dlfs.errors import DlfsError, InvalidArgument, NotFound, Unavailable
 from dlfs.paths import check_dataset_name, normalize_dir_path
 from dlfs.proto import dlfs_pb2 as pb
 from dlfs.proto import dlfs_pb2_grpc
 
-SampleKey = Union[int, str]
 _RETRY_BACKOFF_S = (0.05, 0.1, 0.2, 0.5, 1.0)
 
 
@@ -329,270 +329,6 @@ class ScrubReport:
     samples: int
     bytes: int
     damaged: list  # (Entry, reason) of each sample that failed its checksum
-
-
-class Dataset:
-    """One sealed dataset on a daemon.  `len(ds)` samples with ids 0..len-1."""
-
-    def __init__(self, client: Client, info: DatasetInfo):
-        self.client = client
-        self.info = info
-        self.name = info.name
-
-    def __len__(self) -> int:
-        return self.info.samples
-
-    def __repr__(self) -> str:
-        return f"Dataset({self.name!r}, samples={len(self)}, bytes={self.info.bytes})"
-
-    def get_batch(self, keys: Iterable[SampleKey], *, verify: bool = True,
-                  prefetch: Iterable[int] = ()) -> list[memoryview]:
-        """Samples by ids or by paths, in request order, duplicates allowed.
-
-        One round trip.  `prefetch` optionally names sample ids wanted next:
-        the daemon starts reading them into its page cache with this call
-        (as `prefetch` does).  Raises InvalidArgument (bad id, mixed ids and
-        paths, batch over the daemon's limit), NotFound (unknown path),
-        DataCorruption (stored bytes fail their checksum).
-        """
-        return fetch_batch(self.client, self.name, keys, verify=verify, prefetch=prefetch)
-
-    def iter_batches(self, order, batch_size: int, prefetch: int = 4, **options):
-        """Batches of `order` (sample ids) with `prefetch` batches in flight, so I/O
-        overlaps the caller's compute.  See `dlfs.pipeline.iter_batches`."""
-        from dlfs import pipeline
-
-        return pipeline.iter_batches(self, order, batch_size, prefetch=prefetch, **options)
-
-    def get(self, key: SampleKey, *, verify: bool = True) -> memoryview:
-        """One sample by id or path."""
-        return self.get_batch([key], verify=verify)[0]
-
-    def prefetch(self, keys: Iterable[SampleKey]) -> bool:
-        """Hint that samples `keys` will be read soon; the daemon starts reading them
-        into its page cache and this call returns at once.
-
-        Returns False when the daemon's prefetch queue is full (the hint was
-        dropped: only speed is lost).  Raises as get_batch does for bad keys.
-        """
-        request = pb.PrefetchRequest(dataset=self.name)
-        if not _fill_keys(request, keys):
-            return True
-        if self.client._cluster is not None:
-            ids = np.asarray(self._ids(request), dtype=np.int64)
-            self.client._cluster.prefetch(self.name, ids)
-            return True
-        try:
-            self.client._call("Prefetch", request, retry=False)
-        except Overloaded:
-            return False
-        return True
-
-    def read(self, key: SampleKey, offset: int = 0, length: int = 0, *, verify: bool = True
-             ) -> memoryview:
-        """`length` bytes (0: to the end) at `offset` of one sample, clipped to its size.
-
-        One round trip.  The CRC32C is verified when the range is the whole sample.
-        """
-        if self.client._cluster is not None:
-            return self._on_holder(key, lambda ds: ds.read(self._id(key), offset, length,
-                                                           verify=verify))
-        request = _range_request(self.name, key, offset, length, verify=verify)
-        return _call_stream(self.client, "ReadRange", request)[0]
-
-    def _id(self, key: SampleKey) -> int:
-        return self.index(key) if isinstance(key, str) else int(key)
-
-    def _ids(self, request) -> list[int]:
-        """The ids of a request filled by _fill_keys (paths resolved with one Lookup)."""
-        if request.paths:
-            return [e.id for e in self.lookup(list(request.paths))]
-        return list(request.ids)
-
-    def _on_holder(self, key: SampleKey, call):
-        """Several daemons: `call(Dataset on a holder of key)`, failing over to replicas."""
-        router = self.client._cluster
-        sample_id = self._id(key)
-        for _attempt in range(limits.replicas_max):
-            member = router.holder_of(self.name, sample_id)
-            try:
-                return call(Dataset(member, self.info))
-            except Unavailable as exc:
-                router.mark_down(member.address, exc)
-        raise Unavailable(f"no holder of sample {sample_id} of dataset {self.name!r} answers")
-
-    def read_chunks(self, key: SampleKey, offset: int = 0, length: int = 0
-                    ) -> Iterator[tuple[int, memoryview]]:
-        """Like `read`, but hands out the reply's pieces as they arrive.
-
-        Yields (position from `offset`, bytes) in order; one round trip, no
-        reply-sized buffer, so a large range reaches the caller piece by
-        piece.  Not CRC-verified (a partial range cannot be).  UNAVAILABLE
-        before the first piece is retried as every read is; a stream that
-        breaks later raises Unavailable.
-        """
-        if self.client._cluster is not None:
-            member = self.client._cluster.holder_of(self.name, self._id(key))
-            yield from Dataset(member, self.info).read_chunks(self._id(key), offset, length)
-            return
-        request = _range_request(self.name, key, offset, length, verify=False)
-        call = self.client._raw_reads["ReadRange"]
-        give_up = time.monotonic() + self.client.reconnect_timeout_s
-        for attempt in range(1 << 30):
-            received = 0
-            expected = None
-            try:
-                for raw in call(request, timeout=self.client.batch_timeout_s):
-                    header, data = wire.decode_chunk(raw)
-                    if expected is None:
-                        expected = header.payload_bytes
-                    if header.data_offset != received:
-                        raise Unavailable(f"DLFS daemon at {self.client.address} sent a read "
-                                          f"reply out of order ({header.data_offset} != {received})")
-                    if len(data):
-                        yield received, data.toreadonly()
-                        received += len(data)
-            except grpc.RpcError as exc:
-                if received == 0 and self.client._should_retry(exc, attempt, give_up):
-                    continue
-                raise from_rpc_error(exc, self.client.address) from None
-            if expected is not None and received != expected:
-                raise Unavailable(f"DLFS daemon at {self.client.address} ended a read reply "
-                                  f"after {received} of {expected} bytes")
-            return
-
-    def path(self, sample_id: int) -> str:
-        """Path of sample `sample_id`."""
-        return self.lookup([sample_id])[0].path
-
-    def index(self, path: str) -> int:
-        """Sample id of `path`."""
-        return self.lookup([path])[0].id
-
-    def lookup(self, keys: Sequence[SampleKey]) -> list[Entry]:
-        """Entries of samples by ids or paths (at most limits.lookup_items_max)."""
-        request = pb.LookupRequest(dataset=self.name)
-        _fill_keys(request, keys)
-        return [convert.entry(e) for e in self.client._call("Lookup", request).entries]
-
-    def paths(self) -> list[str]:
-        """Every sample path, in id order.  One Lookup per 65,536 samples."""
-        result: list[str] = []
-        step = limits.lookup_items_max
-        for start in range(0, len(self), step):
-            result.extend(e.path for e in self.lookup(range(start, min(start + step, len(self)))))
-        return result
-
-    def stat(self, path: str = "") -> Entry:
-        return self.client.stat(self.name, path)
-
-    def listdir(self, path: str = "", **kwargs) -> Iterator[Entry]:
-        return self.client.listdir(self.name, path, **kwargs)
-
-
-def _range_request(dataset: str, key: SampleKey, offset: int, length: int, *, verify: bool
-                   ) -> pb.ReadRangeRequest:
-    if offset < 0 or length < 0:
-        raise InvalidArgument(f"offset {offset} and length {length} must not be negative")
-    request = pb.ReadRangeRequest(dataset=dataset, offset=offset, length=length,
-                                  skip_verify=not verify)
-    if isinstance(key, str):
-        request.path = key
-    elif isinstance(key, (int, np.integer)) and not isinstance(key, bool):
-        if key < 0:
-            raise InvalidArgument(f"sample id {key} is negative")
-        request.id = int(key)
-    else:
-        raise InvalidArgument(f"a sample is named by an integer id or a path, not {key!r}")
-    return request
-
-
-def _fill_keys(request, keys, ids_field: str = "ids", paths_field: str = "paths") -> int:
-    """Put ids or paths into `request`; return how many.  Raises InvalidArgument.
-
-    Protobuf checks every element's type as it copies them (no Python loop here).
-    """
-    if isinstance(keys, np.ndarray):
-        if keys.dtype.kind not in "iu":
-            raise InvalidArgument(f"sample ids must be integers, got an array of {keys.dtype}")
-        keys = keys.tolist()
-    elif not isinstance(keys, (list, tuple)):
-        keys = list(keys)
-    if not keys:
-        return 0
-    field, kind = ((paths_field, "string paths") if isinstance(keys[0], str)
-                   else (ids_field, "integer sample ids"))
-    try:
-        getattr(request, field).extend(keys)
-    except (TypeError, ValueError) as exc:
-        if "out of range" in str(exc):
-            raise InvalidArgument("sample ids must fit in a signed 64-bit integer") from None
-        raise InvalidArgument(f"a batch takes either integer sample ids or string paths, not a "
-                              f"mix or other types (expected {kind})") from None
-    return len(keys)
-
-
-def fetch_batch(client: Client, dataset: str, keys, *, verify: bool = True,
-                prefetch: Iterable[int] = ()) -> list[memoryview]:
-    """One GetBatch round trip; the samples as memoryviews in request order."""
-    request = pb.GetBatchRequest(dataset=dataset, skip_verify=not verify)
-    _fill_keys(request, prefetch, ids_field="prefetch_ids", paths_field="prefetch_ids")
-    if not _fill_keys(request, keys):
-        return []
-    if client._cluster is not None:
-        if request.paths:
-            lookup = pb.LookupRequest(dataset=dataset, paths=request.paths)
-            ids = [e.id for e in client._call("Lookup", lookup).entries]
-        else:
-            ids = request.ids
-        return client._cluster.get_batch(dataset, np.asarray(ids, dtype=np.int64), verify=verify,
-                                         prefetch=np.asarray(request.prefetch_ids, dtype=np.int64))
-    if client.direct:
-        if request.paths:
-            lookup = pb.LookupRequest(dataset=dataset, paths=request.paths)
-            ids = [e.id for e in client._call("Lookup", lookup).entries]
-        else:
-            ids = request.ids
-        reader = client._direct_reader(dataset)
-        if request.prefetch_ids:
-            reader.prefetch(request.prefetch_ids)
-        return reader.get_batch(ids, verify=verify)
-    return _call_stream(client, "GetBatch", request)
-
-
-def _call_stream(client: Client, method: str, request) -> list[memoryview]:
-    """A BatchChunk-streaming call with deadline, typed errors and retry on UNAVAILABLE."""
-    stub_method = client._raw_reads[method]
-    give_up = time.monotonic() + client.reconnect_timeout_s
-    for attempt in range(1 << 30):
-        try:
-            return _assemble(stub_method(request, timeout=client.batch_timeout_s))
-        except grpc.RpcError as exc:
-            if not client._should_retry(exc, attempt, give_up):
-                raise from_rpc_error(exc, client.address) from None
-
-
-def _assemble(chunks) -> list[memoryview]:
-    """Join a raw BatchChunk stream into one payload and slice it per sample."""
-    first, data = wire.decode_chunk(next(chunks))
-    if len(data) == first.payload_bytes:
-        payload = data.toreadonly()
-    else:
-        buffer = bytearray(first.payload_bytes)
-        buffer[: len(data)] = data
-        filled = len(data)
-        for raw in chunks:
-            header, piece = wire.decode_chunk(raw)
-            if header.data_offset != filled:
-                raise Unavailable(f"reply chunks out of order ({header.data_offset} != {filled})")
-            buffer[filled:filled + len(piece)] = piece
-            filled += len(piece)
-        if filled != first.payload_bytes:
-            raise Unavailable(f"reply ended after {filled} of {first.payload_bytes} bytes")
-        payload = memoryview(buffer).toreadonly()
-    for _ in chunks:  # drain so the call completes and its status is checked
-        pass
-    return [payload[o:o + n] for o, n in zip(first.offsets, first.lengths)]
 
 
 def _merge_scrubs(name: str, results: dict) -> ScrubReport:

@@ -21,7 +21,7 @@ import time
 from typing import Callable, TypeVar
 
 from dlfs import Client, errors
-from dlfs.client.client import Dataset
+from dlfs.client.dataset import Dataset
 from dlfs.client.convert import DatasetInfo, Entry
 from dlfs import limits as fuse_limits
 from dlfs.fuse.errno_map import DAEMON_DOWN
