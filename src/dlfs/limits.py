@@ -102,6 +102,8 @@ prepared_ingest_timeout_s = 300.0
 replicas_max = 8
 # Daemons one striped dataset may span (member indices are u16).
 members_max = 4096
+# How often the daemon's main thread checks for a stop signal.
+shutdown_poll_s = 0.1
 # Ingest stream: bytes per client message.
 ingest_message_bytes = 1 * MiB
 

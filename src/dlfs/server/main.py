@@ -14,8 +14,9 @@ import logging
 import os
 import signal
 import sys
-import threading
+import time
 
+from dlfs import limits
 from dlfs.errors import DlfsError
 from dlfs.server.config import SETTINGS_HELP, ServerConfig
 
@@ -117,17 +118,20 @@ def main(argv: list[str] | None = None) -> int:
         store.close()
         print(f"dlfs-server: {exc}", file=sys.stderr)
         return 2
-    stop = threading.Event()
+    # The handler only records the signal: a handler that takes a lock
+    # (Event.set) can deadlock when a second signal arrives while the first
+    # holds it, which Slurm's step signals do.
+    stop_signals: list[int] = []
     for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: stop.set())
+        signal.signal(signum, lambda signum, _frame: stop_signals.append(signum))
     if args.address_file:
         write_address_file(args.address_file, address)
     log.info("serving on %s (data dir %s, %d reader threads)", address,
              os.path.abspath(config.data_dir), config.reader_threads)
     print(f"dlfs-server listening on {address}", flush=True)
-    while not stop.wait(1.0):
-        pass
-    log.info("shutting down")
+    while not stop_signals:
+        time.sleep(limits.shutdown_poll_s)
+    log.info("shutting down (signal %d)", stop_signals[0])
     daemon.stop()
     log.info("stopped; catalog flushed")
     return 0
