@@ -30,13 +30,13 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-import crc32c
 import grpc
 import numpy as np
 
 from dlfs import limits
 from dlfs.client import convert
 from dlfs.client.errors import from_rpc_error
+from dlfs.client.ingest import batch_messages, file_pieces
 from dlfs.client.placement import place
 from dlfs.errors import (
     Cancelled,
@@ -380,35 +380,17 @@ def _finish_all(streams, commit: bool) -> list[tuple[str, object]]:
 
 def _produce(files, holders: np.ndarray, streams, bar) -> None:
     """Read each file once; its pieces go to its holders, its metadata to the others."""
-    step = limits.ingest_message_bytes
     for file, file_holders in zip(files, holders.tolist()):
         failed = next((s for s in streams if s.error is not None), None)
         if failed is not None:  # stop every member: a striped ingest is all or nothing
             raise _MemberFailed(failed)
         holding = [streams[h] for h in file_holders]
-        crc, sent = 0, 0
-        with open(file.source, "rb") as f:
-            first = pb.IngestPiece(path=file.path, size=file.size, mode=file.mode,
-                                   mtime_ns=file.mtime_ns, holders=file_holders)
-            piece = first
-            while True:
-                data = f.read(min(step, file.size - sent)) if sent < file.size else b""
-                if sent < file.size and not data:
-                    raise InvalidArgument(f"{file.source} shrank while being ingested; ingest "
-                                          "again once the source is stable")
-                crc = crc32c.crc32c(data, crc)
-                sent += len(data)
-                piece.data = data
-                if sent == file.size:
-                    piece.crc32c = crc
-                for stream in holding:
-                    stream.put(piece)
-                if sent == file.size:
-                    break
-                piece = pb.IngestPiece()
+        for piece in file_pieces(file, file_holders):
+            for stream in holding:
+                stream.put(piece)
         remote = pb.IngestPiece(path=file.path, size=file.size, mode=file.mode,
-                                mtime_ns=file.mtime_ns, holders=file_holders, crc32c=crc,
-                                remote=True)
+                                mtime_ns=file.mtime_ns, holders=file_holders,
+                                crc32c=piece.crc32c, remote=True)
         for index, stream in enumerate(streams):
             if index not in file_holders:
                 stream.put(remote)
@@ -441,18 +423,14 @@ class _MemberStream:
 
     def _messages(self):
         yield pb.IngestMessage(start=self.start)
-        message, size = pb.IngestMessage(), 0
+        yield from batch_messages(self._pieces())
+
+    def _pieces(self):
         while (piece := self._queue.get()) is not _END:
             if piece is _ABORT:
                 self.aborted = True
                 raise _Aborted("the client stopped the ingest")
-            message.pieces.append(piece)
-            size += len(piece.data) + len(piece.path) + 32
-            if size >= limits.ingest_message_bytes:
-                yield message
-                message, size = pb.IngestMessage(), 0
-        if message.pieces:
-            yield message
+            yield piece
 
     def run(self) -> None:
         try:

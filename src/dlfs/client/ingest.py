@@ -25,7 +25,7 @@ import logging
 import os
 import stat as stat_module
 import sys
-from typing import Iterator
+from typing import Iterator, Sequence
 
 import crc32c
 import grpc
@@ -139,48 +139,62 @@ class _Upload:
     def messages(self) -> Iterator[pb.IngestMessage]:
         try:
             yield pb.IngestMessage(start=pb.IngestStart(dataset=self.name, replace=self.replace))
-            message, size = pb.IngestMessage(), 0
-            for piece in self._pieces():
-                message.pieces.append(piece)
-                size += len(piece.data) + len(piece.path) + 32
-                if size >= limits.ingest_message_bytes:
-                    yield message
-                    message, size = pb.IngestMessage(), 0
-            if message.pieces:
-                yield message
+            yield from batch_messages(self._pieces())
         except BaseException as exc:  # gRPC would only report CANCELLED; keep the cause
             self.error = exc
             raise
 
     def _pieces(self) -> Iterator[pb.IngestPiece]:
-        step = limits.ingest_message_bytes
         for file in self.files:
-            crc = 0
-            sent = 0
-            with open(file.source, "rb") as f:
-                piece = pb.IngestPiece(path=file.path, size=file.size, mode=file.mode,
-                                       mtime_ns=file.mtime_ns)
-                while True:
-                    data = f.read(min(step, file.size - sent)) if sent < file.size else b""
-                    if sent < file.size and not data:
-                        raise InvalidArgument(
-                            f"{file.source} shrank while being ingested ({sent} of {file.size} "
-                            "bytes); ingest again once the source is stable")
-                    crc = crc32c.crc32c(data, crc)
-                    sent += len(data)
-                    piece.data = data
-                    if sent == file.size:
-                        if f.read(1):
-                            raise InvalidArgument(
-                                f"{file.source} grew while being ingested; ingest again once "
-                                "the source is stable")
-                        piece.crc32c = crc
-                        yield piece
-                        break
-                    yield piece
-                    piece = pb.IngestPiece()
+            yield from file_pieces(file)
             if self.progress is not None:
                 self.progress.update(file.size)
+
+
+def file_pieces(file: SourceFile, holders: Sequence[int] = ()) -> Iterator[pb.IngestPiece]:
+    """The pieces of one file: the first names it (and its `holders`), the last
+    carries its CRC32C.  Reads the file once, in ingest_message_bytes steps.
+
+    Raises InvalidArgument when the file shrinks or grows while it is read.
+    """
+    step = limits.ingest_message_bytes
+    crc = 0
+    sent = 0
+    with open(file.source, "rb") as f:
+        piece = pb.IngestPiece(path=file.path, size=file.size, mode=file.mode,
+                               mtime_ns=file.mtime_ns, holders=holders)
+        while True:
+            data = f.read(min(step, file.size - sent)) if sent < file.size else b""
+            if sent < file.size and not data:
+                raise InvalidArgument(
+                    f"{file.source} shrank while being ingested ({sent} of {file.size} "
+                    "bytes); ingest again once the source is stable")
+            crc = crc32c.crc32c(data, crc)
+            sent += len(data)
+            piece.data = data
+            if sent == file.size:
+                if f.read(1):
+                    raise InvalidArgument(
+                        f"{file.source} grew while being ingested; ingest again once "
+                        "the source is stable")
+                piece.crc32c = crc
+                yield piece
+                return
+            yield piece
+            piece = pb.IngestPiece()
+
+
+def batch_messages(pieces) -> Iterator[pb.IngestMessage]:
+    """Pack pieces into IngestMessages of about ingest_message_bytes each."""
+    message, size = pb.IngestMessage(), 0
+    for piece in pieces:
+        message.pieces.append(piece)
+        size += len(piece.data) + len(piece.path) + 32
+        if size >= limits.ingest_message_bytes:
+            yield message
+            message, size = pb.IngestMessage(), 0
+    if message.pieces:
+        yield message
 
 
 def ingest_tree(client, source_dir: str, name: str, *, replace: bool = False,
