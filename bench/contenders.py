@@ -219,7 +219,29 @@ class Lmdb(Contender):
 
 # --- DLFS over gRPC ------------------------------------------------------------------------
 
-class DlfsGrpc(Contender):
+class _DlfsClient(Contender):
+    """Reads a dataset with `dlfs.Client(address, **client_options)`."""
+
+    client_options: dict = {}
+
+    def open(self, prepared: Prepared, cache: str) -> None:
+        from dlfs import Client
+
+        super().open(prepared, cache)
+        self._client = Client(self.env.daemon_address, **self.client_options)
+        self._dataset = self._client.dataset(prepared.dataset)
+
+    def close(self) -> None:
+        self._client.close()
+
+    def data_files(self) -> list[str]:
+        return self.prepared.extent_files()
+
+    def read_batch(self, ids: np.ndarray) -> list:
+        return self._dataset.get_batch(ids)
+
+
+class DlfsGrpc(_DlfsClient):
     """`Dataset.get_batch` through the daemon; `in_flight` threads pipeline batches."""
 
     def __init__(self, env: BenchEnv, in_flight: int):
@@ -228,29 +250,6 @@ class DlfsGrpc(Contender):
         self.key = f"dlfs-grpc-{in_flight}"
         self.label = (f"DLFS get_batch over loopback gRPC, {in_flight} batch"
                       + ("es" if in_flight > 1 else "") + " in flight")
-
-    def open(self, prepared: Prepared, cache: str) -> None:
-        from dlfs import Client
-
-        super().open(prepared, cache)
-        self._client = Client(self.env.daemon_address)
-        self._dataset = self._client.dataset(prepared.dataset)
-
-    def close(self) -> None:
-        self._client.close()
-
-    def evict(self, cache_control: CacheControl) -> None:
-        # drop_caches leaves mapped pages alone, and this client maps the
-        # extents: unmap them (a new client) around the drop.
-        self.close()
-        super().evict(cache_control)
-        self.open(self.prepared, self.cache)
-
-    def data_files(self) -> list[str]:
-        return self.prepared.extent_files()
-
-    def read_batch(self, ids: np.ndarray) -> list:
-        return self._dataset.get_batch(ids)
 
     def run(self, batches, expected_bytes, budget_s) -> RunResult:
         if self.in_flight == 1:
@@ -318,7 +317,7 @@ class DlfsFuse(Contender):
 
 # --- DLFS co-located direct reads -----------------------------------------------------------
 
-class DlfsDirect(Contender):
+class DlfsDirect(_DlfsClient):
     """`Client(address, direct=True)`: a client on the daemon's host reads the extents itself.
 
     It fetches the dataset's index once over gRPC and maps the extent files;
@@ -337,15 +336,7 @@ class DlfsDirect(Contender):
             return "not available: this dlfs has no Client(direct=True)"
         return ""
 
-    def open(self, prepared: Prepared, cache: str) -> None:
-        from dlfs import Client
-
-        super().open(prepared, cache)
-        self._client = Client(self.env.daemon_address, direct=True)
-        self._dataset = self._client.dataset(prepared.dataset)
-
-    def close(self) -> None:
-        self._client.close()
+    client_options = {"direct": True}
 
     def evict(self, cache_control: CacheControl) -> None:
         # drop_caches leaves mapped pages alone, and this client maps the
@@ -353,12 +344,6 @@ class DlfsDirect(Contender):
         self.close()
         super().evict(cache_control)
         self.open(self.prepared, self.cache)
-
-    def data_files(self) -> list[str]:
-        return self.prepared.extent_files()
-
-    def read_batch(self, ids: np.ndarray) -> list:
-        return self._dataset.get_batch(ids)
 
 
 # --- fio: the device's limit ------------------------------------------------------------------
