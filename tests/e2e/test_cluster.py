@@ -171,3 +171,11 @@ def test_cli_with_several_daemons(three, tree):
     text = status.stdout.decode()
     assert status.returncode == 1 and f"daemon {three[0].address}: DOWN" in text
     assert text.count(": up ") == 2
+
+
+def test_no_member_answering_is_unavailable_not_empty(three):
+    for daemon in three:
+        daemon.kill()
+    with Client(addresses(three), reconnect_timeout_s=0) as client:
+        with pytest.raises(dlfs.Unavailable, match="none of the DLFS daemons"):
+            client.datasets()

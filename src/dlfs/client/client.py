@@ -173,15 +173,15 @@ class Client:
         if self._cluster is None:
             reply = self._call("ListDatasets", pb.ListDatasetsRequest())
             return [convert.dataset_info(d) for d in reply.datasets]
+        results = self._cluster.each(lambda member: member.dataset_infos()).values()
+        if all(isinstance(r, Exception) for r in results):
+            raise Unavailable(f"none of the DLFS daemons {self.address} answers")
         found: dict[str, DatasetInfo] = {}
-        for result in self._cluster.each(lambda member: member.dataset_infos()).values():
+        for result in results:
             if isinstance(result, list):
                 for info in result:
                     if info.name not in found or (info.sealed and not found[info.name].sealed):
                         found[info.name] = info
-        if not found and all(isinstance(r, Exception)
-                             for r in self._cluster.each(lambda m: m.address).values()):
-            raise Unavailable(f"none of the DLFS daemons {self.address} answers")
         return [found[name] for name in sorted(found)]
 
     def dataset(self, name: str) -> "Dataset":
