@@ -22,7 +22,7 @@ import os
 import sys
 
 from dlfs.client import Client
-from dlfs.client.ingest import upload, walk_tree
+from dlfs.client.ingest import walk_tree
 from dlfs.errors import DlfsError, InvalidArgument
 from dlfs.paths import split_dataset_path
 
@@ -45,12 +45,7 @@ def _mtime(ns: int) -> str:
 def cmd_ingest(client: Client, args) -> int:
     report = walk_tree(args.source, include_hidden=args.include_hidden,
                        follow_symlinks=args.follow_symlinks)
-    if "," in client.address or args.replicas != 1:
-        info = client.ingest(args.source, args.name, replace=args.replace,
-                             include_hidden=args.include_hidden,
-                             follow_symlinks=args.follow_symlinks, replicas=args.replicas)
-    else:
-        info = upload(client, args.name, report, replace=args.replace)
+    info = client.upload(report, args.name, replace=args.replace, replicas=args.replicas)
     print(f"ingested {info.name}: {info.samples} samples, {info.bytes} bytes "
           f"({_human_bytes(info.bytes)})")
     skipped = [(report.skipped_hidden, "hidden"), (report.skipped_symlinks, "symlinks"),

@@ -217,23 +217,31 @@ class Client:
                progress: bool | None = None, replicas: int = 1) -> DatasetInfo:
         """Upload every regular file below `source_dir` as dataset `name`.
 
-        See `dlfs.client.ingest.ingest_tree` for the file selection rules.
-        Several daemons: the dataset is striped over all of them, each sample
-        stored on `replicas` of them (docs/cluster.md).
+        See `dlfs.client.ingest` for the file selection rules, and `upload`.
         """
-        from dlfs.client.ingest import ingest_tree, walk_tree
-
-        if self._cluster is None:
-            if replicas != 1:
-                raise InvalidArgument(f"--replicas {replicas} needs as many daemons; one was given")
-            return ingest_tree(self, source_dir, name, replace=replace,
-                               include_hidden=include_hidden, follow_symlinks=follow_symlinks,
-                               progress=progress)
-        from dlfs.client.cluster import ingest_striped
+        from dlfs.client.ingest import walk_tree
 
         check_dataset_name(name)
         report = walk_tree(source_dir, include_hidden=include_hidden,
                            follow_symlinks=follow_symlinks)
+        return self.upload(report, name, replace=replace, progress=progress, replicas=replicas)
+
+    def upload(self, report, name: str, *, replace: bool = False, progress: bool | None = None,
+               replicas: int = 1) -> DatasetInfo:
+        """Upload the files of a `walk_tree` report as dataset `name`.
+
+        Several daemons: the dataset is striped over all of them, each sample
+        stored on `replicas` of them (docs/cluster.md).
+        """
+        if self._cluster is None:
+            from dlfs.client.ingest import upload
+
+            if replicas != 1:
+                raise InvalidArgument(f"--replicas {replicas} needs as many daemons; one was given")
+            return upload(self, name, report, replace=replace, progress=progress)
+        from dlfs.client.cluster import ingest_striped
+
+        check_dataset_name(name)
         info = ingest_striped(self._cluster, report, name, replace=replace, replicas=replicas,
                               progress=progress)
         self._cluster.forget(name)

@@ -197,15 +197,6 @@ def batch_messages(pieces) -> Iterator[pb.IngestMessage]:
         yield message
 
 
-def ingest_tree(client, source_dir: str, name: str, *, replace: bool = False,
-                include_hidden: bool = False, follow_symlinks: bool = False,
-                progress: bool | None = None) -> DatasetInfo:
-    """Walk `source_dir` (rules above) and upload it as dataset `name`."""
-    check_dataset_name(name)
-    report = walk_tree(source_dir, include_hidden=include_hidden, follow_symlinks=follow_symlinks)
-    return upload(client, name, report, replace=replace, progress=progress)
-
-
 def upload(client, name: str, report: WalkReport, *, replace: bool = False,
            progress: bool | None = None) -> DatasetInfo:
     """Stream the walked files to the daemon as dataset `name`; one Ingest call.
