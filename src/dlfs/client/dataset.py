@@ -6,14 +6,20 @@ import time
 from typing import TYPE_CHECKING, Iterable, Iterator, Sequence
 
 import grpc
-import numpy as np
 
 from dlfs import limits, wire
 from dlfs.client import convert
 from dlfs.client.errors import from_rpc_error
 from dlfs.errors import Overloaded, Unavailable
 from dlfs.proto import dlfs_pb2 as pb
-from dlfs.client.reads import SampleKey, _call_stream, _fill_keys, _range_request, fetch_batch
+from dlfs.client.reads import (
+    SampleKey,
+    _call_stream,
+    _fill_keys,
+    _range_request,
+    fetch_batch,
+    resolve_ids,
+)
 from dlfs.types import DatasetInfo, Entry
 
 if TYPE_CHECKING:
@@ -68,7 +74,7 @@ class Dataset:
         if not _fill_keys(request, keys):
             return True
         if self.client._cluster is not None:
-            ids = np.asarray(self._ids(request), dtype=np.int64)
+            ids = resolve_ids(self.client, self.name, request)
             self.client._cluster.prefetch(self.name, ids)
             return True
         try:
@@ -91,12 +97,6 @@ class Dataset:
 
     def _id(self, key: SampleKey) -> int:
         return self.index(key) if isinstance(key, str) else int(key)
-
-    def _ids(self, request) -> list[int]:
-        """The ids of a request filled by _fill_keys (paths resolved with one Lookup)."""
-        if request.paths:
-            return [e.id for e in self.lookup(list(request.paths))]
-        return list(request.ids)
 
     def _on_holder(self, key: SampleKey, call):
         """Several daemons: `call(Dataset on a holder of key)`, failing over to replicas."""

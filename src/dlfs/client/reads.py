@@ -74,24 +74,23 @@ def fetch_batch(client: Client, dataset: str, keys, *, verify: bool = True,
     if not _fill_keys(request, keys):
         return []
     if client._cluster is not None:
-        if request.paths:
-            lookup = pb.LookupRequest(dataset=dataset, paths=request.paths)
-            ids = [e.id for e in client._call("Lookup", lookup).entries]
-        else:
-            ids = request.ids
-        return client._cluster.get_batch(dataset, np.asarray(ids, dtype=np.int64), verify=verify,
+        return client._cluster.get_batch(dataset, resolve_ids(client, dataset, request),
+                                         verify=verify,
                                          prefetch=np.asarray(request.prefetch_ids, dtype=np.int64))
     if client.direct:
-        if request.paths:
-            lookup = pb.LookupRequest(dataset=dataset, paths=request.paths)
-            ids = [e.id for e in client._call("Lookup", lookup).entries]
-        else:
-            ids = request.ids
         reader = client._direct_reader(dataset)
         if request.prefetch_ids:
             reader.prefetch(request.prefetch_ids)
-        return reader.get_batch(ids, verify=verify)
+        return reader.get_batch(resolve_ids(client, dataset, request), verify=verify)
     return _call_stream(client, "GetBatch", request)
+
+
+def resolve_ids(client: Client, dataset: str, request) -> np.ndarray:
+    """The sample ids of a request filled by _fill_keys; paths cost one Lookup call."""
+    if request.paths:
+        lookup = pb.LookupRequest(dataset=dataset, paths=request.paths)
+        return np.array([e.id for e in client._call("Lookup", lookup).entries], dtype=np.int64)
+    return np.asarray(request.ids, dtype=np.int64)
 
 
 def _call_stream(client: Client, method: str, request) -> list[memoryview]:
