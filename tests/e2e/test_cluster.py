@@ -135,8 +135,12 @@ def test_a_failed_striped_ingest_keeps_nothing_anywhere(three, tree):
     with Client(addresses(three), reconnect_timeout_s=1) as client:
         with pytest.raises(dlfs.Unavailable, match="nothing was kept"):
             client.ingest(str(source), "ds", replicas=2)
+    # A member notices the cancelled stream on its own thread: allow it a moment.
     for daemon in three[:2]:
+        deadline = time.monotonic() + 10
         with Client(daemon.address) as single:
+            while single.dataset_infos() and time.monotonic() < deadline:
+                time.sleep(0.05)
             assert single.dataset_infos() == []
         assert os.listdir(os.path.join(daemon.data_dir, "extents")) == []
 
