@@ -141,7 +141,7 @@ def test_a_failed_striped_ingest_keeps_nothing_anywhere(three, tree):
         with Client(daemon.address) as single:
             while single.dataset_infos() and time.monotonic() < deadline:
                 time.sleep(0.05)
-            assert single.dataset_infos() == []
+            assert single.dataset_infos() == [], daemon.log()
         assert os.listdir(os.path.join(daemon.data_dir, "extents")) == []
 
 
