@@ -121,8 +121,9 @@ ingest_queue_pieces_max = 64
 # Longest pause between a channel's attempts to reach a daemon that is down.
 # gRPC's default grows to two minutes (shared by every channel to the same
 # address), so a daemon back after a long outage would stay unreachable for
-# minutes; this bounds that to about a second.
-reconnect_backoff_max_s = 1.0
+# minutes; this bounds it to half a second, well inside the shortest retry
+# window (a mount's 1-5 s), so a restarted daemon is reached on the next try.
+reconnect_backoff_max_s = 0.5
 # How long read calls retry an unreachable daemon before raising Unavailable.
 reconnect_timeout_s_default = 10.0
 # Default deadline of a metadata call and of a get_batch call.
@@ -276,6 +277,6 @@ assert mount_read_run_bytes_max + mount_read_ahead_bytes <= mount_read_cache_byt
 assert mount_whole_sample_bytes_max <= mount_read_cache_bytes_max
 assert 1 <= mount_dir_page_entries <= list_page_entries_max
 assert mount_dataset_entry_timeout_s <= mount_cache_timeout_s_default
-assert reconnect_backoff_max_s <= mount_reconnect_timeout_s_default
+assert 2 * reconnect_backoff_max_s <= mount_reconnect_timeout_s_default
 assert pipeline_hint_ahead_batches_max <= prefetch_queue_max
 assert pipeline_hint_ids_max <= batch_ids_max_default
