@@ -196,7 +196,8 @@ def main(argv: list[str] | None = None) -> int:
                     tls_ca=args.tls_ca) as client:
             return args.run(client, args)
     except DlfsError as exc:
-        print(f"dlfs: {type(exc).__name__}: {exc.message}", file=sys.stderr)
+        where = f" [request id {exc.request_id}]" if exc.request_id else ""
+        print(f"dlfs: {type(exc).__name__}: {exc.message}{where}", file=sys.stderr)
         return 1
     except BrokenPipeError:
         return 0

@@ -17,6 +17,9 @@ class DlfsError(Exception):
     """Base of every error DLFS raises on purpose."""
 
     status_code_name = "UNKNOWN"
+    # The id the daemon logged the failed call under (`x-request-id`), when
+    # the error came back from a daemon; quote it when reporting a problem.
+    request_id: str | None = None
 
     def __init__(self, message: str):
         super().__init__(message)

@@ -106,6 +106,11 @@ members_max = 4096
 shutdown_poll_s = 0.1
 # Ingest stream: bytes per client message.
 ingest_message_bytes = 1 * MiB
+# Request ids (`x-request-id` metadata, see dlfs.logs): longer ones from a
+# caller are replaced, so one id is one grep-able token of bounded size.
+request_id_chars_max = 64
+# An RPC that takes longer than this is logged as a warning with its id.
+slow_rpc_log_s = 2.0
 
 # --- client ---------------------------------------------------------------------
 # A member daemon that failed with UNAVAILABLE is skipped this long before a

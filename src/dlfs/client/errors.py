@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import grpc
 
+from dlfs.logs import REQUEST_ID_METADATA
 from dlfs.errors import (
     ERROR_BY_CLASS_NAME,
     ERROR_BY_STATUS_CODE_NAME,
@@ -15,7 +16,10 @@ from dlfs.errors import (
 
 
 def from_rpc_error(exc: grpc.RpcError, address: str) -> DlfsError:
-    """The DlfsError matching `exc`'s status code, keeping the daemon's message."""
+    """The DlfsError matching `exc`'s status code, keeping the daemon's message.
+
+    The error's `request_id` is the id the daemon logged the call under
+    (None when the call never reached it)."""
     code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
     details = (exc.details() if hasattr(exc, "details") else None) or str(exc)
     if code == grpc.StatusCode.UNAVAILABLE:
@@ -24,21 +28,21 @@ def from_rpc_error(exc: grpc.RpcError, address: str) -> DlfsError:
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
         details = f"call to DLFS daemon at {address} exceeded its deadline ({details})"
     cls = ERROR_BY_STATUS_CODE_NAME.get(code.name, Internal)
-    named = _class_from_metadata(exc)
+    trailing = _trailing_metadata(exc)
+    named = ERROR_BY_CLASS_NAME.get(trailing.get(ERROR_CLASS_METADATA, ""))
     if named is not None and named.status_code_name == cls.status_code_name:
         cls = named
     if cls is Internal and code != grpc.StatusCode.INTERNAL:
         details = f"{code.name}: {details}"
-    return cls(details)
+    error = cls(details)
+    error.request_id = trailing.get(REQUEST_ID_METADATA)
+    return error
 
 
-def _class_from_metadata(exc: grpc.RpcError) -> type[DlfsError] | None:
-    """The error class the daemon named in trailing metadata, if any."""
+def _trailing_metadata(exc: grpc.RpcError) -> dict[str, str]:
+    """The call's trailing metadata (empty when the RpcError carries no call)."""
     try:
         metadata = exc.trailing_metadata() or ()
     except Exception:  # noqa: BLE001 - some RpcErrors carry no call
-        return None
-    for key, value in metadata:
-        if key == ERROR_CLASS_METADATA:
-            return ERROR_BY_CLASS_NAME.get(value)
-    return None
+        return {}
+    return {key: value for key, value in metadata if isinstance(value, str)}

@@ -26,7 +26,7 @@ import time
 import pyfuse3
 import trio
 
-from dlfs import errors
+from dlfs import errors, logs
 from dlfs import limits as fuse_limits
 from dlfs.fuse.backend import Backend
 from dlfs.fuse.fs import DIR_MODE, DlfsOperations, dataset_attrs, dataset_key
@@ -76,6 +76,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--log-file", metavar="PATH",
                         help="append log lines here (default: standard error)")
     parser.add_argument("--debug", action="store_true", help="log every request (slow)")
+    parser.add_argument("--log-format", default="text", choices=logs.FORMATS,
+                        help="text lines, or one JSON object per line")
     parser.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     for name in ("cache_timeout", "reconnect_timeout", "metadata_timeout", "read_timeout"):
@@ -293,18 +295,13 @@ def _setup_logging(args: argparse.Namespace) -> None:
     """Log to --log-file, else to standard error.  A background mount without
     --log-file logs warnings and errors only: it still writes to the terminal
     it was started from."""
-    handler: logging.Handler = (logging.FileHandler(args.log_file) if args.log_file
-                                else logging.StreamHandler())
-    handler.setFormatter(logging.Formatter(
-        "%(asctime)s dlfs-mount[%(process)d] %(levelname)s %(name)s: %(message)s"))
-    root = logging.getLogger()
-    root.addHandler(handler)
     if args.debug:
-        root.setLevel(logging.DEBUG)
+        level = logging.DEBUG
     elif args.ready_fd is not None and not args.log_file:
-        root.setLevel(logging.WARNING)
+        level = logging.WARNING
     else:
-        root.setLevel(logging.INFO)
+        level = logging.INFO
+    logs.configure(level, args.log_format, program="dlfs-mount", path=args.log_file)
 
 
 if __name__ == "__main__":

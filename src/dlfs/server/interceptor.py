@@ -1,19 +1,27 @@
-"""The one place where typed errors become gRPC status codes.
+"""The one place where typed errors become gRPC status codes, and where each RPC gets its id.
 
 Any `DlfsError` raised by a handler is sent as its status code and message,
 with the error's class name in the `dlfs-error` trailing metadata.
-Anything else is a bug: it becomes INTERNAL with a short error id, and the
-traceback goes to the daemon log under that id so an operator can find it.
+Anything else is a bug: it becomes INTERNAL, and the traceback goes to the
+daemon log under the call's request id so an operator can find it.
+
+Every call runs with its request id bound (see `dlfs.logs`), so each log
+line written while serving it names it; a failed call returns the id in
+`x-request-id` trailing metadata.  Finished calls are logged at DEBUG
+(method, status, duration, peer), calls slower than `limits.slow_rpc_log_s`
+at WARNING, failures that point at the daemon's side (corrupt data, full
+disk, overload, bugs) at WARNING or ERROR.
 """
 
 from __future__ import annotations
 
 import logging
-import uuid
+import time
 
 import grpc
 from google.protobuf.message import DecodeError
 
+from dlfs import limits, logs
 from dlfs.errors import ERROR_CLASS_METADATA, DlfsError, InvalidArgument
 
 log = logging.getLogger(__name__)
@@ -53,7 +61,8 @@ class ErrorInterceptor(grpc.ServerInterceptor):
         handler = continuation(handler_call_details)
         if handler is None:
             return None
-        call = _Call(handler_call_details.method, self.metrics)
+        call = _Call(handler_call_details.method, self.metrics,
+                     logs.request_id_from(handler_call_details.invocation_metadata))
         if self.authorizer is not None:
             try:
                 self.authorizer.check(call.method, handler_call_details.invocation_metadata)
@@ -89,11 +98,33 @@ def _refusing(handler, denial: Exception):
 
 
 class _Call:
-    __slots__ = ("method", "metrics")
+    """One RPC: its method, request id and, once known, its status code name."""
 
-    def __init__(self, method: str, metrics):
+    __slots__ = ("method", "metrics", "request_id", "code", "started")
+
+    def __init__(self, method: str, metrics, request_id: str):
         self.method = method
         self.metrics = metrics
+        self.request_id = request_id
+        self.code = "OK"
+        self.started = 0.0
+
+    def begin(self):
+        """Bind the request id to this thread and start the clock; returns the binding."""
+        self.started = time.monotonic()
+        self.metrics.rpcs_in_flight.inc()
+        return logs.bind_request_id(self.request_id)
+
+    def end(self, binding, context: grpc.ServicerContext) -> None:
+        self.metrics.rpcs_in_flight.dec()
+        elapsed = time.monotonic() - self.started
+        level = logging.WARNING if elapsed >= limits.slow_rpc_log_s else logging.DEBUG
+        if log.isEnabledFor(level):
+            log.log(level, "%s %s in %.1f ms from %s%s", self.method, self.code, elapsed * 1e3,
+                    context.peer(), " (slow)" if level == logging.WARNING else "",
+                    extra={"method": self.method, "code": self.code,
+                           "duration_ms": round(elapsed * 1e3, 3), "peer": context.peer()})
+        logs.unbind_request_id(binding)
 
 
 def _checked(request, streaming: bool):
@@ -118,49 +149,60 @@ def _undecodable_error(request: Undecodable) -> InvalidArgument:
 
 def _wrap_unary(behavior, call: _Call, streaming: bool):
     def wrapped(request, context):
-        in_flight = call.metrics.rpcs_in_flight
-        in_flight.inc()
+        binding = call.begin()
         try:
             return behavior(_checked(request, streaming), context)
         except Exception as exc:  # noqa: BLE001 - translated, never swallowed
             _abort(context, exc, call)
         finally:
-            in_flight.dec()
+            call.end(binding, context)
 
     return wrapped
 
 
 def _wrap_stream(behavior, call: _Call, streaming: bool):
     def wrapped(request, context):
-        in_flight = call.metrics.rpcs_in_flight
-        in_flight.inc()
+        binding = call.begin()
         try:
             yield from behavior(_checked(request, streaming), context)
         except Exception as exc:  # noqa: BLE001 - translated, never swallowed
             _abort(context, exc, call)
         finally:
-            in_flight.dec()
+            call.end(binding, context)
 
     return wrapped
+
+
+# Failures that say something about the daemon (its disk, its data, its load)
+# rather than about the request; an operator should see them.
+_OPERATOR_CODES = frozenset({"DATA_LOSS", "RESOURCE_EXHAUSTED", "UNAVAILABLE"})
 
 
 def _abort(context: grpc.ServicerContext, exc: Exception, call: _Call):
     method = call.method
     if isinstance(exc, DlfsError):
         code = getattr(grpc.StatusCode, exc.status_code_name, grpc.StatusCode.UNKNOWN)
+        call.code = code.name
         call.metrics.errors.labels(code.name).inc()
-        log.debug("%s -> %s: %s", method, code.name, exc.message)
+        log.log(logging.WARNING if code.name in _OPERATOR_CODES else logging.DEBUG,
+                "%s -> %s: %s", method, code.name, exc.message,
+                extra={"method": method, "code": code.name})
         # The exact class, so the client can raise e.g. StorageFull rather than
         # the Overloaded that its status code alone would give.
-        context.set_trailing_metadata(((ERROR_CLASS_METADATA, type(exc).__name__),))
+        context.set_trailing_metadata(((ERROR_CLASS_METADATA, type(exc).__name__),
+                                       (logs.REQUEST_ID_METADATA, call.request_id)))
         context.abort(code, exc.message)
     if not context.is_active():
+        call.code = "CANCELLED"
         log.info("%s: client went away (%s)", method, type(exc).__name__)
         raise exc
     if context.code() is not None:
         raise exc  # the handler already set a status with context.abort()
+    call.code = "INTERNAL"
     call.metrics.errors.labels("INTERNAL").inc()
-    error_id = uuid.uuid4().hex[:12]
-    log.error("%s failed with internal error %s", method, error_id, exc_info=exc)
+    log.error("%s failed with an internal error", method, exc_info=exc,
+              extra={"method": method, "code": "INTERNAL"})
+    context.set_trailing_metadata(((logs.REQUEST_ID_METADATA, call.request_id),))
     context.abort(grpc.StatusCode.INTERNAL,
-                  f"internal error {error_id} in {method}; the daemon log has the details")
+                  f"internal error in {method} (request id {call.request_id}); the daemon log "
+                  "has the details")

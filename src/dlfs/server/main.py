@@ -16,7 +16,7 @@ import signal
 import sys
 import time
 
-from dlfs import limits
+from dlfs import limits, logs
 from dlfs.errors import DlfsError
 from dlfs.server.config import SETTINGS_HELP, ServerConfig
 
@@ -56,7 +56,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="require tokens: lines 'read TOKEN' or 'admin TOKEN'; read tokens "
                              "may read, admin tokens may also ingest and delete")
     parser.add_argument("--log-level", default="INFO",
-                        choices=("DEBUG", "INFO", "WARNING", "ERROR"))
+                        choices=("DEBUG", "INFO", "WARNING", "ERROR"),
+                        help="DEBUG also logs every finished RPC with its duration")
+    parser.add_argument("--log-format", default="text", choices=logs.FORMATS,
+                        help="text lines, or one JSON object per line; both carry the "
+                             "request id of the RPC being served")
     defaults = ServerConfig(data_dir=".")
     for field, help_text in SETTINGS_HELP.items():
         parser.add_argument("--" + field.replace("_", "-"), type=int,
@@ -98,8 +102,7 @@ def write_address_file(path: str, address: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logs.configure(args.log_level, args.log_format, program="dlfs-server")
     from dlfs.server.daemon import Daemon
     from dlfs.server.store import Store
 

@@ -1,0 +1,104 @@
+"""Log setup shared by `dlfs-server` and `dlfs-mount`: text or JSON lines, with request ids.
+
+Every log line carries the id of the RPC being served when it was written
+(`-` outside one), so an operator can follow one request through the
+daemon's log: `grep 3f9a0c1e2b7d4a56 dlfs-server.log`, or with
+``--log-format json`` one JSON object per line (fields `timestamp`, `level`,
+`logger`, `message`, `request_id` plus whatever the call site passed as
+``extra=``), ready for Loki, Elasticsearch or `jq`.
+
+Request ids come from the caller's ``x-request-id`` metadata when it sends a
+well-formed one (so a client, a load balancer or a training job can choose
+them), else the daemon makes one.  The daemon returns the id in the
+trailing metadata of every failed call; the client puts it on the exception
+it raises (`DlfsError.request_id`).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import re
+import sys
+import uuid
+from typing import TextIO
+
+from pythonjsonlogger.json import JsonFormatter
+
+from dlfs import limits
+
+REQUEST_ID_METADATA = "x-request-id"
+NO_REQUEST = "-"
+FORMATS = ("text", "json")
+
+_current_request = contextvars.ContextVar("dlfs_request_id", default=NO_REQUEST)
+_WELL_FORMED = re.compile(r"[A-Za-z0-9._:-]{1,%d}" % limits.request_id_chars_max)
+
+
+def new_request_id() -> str:
+    """A fresh random id: 16 hex digits (64 bits; collisions are negligible per log)."""
+    return uuid.uuid4().hex[:16]
+
+
+def request_id_from(metadata) -> str:
+    """The caller's ``x-request-id`` if present and well formed, else a fresh id.
+
+    Well formed: 1..`limits.request_id_chars_max` characters of letters,
+    digits and ``._:-``, so a hostile id cannot forge log lines or fields.
+    """
+    for key, value in metadata or ():
+        if key == REQUEST_ID_METADATA and isinstance(value, str) and _WELL_FORMED.fullmatch(value):
+            return value
+    return new_request_id()
+
+
+def current_request_id() -> str:
+    """The id of the request this thread is serving, or `NO_REQUEST`."""
+    return _current_request.get()
+
+
+def bind_request_id(request_id: str) -> contextvars.Token:
+    """Make `request_id` current in this thread until `unbind_request_id(token)`."""
+    return _current_request.set(request_id)
+
+
+def unbind_request_id(token: contextvars.Token) -> None:
+    _current_request.reset(token)
+
+
+class RequestIdFilter(logging.Filter):
+    """Stamps each record with the current request id (attribute `request_id`)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not hasattr(record, "request_id"):
+            record.request_id = _current_request.get()
+        return True
+
+
+def configure(level: str | int, log_format: str = "text", program: str = "dlfs",
+              stream: TextIO | None = None, path: str | None = None) -> logging.Handler:
+    """Send the root logger's records at `level` and above to `path` or `stream`.
+
+    `log_format` is ``text`` (one human line each) or ``json`` (one JSON
+    object each).  Returns the installed handler.  Raises ValueError for an
+    unknown format.
+    """
+    if log_format not in FORMATS:
+        raise ValueError(f"unknown log format {log_format!r}; choose one of {', '.join(FORMATS)}")
+    handler: logging.Handler = (logging.FileHandler(path) if path
+                                else logging.StreamHandler(stream or sys.stderr))
+    handler.addFilter(RequestIdFilter())
+    if log_format == "json":
+        handler.setFormatter(JsonFormatter(
+            "{asctime}{levelname}{name}{message}{request_id}{process}", style="{",
+            rename_fields={"asctime": "timestamp", "levelname": "level", "name": "logger",
+                           "process": "pid"},
+            static_fields={"program": program}))
+    else:
+        handler.setFormatter(logging.Formatter(
+            f"%(asctime)s {program}[%(process)d] %(levelname)s %(name)s [%(request_id)s]: "
+            "%(message)s"))
+    root = logging.getLogger()
+    root.addHandler(handler)
+    root.setLevel(level)
+    return handler

@@ -1,0 +1,98 @@
+"""Structured logs: every line of a real daemon's JSON log names the request it served."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import re
+
+import grpc
+import pytest
+
+import dlfs
+from dlfs import logs
+from dlfs.proto import dlfs_pb2 as pb
+from dlfs.proto import dlfs_pb2_grpc
+
+
+def json_lines(text: str) -> list[dict]:
+    """Every line of a daemon log, parsed; fails on a line that is not JSON."""
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def test_request_ids_from_callers_are_kept_only_when_well_formed():
+    assert logs.request_id_from([("x-request-id", "job42.step7:rank-3")]) == "job42.step7:rank-3"
+    for hostile in ("two\nlines", "quote\"d", "", "x" * 65, "ünïcode", "a b"):
+        fresh = logs.request_id_from([("x-request-id", hostile)])
+        assert re.fullmatch(r"[0-9a-f]{16}", fresh), hostile
+    assert logs.request_id_from([("x-request-id", b"bytes")]) != b"bytes"
+    assert logs.request_id_from(None) != logs.request_id_from(None)
+
+
+def test_json_lines_carry_the_bound_request_id_and_extra_fields():
+    stream = io.StringIO()
+    handler = logs.configure(logging.INFO, "json", program="test", stream=stream)
+    try:
+        log = logging.getLogger("dlfs.test")
+        log.info("outside")
+        binding = logs.bind_request_id("abc123")
+        try:
+            log.warning("inside %d", 7, extra={"dataset": "imagenet"})
+        finally:
+            logs.unbind_request_id(binding)
+    finally:
+        logging.getLogger().removeHandler(handler)
+    outside, inside = json_lines(stream.getvalue())
+    assert outside["request_id"] == logs.NO_REQUEST and outside["message"] == "outside"
+    assert inside["request_id"] == "abc123"
+    assert inside["message"] == "inside 7" and inside["level"] == "WARNING"
+    assert inside["dataset"] == "imagenet" and inside["program"] == "test"
+    assert inside["logger"] == "dlfs.test" and inside["timestamp"]
+
+
+def test_an_unknown_log_format_is_refused():
+    with pytest.raises(ValueError, match="text, json"):
+        logs.configure(logging.INFO, "xml")
+
+
+def test_a_failed_call_returns_the_request_id_the_daemon_logged_it_under(daemon_factory):
+    daemon = daemon_factory(extra_args=["--log-format", "json", "--log-level", "DEBUG",
+                                        "--demo"])
+    with dlfs.Client(daemon.address) as client:
+        with pytest.raises(dlfs.NotFound) as caught:
+            client.stat("no-such-dataset", "a.jpg")
+        assert len(client.dataset("demo").get_batch([0, 1])) == 2
+    request_id = caught.value.request_id
+    assert request_id and re.fullmatch(r"[0-9a-f]{16}", request_id)
+
+    lines = json_lines(daemon.log().split("dlfs-server listening on")[1].split("\n", 1)[1])
+    mine = [line for line in lines if line["request_id"] == request_id]
+    assert any(line.get("code") == "NOT_FOUND" and line.get("method", "").endswith("/Stat")
+               and "no-such-dataset" in line["message"] for line in mine), mine
+    finished = [line for line in lines if line.get("method", "").endswith("/GetBatch")
+                and "duration_ms" in line]
+    assert finished and finished[0]["code"] == "OK" and finished[0]["request_id"] != request_id
+    assert all(line["program"] == "dlfs-server" for line in lines)
+
+
+def test_a_caller_chosen_request_id_is_echoed_and_logged(daemon_factory):
+    daemon = daemon_factory(extra_args=["--log-format", "json", "--log-level", "DEBUG"])
+    with grpc.insecure_channel(daemon.address) as channel:
+        stub = dlfs_pb2_grpc.DlfsStub(channel)
+        with pytest.raises(grpc.RpcError) as caught:
+            stub.Stat(pb.StatRequest(dataset="missing", path="x"), timeout=10,
+                      metadata=[("x-request-id", "epoch3-batch17")])
+    trailing = dict(caught.value.trailing_metadata())
+    assert trailing["x-request-id"] == "epoch3-batch17"
+    assert trailing["dlfs-error"] == "NotFound"
+    logged = [json.loads(line) for line in daemon.log().splitlines() if "epoch3-batch17" in line]
+    assert logged and all(line["request_id"] == "epoch3-batch17" for line in logged)
+
+
+def test_cli_errors_quote_the_request_id(daemon, capsys):
+    from dlfs.cli import main
+
+    assert main(["--server", daemon.address, "stat", "missing/x"]) != 0
+    err = capsys.readouterr().err
+    assert re.search(r"NotFound: .*missing.* \[request id [0-9a-f]{16}\]", err), err
