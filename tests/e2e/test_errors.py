@@ -194,25 +194,36 @@ def test_malformed_ingest_streams_are_refused(shared_daemon, shared_client):
     def piece(**kw):
         return pb.IngestPiece(**kw)
 
+    def ended(messages, files=None, data_bytes=None):
+        """`messages` closed with a correct `end` (or the counts given)."""
+        pieces = [p for m in messages for p in m.pieces]
+        end = pb.IngestEnd(files=sum(bool(p.path) for p in pieces) if files is None else files,
+                           bytes=sum(len(p.data) for p in pieces) if data_bytes is None
+                           else data_bytes)
+        return [*messages, pb.IngestMessage(end=end)]
+
+    def started(*pieces):
+        return [pb.IngestMessage(start=pb.IngestStart(dataset=name)),
+                pb.IngestMessage(pieces=list(pieces))]
+
+    complete = started(piece(path="a", size=1, data=b"x"))
     streams = {
         "no start": [pb.IngestMessage(pieces=[piece(path="a", size=1, data=b"x")])],
-        "too much data": [pb.IngestMessage(start=pb.IngestStart(dataset=name)),
-                          pb.IngestMessage(pieces=[piece(path="a", size=1, data=b"xy")])],
-        "short file": [pb.IngestMessage(start=pb.IngestStart(dataset=name)),
-                       pb.IngestMessage(pieces=[piece(path="a", size=5, data=b"x")])],
-        "duplicate": [pb.IngestMessage(start=pb.IngestStart(dataset=name)),
-                      pb.IngestMessage(pieces=[piece(path="a", size=1, data=b"x"),
-                                               piece(path="a", size=1, data=b"y")])],
-        "file and dir": [pb.IngestMessage(start=pb.IngestStart(dataset=name)),
-                         pb.IngestMessage(pieces=[piece(path="a", size=1, data=b"x"),
-                                                  piece(path="a/b", size=1, data=b"y")])],
-        "bad path": [pb.IngestMessage(start=pb.IngestStart(dataset=name)),
-                     pb.IngestMessage(pieces=[piece(path="../etc/passwd", size=1, data=b"x")])],
-        "bad crc": [pb.IngestMessage(start=pb.IngestStart(dataset=name)),
-                    pb.IngestMessage(pieces=[piece(path="a", size=1, data=b"x", crc32c=123)])],
+        "too much data": ended(started(piece(path="a", size=1, data=b"xy"))),
+        "short file": ended(started(piece(path="a", size=5, data=b"x"))),
+        "no end": complete,
+        "end miscounts files": ended(complete, files=2),
+        "end miscounts bytes": ended(complete, data_bytes=7),
+        "message after end": [*ended(complete), pb.IngestMessage()],
+        "duplicate": ended(started(piece(path="a", size=1, data=b"x"),
+                                   piece(path="a", size=1, data=b"y"))),
+        "file and dir": ended(started(piece(path="a", size=1, data=b"x"),
+                                      piece(path="a/b", size=1, data=b"y"))),
+        "bad path": ended(started(piece(path="../etc/passwd", size=1, data=b"x"))),
+        "bad crc": ended(started(piece(path="a", size=1, data=b"x", crc32c=123))),
         "empty": [],
     }
-    expected = {"bad crc": grpc.StatusCode.DATA_LOSS}
+    expected = {"bad crc": grpc.StatusCode.DATA_LOSS, "no end": grpc.StatusCode.CANCELLED}
     with channel:
         for label, messages in streams.items():
             with pytest.raises(grpc.RpcError) as info:

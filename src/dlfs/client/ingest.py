@@ -185,16 +185,24 @@ def file_pieces(file: SourceFile, holders: Sequence[int] = ()) -> Iterator[pb.In
 
 
 def batch_messages(pieces) -> Iterator[pb.IngestMessage]:
-    """Pack pieces into IngestMessages of about ingest_message_bytes each."""
+    """Pack pieces into IngestMessages of about ingest_message_bytes each.
+
+    The last message carries `end` with the files and data bytes sent, which
+    tells the daemon the stream is complete rather than cut off.
+    """
     message, size = pb.IngestMessage(), 0
+    files = data_bytes = 0
     for piece in pieces:
         message.pieces.append(piece)
+        files += bool(piece.path)
+        data_bytes += len(piece.data)
         size += len(piece.data) + len(piece.path) + 32
         if size >= limits.ingest_message_bytes:
             yield message
             message, size = pb.IngestMessage(), 0
-    if message.pieces:
-        yield message
+    message.end.files = files
+    message.end.bytes = data_bytes
+    yield message
 
 
 def upload(client, name: str, report: WalkReport, *, replace: bool = False,

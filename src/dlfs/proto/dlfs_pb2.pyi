@@ -286,12 +286,22 @@ class BatchChunk(_message.Message):
     def __init__(self, data: _Optional[bytes] = ..., data_offset: _Optional[int] = ..., payload_bytes: _Optional[int] = ..., offsets: _Optional[_Iterable[int]] = ..., lengths: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class IngestMessage(_message.Message):
-    __slots__ = ("start", "pieces")
+    __slots__ = ("start", "pieces", "end")
     START_FIELD_NUMBER: _ClassVar[int]
     PIECES_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
     start: IngestStart
     pieces: _containers.RepeatedCompositeFieldContainer[IngestPiece]
-    def __init__(self, start: _Optional[_Union[IngestStart, _Mapping]] = ..., pieces: _Optional[_Iterable[_Union[IngestPiece, _Mapping]]] = ...) -> None: ...
+    end: IngestEnd
+    def __init__(self, start: _Optional[_Union[IngestStart, _Mapping]] = ..., pieces: _Optional[_Iterable[_Union[IngestPiece, _Mapping]]] = ..., end: _Optional[_Union[IngestEnd, _Mapping]] = ...) -> None: ...
+
+class IngestEnd(_message.Message):
+    __slots__ = ("files", "bytes")
+    FILES_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    files: int
+    bytes: int
+    def __init__(self, files: _Optional[int] = ..., bytes: _Optional[int] = ...) -> None: ...
 
 class IngestStart(_message.Message):
     __slots__ = ("dataset", "replace", "members", "replicas", "member_index", "prepare_only")

@@ -225,9 +225,10 @@ class DlfsServicer:
 
     def Ingest(self, request_iterator, context):
         """Upload a whole dataset in one client stream: the first message carries
-        `start`, then files as consecutive pieces.  The dataset becomes visible
-        (sealed) only when the stream ends normally, after its data and catalog
-        records are durable; a broken stream leaves nothing behind.
+        `start`, then files as consecutive pieces, the last message `end`.  The
+        dataset becomes visible (sealed) only when the stream ends with `end`,
+        after its data and catalog records are durable; a broken stream, or one
+        without `end`, leaves nothing behind (CANCELLED).
         Codes: ALREADY_EXISTS (name taken and replace=false, or an ingest of it
         is running), INVALID_ARGUMENT (bad path, duplicate path, size mismatch,
         file/directory conflict), DATA_LOSS (a piece's checksum did not match),

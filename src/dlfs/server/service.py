@@ -189,8 +189,14 @@ class DlfsServicer(dlfs_pb2_grpc.DlfsServicer):
 
     def Ingest(self, request_iterator, context):
         session = None
+        end = None
+        files = data_bytes = 0
         try:
             for message in request_iterator:
+                if end is not None:
+                    raise InvalidArgument("a message followed the ingest stream's `end`")
+                if message.HasField("end"):
+                    end = message.end
                 if session is None:
                     if not message.HasField("start"):
                         raise InvalidArgument("the first ingest message must carry `start`")
@@ -200,6 +206,8 @@ class DlfsServicer(dlfs_pb2_grpc.DlfsServicer):
                 elif message.HasField("start"):
                     raise InvalidArgument("`start` may only appear in the first ingest message")
                 for piece in message.pieces:
+                    files += bool(piece.path)
+                    data_bytes += len(piece.data)
                     if piece.remote:
                         if not piece.path or piece.data or not piece.HasField("crc32c"):
                             raise InvalidArgument("a remote piece carries a path, a crc32c and "
@@ -217,8 +225,13 @@ class DlfsServicer(dlfs_pb2_grpc.DlfsServicer):
                         session.check_last_crc(piece.crc32c)
             if session is None:
                 raise InvalidArgument("the ingest stream was empty")
-            if not context.is_active():
-                raise Cancelled("the client went away before the ingest finished")
+            if end is None or not context.is_active():
+                raise Cancelled("the ingest stream stopped before its end (the client went away "
+                                "or was cut off); nothing of it was kept")
+            if (end.files, end.bytes) != (files, data_bytes):
+                raise InvalidArgument(
+                    f"the ingest stream ended claiming {end.files} files and {end.bytes} bytes "
+                    f"but carried {files} files and {data_bytes} bytes; nothing was kept")
             if start.prepare_only:
                 session.prepare()
                 self.store.hold_prepared(session)
