@@ -138,6 +138,21 @@ def _print_status(st) -> None:
     print(f"  metrics: {'http://' + st.metrics_address + '/metrics' if st.metrics_address else 'not served (--metrics-listen)'}")
 
 
+def cmd_rebalance(client: Client, args) -> int:
+    report = client.rebalance(args.name, replicas=args.replicas)
+    print(f"rebalanced {report.dataset} onto {len(report.members)} daemons ({report.replicas}x): "
+          f"{report.samples} samples; moved {report.copies_moved} copies "
+          f"({_human_bytes(report.bytes_moved)}), kept {report.copies_kept} in place")
+    if report.removed_from:
+        print(f"removed from {', '.join(report.removed_from)}")
+    if report.not_removed:
+        print(f"could not remove the old copy from {', '.join(report.not_removed)}: run "
+              f"`dlfs --server ADDRESS rm {report.dataset}` there once it answers",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
 def cmd_rm(client: Client, args) -> int:
     info = client.delete(args.name)
     print(f"removed {info.name}: {info.samples} samples, {_human_bytes(info.bytes)} freed")
@@ -183,6 +198,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("scrub", help="verify every sample's checksum; exit 1 if any is damaged")
     p.add_argument("name")
     p.set_defaults(run=cmd_scrub)
+    p = sub.add_parser("rebalance", help="place a dataset on the daemons of --server (after "
+                       "adding or removing one); only moved copies cross the network")
+    p.add_argument("name")
+    p.add_argument("--replicas", type=int, default=None,
+                   help="copies of each sample (default: as it is now)")
+    p.set_defaults(run=cmd_rebalance)
     p = sub.add_parser("rm", help="remove a dataset")
     p.add_argument("name")
     p.set_defaults(run=cmd_rm)

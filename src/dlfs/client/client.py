@@ -247,6 +247,22 @@ class Client:
         self._cluster.forget(name)
         return info
 
+    def rebalance(self, name: str, *, replicas: int | None = None,
+                  progress: bool | None = None):
+        """Re-place dataset `name` on this client's daemons (e.g. after adding one).
+
+        Only copies whose holder changes cross the network; see
+        `dlfs.client.rebalance`.  Returns a `RebalanceReport`.  Raises
+        InvalidArgument with a single address, NotFound, Unavailable.
+        """
+        check_dataset_name(name)
+        if self._cluster is None:
+            raise InvalidArgument("rebalance places a dataset on several daemons: give the new "
+                                  "list of addresses (A,B,C)")
+        from dlfs.client.rebalance import rebalance
+
+        return rebalance(self._cluster, name, replicas=replicas, progress=progress)
+
     def status(self) -> convert.DaemonStatus:
         """The daemon's health and counters (what `dlfs status` prints).
 

@@ -310,20 +310,42 @@ def ingest_striped(router: ClusterRouter, report, name: str, *, replace: bool, r
     members = list(router.members)
     paths = [f.path for f in report.files]
     holders = place(name, paths, members, replicas)
+
+    def produce(streams, bar) -> None:
+        _produce(report.files, holders, streams, bar)
+
+    info = run_two_phase(router, name, members, replicas, replace=replace, produce=produce,
+                         total_bytes=report.bytes, progress=progress,
+                         desc=f"ingest {name} ({len(members)} daemons, {replicas}x)")
+    return dataclasses.replace(info, samples=len(paths), bytes=report.bytes)
+
+
+def run_two_phase(router: ClusterRouter, name: str, members: list[str], replicas: int, *,
+                  replace: bool, produce, total_bytes: int, progress: bool | None,
+                  desc: str) -> DatasetInfo:
+    """One prepared Ingest stream per member, fed by `produce(streams, bar)`, then commit.
+
+    `produce` puts pieces on each member's stream (`stream.put`) and calls
+    `check_streams(streams)` between samples; `bar` (None or a tqdm bar of
+    `total_bytes`) is its to update.  If it raises, or any member fails,
+    every member aborts and nothing is kept; OSError from the producer
+    becomes InvalidArgument (the source could not be read).  Returns the
+    first member's DatasetInfo after all committed.
+    """
     streams = [_MemberStream(router.member(address), name, replace, members, replicas, index)
                for index, address in enumerate(members)]
     bar = None
     if progress if progress is not None else sys.stderr.isatty():
         from tqdm import tqdm
 
-        bar = tqdm(total=report.bytes, unit="B", unit_scale=True, unit_divisor=1024,
-                   desc=f"ingest {name} ({len(members)} daemons, {replicas}x)", file=sys.stderr)
+        bar = tqdm(total=total_bytes, unit="B", unit_scale=True, unit_divisor=1024, desc=desc,
+                   file=sys.stderr)
     threads = [threading.Thread(target=s.run, name=f"dlfs-ingest-{s.index}", daemon=True)
                for s in streams]
     for thread in threads:
         thread.start()
     try:
-        _produce(report.files, holders, streams, bar)
+        produce(streams, bar)
     except BaseException as exc:
         for stream in streams:
             stream.put(_ABORT)  # the member's call is cancelled: it keeps nothing
@@ -358,8 +380,14 @@ def ingest_striped(router: ClusterRouter, report, name: str, *, replace: bool, r
         raise Unavailable(
             f"dataset {name!r} was committed on {', '.join(committed) or 'no daemon'} but not on "
             f"{', '.join(a for a, _ in errors)} ({errors[0][1]}); ingest it again with --replace")
-    info = results[0][1]
-    return dataclasses.replace(info, samples=len(paths), bytes=report.bytes)
+    return results[0][1]
+
+
+def check_streams(streams) -> None:
+    """Raise (ending the producer) once any member's stream has failed."""
+    failed = next((s for s in streams if s.error is not None), None)
+    if failed is not None:  # stop every member: a striped ingest is all or nothing
+        raise _MemberFailed(failed)
 
 
 def _finish_all(streams, commit: bool) -> list[tuple[str, object]]:
@@ -381,9 +409,7 @@ def _finish_all(streams, commit: bool) -> list[tuple[str, object]]:
 def _produce(files, holders: np.ndarray, streams, bar) -> None:
     """Read each file once; its pieces go to its holders, its metadata to the others."""
     for file, file_holders in zip(files, holders.tolist()):
-        failed = next((s for s in streams if s.error is not None), None)
-        if failed is not None:  # stop every member: a striped ingest is all or nothing
-            raise _MemberFailed(failed)
+        check_streams(streams)
         holding = [streams[h] for h in file_holders]
         for piece in file_pieces(file, file_holders):
             for stream in holding:

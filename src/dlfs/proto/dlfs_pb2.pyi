@@ -320,7 +320,7 @@ class IngestStart(_message.Message):
     def __init__(self, dataset: _Optional[str] = ..., replace: _Optional[bool] = ..., members: _Optional[_Iterable[str]] = ..., replicas: _Optional[int] = ..., member_index: _Optional[int] = ..., prepare_only: _Optional[bool] = ...) -> None: ...
 
 class IngestPiece(_message.Message):
-    __slots__ = ("path", "size", "mode", "mtime_ns", "data", "crc32c", "holders", "remote")
+    __slots__ = ("path", "size", "mode", "mtime_ns", "data", "crc32c", "holders", "remote", "kept")
     PATH_FIELD_NUMBER: _ClassVar[int]
     SIZE_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
@@ -329,6 +329,7 @@ class IngestPiece(_message.Message):
     CRC32C_FIELD_NUMBER: _ClassVar[int]
     HOLDERS_FIELD_NUMBER: _ClassVar[int]
     REMOTE_FIELD_NUMBER: _ClassVar[int]
+    KEPT_FIELD_NUMBER: _ClassVar[int]
     path: str
     size: int
     mode: int
@@ -337,7 +338,8 @@ class IngestPiece(_message.Message):
     crc32c: int
     holders: _containers.RepeatedScalarFieldContainer[int]
     remote: bool
-    def __init__(self, path: _Optional[str] = ..., size: _Optional[int] = ..., mode: _Optional[int] = ..., mtime_ns: _Optional[int] = ..., data: _Optional[bytes] = ..., crc32c: _Optional[int] = ..., holders: _Optional[_Iterable[int]] = ..., remote: _Optional[bool] = ...) -> None: ...
+    kept: bool
+    def __init__(self, path: _Optional[str] = ..., size: _Optional[int] = ..., mode: _Optional[int] = ..., mtime_ns: _Optional[int] = ..., data: _Optional[bytes] = ..., crc32c: _Optional[int] = ..., holders: _Optional[_Iterable[int]] = ..., remote: _Optional[bool] = ..., kept: _Optional[bool] = ...) -> None: ...
 
 class CommitIngestRequest(_message.Message):
     __slots__ = ("dataset",)

@@ -189,7 +189,7 @@ class DlfsServicer(dlfs_pb2_grpc.DlfsServicer):
 
     def Ingest(self, request_iterator, context):
         session = None
-        end = None
+        end = replaced = None
         files = data_bytes = 0
         try:
             for message in request_iterator:
@@ -208,12 +208,17 @@ class DlfsServicer(dlfs_pb2_grpc.DlfsServicer):
                 for piece in message.pieces:
                     files += bool(piece.path)
                     data_bytes += len(piece.data)
-                    if piece.remote:
-                        if not piece.path or piece.data or not piece.HasField("crc32c"):
-                            raise InvalidArgument("a remote piece carries a path, a crc32c and "
-                                                  "no data")
-                        session.add_remote(piece.path, piece.size, piece.mode, piece.mtime_ns,
-                                           piece.crc32c, tuple(piece.holders))
+                    if piece.remote or piece.kept:
+                        if (not piece.path or piece.data or not piece.HasField("crc32c")
+                                or piece.remote == piece.kept):
+                            raise InvalidArgument("a remote or kept piece (not both) carries a "
+                                                  "path, a crc32c and no data")
+                        if piece.remote:
+                            session.add_remote(piece.path, piece.size, piece.mode,
+                                               piece.mtime_ns, piece.crc32c, tuple(piece.holders))
+                        else:
+                            replaced = replaced or self._replaced(start)
+                            self._copy_kept(session, replaced, piece)
                         continue
                     if piece.path:
                         session.start_file(piece.path, piece.size, piece.mode, piece.mtime_ns,
@@ -247,6 +252,27 @@ class DlfsServicer(dlfs_pb2_grpc.DlfsServicer):
 
     def CommitIngest(self, request, context):
         return convert.dataset_info(self.store.finish_prepared(request.dataset, commit=True))
+
+    def _replaced(self, start):
+        """The sealed dataset an ingest replaces (kept pieces copy from it)."""
+        if not start.replace:
+            raise InvalidArgument("kept pieces copy from the dataset being replaced: the ingest "
+                                  "must set replace")
+        return self.store.dataset(start.dataset)
+
+    def _copy_kept(self, session, replaced, piece) -> None:
+        """Store `piece`'s sample again from this daemon's copy in `replaced`."""
+        sample_id = replaced.id_of(piece.path)
+        if (int(replaced.length[sample_id]), int(replaced.crc[sample_id])) != (piece.size,
+                                                                               piece.crc32c):
+            raise InvalidArgument(
+                f"kept sample {piece.path!r} differs from this daemon's copy in dataset "
+                f"{replaced.name!r} (size or CRC32C); send its bytes instead")
+        session.start_file(piece.path, piece.size, piece.mode, piece.mtime_ns,
+                           tuple(piece.holders))
+        for window in self.store.read_sample(replaced, sample_id):
+            session.write(window)
+        session.check_last_crc(piece.crc32c)
 
     def AbortIngest(self, request, context):
         return convert.dataset_info(self.store.finish_prepared(request.dataset, commit=False))

@@ -329,6 +329,18 @@ class Store:
         plan.sample_ids = np.array([sample_id], np.int64)
         return plan, (start == 0 and stop == size)
 
+    def read_sample(self, dataset: DatasetIndex, sample_id: int) -> Iterator[memoryview]:
+        """The bytes of one locally stored sample, in windows, CRC32C-checked when whole.
+
+        Raises FailedPrecondition if another member stores it, DataCorruption.
+        """
+        size = int(dataset.length[sample_id])
+        step = self.config.batch_bytes_max
+        for offset in range(0, size, step):
+            plan, whole = self.plan_range(dataset, sample_id, offset, step)
+            for _, window in self.read(dataset, plan, verify=whole):
+                yield window
+
     def refresh_gauges(self) -> None:
         """Bring the stored-data gauges up to date (cheap: O(datasets))."""
         datasets = self.directory.all()

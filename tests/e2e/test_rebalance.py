@@ -1,0 +1,173 @@
+"""Rebalancing a dataset onto a new member list, on real daemons: only moved copies travel."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import grpc
+import numpy as np
+import pytest
+
+import dlfs
+from conftest import write_tree
+from dlfs import Client
+from dlfs.proto import dlfs_pb2 as pb
+from dlfs.proto import dlfs_pb2_grpc
+
+SAMPLES = 400
+
+
+@pytest.fixture
+def four(daemon_factory):
+    return [daemon_factory() for _ in range(4)]
+
+
+@pytest.fixture
+def tree(tmp_path):
+    rng = np.random.default_rng(5)
+    files = {f"train/c{i % 3}/{i:04d}.bin": rng.bytes(int(rng.integers(0, 5000)))
+             for i in range(SAMPLES)}
+    files["big/volume.raw"] = rng.bytes(3 * 1024 * 1024 + 7)  # several ingest messages
+    write_tree(tmp_path / "src", files)
+    return tmp_path / "src", files
+
+
+def addresses(daemons) -> list[str]:
+    return [d.address for d in daemons]
+
+
+def local_samples(address: str, name: str) -> int:
+    """Samples the daemon at `address` stores itself."""
+    with grpc.insecure_channel(address) as channel:
+        stub = dlfs_pb2_grpc.DlfsStub(channel)
+        extents = b"".join(c.extent for c in stub.GetIndex(pb.GetIndexRequest(dataset=name),
+                                                           timeout=10))
+    return int((np.frombuffer(extents, "<u4") != 0xFFFFFFFF).sum())
+
+
+def assert_reads_back(client: Client, name: str, files: dict[str, bytes]) -> None:
+    paths = sorted(files)
+    got = client.get_batch(range(len(paths)), dataset=name)
+    assert [bytes(sample) for sample in got] == [files[p] for p in paths]
+
+
+def test_adding_a_daemon_moves_only_its_share(four, tree):
+    source, files = tree
+    with Client(addresses(four[:3])) as three:
+        three.ingest(str(source), "ds", replicas=2)
+    with Client(addresses(four)) as client:
+        report = client.rebalance("ds")
+        n = len(files)
+        assert (report.samples, report.replicas, report.members) == (n, 2, tuple(addresses(four)))
+        # Every moved copy goes to the new daemon; the old ones keep what they still hold.
+        assert report.copies_moved == local_samples(four[3].address, "ds")
+        assert report.copies_moved + report.copies_kept == 2 * n
+        assert 0.25 * n < report.copies_moved < 0.75 * n  # expected replicas/4 = n/2
+        assert sum(local_samples(d.address, "ds") for d in four) == 2 * n
+        assert report.removed_from == () and report.not_removed == ()
+        info = client.dataset("ds").info
+        assert info.members == tuple(addresses(four)) and info.samples == n
+        assert_reads_back(client, "ds", files)
+        # Running it again moves nothing.
+        again = client.rebalance("ds")
+        assert (again.copies_moved, again.copies_kept) == (0, 2 * n)
+    # A reader that only knows the old members learns the new placement from them.
+    with Client(addresses(four[:3])) as old_view:
+        assert_reads_back(old_view, "ds", files)
+
+
+def test_removing_a_daemon_deletes_its_copy_and_keeps_every_sample(four, tree):
+    source, files = tree
+    with Client(addresses(four)) as client:
+        client.ingest(str(source), "ds", replicas=2)
+    leaving = four[1]
+    staying = [d for d in four if d is not leaving]
+    with Client(addresses(staying)) as client:
+        report = client.rebalance("ds")
+        assert report.removed_from == (leaving.address,)
+        assert sum(local_samples(d.address, "ds") for d in staying) == 2 * len(files)
+        assert_reads_back(client, "ds", files)
+    with Client(leaving.address) as single:
+        assert single.datasets() == []
+    leaving.kill()
+    with Client(addresses(staying)) as client:
+        assert_reads_back(client, "ds", files)
+
+
+def test_a_one_daemon_dataset_is_striped_and_replicated(four, tree):
+    source, files = tree
+    with Client(four[0].address) as single:
+        single.ingest(str(source), "ds")
+    with Client(addresses(four[:3])) as client:
+        report = client.rebalance("ds", replicas=2)
+        assert report.replicas == 2 and report.copies_moved + report.copies_kept == 2 * len(files)
+        assert report.copies_kept == local_samples(four[0].address, "ds")
+        assert_reads_back(client, "ds", files)
+        four[2].kill()  # replicas 2: any one daemon may go
+        assert_reads_back(client, "ds", files)
+
+
+def test_a_failed_rebalance_changes_nothing(four, tree):
+    source, files = tree
+    with Client(addresses(four[:3])) as client:
+        client.ingest(str(source), "ds", replicas=2)
+    four[3].kill()
+    with Client(addresses(four), reconnect_timeout_s=1) as client:
+        with pytest.raises(dlfs.Unavailable, match="nothing was kept"):
+            client.rebalance("ds")
+    with Client(addresses(four[:3])) as client:
+        assert client.dataset("ds").info.members == tuple(addresses(four[:3]))
+        assert_reads_back(client, "ds", files)
+        assert sum(local_samples(d.address, "ds") for d in four[:3]) == 2 * len(files)
+
+
+def test_rebalance_needs_several_daemons_and_an_existing_dataset(four):
+    with Client(four[0].address) as single:
+        with pytest.raises(dlfs.InvalidArgument, match="several daemons"):
+            single.rebalance("ds")
+    with Client(addresses(four)) as client:
+        with pytest.raises(dlfs.NotFound):
+            client.rebalance("missing")
+
+
+def test_cli_rebalance(four, tree):
+    source, files = tree
+    run = [sys.executable, "-m", "dlfs.cli", "--server"]
+    out = subprocess.run(run + [",".join(addresses(four[:2])), "ingest", str(source), "ds"],
+                         capture_output=True, timeout=120)
+    assert out.returncode == 0, out.stderr.decode()
+    out = subprocess.run(run + [",".join(addresses(four)), "rebalance", "ds", "--replicas", "2"],
+                         capture_output=True, timeout=120)
+    assert out.returncode == 0, out.stderr.decode()
+    text = out.stdout.decode()
+    assert text.startswith(f"rebalanced ds onto 4 daemons (2x): {len(files)} samples; moved ")
+    assert "kept" in text
+
+
+def test_kept_pieces_are_checked_against_the_daemons_copy(daemon, tmp_path):
+    write_tree(tmp_path / "src", {"a": b"alpha"})
+    with Client(daemon.address) as client:
+        client.ingest(str(tmp_path / "src"), "ds")
+        crc = client.stat("ds", "a").crc32c
+
+    def stream(replace: bool, size: int, checksum: int):
+        kept = pb.IngestPiece(path="a", size=size, crc32c=checksum, kept=True)
+        name = "ds" if replace else "new"  # kept bytes come only from the dataset replaced
+        return iter([pb.IngestMessage(start=pb.IngestStart(dataset=name, replace=replace)),
+                     pb.IngestMessage(pieces=[kept], end=pb.IngestEnd(files=1, bytes=0))])
+
+    with grpc.insecure_channel(daemon.address) as channel:
+        stub = dlfs_pb2_grpc.DlfsStub(channel)
+        for replace, size, checksum, message in [(False, 5, crc, "must set replace"),
+                                                 (True, 5, crc ^ 1, "differs"),
+                                                 (True, 6, crc, "differs")]:
+            with pytest.raises(grpc.RpcError) as caught:
+                stub.Ingest(stream(replace, size, checksum), timeout=10)
+            assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert message in caught.value.details()
+        # A correct kept piece re-stores the sample from the daemon's own copy.
+        info = stub.Ingest(stream(True, 5, crc), timeout=10)
+        assert info.samples == 1 and info.sealed
+    with Client(daemon.address) as client:
+        assert bytes(client.get_batch([0], dataset="ds")[0]) == b"alpha"
