@@ -136,3 +136,22 @@ def write_tree(root, files: dict[str, bytes]) -> None:
 
 def unique_name(prefix: str = "ds") -> str:
     return f"{prefix}-{uuid.uuid4().hex[:10]}"
+
+
+def addresses(daemons) -> list[str]:
+    return [d.address for d in daemons]
+
+
+def local_samples(address: str, name: str) -> int:
+    """Samples of dataset `name` the daemon at `address` stores itself (not remote)."""
+    import grpc
+    import numpy as np
+
+    from dlfs.proto import dlfs_pb2 as pb
+    from dlfs.proto import dlfs_pb2_grpc
+
+    with grpc.insecure_channel(address) as channel:
+        stub = dlfs_pb2_grpc.DlfsStub(channel)
+        extents = b"".join(c.extent for c in stub.GetIndex(pb.GetIndexRequest(dataset=name),
+                                                           timeout=10))
+    return int((np.frombuffer(extents, "<u4") != 0xFFFFFFFF).sum())

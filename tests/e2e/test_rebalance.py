@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import dlfs
-from conftest import write_tree
+from conftest import addresses, local_samples, write_tree
 from dlfs import Client
 from dlfs.proto import dlfs_pb2 as pb
 from dlfs.proto import dlfs_pb2_grpc
@@ -31,19 +31,6 @@ def tree(tmp_path):
     files["big/volume.raw"] = rng.bytes(3 * 1024 * 1024 + 7)  # several ingest messages
     write_tree(tmp_path / "src", files)
     return tmp_path / "src", files
-
-
-def addresses(daemons) -> list[str]:
-    return [d.address for d in daemons]
-
-
-def local_samples(address: str, name: str) -> int:
-    """Samples the daemon at `address` stores itself."""
-    with grpc.insecure_channel(address) as channel:
-        stub = dlfs_pb2_grpc.DlfsStub(channel)
-        extents = b"".join(c.extent for c in stub.GetIndex(pb.GetIndexRequest(dataset=name),
-                                                           timeout=10))
-    return int((np.frombuffer(extents, "<u4") != 0xFFFFFFFF).sum())
 
 
 def assert_reads_back(client: Client, name: str, files: dict[str, bytes]) -> None:
