@@ -391,6 +391,10 @@ def report(cfg: dict, small: dict, large: dict, cold_ok: bool, elapsed_s: float,
               "files are dropped before each timed pass; warm: a second pass over the same "
               "files (the second epoch).  The mount keeps names and attributes of files the "
               "kernel forgot (idle inodes), so a cold pass needs one RPC per file, for its bytes."]
+    from bench.report import proactive_reclaim
+
+    if proactive_reclaim():
+        lines.append(proactive_reclaim())
     if DISTURBED[0]:
         lines.append(f"{DISTURBED[0]} timed passes were repeated because another process "
                      "dropped the page cache while they ran (/proc/vmstat drop_pagecache).")

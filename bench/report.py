@@ -9,6 +9,7 @@ cache state.
 from __future__ import annotations
 
 import datetime
+import glob
 import json
 import os
 import platform
@@ -44,6 +45,7 @@ def machine_info(data_dir: str) -> dict:
     except OSError:
         pass
     info["disk"] = _disk_info(data_dir)
+    info["proactive_reclaim"] = proactive_reclaim()
     versions = {}
     from importlib import metadata
 
@@ -58,6 +60,44 @@ def machine_info(data_dir: str) -> dict:
                                          text=True).stdout.strip()
     info["versions"] = versions
     return info
+
+
+def proactive_reclaim() -> str:
+    """A sentence on memory reclaim that runs without memory pressure, or "".
+
+    Some VMs (here: a Firecracker guest) run DAMON with a `pageout` scheme:
+    page-cache pages not touched for about a minute are reclaimed even with
+    most of RAM free.  A "warm" pass then finds part of the data gone, and a
+    FUSE mount (one daemon round trip per missing file) suffers most.
+    """
+    root = "/sys/kernel/mm/damon/admin/kdamonds"
+    found = []
+    for kdamond in sorted(glob.glob(os.path.join(root, "*"))):
+        if _read(os.path.join(kdamond, "state")) != "on":
+            continue
+        for scheme in sorted(glob.glob(os.path.join(kdamond, "contexts/*/schemes/*"))):
+            if _read(os.path.join(scheme, "action")) != "pageout":
+                continue
+            context = os.path.dirname(os.path.dirname(scheme))
+            aggr_us = _read(os.path.join(context, "monitoring_attrs/intervals/aggr_us"))
+            age = _read(os.path.join(scheme, "access_pattern/age/min"))
+            if aggr_us.isdigit() and age.isdigit():
+                found.append(f"{int(aggr_us) * int(age) / 1e6:.0f} s")
+    if _read("/sys/module/damon_reclaim/parameters/enabled") == "Y":
+        found.append("DAMON_RECLAIM")
+    if not found:
+        return ""
+    return (f"This machine reclaims idle memory proactively (DAMON pageout of pages idle for "
+            f"{', '.join(found)}), even with RAM free: warm rows can be partly cold, most of "
+            "all for the FUSE mount.")
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return ""
 
 
 def _disk_info(path: str) -> dict:
@@ -209,6 +249,8 @@ def markdown(results: dict) -> str:
                  f"{machine.get('kernel')}, disk {machine['disk'].get('lsblk') or machine['disk']}"
                  f" ({machine['disk'].get('fstype', '?')}); git {git['commit'][:12]}"
                  + (" (dirty)" if git["dirty"] else "") + ".")
+    if machine.get("proactive_reclaim"):
+        lines.append(machine["proactive_reclaim"])
     lines.append(f"Cold: {results['cold_method']}.  Runs per row: {results['settings']['runs']} "
                  "timed after one warm-up; samples/s is the median (min–max); latency is per "
                  "batch call, pooled over the runs.  Ratio: samples/s over ext4 one-file-per-"

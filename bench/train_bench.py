@@ -373,12 +373,19 @@ LOADER_TITLES = {
 }
 
 
+def _reclaim_note() -> list[str]:
+    from bench.report import proactive_reclaim
+
+    note = proactive_reclaim()
+    return [note] if note else []
+
+
 def markdown(results: list[EpochResult], plan: Plan, env: dict) -> str:
     """Two tables: utilisation and samples/s per compute time; hint gain on cold epochs."""
     lines = [f"Emulated training: {plan.samples} samples of {SAMPLE_BYTES // 1024} KiB, "
              f"batch {plan.batch_size}, DataLoader num_workers={plan.workers}, iter_batches "
              f"prefetch={plan.pipeline_prefetch}; cold = {env['dropper'].method}. "
-             "Cells: accelerator utilisation / samples/s.", "",
+             "Cells: accelerator utilisation / samples/s.", *_reclaim_note(), "",
              "| compute ms/batch (100% = samples/s) | epoch | " + " | ".join(
                  LOADER_TITLES[k] for k in plan.loaders) + " |",
              "| --- | --- |" + " ---: |" * len(plan.loaders)]
