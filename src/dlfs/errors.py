@@ -53,6 +53,10 @@ class FailedPrecondition(DlfsError):
     status_code_name = "FAILED_PRECONDITION"
 
 
+class ReplyTooLarge(FailedPrecondition):
+    """A GetSmallBatch reply would not fit in one message; GetBatch streams it."""
+
+
 class DataCorruption(DlfsError):
     """Stored bytes do not match their checksum, or a file is truncated."""
 

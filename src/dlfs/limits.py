@@ -33,6 +33,10 @@ chunk_bytes_default = 4 * MiB
 # gRPC message ceiling on both sides: a chunk plus its id/offset arrays and
 # framing.  Raised deliberately from gRPC's 4 MiB default.
 message_bytes_max = 64 * MiB
+# Batches of at most this many samples are first asked for as one unary
+# GetSmallBatch call (falling back to the GetBatch stream when the reply
+# exceeds one message): per-call overhead dominates such batches.
+small_batch_samples_max = 16
 # Paths per lookup / per page of a listing.
 lookup_items_max = 65536
 list_page_entries_max = 10000

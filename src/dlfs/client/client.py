@@ -98,6 +98,12 @@ class Client:
                 for name, request_type in (("GetBatch", pb.GetBatchRequest),
                                            ("ReadRange", pb.ReadRangeRequest))
             }
+            self._raw_reads["GetSmallBatch"] = self._channel.unary_unary(
+                "/dlfs.v1.Dlfs/GetSmallBatch",
+                request_serializer=pb.GetBatchRequest.SerializeToString,
+                response_deserializer=None)
+        # False once the daemon answered UNIMPLEMENTED (older than GetSmallBatch).
+        self._small_batches = True
         self.direct = direct
         self._direct_readers: dict = {}
         self._direct_lock = threading.Lock()

@@ -2,7 +2,10 @@
 
 `fetch_batch` is the one place a batch is sent: to the co-located reader
 (`direct=True`), to the members of a striped dataset (`ClusterRouter`), or
-as one GetBatch call whose reply chunks are joined by `_assemble`.
+as one GetBatch call whose reply chunks are joined by `_assemble`.  Batches
+of up to `limits.small_batch_samples_max` samples first try GetSmallBatch,
+the unary form (fewer thread hand-offs: ~0.5 ms less per call on loopback),
+and stream only if the daemon says the reply does not fit one message.
 """
 
 from __future__ import annotations
@@ -13,9 +16,9 @@ from typing import TYPE_CHECKING, Iterable, Union
 import grpc
 import numpy as np
 
-from dlfs import wire
+from dlfs import limits, wire
 from dlfs.client.errors import from_rpc_error
-from dlfs.errors import InvalidArgument, Unavailable
+from dlfs.errors import InvalidArgument, ReplyTooLarge, Unavailable
 from dlfs.proto import dlfs_pb2 as pb
 
 if TYPE_CHECKING:
@@ -82,7 +85,28 @@ def fetch_batch(client: Client, dataset: str, keys, *, verify: bool = True,
         if request.prefetch_ids:
             reader.prefetch(request.prefetch_ids)
         return reader.get_batch(resolve_ids(client, dataset, request), verify=verify)
+    if (client._small_batches
+            and len(request.ids) + len(request.paths) <= limits.small_batch_samples_max):
+        try:
+            return _call_small(client, request)
+        except ReplyTooLarge:
+            pass  # large samples: the stream carries them
     return _call_stream(client, "GetBatch", request)
+
+
+def _call_small(client: Client, request: pb.GetBatchRequest) -> list[memoryview]:
+    """One GetSmallBatch call.  Raises ReplyTooLarge when the reply needs GetBatch."""
+    stub_method = client._raw_reads["GetSmallBatch"]
+    give_up = time.monotonic() + client.reconnect_timeout_s
+    for attempt in range(1 << 30):
+        try:
+            return _assemble(iter((stub_method(request, timeout=client.batch_timeout_s),)))
+        except grpc.RpcError as exc:
+            if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+                client._small_batches = False  # an older daemon: stream from now on
+                raise ReplyTooLarge("the daemon has no GetSmallBatch") from None
+            if not client._should_retry(exc, attempt, give_up):
+                raise from_rpc_error(exc, client.address) from None
 
 
 def resolve_ids(client: Client, dataset: str, request) -> np.ndarray:

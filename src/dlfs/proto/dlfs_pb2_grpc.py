@@ -64,6 +64,11 @@ class DlfsStub:
                 request_serializer=dlfs_dot_proto_dot_dlfs__pb2.GetBatchRequest.SerializeToString,
                 response_deserializer=dlfs_dot_proto_dot_dlfs__pb2.BatchChunk.FromString,
                 _registered_method=True)
+        self.GetSmallBatch = channel.unary_unary(
+                '/dlfs.v1.Dlfs/GetSmallBatch',
+                request_serializer=dlfs_dot_proto_dot_dlfs__pb2.GetBatchRequest.SerializeToString,
+                response_deserializer=dlfs_dot_proto_dot_dlfs__pb2.BatchChunk.FromString,
+                _registered_method=True)
         self.Prefetch = channel.unary_unary(
                 '/dlfs.v1.Dlfs/Prefetch',
                 request_serializer=dlfs_dot_proto_dot_dlfs__pb2.PrefetchRequest.SerializeToString,
@@ -166,6 +171,19 @@ class DlfsServicer:
         batch_bytes_max bytes (default 2 GiB).  Deadline: honoured between chunks.
         Codes: NOT_FOUND, INVALID_ARGUMENT (bad id, limit), DATA_LOSS (checksum
         mismatch, naming the sample), RESOURCE_EXHAUSTED.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetSmallBatch(self, request, context):
+        """GetBatch for a reply that fits in one message (at most the daemon's
+        chunk_bytes of payload): the same request and reply encoding, as one
+        unary call, which costs fewer thread hand-offs on both sides than a
+        stream (measured 2.0 -> 1.4 ms for one 110 KB sample on loopback).
+        Clients use it for whole samples and batches of a few samples.
+        Codes: as GetBatch, and FAILED_PRECONDITION (dlfs-error ReplyTooLarge)
+        when the reply would not fit: use GetBatch.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -290,6 +308,11 @@ def add_DlfsServicer_to_server(servicer, server):
             ),
             'GetBatch': grpc.unary_stream_rpc_method_handler(
                     servicer.GetBatch,
+                    request_deserializer=dlfs_dot_proto_dot_dlfs__pb2.GetBatchRequest.FromString,
+                    response_serializer=dlfs_dot_proto_dot_dlfs__pb2.BatchChunk.SerializeToString,
+            ),
+            'GetSmallBatch': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetSmallBatch,
                     request_deserializer=dlfs_dot_proto_dot_dlfs__pb2.GetBatchRequest.FromString,
                     response_serializer=dlfs_dot_proto_dot_dlfs__pb2.BatchChunk.SerializeToString,
             ),
@@ -499,6 +522,33 @@ class Dlfs:
             request,
             target,
             '/dlfs.v1.Dlfs/GetBatch',
+            dlfs_dot_proto_dot_dlfs__pb2.GetBatchRequest.SerializeToString,
+            dlfs_dot_proto_dot_dlfs__pb2.BatchChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetSmallBatch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dlfs.v1.Dlfs/GetSmallBatch',
             dlfs_dot_proto_dot_dlfs__pb2.GetBatchRequest.SerializeToString,
             dlfs_dot_proto_dot_dlfs__pb2.BatchChunk.FromString,
             options,

@@ -95,7 +95,7 @@ class _HandlerCapture:
 
 
 # Replies of these methods are encoded by dlfs.wire and pass through as bytes.
-_PRE_ENCODED_REPLIES = ("GetBatch", "ReadRange")
+_PRE_ENCODED_REPLIES = ("GetBatch", "GetSmallBatch", "ReadRange")
 
 
 def _add_servicer(servicer: DlfsServicer, server: grpc.Server) -> None:

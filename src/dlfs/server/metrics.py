@@ -26,7 +26,7 @@ class Metrics:
         self.samples_served = Counter("dlfs_samples_served", "Samples returned by reads", registry=r)
         self.bytes_served = Counter("dlfs_bytes_served", "Payload bytes returned by reads",
                                     registry=r)
-        self.batches = Counter("dlfs_batches", "Read calls served (GetBatch, ReadRange)",
+        self.batches = Counter("dlfs_batches", "Read calls served (GetBatch, GetSmallBatch, ReadRange)",
                                ["method"], registry=r)
         self.batch_latency = Histogram("dlfs_batch_latency_seconds",
                                        "Time from request to last reply chunk", ["method"],

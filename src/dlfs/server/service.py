@@ -15,7 +15,7 @@ import dlfs
 import grpc
 
 from dlfs import limits, wire
-from dlfs.errors import Cancelled, InvalidArgument, Overloaded
+from dlfs.errors import Cancelled, InvalidArgument, Overloaded, ReplyTooLarge
 from dlfs.proto import dlfs_pb2 as pb
 from dlfs.proto import dlfs_pb2_grpc
 from dlfs.server import convert
@@ -73,6 +73,23 @@ class DlfsServicer(dlfs_pb2_grpc.DlfsServicer):
 
     def GetBatch(self, request, context):
         started = time.perf_counter()
+        dataset, plan = self._batch_plan(request)
+        yield from self._stream(dataset, plan, not request.skip_verify, context)
+        self._count("GetBatch", plan, started)
+
+    def GetSmallBatch(self, request, context):
+        started = time.perf_counter()
+        dataset, plan = self._batch_plan(request)
+        limit = self.store.config.chunk_bytes
+        if plan.payload_bytes > limit:
+            raise ReplyTooLarge(f"the reply holds {plan.payload_bytes} bytes, more than one "
+                                f"message carries ({limit}, --chunk-bytes); use GetBatch")
+        (reply,) = self._stream(dataset, plan, not request.skip_verify, context)
+        self._count("GetSmallBatch", plan, started)
+        return reply
+
+    def _batch_plan(self, request):
+        """(dataset, plan) of a GetBatchRequest; its prefetch ids are hinted on the way."""
         dataset = self.store.dataset(request.dataset)
         ids = convert.ids_array(request.ids) if request.ids else None
         paths = list(request.paths) if request.paths else None
@@ -83,8 +100,7 @@ class DlfsServicer(dlfs_pb2_grpc.DlfsServicer):
                 self._hint(dataset, hint)
             except Overloaded:
                 pass  # a hint that cannot be queued is dropped: it only costs speed
-        yield from self._stream(dataset, plan, not request.skip_verify, context)
-        self._count("GetBatch", plan, started)
+        return dataset, plan
 
     def Prefetch(self, request, context):
         dataset = self.store.dataset(request.dataset)
@@ -137,7 +153,7 @@ class DlfsServicer(dlfs_pb2_grpc.DlfsServicer):
             samples_served=int(m.value("dlfs_samples_served_total")),
             bytes_served=int(m.value("dlfs_bytes_served_total")),
             batches_served=int(sum(m.value("dlfs_batches_total", method=x)
-                                   for x in ("GetBatch", "ReadRange"))),
+                                   for x in ("GetBatch", "GetSmallBatch", "ReadRange"))),
             cache_hit_ranges=int(m.value("dlfs_cache_hit_ranges_total")),
             cache_miss_ranges=int(m.value("dlfs_cache_miss_ranges_total")),
             errors=errors)
