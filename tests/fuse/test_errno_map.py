@@ -15,6 +15,7 @@ EXPECTED = {
     errors.InvalidArgument: errno.EINVAL,
     errors.AlreadyExists: errno.EEXIST,
     errors.FailedPrecondition: errno.EIO,
+    errors.ReplyTooLarge: errno.EIO,  # never reaches a reader: the client streams instead
     errors.DataCorruption: errno.EIO,
     errors.Overloaded: errno.EAGAIN,
     errors.StorageFull: errno.ENOSPC,
