@@ -391,19 +391,30 @@ def check_streams(streams) -> None:
 
 
 def _finish_all(streams, commit: bool) -> list[tuple[str, object]]:
+    """CommitIngest (or AbortIngest) on every prepared member, all at once.
+
+    In parallel so that the window in which some members published and
+    others not yet is one round trip, not one per member.  Returns, in
+    member order, (address, DatasetInfo or the DlfsError it raised).
+    """
     method = "CommitIngest" if commit else "AbortIngest"
-    results = []
-    for stream in streams:
-        if not stream.prepared:
-            continue
+    prepared = [stream for stream in streams if stream.prepared]
+    for stream in prepared:
         stream.prepared = False
+
+    def finish(stream):
         try:
             reply = stream.member._call(method, pb.CommitIngestRequest(dataset=stream.name),
                                         retry=True)
-            results.append((stream.member.address, convert.dataset_info(reply)))
+            return stream.member.address, convert.dataset_info(reply)
         except DlfsError as exc:
-            results.append((stream.member.address, exc))
-    return results
+            return stream.member.address, exc
+
+    if not prepared:
+        return []
+    with ThreadPoolExecutor(max_workers=min(len(prepared), limits.cluster_calls_in_flight_max),
+                            thread_name_prefix="dlfs-commit") as pool:
+        return list(pool.map(finish, prepared))
 
 
 def _produce(files, holders: np.ndarray, streams, bar) -> None:
