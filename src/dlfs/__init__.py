@@ -15,6 +15,7 @@ import os as _os
 _os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "true")
 
 from dlfs.client import Client, Dataset, DatasetInfo, Entry  # noqa: E402
+from dlfs.logs import request_id  # noqa: E402
 from dlfs.errors import (
     AlreadyExists,
     Cancelled,
@@ -38,5 +39,5 @@ __all__ = [
     "AlreadyExists", "Cancelled", "Client", "DataCorruption", "Dataset", "DatasetInfo",
     "DeadlineExceeded", "DlfsError", "Entry", "FailedPrecondition", "Internal",
     "InvalidArgument", "NotFound", "Overloaded", "PermissionDenied", "StorageFull",
-    "Unauthenticated", "Unavailable",
+    "Unauthenticated", "Unavailable", "request_id",
 ]

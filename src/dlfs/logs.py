@@ -12,10 +12,16 @@ well-formed one (so a client, a load balancer or a training job can choose
 them), else the daemon makes one.  The daemon returns the id in the
 trailing metadata of every failed call; the client puts it on the exception
 it raises (`DlfsError.request_id`).
+
+On the client, ``with dlfs.request_id("epoch3-step17"): ds.get_batch(ids)``
+sends that id with every call made in the block, including the parts of a
+batch a multi-daemon client sends to each daemon, so one grep finds the
+step in every daemon's log.
 """
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import logging
 import re
@@ -64,6 +70,31 @@ def bind_request_id(request_id: str) -> contextvars.Token:
 
 def unbind_request_id(token: contextvars.Token) -> None:
     _current_request.reset(token)
+
+
+@contextlib.contextmanager
+def request_id(value: str):
+    """Send `value` as ``x-request-id`` with every DLFS call this thread makes in the block.
+
+    Raises InvalidArgument unless it is 1..`limits.request_id_chars_max`
+    letters, digits or ``._:-``.
+    """
+    if not isinstance(value, str) or not _WELL_FORMED.fullmatch(value):
+        from dlfs.errors import InvalidArgument
+
+        raise InvalidArgument(f"request id {value!r} must be 1 to {limits.request_id_chars_max} "
+                              "letters, digits or '._:-'")
+    token = _current_request.set(value)
+    try:
+        yield value
+    finally:
+        _current_request.reset(token)
+
+
+def outgoing_metadata() -> tuple | None:
+    """Call metadata naming the bound request id, or None outside `request_id`."""
+    value = _current_request.get()
+    return None if value == NO_REQUEST else ((REQUEST_ID_METADATA, value),)
 
 
 class RequestIdFilter(logging.Filter):

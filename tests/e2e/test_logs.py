@@ -96,3 +96,28 @@ def test_cli_errors_quote_the_request_id(daemon, capsys):
     assert main(["--server", daemon.address, "stat", "missing/x"]) != 0
     err = capsys.readouterr().err
     assert re.search(r"NotFound: .*missing.* \[request id [0-9a-f]{16}\]", err), err
+
+
+def test_a_client_chosen_request_id_reaches_every_daemon_of_a_striped_batch(daemon_factory,
+                                                                           tmp_path):
+    from conftest import write_tree
+
+    daemons = [daemon_factory(extra_args=["--log-format", "json", "--log-level", "DEBUG"])
+               for _ in range(2)]
+    write_tree(tmp_path / "src", {f"f{i:03d}": bytes([i]) * 100 for i in range(64)})
+    with dlfs.Client([d.address for d in daemons]) as client:
+        client.ingest(str(tmp_path / "src"), "ds")
+        with dlfs.request_id("epoch3-step17"):
+            assert len(client.get_batch(range(64), dataset="ds")) == 64
+        client.get_batch([0], dataset="ds")  # outside the block: the daemon's own ids
+        with pytest.raises(dlfs.InvalidArgument, match="request id"):
+            with dlfs.request_id("two words"):
+                pass
+    untagged = 0
+    for daemon in daemons:  # 64 samples over 2 daemons: each serves a part (p = 1 - 2**-63)
+        lines = json_lines(daemon.log().split("dlfs-server listening on")[1].split("\n", 1)[1])
+        batches = [line for line in lines
+                   if "Batch" in line.get("method", "") and "duration_ms" in line]
+        assert any(line["request_id"] == "epoch3-step17" for line in batches), batches
+        untagged += sum(line["request_id"] != "epoch3-step17" for line in batches)
+    assert untagged == 1  # the call outside the block

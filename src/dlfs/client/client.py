@@ -21,7 +21,7 @@ from typing import Iterable, Iterator, Sequence
 
 import grpc
 
-from dlfs import limits
+from dlfs import limits, logs
 from dlfs.client import convert
 from dlfs.client.channel import open_channel
 from dlfs.client.convert import DatasetInfo, Entry
@@ -151,7 +151,8 @@ class Client:
         give_up = time.monotonic() + (self.reconnect_timeout_s if retry else 0.0)
         for attempt in range(1 << 30):
             try:
-                return stub_method(request, timeout=timeout_s or self.timeout_s)
+                return stub_method(request, timeout=timeout_s or self.timeout_s,
+                                   metadata=logs.outgoing_metadata())
             except grpc.RpcError as exc:
                 if not self._should_retry(exc, attempt, give_up):
                     raise from_rpc_error(exc, self.address) from None

@@ -22,6 +22,7 @@ members prepare (durable, unpublished), then all commit.
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import logging
 import queue
@@ -103,6 +104,10 @@ class ClusterRouter:
         addresses = list(self.members)
         return sorted(addresses, key=self.is_down)
 
+    def _submit(self, function, *args, **kwargs):
+        """Run `function` on the pool in the caller's context (its request id travels)."""
+        return self._pool.submit(contextvars.copy_context().run, function, *args, **kwargs)
+
     # --- any member --------------------------------------------------------------
 
     def call_any(self, call):
@@ -126,7 +131,7 @@ class ClusterRouter:
 
     def each(self, call) -> dict[str, object]:
         """`call(member_client)` on every member in parallel: address -> result or error."""
-        futures = {a: self._pool.submit(call, self.member(a)) for a in list(self.members)}
+        futures = {a: self._submit(call, self.member(a)) for a in list(self.members)}
         results: dict[str, object] = {}
         for address, future in futures.items():
             try:
@@ -185,7 +190,7 @@ class ClusterRouter:
             futures = {}
             for address in np.unique(chosen):
                 positions = pending[chosen == address]
-                futures[address] = (positions, self._pool.submit(
+                futures[address] = (positions, self._submit(
                     self.member(address).get_batch, ids[positions], dataset=dataset,
                     verify=verify))
             retry = []
@@ -227,8 +232,8 @@ class ClusterRouter:
         chosen = self._choose(placement, ids, set())
         for address in np.unique(chosen):
             # Fire and forget: a hint must never slow the batch down.
-            self._pool.submit(_quiet_prefetch, self.member(address), dataset,
-                              ids[chosen == address])
+            self._submit(_quiet_prefetch, self.member(address), dataset,
+                         ids[chosen == address])
 
     def prefetch(self, dataset: str, ids: np.ndarray) -> None:
         """Send hints for `ids` to their first live holders (fire and forget)."""

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Iterable, Union
 import grpc
 import numpy as np
 
-from dlfs import limits, wire
+from dlfs import limits, logs, wire
 from dlfs.client.errors import from_rpc_error
 from dlfs.errors import InvalidArgument, ReplyTooLarge, Unavailable
 from dlfs.proto import dlfs_pb2 as pb
@@ -100,7 +100,8 @@ def _call_small(client: Client, request: pb.GetBatchRequest) -> list[memoryview]
     give_up = time.monotonic() + client.reconnect_timeout_s
     for attempt in range(1 << 30):
         try:
-            return _assemble(iter((stub_method(request, timeout=client.batch_timeout_s),)))
+            return _assemble(iter((stub_method(request, timeout=client.batch_timeout_s,
+                                               metadata=logs.outgoing_metadata()),)))
         except grpc.RpcError as exc:
             if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
                 client._small_batches = False  # an older daemon: stream from now on
@@ -123,7 +124,8 @@ def _call_stream(client: Client, method: str, request) -> list[memoryview]:
     give_up = time.monotonic() + client.reconnect_timeout_s
     for attempt in range(1 << 30):
         try:
-            return _assemble(stub_method(request, timeout=client.batch_timeout_s))
+            return _assemble(stub_method(request, timeout=client.batch_timeout_s,
+                                         metadata=logs.outgoing_metadata()))
         except grpc.RpcError as exc:
             if not client._should_retry(exc, attempt, give_up):
                 raise from_rpc_error(exc, client.address) from None
