@@ -158,3 +158,40 @@ def test_kept_pieces_are_checked_against_the_daemons_copy(daemon, tmp_path):
         assert info.samples == 1 and info.sealed
     with Client(daemon.address) as client:
         assert bytes(client.get_batch([0], dataset="ds")[0]) == b"alpha"
+
+
+def test_readers_keep_reading_right_bytes_while_a_daemon_is_added(four, tree):
+    import threading
+
+    source, files = tree
+    paths = sorted(files)
+    with Client(addresses(four[:3])) as client:
+        client.ingest(str(source), "ds", replicas=2)
+    failures: list[BaseException] = []
+    batches = [0]
+    stop = threading.Event()
+
+    def read_loop() -> None:
+        rng = np.random.default_rng(1)
+        with Client(addresses(four[:3])) as reader:  # knows only the old members
+            while not stop.is_set():
+                ids = rng.integers(0, len(paths), 64)
+                try:
+                    got = reader.get_batch(ids, dataset="ds")
+                    assert [bytes(s) for s in got] == [files[paths[i]] for i in ids]
+                    batches[0] += 1
+                except BaseException as exc:  # noqa: BLE001 - reported below
+                    failures.append(exc)
+                    return
+
+    thread = threading.Thread(target=read_loop)
+    thread.start()
+    try:
+        with Client(addresses(four)) as client:
+            client.rebalance("ds")
+            client.rebalance("ds", replicas=3)  # and once more, while still reading
+    finally:
+        stop.set()
+        thread.join(60)
+    assert not failures, failures
+    assert batches[0] > 0

@@ -17,7 +17,7 @@ import queue
 import threading
 
 from dlfs import limits
-from dlfs.errors import Overloaded
+from dlfs.errors import DataCorruption, Overloaded
 from dlfs.server.extents import ExtentFiles
 from dlfs.server.reader import BatchPlan, advise_willneed, window_pieces
 
@@ -59,6 +59,8 @@ class Prefetcher:
             dataset_id, plan = item
             try:
                 self._advise(dataset_id, plan)
+            except DataCorruption as exc:  # e.g. the dataset was deleted since the hint
+                log.debug("prefetch of dataset id %x skipped: %s", dataset_id, exc)
             except Exception:  # noqa: BLE001 - a failed hint must not stop later ones
                 log.warning("prefetch of dataset id %x failed", dataset_id, exc_info=True)
 

@@ -73,24 +73,25 @@ class DlfsServicer(dlfs_pb2_grpc.DlfsServicer):
 
     def GetBatch(self, request, context):
         started = time.perf_counter()
-        dataset, plan = self._batch_plan(request)
-        yield from self._stream(dataset, plan, not request.skip_verify, context)
+        with self.store.reading(request.dataset) as dataset:
+            plan = self._batch_plan(dataset, request)
+            yield from self._stream(dataset, plan, not request.skip_verify, context)
         self._count("GetBatch", plan, started)
 
     def GetSmallBatch(self, request, context):
         started = time.perf_counter()
-        dataset, plan = self._batch_plan(request)
-        limit = self.store.config.chunk_bytes
-        if plan.payload_bytes > limit:
-            raise ReplyTooLarge(f"the reply holds {plan.payload_bytes} bytes, more than one "
-                                f"message carries ({limit}, --chunk-bytes); use GetBatch")
-        (reply,) = self._stream(dataset, plan, not request.skip_verify, context)
+        with self.store.reading(request.dataset) as dataset:
+            plan = self._batch_plan(dataset, request)
+            limit = self.store.config.chunk_bytes
+            if plan.payload_bytes > limit:
+                raise ReplyTooLarge(f"the reply holds {plan.payload_bytes} bytes, more than one "
+                                    f"message carries ({limit}, --chunk-bytes); use GetBatch")
+            (reply,) = self._stream(dataset, plan, not request.skip_verify, context)
         self._count("GetSmallBatch", plan, started)
         return reply
 
-    def _batch_plan(self, request):
-        """(dataset, plan) of a GetBatchRequest; its prefetch ids are hinted on the way."""
-        dataset = self.store.dataset(request.dataset)
+    def _batch_plan(self, dataset, request):
+        """The read plan of a GetBatchRequest; its prefetch ids are hinted on the way."""
         ids = convert.ids_array(request.ids) if request.ids else None
         paths = list(request.paths) if request.paths else None
         _checked, plan = self.store.plan(dataset, ids=ids, paths=paths)
@@ -100,7 +101,7 @@ class DlfsServicer(dlfs_pb2_grpc.DlfsServicer):
                 self._hint(dataset, hint)
             except Overloaded:
                 pass  # a hint that cannot be queued is dropped: it only costs speed
-        return dataset, plan
+        return plan
 
     def Prefetch(self, request, context):
         dataset = self.store.dataset(request.dataset)
@@ -112,12 +113,13 @@ class DlfsServicer(dlfs_pb2_grpc.DlfsServicer):
 
     def ReadRange(self, request, context):
         started = time.perf_counter()
-        dataset = self.store.dataset(request.dataset)
         if request.path and request.id:
             raise InvalidArgument("give either a sample id or a path, not both")
-        sample_id = dataset.id_of(request.path) if request.path else request.id
-        plan, whole = self.store.plan_range(dataset, sample_id, request.offset, request.length)
-        yield from self._stream(dataset, plan, whole and not request.skip_verify, context)
+        with self.store.reading(request.dataset) as dataset:
+            sample_id = dataset.id_of(request.path) if request.path else request.id
+            plan, whole = self.store.plan_range(dataset, sample_id, request.offset,
+                                                request.length)
+            yield from self._stream(dataset, plan, whole and not request.skip_verify, context)
         self._count("ReadRange", plan, started)
 
     def _hint(self, dataset, plan) -> None:
@@ -192,14 +194,15 @@ class DlfsServicer(dlfs_pb2_grpc.DlfsServicer):
             yield chunk
 
     def Scrub(self, request, context):
-        dataset = self.store.dataset(request.dataset)
-        for checked, checked_bytes, bad in scrub(self.store, dataset):
-            if not context.is_active():
-                raise Cancelled("the client cancelled the scrub")
-            yield pb.ScrubProgress(
-                samples_checked=checked, bytes_checked=checked_bytes, samples_total=len(dataset),
-                damaged=[convert.entry(dataset.stat(dataset.path(i))) for i, _ in bad],
-                reasons=[reason for _, reason in bad])
+        with self.store.reading(request.dataset) as dataset:
+            for checked, checked_bytes, bad in scrub(self.store, dataset):
+                if not context.is_active():
+                    raise Cancelled("the client cancelled the scrub")
+                yield pb.ScrubProgress(
+                    samples_checked=checked, bytes_checked=checked_bytes,
+                    samples_total=len(dataset),
+                    damaged=[convert.entry(dataset.stat(dataset.path(i))) for i, _ in bad],
+                    reasons=[reason for _, reason in bad])
         yield pb.ScrubProgress(samples_checked=len(dataset), bytes_checked=dataset.total_bytes,
                                samples_total=len(dataset), done=True)
 

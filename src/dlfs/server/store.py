@@ -17,6 +17,7 @@ Nothing here imports grpc.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import dataclasses
 import fcntl
@@ -79,6 +80,10 @@ class Store:
         self._ingests: dict[str, IngestSession] = {}
         self._prepared: dict[str, tuple[IngestSession, threading.Timer]] = {}
         self._closed = False
+        # Read leases: reads in flight per dataset id, and unpublished datasets
+        # whose extents wait for their last read (see `reading`).
+        self._reads: dict[int, int] = {}
+        self._retired: set[int] = set()
 
     # --- lifecycle -------------------------------------------------------------
 
@@ -162,6 +167,47 @@ class Store:
             return self.directory.get(name)
         return found
 
+    @contextlib.contextmanager
+    def reading(self, name: str) -> Iterator[DatasetIndex]:
+        """The sealed dataset `name`, whose extents stay on disk until the block ends.
+
+        A delete or replace that lands meanwhile unpublishes the dataset at
+        once but frees its extents only when the last such block ends, so a
+        read that resolved the old dataset finishes with the old bytes
+        instead of failing on a vanished extent file.  Raises
+        InvalidArgument, NotFound.
+        """
+        with self._mutex:
+            dataset = self.dataset(name)
+            self._reads[dataset.dataset_id] = self._reads.get(dataset.dataset_id, 0) + 1
+        try:
+            yield dataset
+        finally:
+            self._end_read(dataset.dataset_id)
+
+    def _end_read(self, dataset_id: int) -> None:
+        with self._mutex:
+            left = self._reads.pop(dataset_id) - 1
+            if left:
+                self._reads[dataset_id] = left
+                return
+            if dataset_id not in self._retired:
+                return
+            self._retired.discard(dataset_id)
+        self._free_extents(dataset_id)
+
+    def _retire(self, dataset_id: int) -> None:
+        """Free an unpublished dataset's extents now, or when its last read ends."""
+        with self._mutex:
+            if self._reads.get(dataset_id):
+                self._retired.add(dataset_id)
+                return
+        self._free_extents(dataset_id)
+
+    def _free_extents(self, dataset_id: int) -> None:
+        self.files.forget_dataset(dataset_id)
+        self.extents.remove_dataset(dataset_id)
+
     def summaries(self) -> list[DatasetInfo]:
         """Sealed datasets and running ingests, sorted by name."""
         result = {d.name: d.summary() for d in self.directory.all()}
@@ -179,8 +225,7 @@ class Store:
             dataset = self.directory.remove(name)
             self.catalog.append(cat.RecordType.DELETE, cat.encode_delete(dataset.dataset_id),
                                 sync=True)
-        self.files.forget_dataset(dataset.dataset_id)
-        self.extents.remove_dataset(dataset.dataset_id)
+        self._retire(dataset.dataset_id)
         log.info("deleted dataset %r (%d samples)", name, len(dataset))
         return dataset.summary()
 
@@ -258,8 +303,7 @@ class Store:
             self.directory.publish(index)
             del self._ingests[session.name]
         if previous is not None:
-            self.files.forget_dataset(previous.dataset_id)
-            self.extents.remove_dataset(previous.dataset_id)
+            self._retire(previous.dataset_id)
         self.metrics.ingested_samples.inc(len(index))
         self.metrics.ingested_bytes.inc(index.total_bytes)
         log.info("sealed dataset %r: %d samples, %d bytes%s", index.name, len(index),
