@@ -152,36 +152,61 @@ class _Upload:
 
 
 def file_pieces(file: SourceFile, holders: Sequence[int] = ()) -> Iterator[pb.IngestPiece]:
-    """The pieces of one file: the first names it (and its `holders`), the last
-    carries its CRC32C.  Reads the file once, in ingest_message_bytes steps.
+    """The pieces of one file (see `sample_pieces`).  Reads the file once, in
+    ingest_message_bytes steps.
 
     Raises InvalidArgument when the file shrinks or grows while it is read.
     """
+    head = pb.IngestPiece(path=file.path, size=file.size, mode=file.mode,
+                          mtime_ns=file.mtime_ns, holders=holders)
+    return sample_pieces(head, _file_chunks(file))
+
+
+def buffer_pieces(head: pb.IngestPiece, data) -> Iterator[pb.IngestPiece]:
+    """The pieces of a sample already in memory (see `sample_pieces`)."""
     step = limits.ingest_message_bytes
+    size = len(data)
+    return sample_pieces(head, ((bytes(data[offset:offset + step]), offset + step >= size)
+                                for offset in range(0, max(size, 1), step)))
+
+
+def sample_pieces(head: pb.IngestPiece, chunks) -> Iterator[pb.IngestPiece]:
+    """One sample as IngestPieces: `head` (naming the sample) carries the first
+    chunk, the last piece carries the CRC32C of all of them.
+
+    `chunks` yields (bytes, is_last) and ends with is_last true; an empty
+    sample is one empty last chunk.
+    """
     crc = 0
+    piece = head
+    for data, last in chunks:
+        crc = crc32c.crc32c(data, crc)
+        piece.data = data
+        if last:
+            piece.crc32c = crc
+        yield piece
+        piece = pb.IngestPiece()
+
+
+def _file_chunks(file: SourceFile) -> Iterator[tuple[bytes, bool]]:
+    step = limits.ingest_message_bytes
     sent = 0
     with open(file.source, "rb") as f:
-        piece = pb.IngestPiece(path=file.path, size=file.size, mode=file.mode,
-                               mtime_ns=file.mtime_ns, holders=holders)
         while True:
             data = f.read(min(step, file.size - sent)) if sent < file.size else b""
             if sent < file.size and not data:
                 raise InvalidArgument(
                     f"{file.source} shrank while being ingested ({sent} of {file.size} "
                     "bytes); ingest again once the source is stable")
-            crc = crc32c.crc32c(data, crc)
             sent += len(data)
-            piece.data = data
-            if sent == file.size:
-                if f.read(1):
-                    raise InvalidArgument(
-                        f"{file.source} grew while being ingested; ingest again once "
-                        "the source is stable")
-                piece.crc32c = crc
-                yield piece
+            last = sent == file.size
+            if last and f.read(1):
+                raise InvalidArgument(
+                    f"{file.source} grew while being ingested; ingest again once "
+                    "the source is stable")
+            yield data, last
+            if last:
                 return
-            yield piece
-            piece = pb.IngestPiece()
 
 
 def batch_messages(pieces) -> Iterator[pb.IngestMessage]:

@@ -31,6 +31,7 @@ import numpy as np
 
 from dlfs import limits
 from dlfs.client.cluster import ClusterRouter, check_streams, run_two_phase
+from dlfs.client.ingest import buffer_pieces
 from dlfs.client.placement import place
 from dlfs.errors import DlfsError
 from dlfs.proto import dlfs_pb2 as pb
@@ -161,7 +162,9 @@ def _produce(router, name, entries, new_holders, holds, moves, sizes, streams, b
                         mtime_ns=entry.mtime_ns, holders=holders, crc32c=entry.crc32c)
             for j, stream in enumerate(streams):
                 if moves[i, j]:
-                    for piece in _data_pieces(meta, fetched[i]):
+                    head = pb.IngestPiece(path=entry.path, size=entry.size, mode=entry.mode,
+                                          mtime_ns=entry.mtime_ns, holders=holders)
+                    for piece in buffer_pieces(head, fetched[i]):
                         stream.put(piece)
                     if bar is not None:
                         bar.update(entry.size)
@@ -169,20 +172,3 @@ def _produce(router, name, entries, new_holders, holds, moves, sizes, streams, b
                     stream.put(pb.IngestPiece(kept=True, **meta))
                 else:
                     stream.put(pb.IngestPiece(remote=True, **meta))
-
-
-def _data_pieces(meta: dict, data: memoryview):
-    """One sample's bytes as pieces: the first names it, the last carries its CRC32C."""
-    step = limits.ingest_message_bytes
-    size = len(data)
-    offsets = range(0, size, step) if size else [0]
-    for offset in offsets:
-        last = offset + step >= size
-        piece = pb.IngestPiece(data=bytes(data[offset:offset + step]))
-        if offset == 0:
-            piece.path, piece.size, piece.mode = meta["path"], meta["size"], meta["mode"]
-            piece.mtime_ns = meta["mtime_ns"]
-            piece.holders.extend(meta["holders"])
-        if last:
-            piece.crc32c = meta["crc32c"]
-        yield piece
