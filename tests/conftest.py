@@ -155,3 +155,22 @@ def local_samples(address: str, name: str) -> int:
         extents = b"".join(c.extent for c in stub.GetIndex(pb.GetIndexRequest(dataset=name),
                                                            timeout=10))
     return int((np.frombuffer(extents, "<u4") != 0xFFFFFFFF).sum())
+
+
+def store_ingest(store, name: str, files: dict[str, bytes], replace: bool = False):
+    """Ingest `files` (path -> bytes) into an in-process `Store` and commit."""
+    session = store.begin_ingest(name, replace)
+    for path, data in files.items():
+        session.start_file(path, len(data), 0o100644, 1)
+        session.write(data)
+    return session.commit()
+
+
+def store_read(store, dataset, ids) -> list[bytes]:
+    """Samples `ids` of `dataset` read through an in-process `Store`, in request order."""
+    _, plan = store.plan(dataset, ids=list(ids))
+    payload = bytearray(plan.payload_bytes)
+    for start, window in store.read(dataset, plan):
+        payload[start:start + len(window)] = window
+    return [bytes(payload[o:o + n]) for o, n in zip(plan.request_offsets.tolist(),
+                                                   plan.request_lengths.tolist())]

@@ -4,27 +4,16 @@ from __future__ import annotations
 
 import os
 
+from conftest import store_ingest as ingest
+from conftest import store_read
 from dlfs import limits
 from dlfs.server.config import ServerConfig
 from dlfs.server.store import Store
 
 
-def ingest(store, name, files, replace=False):
-    session = store.begin_ingest(name, replace)
-    for path, data in files.items():
-        session.start_file(path, len(data), 0o100644, 1)
-        session.write(data)
-    return session.commit()
-
-
 def read_all(store, name):
     dataset = store.dataset(name)
-    _, plan = store.plan(dataset, ids=list(range(len(dataset))))
-    payload = bytearray(plan.payload_bytes)
-    for start, window in store.read(dataset, plan):
-        payload[start:start + len(window)] = window
-    return [bytes(payload[o:o + n]) for o, n in zip(plan.request_offsets.tolist(),
-                                                   plan.request_lengths.tolist())]
+    return store_read(store, dataset, range(len(dataset)))
 
 
 def test_compaction_keeps_live_data_and_drops_dead_records(tmp_path, monkeypatch):

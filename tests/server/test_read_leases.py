@@ -6,26 +6,11 @@ import os
 
 import pytest
 
+from conftest import store_ingest as ingest
+from conftest import store_read as read
 from dlfs.errors import NotFound
 from dlfs.server.config import ServerConfig
 from dlfs.server.store import Store
-
-
-def ingest(store, name, files, replace=False):
-    session = store.begin_ingest(name, replace)
-    for path, data in files.items():
-        session.start_file(path, len(data), 0o100644, 1)
-        session.write(data)
-    return session.commit()
-
-
-def read(store, dataset, ids):
-    _, plan = store.plan(dataset, ids=ids)
-    payload = bytearray(plan.payload_bytes)
-    for start, window in store.read(dataset, plan):
-        payload[start:start + len(window)] = window
-    return [bytes(payload[o:o + n]) for o, n in zip(plan.request_offsets.tolist(),
-                                                   plan.request_lengths.tolist())]
 
 
 @pytest.fixture
