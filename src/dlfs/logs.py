@@ -53,14 +53,13 @@ def request_id_from(metadata) -> str:
     digits and ``._:-``, so a hostile id cannot forge log lines or fields.
     """
     for key, value in metadata or ():
-        if key == REQUEST_ID_METADATA and isinstance(value, str) and _WELL_FORMED.fullmatch(value):
+        if key == REQUEST_ID_METADATA and _well_formed(value):
             return value
     return new_request_id()
 
 
-def current_request_id() -> str:
-    """The id of the request this thread is serving, or `NO_REQUEST`."""
-    return _current_request.get()
+def _well_formed(value) -> bool:
+    return isinstance(value, str) and _WELL_FORMED.fullmatch(value) is not None
 
 
 def bind_request_id(request_id: str) -> contextvars.Token:
@@ -79,16 +78,16 @@ def request_id(value: str):
     Raises InvalidArgument unless it is 1..`limits.request_id_chars_max`
     letters, digits or ``._:-``.
     """
-    if not isinstance(value, str) or not _WELL_FORMED.fullmatch(value):
+    if not _well_formed(value):
         from dlfs.errors import InvalidArgument
 
         raise InvalidArgument(f"request id {value!r} must be 1 to {limits.request_id_chars_max} "
                               "letters, digits or '._:-'")
-    token = _current_request.set(value)
+    token = bind_request_id(value)
     try:
         yield value
     finally:
-        _current_request.reset(token)
+        unbind_request_id(token)
 
 
 def outgoing_metadata() -> tuple | None:

@@ -120,10 +120,11 @@ class _Call:
         elapsed = time.monotonic() - self.started
         level = logging.WARNING if elapsed >= limits.slow_rpc_log_s else logging.DEBUG
         if log.isEnabledFor(level):
+            peer = context.peer()
             log.log(level, "%s %s in %.1f ms from %s%s", self.method, self.code, elapsed * 1e3,
-                    context.peer(), " (slow)" if level == logging.WARNING else "",
+                    peer, " (slow)" if level == logging.WARNING else "",
                     extra={"method": self.method, "code": self.code,
-                           "duration_ms": round(elapsed * 1e3, 3), "peer": context.peer()})
+                           "duration_ms": round(elapsed * 1e3, 3), "peer": peer})
         logs.unbind_request_id(binding)
 
 
