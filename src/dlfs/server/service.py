@@ -208,7 +208,7 @@ class DlfsServicer(dlfs_pb2_grpc.DlfsServicer):
 
     def Ingest(self, request_iterator, context):
         session = None
-        end = replaced = None
+        end = None
         files = data_bytes = 0
         try:
             for message in request_iterator:
@@ -236,8 +236,7 @@ class DlfsServicer(dlfs_pb2_grpc.DlfsServicer):
                             session.add_remote(piece.path, piece.size, piece.mode,
                                                piece.mtime_ns, piece.crc32c, tuple(piece.holders))
                         else:
-                            replaced = replaced or self._replaced(start)
-                            self._copy_kept(session, replaced, piece)
+                            self._copy_kept(session, start, piece)
                         continue
                     if piece.path:
                         session.start_file(piece.path, piece.size, piece.mode, piece.mtime_ns,
@@ -272,25 +271,23 @@ class DlfsServicer(dlfs_pb2_grpc.DlfsServicer):
     def CommitIngest(self, request, context):
         return convert.dataset_info(self.store.finish_prepared(request.dataset, commit=True))
 
-    def _replaced(self, start):
-        """The sealed dataset an ingest replaces (kept pieces copy from it)."""
+    def _copy_kept(self, session, start, piece) -> None:
+        """Store `piece`'s sample again from this daemon's copy in the dataset the
+        ingest replaces, holding a read lease on it while copying."""
         if not start.replace:
             raise InvalidArgument("kept pieces copy from the dataset being replaced: the ingest "
                                   "must set replace")
-        return self.store.dataset(start.dataset)
-
-    def _copy_kept(self, session, replaced, piece) -> None:
-        """Store `piece`'s sample again from this daemon's copy in `replaced`."""
-        sample_id = replaced.id_of(piece.path)
-        if (int(replaced.length[sample_id]), int(replaced.crc[sample_id])) != (piece.size,
-                                                                               piece.crc32c):
-            raise InvalidArgument(
-                f"kept sample {piece.path!r} differs from this daemon's copy in dataset "
-                f"{replaced.name!r} (size or CRC32C); send its bytes instead")
-        session.start_file(piece.path, piece.size, piece.mode, piece.mtime_ns,
-                           tuple(piece.holders))
-        for window in self.store.read_sample(replaced, sample_id):
-            session.write(window)
+        with self.store.reading(start.dataset) as replaced:
+            sample_id = replaced.id_of(piece.path)
+            stored = (int(replaced.length[sample_id]), int(replaced.crc[sample_id]))
+            if stored != (piece.size, piece.crc32c):
+                raise InvalidArgument(
+                    f"kept sample {piece.path!r} differs from this daemon's copy in dataset "
+                    f"{replaced.name!r} (size or CRC32C); send its bytes instead")
+            session.start_file(piece.path, piece.size, piece.mode, piece.mtime_ns,
+                               tuple(piece.holders))
+            for window in self.store.read_sample(replaced, sample_id):
+                session.write(window)
         session.check_last_crc(piece.crc32c)
 
     def AbortIngest(self, request, context):
