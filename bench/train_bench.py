@@ -24,6 +24,12 @@ with `dlfs.torch.ShuffleShardSampler` (same order for all):
 - ``dlfs``: `dlfs.torch.DLFSDataset` over gRPC, one get_batch per batch.
 - ``dlfs-direct``: the same with ``direct=True`` (co-located: the worker
   reads the extent files itself; metadata from the daemon).
+- ``dlfs-readahead`` / ``dlfs-readahead-direct``: `DLFSDataset` without a
+  transform in a DataLoader with ``num_workers=0``, ``batch_size=None`` and
+  ``sampler=dlfs.torch.ReadAhead(sampler, ds, batch_size=B, batches=4)``:
+  threads of the training process fetch each batch straight into one
+  ``[B, L]`` uint8 tensor ahead of need (no worker processes, no copy into
+  shared memory).
 
 and, without a DataLoader, DLFS's own in-process loader:
 
@@ -74,15 +80,16 @@ class Plan:
     hint_compute_ms: float
     hint_ahead_batches: int
     pipeline_prefetch: int = 4
-    loaders: tuple[str, ...] = ("ext4-folder", "dlfs", "dlfs-direct", "dlfs-pipeline",
-                                "dlfs-pipeline-direct")
+    loaders: tuple[str, ...] = ("ext4-folder", "dlfs", "dlfs-direct", "dlfs-readahead",
+                                "dlfs-readahead-direct", "dlfs-pipeline", "dlfs-pipeline-direct")
 
 
 FULL = Plan(samples=8192, batch_size=64, workers=4, compute_ms=(6.0, 8.0, 10.0, 15.0, 30.0),
             hint_compute_ms=4.0, hint_ahead_batches=16)
 QUICK = Plan(samples=1536, batch_size=64, workers=4, compute_ms=(8.0, 30.0),
              hint_compute_ms=4.0, hint_ahead_batches=8)
-DATALOADER_KINDS = ("ext4-folder", "dlfs", "dlfs-direct")
+DATALOADER_KINDS = ("ext4-folder", "dlfs", "dlfs-direct", "dlfs-readahead",
+                    "dlfs-readahead-direct")
 
 
 # --- data ---------------------------------------------------------------------------
@@ -217,6 +224,10 @@ def make_dataset(kind: str, tree: str, address: str, name: str):
         return DLFSDataset(address, name, transform=to_tensor)
     if kind == "dlfs-direct":
         return DLFSDataset(address, name, transform=to_tensor, client_options={"direct": True})
+    if kind == "dlfs-readahead":
+        return DLFSDataset(address, name)
+    if kind == "dlfs-readahead-direct":
+        return DLFSDataset(address, name, client_options={"direct": True})
     raise ValueError(f"{kind} is not a DataLoader kind")
 
 
@@ -267,7 +278,7 @@ def dataloader_epochs(kind: str, plan: Plan, compute_ms: float, epoch0: int, env
                       caches: list[str], hints: bool = False) -> list[EpochResult]:
     from torch.utils.data import DataLoader
 
-    from dlfs.torch import PrefetchHints, ShuffleShardSampler
+    from dlfs.torch import PrefetchHints, ReadAhead, ShuffleShardSampler
 
     dataset = make_dataset(kind, env["tree"], env["address"], env["name"])
     sampler = ShuffleShardSampler(len(dataset), seed=17)
@@ -275,6 +286,12 @@ def dataloader_epochs(kind: str, plan: Plan, compute_ms: float, epoch0: int, env
     if hints:
         order_source = PrefetchHints(sampler, dataset, ahead=plan.hint_ahead_batches
                                      * plan.batch_size, chunk=plan.batch_size)
+    read_ahead = None
+    if kind.startswith("dlfs-readahead"):
+        # One per loader, like the dataset: its helper process lives across epochs (its
+        # start-up counts in the first epoch, as worker start-up does for the others).
+        read_ahead = ReadAhead(order_source, dataset, batch_size=plan.batch_size,
+                               batches=plan.pipeline_prefetch)
     results = []
     for offset, cache in enumerate(caches):
         sampler.set_epoch(epoch0 + offset)
@@ -284,6 +301,8 @@ def dataloader_epochs(kind: str, plan: Plan, compute_ms: float, epoch0: int, env
         def factory():
             # The loader itself (not an iterator): Timeline.wrap then tells a DLFSDataset to
             # record its fetches before iter() starts the workers.
+            if read_ahead is not None:
+                return DataLoader(dataset, batch_size=None, sampler=read_ahead)
             return DataLoader(dataset, batch_size=plan.batch_size, sampler=order_source,
                               num_workers=plan.workers, timeout=120)
 
@@ -294,6 +313,8 @@ def dataloader_epochs(kind: str, plan: Plan, compute_ms: float, epoch0: int, env
         env["progress"](f"train_bench: {kind:<20} {cache} {compute_ms:>5g} ms/batch "
                         f"{'hints' if hints else '':<26} util {results[-1].utilisation:6.1%} "
                         f"{results[-1].samples_per_s:8.0f} samples/s")
+    if read_ahead is not None:
+        read_ahead.close()
     return results
 
 
@@ -368,6 +389,8 @@ LOADER_TITLES = {
     "ext4-folder": "ext4 ImageFolder-like, DataLoader",
     "dlfs": "DLFSDataset, DataLoader",
     "dlfs-direct": "DLFSDataset direct, DataLoader",
+    "dlfs-readahead": "DLFSDataset, ReadAhead",
+    "dlfs-readahead-direct": "DLFSDataset direct, ReadAhead",
     "dlfs-pipeline": "iter_batches (gRPC)",
     "dlfs-pipeline-direct": "iter_batches direct",
 }

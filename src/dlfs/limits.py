@@ -255,6 +255,13 @@ pipeline_hint_ahead_batches_max = prefetch_queue_max
 pipeline_hint_ids_max = batch_ids_max_default
 # Samples per batch: one get_batch call may carry no more (daemon default).
 pipeline_batch_size_max = batch_ids_max_default
+# Shared memory of one dlfs.torch.ReadAhead ring (slots x batch bytes): a
+# sanity bound against a batch size or sample size typed wrong.
+readahead_ring_bytes_max = 16 * GiB
+# The read-ahead helper process must answer this soon after it starts (it
+# imports DLFS and connects to the daemon), and stop this soon when told to.
+readahead_start_timeout_s = 60.0
+readahead_stop_timeout_s = 10.0
 # Hints waiting for the hint thread; when it lags this far behind, new hints
 # are skipped (counted) rather than queued: a late hint is worthless.
 pipeline_hint_queue_max = 2 * prefetch_queue_max

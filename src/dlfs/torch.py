@@ -43,6 +43,7 @@ import torch
 from torch.utils.data import Dataset, Sampler
 
 from dlfs import limits, profile
+from dlfs.ring import BatchRing, stack_into
 from dlfs.client import Client
 from dlfs.errors import InvalidArgument
 from dlfs.pipeline import HintSender, PipelineStats
@@ -105,6 +106,27 @@ def to_tensor(sample) -> torch.Tensor:
 _frombuffer_warned = False
 
 
+def stack_samples(samples: Sequence) -> torch.Tensor:
+    """Samples of one size L (bytes-like) as one ``torch.uint8`` tensor of shape ``[B, L]``.
+
+    One copy of each sample into the new tensor.  Inside a DataLoader
+    worker the tensor is allocated in shared memory (as torch's default
+    collate does), so it reaches the training process without another
+    copy.  Raises InvalidArgument when the sizes differ.  Cost: O(total
+    bytes), copied by numpy without the GIL.
+    """
+    from torch.utils.data import get_worker_info
+
+    shape = (len(samples), len(samples[0]) if len(samples) else 0)
+    if get_worker_info() is not None and shape[0] * shape[1]:
+        storage = torch.UntypedStorage._new_shared(shape[0] * shape[1])
+        out = torch.empty(0, dtype=torch.uint8).set_(storage).view(shape)
+    else:
+        out = torch.empty(shape, dtype=torch.uint8)
+    stack_into(samples, out.numpy().reshape(-1))
+    return out
+
+
 class DLFSDataset(Dataset):
     """Samples of a DLFS dataset as a map-style torch Dataset.
 
@@ -149,8 +171,9 @@ class DLFSDataset(Dataset):
         self.verify = verify
         self.client_options = dict(client_options or {})
         with Client(address, **self.client_options) as client:
-            paths = client.dataset(name).paths()
+            paths, sizes = client.dataset(name).listing()
         self.ids, selected = _select(paths, self.root, name)
+        self.sizes = sizes[self.ids]  # bytes of each item's sample
         self.classes: list[str] = []
         self.class_to_idx: dict[str, int] = {}
         self.targets: np.ndarray | None = None
@@ -164,6 +187,7 @@ class DLFSDataset(Dataset):
         self._client: Client | None = None
         self._dataset = None
         self._trace_dir: str | None = None
+        self._read_ahead: _ReadAheadEpoch | None = None
         _warn_without_fork_support()
 
     def __len__(self) -> int:
@@ -173,18 +197,38 @@ class DLFSDataset(Dataset):
         return (f"DLFSDataset({self.address!r}, {self.name!r}, root={self.root!r}, "
                 f"samples={len(self)}, classes={len(self.classes)})")
 
-    def __getitem__(self, index: int):
-        return self.__getitems__([index])[0]
+    def __getitem__(self, index):
+        """Item `index`; or, given a sequence of indices, that whole batch already collated.
+
+        Batch form (``ds[[3, 9, 4]]``, what ``DataLoader(ds, batch_size=None,
+        sampler=ReadAhead(...))`` or ``sampler=BatchSampler(...)`` asks for):
+        ``(samples, targets)`` (``samples`` alone when ``target=None``) with
+        one get_batch round trip.  Without a transform, ``samples`` is one
+        ``torch.uint8`` tensor of shape ``[B, L]``: the samples are read
+        straight into it (in shared memory inside a DataLoader worker), so
+        no per-sample tensors are made or stacked; all samples of the batch
+        must then have the same size L (fixed-size records), else
+        InvalidArgument.  With a transform, each sample is transformed and
+        the batch put together by torch's ``default_collate``.  Targets are
+        an int64 tensor for ``"parent_dir"`` and collated likewise for a
+        callable.  Inside a `ReadAhead` epoch the batch was fetched ahead on
+        a thread and is handed over without waiting when it is ready.
+        """
+        if isinstance(index, (int, np.integer)) or (
+                isinstance(index, torch.Tensor) and index.dim() == 0):
+            return self.__getitems__([int(index)])[0]
+        ahead = self._read_ahead
+        if ahead is not None and ahead.pid == os.getpid():
+            batch = ahead.take(index)
+            if batch is not None:
+                return batch
+        positions = self._positions(index)
+        return self._collated(positions, self._fetch(self.ids[positions]))
 
     def __getitems__(self, indices: Sequence[int]) -> list:
         """Items `indices` with one get_batch round trip, in order, duplicates allowed."""
         positions = self._positions(indices)
-        ids = self.ids[positions]
-        start = time.perf_counter_ns()
-        samples = self._remote().get_batch(ids, verify=self.verify)
-        if self._trace_dir is not None:
-            profile.spool_span(self._trace_dir, "get_batch", start, time.perf_counter_ns(),
-                               args={"samples": len(samples)})
+        samples = self._fetch(self.ids[positions])
         transform = self.transform
         items = [transform(s) for s in samples] if transform else [bytes(s) for s in samples]
         if self.target is None:
@@ -192,6 +236,36 @@ class DLFSDataset(Dataset):
         if self.targets is not None:
             return list(zip(items, self.targets[positions].tolist()))
         return [(item, self.target(self._paths[p])) for item, p in zip(items, positions.tolist())]
+
+    def _fetch(self, ids: np.ndarray) -> list:
+        """Samples `ids`: one get_batch, recorded as a span when tracing."""
+        start = time.perf_counter_ns()
+        samples = self._remote().get_batch(ids, verify=self.verify)
+        if self._trace_dir is not None:
+            profile.spool_span(self._trace_dir, "get_batch", start, time.perf_counter_ns(),
+                               args={"samples": len(samples)})
+        return samples
+
+    def _collated(self, positions: np.ndarray, samples: list):
+        """The batch form of items `positions` (see `__getitem__`) from their samples."""
+        return self._with_targets(positions, self._collate_samples(samples))
+
+    def _collate_samples(self, samples: list):
+        """A batch's samples as one value: stacked bytes, or the default collate of transforms."""
+        if self.transform is None:
+            return stack_samples(samples)
+        from torch.utils.data import default_collate
+
+        return default_collate([self.transform(s) for s in samples])
+
+    def _with_targets(self, positions: np.ndarray, batch):
+        if self.target is None:
+            return batch
+        if self.targets is not None:
+            return batch, torch.from_numpy(self.targets[positions])
+        from torch.utils.data import default_collate
+
+        return batch, default_collate([self.target(self._paths[p]) for p in positions.tolist()])
 
     def hint(self, indices: Sequence[int]) -> bool:
         """Ask the daemon to read items `indices` into its page cache soon (see `PrefetchHints`).
@@ -225,7 +299,7 @@ class DLFSDataset(Dataset):
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
-        state.update(_client=None, _dataset=None, _pid=-1)
+        state.update(_client=None, _dataset=None, _pid=-1, _read_ahead=None)
         return state
 
     def _remote(self):
@@ -356,6 +430,151 @@ class PrefetchHints(Sampler[int]):
                 yield index
         finally:
             sender.close()
+
+
+class ReadAhead(Sampler[list[int]]):
+    """Batches read ahead by a helper process: a DataLoader without workers that keeps up.
+
+    ``DataLoader(ds, batch_size=None, sampler=ReadAhead(sampler, ds, batch_size=256))``
+    cuts `sampler`'s order into batches of `batch_size` (the last one shorter
+    unless `drop_last`) and yields them as index lists; the DataLoader hands
+    each to ``ds[indices]``, which returns ``(samples, targets)`` with
+    ``samples`` one ``torch.uint8`` tensor ``[B, L]`` (see
+    `DLFSDataset.__getitem__`).  Meanwhile one helper process (a
+    `dlfs.ring.BatchRing`, started at the first epoch and kept until
+    `close`) reads the next `batches` batches with its own DLFS client
+    (direct or gRPC, as the dataset's `client_options` say) straight into
+    shared buffers that the tensors then use: no per-batch allocation, no
+    pickling, and none of the read, checksum or copy work competes for the
+    training process's GIL.
+
+    For raw fixed-size records (the dataset has no transform: a transform
+    belongs in DataLoader workers, ``DataLoader(ds, batch_size=B,
+    num_workers=W)``); every sample of a batch must have the same size.  A
+    batch's memory is reused once the batch and every view of it are
+    dropped; to keep one, copy it (``tensor.clone()``).
+
+    Needs ``num_workers=0``: workers fetch for themselves, which is detected
+    at the second batch (InvalidArgument).  `hint_ahead` > 0 also sends
+    clairvoyant prefetch hints that many batches beyond those in flight
+    (opt-in, as in `dlfs.pipeline.iter_batches`).  Leaving an epoch early
+    (``break``, an exception, dropping the loader's iterator) stops its
+    reads; `close()` (or garbage collection, or interpreter exit) stops the
+    helper.  `multiprocessing_context` picks its start method (default: the
+    platform's, as for DataLoader workers).  Memory: ``(batches + 2) x
+    batch_size x`` the largest sample, shared.  Cost per epoch: the order is
+    materialised once (O(n)).
+    """
+
+    def __init__(self, sampler: Sampler, dataset: DLFSDataset, *, batch_size: int,
+                 batches: int = 4, drop_last: bool = False, hint_ahead: int = 0,
+                 multiprocessing_context: str | None = None):
+        from dlfs.pipeline import _check_int
+
+        _check_int("batch_size", batch_size, 1, limits.pipeline_batch_size_max)
+        _check_int("batches", batches, 1, limits.pipeline_prefetch_batches_max)
+        _check_int("hint_ahead", hint_ahead, 0, limits.pipeline_hint_ahead_batches_max)
+        if not isinstance(dataset, DLFSDataset):
+            raise InvalidArgument(f"ReadAhead reads through a DLFSDataset, not {dataset!r}")
+        if dataset.transform is not None:
+            raise InvalidArgument(
+                "ReadAhead hands out raw batches ([batch, size] uint8 tensors), so the dataset "
+                "must have no transform; decode in the training step, or run the transform in "
+                "DataLoader workers: DataLoader(ds, batch_size=B, num_workers=W)")
+        self.sampler = sampler
+        self.dataset = dataset
+        self.batch_size = batch_size
+        self.batches = batches
+        self.drop_last = drop_last
+        self.hint_ahead = hint_ahead
+        self.multiprocessing_context = multiprocessing_context
+        self._ring: BatchRing | None = None
+
+    def set_epoch(self, epoch: int) -> None:
+        self.sampler.set_epoch(epoch)
+
+    def __len__(self) -> int:
+        n = len(self.sampler)
+        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        dataset = self.dataset
+        positions = dataset._positions(np.fromiter(iter(self.sampler), dtype=np.int64))
+        count = (len(positions) // self.batch_size if self.drop_last
+                 else -(-len(positions) // self.batch_size))
+        ring = self._started_ring()
+        ring.start_epoch(dataset.ids[positions], batch_size=self.batch_size,
+                         drop_last=self.drop_last, prefetch=self.batches,
+                         hint_ahead=self.hint_ahead, verify=dataset.verify,
+                         trace_dir=dataset._trace_dir)
+        epoch = _ReadAheadEpoch(dataset, ring, positions, self.batch_size, count)
+        dataset._read_ahead = epoch
+        try:
+            for number in range(count):
+                if epoch.taken != number:
+                    raise InvalidArgument(
+                        f"ReadAhead reads batches for the training process itself, but the "
+                        f"DataLoader asked for batch {number} before taking batch {epoch.taken}: "
+                        "it has worker processes, which fetch for themselves.  Use "
+                        "DataLoader(ds, batch_size=None, sampler=ReadAhead(...)) with "
+                        "num_workers=0, or sampler=BatchSampler(...) with workers")
+                yield epoch.batches[number]
+        finally:
+            if epoch.taken < count:
+                ring.cancel_epoch()
+            if dataset._read_ahead is epoch:
+                dataset._read_ahead = None
+
+    def close(self) -> None:
+        """Stop the helper process (a later epoch starts a new one).  Idempotent."""
+        if self._ring is not None:
+            self._ring.close()
+            self._ring = None
+
+    def _started_ring(self) -> BatchRing:
+        if self._ring is None or self._ring._closed:
+            dataset = self.dataset
+            largest = int(dataset.sizes.max()) if len(dataset.sizes) else 1
+            self._ring = BatchRing(dataset.address, dataset.name,
+                                   slot_bytes=self.batch_size * max(largest, 1),
+                                   slots=self.batches + 2,
+                                   client_options=dataset.client_options,
+                                   context=self.multiprocessing_context)
+        return self._ring
+
+
+class _ReadAheadEpoch:
+    """One `ReadAhead` epoch as its dataset sees it: batches are taken in order.
+
+    The training thread's share of a batch is a list comparison, a pipe
+    message and a slice: positions were checked and targets gathered once
+    per epoch.
+    """
+
+    def __init__(self, dataset: DLFSDataset, ring: BatchRing, positions: np.ndarray,
+                 batch_size: int, count: int):
+        self.pid = os.getpid()
+        self.dataset = dataset
+        self.ring = ring
+        self.batch_size = batch_size
+        self.batches = [positions[n * batch_size:(n + 1) * batch_size].tolist()
+                        for n in range(count)]
+        self.targets = (torch.from_numpy(dataset.targets[positions])
+                        if dataset.targets is not None and dataset.target is not None else None)
+        self.taken = 0
+
+    def take(self, index):
+        """The next batch if it is items `index`, else None (the caller fetches them itself)."""
+        number = self.taken
+        expected = self.batches[number] if number < len(self.batches) else None
+        if index is not expected and (expected is None or list(index) != expected):
+            return None
+        samples = torch.from_numpy(self.ring.next_batch())
+        self.taken += 1
+        if self.targets is not None:
+            start = number * self.batch_size
+            return samples, self.targets[start:start + len(expected)]
+        return self.dataset._with_targets(np.asarray(expected, dtype=np.int64), samples)
 
 
 def _select(paths: list[str], root: str, name: str) -> tuple[np.ndarray, list[str]]:

@@ -6,6 +6,7 @@ import time
 from typing import TYPE_CHECKING, Iterable, Iterator, Sequence
 
 import grpc
+import numpy as np
 
 from dlfs import limits, wire
 from dlfs.client import convert
@@ -51,6 +52,17 @@ class Dataset:
         DataCorruption (stored bytes fail their checksum).
         """
         return fetch_batch(self.client, self.name, keys, verify=verify, prefetch=prefetch)
+
+    def prepare(self) -> None:
+        """Set up reading now rather than at the first batch (optional).
+
+        With ``direct=True`` that is fetching the location index and opening
+        the extent files; over gRPC there is nothing to do.  Raises what the
+        first get_batch would (FailedPrecondition when direct reads are
+        impossible here).
+        """
+        if self.client.direct:
+            self.client._direct_reader(self.name)
 
     def iter_batches(self, order, batch_size: int, prefetch: int = 4, **options):
         """Batches of `order` (sample ids) with `prefetch` batches in flight, so I/O
@@ -168,11 +180,21 @@ class Dataset:
 
     def paths(self) -> list[str]:
         """Every sample path, in id order.  One Lookup per 65,536 samples."""
-        result: list[str] = []
+        return self.listing()[0]
+
+    def listing(self) -> tuple[list[str], np.ndarray]:
+        """Every sample's path and size in bytes (an int64 array), in id order.
+
+        One Lookup per 65,536 samples.
+        """
+        paths: list[str] = []
+        sizes: list[int] = []
         step = limits.lookup_items_max
         for start in range(0, len(self), step):
-            result.extend(e.path for e in self.lookup(range(start, min(start + step, len(self)))))
-        return result
+            for entry in self.lookup(range(start, min(start + step, len(self)))):
+                paths.append(entry.path)
+                sizes.append(entry.size)
+        return paths, np.asarray(sizes, dtype=np.int64)
 
     def stat(self, path: str = "") -> Entry:
         return self.client.stat(self.name, path)
