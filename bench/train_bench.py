@@ -1,6 +1,6 @@
 """Emulated training, in the spirit of the DLIO benchmark: does the loader keep the accelerator busy?
 
-    python -m bench.train_bench            # full sweep, about 3 minutes on 2 cores (+ data once)
+    python -m bench.train_bench            # full sweep, about 9 minutes on 2 cores (+ data once)
     python -m bench.train_bench --quick    # small, under a minute: checks that it all runs
 
 A training step is a fixed sleep per batch (the accelerator's compute
@@ -84,7 +84,7 @@ class Plan:
                                 "dlfs-readahead-direct", "dlfs-pipeline", "dlfs-pipeline-direct")
 
 
-FULL = Plan(samples=8192, batch_size=64, workers=4, compute_ms=(6.0, 8.0, 10.0, 15.0, 30.0),
+FULL = Plan(samples=16384, batch_size=64, workers=4, compute_ms=(6.0, 8.0, 10.0, 15.0, 30.0),
             hint_compute_ms=4.0, hint_ahead_batches=16)
 QUICK = Plan(samples=1536, batch_size=64, workers=4, compute_ms=(8.0, 30.0),
              hint_compute_ms=4.0, hint_ahead_batches=8)
@@ -467,7 +467,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--compute-ms", default="",
                         help="comma-separated compute times per batch (default: the plan's)")
     parser.add_argument("--workers", type=int, help="DataLoader num_workers (default 4)")
-    parser.add_argument("--samples", type=int, help="number of samples (default 8192 / 1536)")
+    parser.add_argument("--samples", type=int, help="number of samples (default 16384 / 1536)")
     args = parser.parse_args(argv)
     plan = QUICK if args.quick else FULL
     if args.compute_ms:

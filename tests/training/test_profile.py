@@ -132,6 +132,35 @@ def test_dataloader_workers_spans_show_the_overlap(dataset, tmp_path):
     assert tl._spool_dir is None  # the workers' spool directory was merged and removed
 
 
+def test_read_ahead_helper_spans_show_the_overlap(dataset, tmp_path):
+    pytest.importorskip("torch")
+    from torch.utils.data import DataLoader
+
+    from dlfs.torch import DLFSDataset, ReadAhead, ShuffleShardSampler
+
+    address, name = dataset
+    trace = tmp_path / "read-ahead.json"
+    ds = DLFSDataset(address, name)
+    read_ahead = ReadAhead(ShuffleShardSampler(len(ds), seed=0), ds, batch_size=4, batches=2)
+    try:
+        with Timeline(trace, print_summary=False) as tl:
+            for _samples, _labels in tl.wrap(DataLoader(ds, batch_size=None, sampler=read_ahead)):
+                with tl.step():
+                    time.sleep(STEP_S)
+    finally:
+        read_ahead.close()
+    assert tl.summary()["batches"] == 10 and tl.summary()["samples"] == SAMPLES
+    spans = check_chrome_trace(json.loads(trace.read_text()))
+    fetches = [e for e in spans if e["name"] == "get_batch"]
+    # One get_batch per batch, on the threads of the helper process.
+    assert len(fetches) == 10 and all(e["args"]["samples"] == 4 for e in fetches)
+    helpers = {e["pid"] for e in fetches}
+    assert len(helpers) == 1 and os.getpid() not in helpers
+    steps = [e for e in spans if e["name"] == "step"]
+    assert any(f["ts"] < s["ts"] + s["dur"] and s["ts"] < f["ts"] + f["dur"]
+               for f in fetches for s in steps), "no fetch ran while the training step did"
+
+
 def test_spool_files_merge_and_a_torn_line_is_counted_not_fatal(tmp_path):
     tl = Timeline(tmp_path / "t.json", print_summary=False)
     spool = tl.spool_dir()

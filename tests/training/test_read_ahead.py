@@ -231,3 +231,17 @@ def test_whole_batch_items_through_a_batch_sampler(records, num_workers):
     assert shapes[-1] == (1, RECORD_BYTES)
     with_transform = DLFSDataset(address, name, transform=lambda s: len(s))
     assert [x.tolist() for x in with_transform[[1, 2]]] == [[RECORD_BYTES] * 2, [0, 0]]
+
+
+def test_a_spawned_helper_reads_the_same_batches(records):
+    address, name, _ = records
+    ds = DLFSDataset(address, name)
+    sampler = ShuffleShardSampler(len(ds), seed=12)
+    results = []
+    for context in ("spawn", None):
+        read_ahead = ReadAhead(sampler, ds, batch_size=8, multiprocessing_context=context)
+        try:
+            results.append(read_epoch(DataLoader(ds, batch_size=None, sampler=read_ahead)))
+        finally:
+            read_ahead.close()
+    assert results[0] == results[1]
