@@ -58,16 +58,16 @@ import dataclasses
 import json
 import os
 import platform
-import signal
 import subprocess
 import sys
 import time
 
 import numpy as np
 
+from bench.processes import Daemon
+
 SAMPLE_BYTES = 110 * 1024
 CLASSES = 10
-STARTUP_TIMEOUT_S = 60.0
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -110,45 +110,6 @@ def prepare_files(root: str, samples: int) -> str:
     with open(marker, "w") as f:
         f.write("ok\n")
     return tree
-
-
-class Daemon:
-    """`python -m dlfs.server.main` on 127.0.0.1, a free port; SIGTERM on exit."""
-
-    def __init__(self, data_dir: str, log_path: str):
-        self.data_dir = data_dir
-        self.log_path = log_path
-        self.process: subprocess.Popen | None = None
-        self.address = ""
-
-    def __enter__(self) -> "Daemon":
-        address_file = os.path.join(os.path.dirname(self.log_path), f"addr-{os.getpid()}")
-        if os.path.exists(address_file):
-            os.unlink(address_file)
-        with open(self.log_path, "ab") as log:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "dlfs.server.main", "--data-dir", self.data_dir,
-                 "--listen", "127.0.0.1:0", "--address-file", address_file],
-                stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while not os.path.exists(address_file):
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                self.__exit__()
-                raise RuntimeError(f"dlfs-server did not start; see {self.log_path}")
-            time.sleep(0.02)
-        with open(address_file) as f:
-            self.address = f.read().strip()
-        os.unlink(address_file)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(10)
 
 
 def ensure_dataset(address: str, tree: str, name: str, samples: int) -> None:

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import collections
 import gc
+import importlib
 import mmap
 import multiprocessing
 import os
@@ -260,11 +261,11 @@ class BatchRing:
 
 def _import_helper_modules(client_options: dict) -> None:
     """Import what the helper runs, so a forked helper starts without importing it."""
-    import dlfs.client  # noqa: F401
-    import dlfs.pipeline  # noqa: F401
-
+    modules = ["dlfs.client", "dlfs.pipeline"]
     if client_options.get("direct"):
-        import dlfs.client.direct  # noqa: F401
+        modules.append("dlfs.client.direct")
+    for module in modules:
+        importlib.import_module(module)
 
 
 def _raise(message) -> None:
