@@ -39,6 +39,7 @@ from __future__ import annotations
 import collections
 import gc
 import importlib
+import logging
 import mmap
 import multiprocessing
 import os
@@ -51,6 +52,8 @@ import numpy as np
 
 from dlfs import errors, limits
 from dlfs.errors import DlfsError, Internal, InvalidArgument, Unavailable
+
+log = logging.getLogger(__name__)
 
 # How often a waiting parent checks that the helper is still alive.
 _LIVENESS_POLL_S = 1.0
@@ -214,6 +217,8 @@ class BatchRing:
             pass
         self._process.join(limits.readahead_stop_timeout_s)
         if self._process.is_alive():
+            log.warning("read-ahead process %d did not stop within %g s; killing it",
+                        self._process.pid, limits.readahead_stop_timeout_s)
             self._process.kill()
             self._process.join()
         self._conn.close()

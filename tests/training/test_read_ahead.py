@@ -58,6 +58,7 @@ def read_epoch(loader):
 def test_epochs_arrive_whole_in_sampler_order_with_labels(records, direct):
     address, name, paths = records
     ds = DLFSDataset(address, name, client_options={"direct": direct})
+    assert path_of(ds[[5]][0][0]) == paths[5]  # this process has a live client when the helper forks
     sampler = ShuffleShardSampler(len(ds), seed=4)
     read_ahead = ReadAhead(sampler, ds, batch_size=4, batches=2)
     try:

@@ -96,18 +96,7 @@ def fetch_batch(client: Client, dataset: str, keys, *, verify: bool = True,
 
 def _call_small(client: Client, request: pb.GetBatchRequest) -> list[memoryview]:
     """One GetSmallBatch call.  Raises ReplyTooLarge when the reply needs GetBatch."""
-    stub_method = client._raw_reads["GetSmallBatch"]
-    give_up = time.monotonic() + client.reconnect_timeout_s
-    for attempt in range(1 << 30):
-        try:
-            return _assemble(iter((stub_method(request, timeout=client.batch_timeout_s,
-                                               metadata=logs.outgoing_metadata()),)))
-        except grpc.RpcError as exc:
-            if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
-                client._small_batches = False  # an older daemon: stream from now on
-                raise ReplyTooLarge("the daemon has no GetSmallBatch") from None
-            if not client._should_retry(exc, attempt, give_up):
-                raise from_rpc_error(exc, client.address) from None
+    return _call_stream(client, "GetSmallBatch", request)
 
 
 def resolve_ids(client: Client, dataset: str, request) -> np.ndarray:
@@ -118,15 +107,30 @@ def resolve_ids(client: Client, dataset: str, request) -> np.ndarray:
     return np.asarray(request.ids, dtype=np.int64)
 
 
+# Read methods answered by one BatchChunk message instead of a stream of them.
+_UNARY_READS = frozenset({"GetSmallBatch"})
+
+
 def _call_stream(client: Client, method: str, request) -> list[memoryview]:
-    """A BatchChunk-streaming call with deadline, typed errors and retry on UNAVAILABLE."""
+    """A read call (a BatchChunk stream, or one chunk for a unary read) with deadline,
+    typed errors and retry on UNAVAILABLE.
+
+    A daemon without a unary read method (older than GetSmallBatch) raises
+    ReplyTooLarge and turns small batches off for this client: the caller
+    then streams, as it does for replies too large for one message.
+    """
     stub_method = client._raw_reads[method]
+    unary = method in _UNARY_READS
     give_up = time.monotonic() + client.reconnect_timeout_s
     for attempt in range(1 << 30):
         try:
-            return _assemble(stub_method(request, timeout=client.batch_timeout_s,
-                                         metadata=logs.outgoing_metadata()))
+            reply = stub_method(request, timeout=client.batch_timeout_s,
+                                metadata=logs.outgoing_metadata())
+            return _assemble(iter((reply,)) if unary else reply)
         except grpc.RpcError as exc:
+            if unary and exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+                client._small_batches = False
+                raise ReplyTooLarge(f"the daemon has no {method}") from None
             if not client._should_retry(exc, attempt, give_up):
                 raise from_rpc_error(exc, client.address) from None
 
