@@ -3,9 +3,10 @@
     ring = BatchRing("127.0.0.1:7010", "demo", slot_bytes=256 * 110 * 1024, slots=6)
     ring.start_epoch(order_ids, batch_size=256, prefetch=4)
     for _ in range(batches):
-        batch = ring.next_batch()      # np.uint8 [rows, cols], a view of one slot
-        ...                            # the slot is reused once batch (and every
-                                       # view or tensor of it) is dropped
+        data, lengths = ring.next_batch()   # the samples back to back in one slot
+        images = rows(data, lengths)        # [256, size] when they have one size
+        ...                                 # the slot is reused once data (and every
+                                            # view or tensor of it) is dropped
     ring.close()
 
 Why a process: read-ahead threads in the training process fetch just as
@@ -19,8 +20,8 @@ slots are mapped once and reused.
 
 The helper (`_serve`) is a plain DLFS client (direct or gRPC) running
 `dlfs.pipeline.iter_batches` for the epoch's order and copying each batch
-into a free slot, the samples back to back: a batch is one
-``[rows, cols]`` array, so every sample of a batch must have the same size.
+into a free slot, the samples back to back (`pack_into`), with their
+lengths; `rows` views a batch of one sample size as a 2-D array.
 A slot comes back when the parent's last reference to its array is gone (a
 `weakref.finalize` queues it; the next `next_batch` or `start_epoch` call
 sends it), so nothing is overwritten while reachable.
@@ -29,7 +30,7 @@ Protocol over one duplex pipe (the ring itself is a memfd passed over it):
 parent -> helper ``("epoch", n, ids, batch_size, drop_last, prefetch,
 hint_ahead, verify, trace_dir)``, ``("free", slot)``, ``("cancel", n)``,
 ``("stop",)``; helper -> parent ``("ready",)``, ``("batch", n, number, slot,
-rows, cols)``, ``("error", n, number, kind, message)``.  Messages of an
+lengths)``, ``("error", n, number, kind, message)``.  Messages of an
 epoch the parent has left are dropped (their slots freed).  The helper
 exits when told to, or when the pipe breaks (the parent is gone).
 """
@@ -73,29 +74,52 @@ def _populate(mapping: mmap.mmap, start: int, length: int) -> None:
         pass  # older kernel: the pages fault in as they are written
 
 
-def stack_into(samples: Sequence, out: np.ndarray) -> tuple[int, int]:
-    """Copy samples of one size back to back into the flat uint8 array `out`.
+def pack_into(samples: Sequence, out: np.ndarray) -> np.ndarray:
+    """Copy samples back to back into the flat uint8 array `out`; returns their lengths.
 
-    Returns ``(rows, cols)``: the batch is ``out[:rows * cols].reshape(rows,
-    cols)``.  Raises InvalidArgument when the sizes differ or the batch does
-    not fit.  Cost: O(total bytes), copied by numpy without the GIL.
+    Raises InvalidArgument when they do not fit.  Cost: O(total bytes),
+    copied by numpy without the GIL.
     """
-    rows = len(samples)
-    cols = len(samples[0]) if rows else 0
-    for position, sample in enumerate(samples):
-        if len(sample) != cols:
-            raise InvalidArgument(
-                f"a batch of raw samples is one [batch, size] array, so its samples need one "
-                f"size: sample {position} of the batch has {len(sample)} bytes, sample 0 has "
-                f"{cols}; give the dataset a transform (each sample transformed, then "
-                "default_collate), or fetch items with DataLoader(ds, batch_size=N)")
-    if rows * cols > len(out):
-        raise InvalidArgument(f"a batch of {rows} x {cols} bytes does not fit its "
-                              f"{len(out)}-byte buffer")
-    if rows * cols:
+    lengths = np.fromiter((len(sample) for sample in samples), dtype=np.int64,
+                          count=len(samples))
+    total = int(lengths.sum())
+    if total > len(out):
+        raise InvalidArgument(f"a batch of {total} bytes does not fit its {len(out)}-byte buffer")
+    if total:
         np.concatenate([np.frombuffer(sample, dtype=np.uint8) for sample in samples],
-                       out=out[:rows * cols])
-    return rows, cols
+                       out=out[:total])
+    return lengths
+
+
+def rows(data: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """A packed batch (`pack_into`) as a ``[batch, size]`` view: its samples need one size.
+
+    Raises InvalidArgument naming the first sample of another size.
+    """
+    size = _one_size(lengths)
+    return data[:len(lengths) * size].reshape(len(lengths), size)
+
+
+def stack_into(samples: Sequence, out: np.ndarray) -> np.ndarray:
+    """Samples of one size copied into the flat uint8 `out`, as a ``[batch, size]`` view of it.
+
+    Checks the sizes before copying (InvalidArgument, as `rows`).
+    """
+    _one_size(np.fromiter((len(sample) for sample in samples), dtype=np.int64,
+                          count=len(samples)))
+    return rows(out, pack_into(samples, out))
+
+
+def _one_size(lengths: np.ndarray) -> int:
+    size = int(lengths[0]) if len(lengths) else 0
+    other = np.flatnonzero(lengths != size)
+    if len(other):
+        raise InvalidArgument(
+            f"a batch of raw samples is one [batch, size] array, so its samples need one "
+            f"size: sample {int(other[0])} of the batch has {int(lengths[other[0]])} bytes, "
+            f"sample 0 has {size}; give the dataset a transform (each sample transformed, "
+            "then default_collate), or ask for a list of samples (ReadAhead(..., stack=False))")
+    return size
 
 
 class BatchRing:
@@ -159,12 +183,14 @@ class BatchRing:
         self._send(("epoch", self._epoch, np.asarray(ids, dtype=np.int64), batch_size,
                     drop_last, prefetch, hint_ahead, verify, trace_dir))
 
-    def next_batch(self) -> np.ndarray:
-        """The epoch's next batch as a ``[rows, cols]`` uint8 view of its slot.
+    def next_batch(self) -> tuple[np.ndarray, np.ndarray]:
+        """The epoch's next batch: ``(data, lengths)``.
 
-        Raises InvalidArgument when every slot is still referenced by earlier
-        batches (nothing could be read: keep a copy, ``batch.copy()``, not the
-        batch), and the batch's own error if its fetch failed.
+        `data` is a flat uint8 view of the batch's slot holding its samples
+        back to back, `lengths` their sizes (int64).  Raises InvalidArgument
+        when every slot is still referenced by earlier batches (nothing
+        could be read: keep a copy, ``data.copy()``, not the batch), and the
+        batch's own error if its fetch failed.
         """
         self._check_open()
         if self._next_number >= self._batches:
@@ -186,16 +212,15 @@ class BatchRing:
                 continue
             if message[0] == "error":
                 _raise(message)
-            _kind, _epoch, number, slot, rows, cols = message
+            _kind, _epoch, number, slot, lengths = message
             if number != self._next_number:
                 raise Internal(f"read-ahead process sent batch {number}, expected "
                                f"{self._next_number}")
             self._next_number += 1
-            start = slot * self.slot_bytes
-            batch = self._memory[start:start + rows * cols].reshape(rows, cols)
+            lease = _SlotLease(self._memory, slot * self.slot_bytes, int(lengths.sum()))
             self._outstanding += 1
-            weakref.finalize(batch, self._freed.append, slot)
-            return batch
+            weakref.finalize(lease, self._freed.append, slot)
+            return np.asarray(lease), lengths
 
     def cancel_epoch(self) -> None:
         """Stop reading the current epoch (its batches not yet taken are dropped)."""
@@ -262,6 +287,24 @@ class BatchRing:
             self.close()
             raise Unavailable(f"the read-ahead process ended (exit code "
                               f"{self._process.exitcode}); see its output above") from None
+
+
+class _SlotLease:
+    """The owner of one batch's bytes in the ring, as numpy sees it.
+
+    ``np.asarray(lease)`` is the batch; every array, view or tensor made from
+    it keeps the lease alive (a plain slice of the ring's array would keep
+    only the whole ring alive), so the finalizer that returns the slot runs
+    only when nothing can reach the batch's bytes any more.  The lease keeps
+    the mapping alive too.
+    """
+
+    __slots__ = ("__array_interface__", "_memory", "__weakref__")
+
+    def __init__(self, memory: np.ndarray, start: int, size: int):
+        self._memory = memory
+        self.__array_interface__ = {"data": (memory.ctypes.data + start, False),
+                                    "shape": (size,), "typestr": "|u1", "version": 3}
 
 
 def _import_helper_modules(client_options: dict) -> None:
@@ -351,8 +394,8 @@ def _serve(conn, address: str, dataset: str, client_options: dict, slot_bytes: i
                 if slot in unused:
                     unused.discard(slot)
                     _populate(mapping, slot * slot_bytes, slot_bytes)
-                rows, cols = stack_into(batch.samples,
-                                        memory[slot * slot_bytes:(slot + 1) * slot_bytes])
+                lengths = pack_into(batch.samples,
+                                    memory[slot * slot_bytes:(slot + 1) * slot_bytes])
             except StopIteration:
                 pipeline = None
                 continue
@@ -362,7 +405,7 @@ def _serve(conn, address: str, dataset: str, client_options: dict, slot_bytes: i
                 pipeline = None
                 continue
             free.popleft()
-            conn.send(("batch", epoch, number, slot, rows, cols))
+            conn.send(("batch", epoch, number, slot, lengths))
             number += 1
     except (EOFError, OSError, KeyboardInterrupt):
         pass  # the parent is gone or stopping: nothing to report to

@@ -43,7 +43,7 @@ import torch
 from torch.utils.data import Dataset, Sampler
 
 from dlfs import limits, profile
-from dlfs.ring import BatchRing, stack_into
+from dlfs.ring import BatchRing, rows, stack_into
 from dlfs.client import Client
 from dlfs.errors import InvalidArgument
 from dlfs.pipeline import HintSender, PipelineStats
@@ -440,7 +440,10 @@ class ReadAhead(Sampler[list[int]]):
     unless `drop_last`) and yields them as index lists; the DataLoader hands
     each to ``ds[indices]``, which returns ``(samples, targets)`` with
     ``samples`` one ``torch.uint8`` tensor ``[B, L]`` (see
-    `DLFSDataset.__getitem__`).  Meanwhile one helper process (a
+    `DLFSDataset.__getitem__`), or with ``stack=False`` a list of B 1-D
+    ``torch.uint8`` tensors, one per sample, of any sizes (say, JPEG files
+    for ``torchvision.io.decode_jpeg(samples, device="cuda")``).  Meanwhile
+    one helper process (a
     `dlfs.ring.BatchRing`, started at the first epoch and kept until
     `close`) reads the next `batches` batches with its own DLFS client
     (direct or gRPC, as the dataset's `client_options` say) straight into
@@ -448,11 +451,12 @@ class ReadAhead(Sampler[list[int]]):
     pickling, and none of the read, checksum or copy work competes for the
     training process's GIL.
 
-    For raw fixed-size records (the dataset has no transform: a transform
-    belongs in DataLoader workers, ``DataLoader(ds, batch_size=B,
-    num_workers=W)``); every sample of a batch must have the same size.  A
-    batch's memory is reused once the batch and every view of it are
-    dropped; to keep one, copy it (``tensor.clone()``).
+    For raw samples: the dataset has no transform (a transform belongs in
+    DataLoader workers, ``DataLoader(ds, batch_size=B, num_workers=W)``).
+    With ``stack=True`` every sample of a batch must have the same size
+    (InvalidArgument at the first batch that does not).  A batch's memory
+    is reused once the batch and every view of it are dropped; to keep one,
+    copy it (``tensor.clone()``).
 
     Needs ``num_workers=0``: workers fetch for themselves, which is detected
     at the second batch (InvalidArgument).  `hint_ahead` > 0 also sends
@@ -468,7 +472,7 @@ class ReadAhead(Sampler[list[int]]):
 
     def __init__(self, sampler: Sampler, dataset: DLFSDataset, *, batch_size: int,
                  batches: int = 4, drop_last: bool = False, hint_ahead: int = 0,
-                 multiprocessing_context: str | None = None):
+                 stack: bool = True, multiprocessing_context: str | None = None):
         from dlfs.pipeline import _check_int
 
         _check_int("batch_size", batch_size, 1, limits.pipeline_batch_size_max)
@@ -487,6 +491,7 @@ class ReadAhead(Sampler[list[int]]):
         self.batches = batches
         self.drop_last = drop_last
         self.hint_ahead = hint_ahead
+        self.stack = stack
         self.multiprocessing_context = multiprocessing_context
         self._ring: BatchRing | None = None
 
@@ -507,7 +512,7 @@ class ReadAhead(Sampler[list[int]]):
                          drop_last=self.drop_last, prefetch=self.batches,
                          hint_ahead=self.hint_ahead, verify=dataset.verify,
                          trace_dir=dataset._trace_dir)
-        epoch = _ReadAheadEpoch(dataset, ring, positions, self.batch_size, count)
+        epoch = _ReadAheadEpoch(dataset, ring, positions, self.batch_size, count, self.stack)
         dataset._read_ahead = epoch
         try:
             for number in range(count):
@@ -552,8 +557,9 @@ class _ReadAheadEpoch:
     """
 
     def __init__(self, dataset: DLFSDataset, ring: BatchRing, positions: np.ndarray,
-                 batch_size: int, count: int):
+                 batch_size: int, count: int, stack: bool):
         self.pid = os.getpid()
+        self.stack = stack
         self.dataset = dataset
         self.ring = ring
         self.batch_size = batch_size
@@ -569,7 +575,13 @@ class _ReadAheadEpoch:
         expected = self.batches[number] if number < len(self.batches) else None
         if index is not expected and (expected is None or list(index) != expected):
             return None
-        samples = torch.from_numpy(self.ring.next_batch())
+        data, lengths = self.ring.next_batch()
+        if self.stack:
+            samples = torch.from_numpy(rows(data, lengths))
+        else:
+            ends = np.cumsum(lengths).tolist()
+            samples = [torch.from_numpy(data[end - n:end])
+                       for end, n in zip(ends, lengths.tolist())]
         self.taken += 1
         if self.targets is not None:
             start = number * self.batch_size

@@ -48,6 +48,8 @@ def read_epoch(loader):
     """(path, label) of every row, and the batch shapes, in delivery order."""
     seen, shapes = [], []
     for samples, labels in loader:
+        if isinstance(samples, list):  # stack=False: one 1-D tensor per sample
+            samples = torch.stack(samples)
         assert samples.dtype == torch.uint8 and labels.dtype == torch.int64
         shapes.append(tuple(samples.shape))
         seen += [(path_of(row), int(label)) for row, label in zip(samples, labels)]
@@ -90,23 +92,28 @@ def test_drop_last_and_sharding_cover_every_sample_once(records):
     assert len(seen) == len(set(seen)) == 20 and set(seen) <= set(paths)
 
 
-def test_a_batch_keeps_its_bytes_until_dropped_and_holding_all_buffers_is_an_error(records):
+@pytest.mark.parametrize("stack", (True, False))
+def test_a_batch_keeps_its_bytes_until_dropped_and_holding_all_buffers_is_an_error(records,
+                                                                                   stack):
     address, name, paths = records
     ds = DLFSDataset(address, name)
     sampler = ShuffleShardSampler(len(ds), seed=1)
-    read_ahead = ReadAhead(sampler, ds, batch_size=2, batches=1)  # 3 buffers
+    read_ahead = ReadAhead(sampler, ds, batch_size=2, batches=1, stack=stack)  # 3 buffers
     try:
         iterator = iter(DataLoader(ds, batch_size=None, sampler=read_ahead))
         first, _ = next(iterator)
-        before = first.clone()
-        for _ in range(5):  # later batches reuse the other buffers, never first's
+        # Any view keeps the whole buffer: a row of the stacked batch, one sample of the list.
+        kept = first[1]
+        del first
+        before = kept.clone()
+        for _ in range(5):  # later batches reuse the other buffers, never kept's
             next(iterator)
-        assert torch.equal(first, before)
-        kept = [first, next(iterator)[0], next(iterator)[0]]
+        assert torch.equal(kept, before)
+        assert path_of(kept) == paths[sampler.indices()[1]]
+        held = [kept, next(iterator)[0], next(iterator)[0]]
         with pytest.raises(InvalidArgument, match="still referenced"):
             next(iterator)
-        assert path_of(kept[0][0]) == paths[sampler.indices()[0]]
-        del kept, first, iterator
+        del held, kept, iterator
         gc.collect()
         seen, _ = read_epoch(DataLoader(ds, batch_size=None, sampler=read_ahead))
         assert sorted(p for p, _ in seen) == paths  # the buffers came back
@@ -159,22 +166,35 @@ def test_bad_arguments_are_refused(records, tmp_path):
         stack_into([b"abc", b"ab"], np.empty(8, dtype=np.uint8))
 
 
-def test_samples_of_different_sizes_fail_at_their_batch(shared_daemon, tmp_path):
-    write_tree(tmp_path, {"a/0": b"x" * 10, "a/1": b"y" * 10, "b/0": b"z" * 11})
+def test_samples_of_different_sizes_come_as_a_list_or_fail_to_stack(shared_daemon, tmp_path):
+    files = {"a/0": b"x" * 10, "a/1": b"", "a/2": b"y" * 10, "b/0": b"z" * 11}
+    write_tree(tmp_path, files)
     name = unique_name("ragged")
     with Client(shared_daemon.address) as client:
         client.ingest(str(tmp_path), name, progress=False)
     ds = DLFSDataset(shared_daemon.address, name)
-    read_ahead = ReadAhead(range(3), ds, batch_size=2)
+    paths = sorted(files)
+    order = [3, 1, 0, 2]
+    read_ahead = ReadAhead(order, ds, batch_size=3, stack=False)
     try:
-        iterator = iter(DataLoader(ds, batch_size=None, sampler=read_ahead))
-        samples, labels = next(iterator)  # a/0, a/1: one size
-        assert samples.shape == (2, 10) and labels.tolist() == [0, 0]
-        assert next(iterator)[0].shape == (1, 11)  # b/0 alone is fine too
-        with pytest.raises(InvalidArgument, match="one size"):
-            ds[[0, 2]]  # not the epoch's next batch: fetched at once, outside the read-ahead
+        batches = list(DataLoader(ds, batch_size=None, sampler=read_ahead))
     finally:
         read_ahead.close()
+    assert [[bytes(t.numpy()) for t in samples] for samples, _ in batches] == [
+        [files[paths[i]] for i in order[:3]], [files[paths[3 - 1]]]]
+    assert [labels.tolist() for _, labels in batches] == [[1, 0, 0], [0]]
+    assert all(t.dtype == torch.uint8 and t.dim() == 1 for samples, _ in batches for t in samples)
+    stacked = ReadAhead([0, 2, 3, 1], ds, batch_size=2)  # a/0 a/2 | b/0 a/1
+    try:
+        iterator = iter(DataLoader(ds, batch_size=None, sampler=stacked))
+        samples, _labels = next(iterator)
+        assert samples.shape == (2, 10)
+        with pytest.raises(InvalidArgument, match="sample 1 of the batch has 0 bytes"):
+            next(iterator)
+        with pytest.raises(InvalidArgument, match="one size"):
+            ds[[0, 3]]  # outside a read-ahead epoch: fetched and stacked at once
+    finally:
+        stacked.close()
 
 
 def test_a_dataset_deleted_mid_epoch_raises_not_found_at_the_next_batch(shared_daemon, tmp_path):
