@@ -3,8 +3,8 @@
     ring = BatchRing("127.0.0.1:7010", "demo", slot_bytes=256 * 110 * 1024, slots=6)
     ring.start_epoch(order_ids, batch_size=256, prefetch=4)
     for _ in range(batches):
-        data, lengths = ring.next_batch()   # the samples back to back in one slot
-        images = rows(data, lengths)        # [256, size] when they have one size
+        batch = ring.next_batch()           # Packed: the samples back to back in one slot
+        images = batch.rows()               # [256, size] when they have one size
         ...                                 # the slot is reused once data (and every
                                             # view or tensor of it) is dropped
     ring.close()
@@ -20,8 +20,8 @@ slots are mapped once and reused.
 
 The helper (`_serve`) is a plain DLFS client (direct or gRPC) running
 `dlfs.pipeline.iter_batches` for the epoch's order and copying each batch
-into a free slot, the samples back to back (`pack_into`), with their
-lengths; `rows` views a batch of one sample size as a 2-D array.
+into a free slot, the samples back to back (`pack_into`); the parent gets
+a `Packed` batch (its size per sample, or their lengths when they differ).
 A slot comes back when the parent's last reference to its array is gone (a
 `weakref.finalize` queues it; the next `next_batch` or `start_epoch` call
 sends it), so nothing is overwritten while reachable.
@@ -30,7 +30,9 @@ Protocol over one duplex pipe (the ring itself is a memfd passed over it):
 parent -> helper ``("epoch", n, ids, batch_size, drop_last, prefetch,
 hint_ahead, verify, trace_dir)``, ``("free", slot)``, ``("cancel", n)``,
 ``("stop",)``; helper -> parent ``("ready",)``, ``("batch", n, number, slot,
-lengths)``, ``("error", n, number, kind, message)``.  Messages of an
+count, size, ragged)`` (``ragged``: None when every sample has ``size``
+bytes, else their int64 lengths as bytes), ``("error", n, number, kind,
+message)``.  Messages of an
 epoch the parent has left are dropped (their slots freed).  The helper
 exits when told to, or when the pipe breaks (the parent is gone).
 """
@@ -47,7 +49,7 @@ import os
 import time
 import weakref
 from multiprocessing import reduction
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import numpy as np
 
@@ -91,13 +93,29 @@ def pack_into(samples: Sequence, out: np.ndarray) -> np.ndarray:
     return lengths
 
 
-def rows(data: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """A packed batch (`pack_into`) as a ``[batch, size]`` view: its samples need one size.
+class Packed(NamedTuple):
+    """One batch from the ring: `count` samples back to back in `data` (flat uint8).
 
-    Raises InvalidArgument naming the first sample of another size.
+    `size` is every sample's size when they share one, else -1 and
+    `lengths` holds each one's.  `data` (and every view of it) keeps the
+    batch's slot; see `BatchRing.next_batch`.
     """
-    size = _one_size(lengths)
-    return data[:len(lengths) * size].reshape(len(lengths), size)
+
+    data: np.ndarray
+    count: int
+    size: int
+    lengths: np.ndarray | None = None
+
+    def rows(self) -> np.ndarray:
+        """The batch as a ``[count, size]`` view; InvalidArgument when the sizes differ."""
+        size = self.size if self.lengths is None else _one_size(self.lengths)
+        return self.data[:self.count * size].reshape(self.count, size)
+
+    def sizes(self) -> np.ndarray:
+        """Each sample's size (int64)."""
+        if self.lengths is not None:
+            return self.lengths
+        return np.full(self.count, self.size, dtype=np.int64)
 
 
 def stack_into(samples: Sequence, out: np.ndarray) -> np.ndarray:
@@ -105,9 +123,10 @@ def stack_into(samples: Sequence, out: np.ndarray) -> np.ndarray:
 
     Checks the sizes before copying (InvalidArgument, as `rows`).
     """
-    _one_size(np.fromiter((len(sample) for sample in samples), dtype=np.int64,
-                          count=len(samples)))
-    return rows(out, pack_into(samples, out))
+    size = _one_size(np.fromiter((len(sample) for sample in samples), dtype=np.int64,
+                                 count=len(samples)))
+    pack_into(samples, out)
+    return out[:len(samples) * size].reshape(len(samples), size)
 
 
 def _one_size(lengths: np.ndarray) -> int:
@@ -183,14 +202,14 @@ class BatchRing:
         self._send(("epoch", self._epoch, np.asarray(ids, dtype=np.int64), batch_size,
                     drop_last, prefetch, hint_ahead, verify, trace_dir))
 
-    def next_batch(self) -> tuple[np.ndarray, np.ndarray]:
-        """The epoch's next batch: ``(data, lengths)``.
+    def next_batch(self) -> Packed:
+        """The epoch's next batch, its `data` a view of the batch's slot.
 
-        `data` is a flat uint8 view of the batch's slot holding its samples
-        back to back, `lengths` their sizes (int64).  Raises InvalidArgument
-        when every slot is still referenced by earlier batches (nothing
-        could be read: keep a copy, ``data.copy()``, not the batch), and the
-        batch's own error if its fetch failed.
+        The slot is reused once nothing refers to `data` or to any array or
+        tensor made from it.  Raises InvalidArgument when every slot is
+        still referenced by earlier batches (nothing could be read: keep a
+        copy, ``data.copy()``, not the batch), and the batch's own error if
+        its fetch failed.
         """
         self._check_open()
         if self._next_number >= self._batches:
@@ -212,15 +231,17 @@ class BatchRing:
                 continue
             if message[0] == "error":
                 _raise(message)
-            _kind, _epoch, number, slot, lengths = message
+            _kind, _epoch, number, slot, count, size, ragged = message
             if number != self._next_number:
                 raise Internal(f"read-ahead process sent batch {number}, expected "
                                f"{self._next_number}")
             self._next_number += 1
-            lease = _SlotLease(self._memory, slot * self.slot_bytes, int(lengths.sum()))
+            lengths = None if ragged is None else np.frombuffer(ragged, dtype=np.int64)
+            total = count * size if lengths is None else int(lengths.sum())
+            lease = _SlotLease(self._memory, slot * self.slot_bytes, total)
             self._outstanding += 1
             weakref.finalize(lease, self._freed.append, slot)
-            return np.asarray(lease), lengths
+            return Packed(np.asarray(lease), count, size, lengths)
 
     def cancel_epoch(self) -> None:
         """Stop reading the current epoch (its batches not yet taken are dropped)."""
@@ -405,7 +426,10 @@ def _serve(conn, address: str, dataset: str, client_options: dict, slot_bytes: i
                 pipeline = None
                 continue
             free.popleft()
-            conn.send(("batch", epoch, number, slot, lengths))
+            size = int(lengths[0]) if len(lengths) else 0
+            ragged = None if (lengths == size).all() else lengths.tobytes()
+            conn.send(("batch", epoch, number, slot, len(lengths), -1 if ragged else size,
+                       ragged))
             number += 1
     except (EOFError, OSError, KeyboardInterrupt):
         pass  # the parent is gone or stopping: nothing to report to

@@ -33,6 +33,7 @@ forkserver start methods work too.
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
 import warnings
@@ -43,7 +44,7 @@ import torch
 from torch.utils.data import Dataset, Sampler
 
 from dlfs import limits, profile
-from dlfs.ring import BatchRing, rows, stack_into
+from dlfs.ring import BatchRing, stack_into
 from dlfs.client import Client
 from dlfs.errors import InvalidArgument
 from dlfs.pipeline import HintSender, PipelineStats
@@ -575,13 +576,14 @@ class _ReadAheadEpoch:
         expected = self.batches[number] if number < len(self.batches) else None
         if index is not expected and (expected is None or list(index) != expected):
             return None
-        data, lengths = self.ring.next_batch()
+        batch = self.ring.next_batch()
         if self.stack:
-            samples = torch.from_numpy(rows(data, lengths))
+            samples = torch.from_numpy(batch.rows())
         else:
-            ends = np.cumsum(lengths).tolist()
-            samples = [torch.from_numpy(data[end - n:end])
-                       for end, n in zip(ends, lengths.tolist())]
+            data = torch.from_numpy(batch.data)
+            sizes = batch.sizes().tolist()
+            samples = [data[end - size:end]
+                       for end, size in zip(itertools.accumulate(sizes), sizes)]
         self.taken += 1
         if self.targets is not None:
             start = number * self.batch_size
