@@ -151,9 +151,11 @@ class DLFSDataset(Dataset):
     - `client_options`: keyword arguments of `dlfs.Client` (``direct=True``
       when co-located with the daemon, timeouts).
 
-    Items are ``(sample, target)`` pairs (or samples when ``target=None``).
-    Construction costs one Lookup per 65,536 samples of the dataset (to
-    list the paths); ``__getitems__`` one get_batch round trip.  Raises
+    Items are ``(sample, target)`` pairs (or samples when ``target=None``);
+    ``ds[[i, j, ...]]`` is a whole batch at once (see `__getitem__`), and
+    `sizes` holds each item's sample size in bytes.  Construction costs one
+    Lookup per 65,536 samples of the dataset (to list the paths and sizes);
+    ``__getitems__`` one get_batch round trip.  Raises
     NotFound for an unknown dataset or a `root` with no samples, and the
     client's typed errors when a fetch fails.
     """
