@@ -27,9 +27,9 @@ with `dlfs.torch.ShuffleShardSampler` (same order for all):
 - ``dlfs-readahead`` / ``dlfs-readahead-direct``: `DLFSDataset` without a
   transform in a DataLoader with ``num_workers=0``, ``batch_size=None`` and
   ``sampler=dlfs.torch.ReadAhead(sampler, ds, batch_size=B, batches=4)``:
-  threads of the training process fetch each batch straight into one
-  ``[B, L]`` uint8 tensor ahead of need (no worker processes, no copy into
-  shared memory).
+  one helper process reads each batch ahead of need into a reused
+  shared-memory buffer that becomes the ``[B, L]`` uint8 tensor (no worker
+  processes, no buffer allocated or pickled per batch).
 
 and, without a DataLoader, DLFS's own in-process loader:
 

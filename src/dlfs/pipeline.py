@@ -101,7 +101,7 @@ class BatchPipeline:
         _check_int("prefetch", prefetch, 1, limits.pipeline_prefetch_batches_max)
         _check_int("hint_ahead", hint_ahead, 0, limits.pipeline_hint_ahead_batches_max)
         ids = _as_ids(order)
-        count = len(ids) // batch_size if drop_last else -(-len(ids) // batch_size)
+        count = batch_count(len(ids), batch_size, drop_last)
         self._batches = [ids[i * batch_size:(i + 1) * batch_size] for i in range(count)]
         self._ds = ds
         self._prefetch = prefetch
@@ -278,6 +278,11 @@ def _fetch(ds, ids: np.ndarray, number: int, verify: bool, timeline) -> list:
         timeline.record("get_batch", start, time.perf_counter_ns(), cat="io",
                         args={"batch": number, "samples": len(samples)})
     return samples
+
+
+def batch_count(samples: int, batch_size: int, drop_last: bool) -> int:
+    """Batches of `batch_size` in `samples` items: a short last one counts unless `drop_last`."""
+    return samples // batch_size if drop_last else -(-samples // batch_size)
 
 
 def _as_ids(order) -> np.ndarray:

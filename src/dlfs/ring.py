@@ -55,6 +55,8 @@ import numpy as np
 
 from dlfs import errors, limits
 from dlfs.errors import DlfsError, Internal, InvalidArgument, Unavailable
+from dlfs.client import Client
+from dlfs.pipeline import batch_count, iter_batches
 
 log = logging.getLogger(__name__)
 
@@ -82,14 +84,8 @@ def pack_into(samples: Sequence, out: np.ndarray) -> np.ndarray:
     Raises InvalidArgument when they do not fit.  Cost: O(total bytes),
     copied by numpy without the GIL.
     """
-    lengths = np.fromiter((len(sample) for sample in samples), dtype=np.int64,
-                          count=len(samples))
-    total = int(lengths.sum())
-    if total > len(out):
-        raise InvalidArgument(f"a batch of {total} bytes does not fit its {len(out)}-byte buffer")
-    if total:
-        np.concatenate([np.frombuffer(sample, dtype=np.uint8) for sample in samples],
-                       out=out[:total])
+    lengths = _lengths(samples)
+    _copy_back_to_back(samples, out, int(lengths.sum()))
     return lengths
 
 
@@ -123,10 +119,21 @@ def stack_into(samples: Sequence, out: np.ndarray) -> np.ndarray:
 
     Checks the sizes before copying (InvalidArgument, as `rows`).
     """
-    size = _one_size(np.fromiter((len(sample) for sample in samples), dtype=np.int64,
-                                 count=len(samples)))
-    pack_into(samples, out)
+    size = _one_size(_lengths(samples))
+    _copy_back_to_back(samples, out, len(samples) * size)
     return out[:len(samples) * size].reshape(len(samples), size)
+
+
+def _lengths(samples: Sequence) -> np.ndarray:
+    return np.fromiter((len(sample) for sample in samples), dtype=np.int64, count=len(samples))
+
+
+def _copy_back_to_back(samples: Sequence, out: np.ndarray, total: int) -> None:
+    if total > len(out):
+        raise InvalidArgument(f"a batch of {total} bytes does not fit its {len(out)}-byte buffer")
+    if total:
+        np.concatenate([np.frombuffer(sample, dtype=np.uint8) for sample in samples],
+                       out=out[:total])
 
 
 def _one_size(lengths: np.ndarray) -> int:
@@ -197,7 +204,7 @@ class BatchRing:
         self._check_open()
         self._epoch += 1
         self._next_number = 0
-        self._batches = len(ids) // batch_size if drop_last else -(-len(ids) // batch_size)
+        self._batches = batch_count(len(ids), batch_size, drop_last)
         self._send_freed()
         self._send(("epoch", self._epoch, np.asarray(ids, dtype=np.int64), batch_size,
                     drop_last, prefetch, hint_ahead, verify, trace_dir))
@@ -273,6 +280,11 @@ class BatchRing:
         if not getattr(self, "_closed", True):
             self.close()
 
+    @property
+    def closed(self) -> bool:
+        """Whether the helper is stopped (closed, or found gone)."""
+        return self._closed
+
     def _check_open(self) -> None:
         if self._closed:
             raise InvalidArgument("the read-ahead ring is closed")
@@ -287,9 +299,13 @@ class BatchRing:
         try:
             self._conn.send(message)
         except OSError:
-            self.close()
-            raise Unavailable(f"the read-ahead process ended (exit code "
-                              f"{self._process.exitcode}); see its output above") from None
+            raise self._ended() from None
+
+    def _ended(self) -> Unavailable:
+        """Close after the helper went away; the error to raise for it."""
+        self.close()
+        return Unavailable(f"the read-ahead process ended (exit code "
+                           f"{self._process.exitcode}); see its output above")
 
     def _receive(self, timeout: float | None):
         """The helper's next message; Unavailable if it dies or (with `timeout`) stays silent."""
@@ -305,9 +321,7 @@ class BatchRing:
         try:
             return self._conn.recv()
         except (EOFError, OSError):
-            self.close()
-            raise Unavailable(f"the read-ahead process ended (exit code "
-                              f"{self._process.exitcode}); see its output above") from None
+            raise self._ended() from None
 
 
 class _SlotLease:
@@ -329,12 +343,9 @@ class _SlotLease:
 
 
 def _import_helper_modules(client_options: dict) -> None:
-    """Import what the helper runs, so a forked helper starts without importing it."""
-    modules = ["dlfs.client", "dlfs.pipeline"]
+    """Import what the helper runs lazily, so a forked helper starts without importing it."""
     if client_options.get("direct"):
-        modules.append("dlfs.client.direct")
-    for module in modules:
-        importlib.import_module(module)
+        importlib.import_module("dlfs.client.direct")
 
 
 def _raise(message) -> None:
@@ -370,9 +381,6 @@ class _SpoolTimeline:
 def _serve(conn, address: str, dataset: str, client_options: dict, slot_bytes: int,
            slots: int) -> None:
     """The helper process: fill free slots with the current epoch's batches, in order."""
-    from dlfs.client import Client
-    from dlfs.pipeline import iter_batches
-
     client = pipeline = None
     try:
         try:

@@ -47,7 +47,7 @@ from dlfs import limits, profile
 from dlfs.ring import BatchRing, stack_into
 from dlfs.client import Client
 from dlfs.errors import InvalidArgument
-from dlfs.pipeline import HintSender, PipelineStats
+from dlfs.pipeline import HintSender, PipelineStats, batch_count
 from dlfs.sampler import ShuffleShard
 
 TARGET_PARENT_DIR = "parent_dir"
@@ -214,8 +214,8 @@ class DLFSDataset(Dataset):
         InvalidArgument.  With a transform, each sample is transformed and
         the batch put together by torch's ``default_collate``.  Targets are
         an int64 tensor for ``"parent_dir"`` and collated likewise for a
-        callable.  Inside a `ReadAhead` epoch the batch was fetched ahead on
-        a thread and is handed over without waiting when it is ready.
+        callable.  Inside a `ReadAhead` epoch the epoch's next batch comes from
+        its helper process, already read (see `ReadAhead`).
         """
         if isinstance(index, (int, np.integer)) or (
                 isinstance(index, torch.Tensor) and index.dim() == 0):
@@ -226,7 +226,8 @@ class DLFSDataset(Dataset):
             if batch is not None:
                 return batch
         positions = self._positions(index)
-        return self._collated(positions, self._fetch(self.ids[positions]))
+        return self._with_targets(positions, self._collate_samples(
+            self._fetch(self.ids[positions])))
 
     def __getitems__(self, indices: Sequence[int]) -> list:
         """Items `indices` with one get_batch round trip, in order, duplicates allowed."""
@@ -248,10 +249,6 @@ class DLFSDataset(Dataset):
             profile.spool_span(self._trace_dir, "get_batch", start, time.perf_counter_ns(),
                                args={"samples": len(samples)})
         return samples
-
-    def _collated(self, positions: np.ndarray, samples: list):
-        """The batch form of items `positions` (see `__getitem__`) from their samples."""
-        return self._with_targets(positions, self._collate_samples(samples))
 
     def _collate_samples(self, samples: list):
         """A batch's samples as one value: stacked bytes, or the default collate of transforms."""
@@ -502,14 +499,12 @@ class ReadAhead(Sampler[list[int]]):
         self.sampler.set_epoch(epoch)
 
     def __len__(self) -> int:
-        n = len(self.sampler)
-        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+        return batch_count(len(self.sampler), self.batch_size, self.drop_last)
 
     def __iter__(self) -> Iterator[list[int]]:
         dataset = self.dataset
         positions = dataset._positions(np.fromiter(iter(self.sampler), dtype=np.int64))
-        count = (len(positions) // self.batch_size if self.drop_last
-                 else -(-len(positions) // self.batch_size))
+        count = batch_count(len(positions), self.batch_size, self.drop_last)
         ring = self._started_ring()
         ring.start_epoch(dataset.ids[positions], batch_size=self.batch_size,
                          drop_last=self.drop_last, prefetch=self.batches,
@@ -540,11 +535,11 @@ class ReadAhead(Sampler[list[int]]):
             self._ring = None
 
     def _started_ring(self) -> BatchRing:
-        if self._ring is None or self._ring._closed:
+        if self._ring is None or self._ring.closed:
             dataset = self.dataset
-            largest = int(dataset.sizes.max()) if len(dataset.sizes) else 1
+            largest = max(int(dataset.sizes.max(initial=0)), 1)
             self._ring = BatchRing(dataset.address, dataset.name,
-                                   slot_bytes=self.batch_size * max(largest, 1),
+                                   slot_bytes=self.batch_size * largest,
                                    slots=self.batches + 2,
                                    client_options=dataset.client_options,
                                    context=self.multiprocessing_context)

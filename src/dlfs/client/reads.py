@@ -88,15 +88,10 @@ def fetch_batch(client: Client, dataset: str, keys, *, verify: bool = True,
     if (client._small_batches
             and len(request.ids) + len(request.paths) <= limits.small_batch_samples_max):
         try:
-            return _call_small(client, request)
+            return _call_stream(client, "GetSmallBatch", request)
         except ReplyTooLarge:
             pass  # large samples: the stream carries them
     return _call_stream(client, "GetBatch", request)
-
-
-def _call_small(client: Client, request: pb.GetBatchRequest) -> list[memoryview]:
-    """One GetSmallBatch call.  Raises ReplyTooLarge when the reply needs GetBatch."""
-    return _call_stream(client, "GetSmallBatch", request)
 
 
 def resolve_ids(client: Client, dataset: str, request) -> np.ndarray:
