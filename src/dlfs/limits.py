@@ -116,6 +116,41 @@ request_id_chars_max = 64
 # An RPC that takes longer than this is logged as a warning with its id.
 slow_rpc_log_s = 2.0
 
+# --- data path (dlfs/proto/datapath.md) ---------------------------------------
+# Connections one daemon's data path serves at once: each holds a thread,
+# and a window buffer while a request runs.  More are refused at HELLO.
+datapath_connections_max_default = 256
+# A connection that sends no request for this long is closed; clients open
+# a new one at their next read.
+datapath_idle_timeout_s_default = 300.0
+# A reply that makes no progress for this long (the client stopped reading)
+# is abandoned and its connection closed, so its buffer returns to the pool.
+datapath_stall_timeout_s_default = 30.0
+# HELLO must arrive this soon after a connection is accepted.
+datapath_hello_timeout_s = 10.0
+# Largest request frame body: a GET_BATCH of batch_ids_max ids and as many
+# hint ids (8 bytes each), plus the dataset name and a request id.
+datapath_request_bytes_max = 16 * batch_ids_max_default + 4 * KiB
+# Largest BATCH frame body (12 bytes per sample) a client accepts.
+datapath_reply_header_bytes_max = 12 * batch_ids_max_default + 1 * KiB
+# Tokens in HELLO, and the message of an ERROR frame.
+datapath_token_bytes_max = 4 * KiB
+datapath_error_bytes_max = 16 * KiB
+datapath_error_frame_bytes_max = datapath_error_bytes_max + 1 * KiB
+# Window buffers the data path keeps for reuse across requests (each is
+# chunk_bytes); a request beyond them waits for one, within its deadline.
+datapath_buffer_bytes_max_default = 512 * MiB
+# Longest a client waits to connect to a data path (the gRPC channel to the
+# same daemon answered, so a slow connect means a blocked port).
+data_connect_timeout_s = 5.0
+# Data connections one client process keeps to one daemon (one request in
+# flight on each); callers beyond that wait for a free one.
+data_connections_max = 64
+# Reply buffers without a caller's `out`: size classes start here, and a
+# client keeps at most this many bytes of returned ones for reuse.
+reply_buffer_bytes_min = 64 * KiB
+reply_buffer_pool_bytes_max = 1 * GiB
+
 # --- client ---------------------------------------------------------------------
 # A member daemon that failed with UNAVAILABLE is skipped this long before a
 # multi-daemon client tries it again (a daemon that is back is used again).
@@ -135,6 +170,13 @@ ingest_queue_pieces_max = 64
 reconnect_backoff_max_s = 0.5
 # How long read calls retry an unreachable daemon before raising Unavailable.
 reconnect_timeout_s_default = 10.0
+# Pauses between attempts of a call that failed with UNAVAILABLE (the last
+# repeats): short at first, so a daemon restarting on the same port is
+# reached within tens of milliseconds of coming back.
+retry_backoff_s = (0.05, 0.1, 0.2, 0.5, 1.0)
+# Attempts of one call at most, whatever the time bound: a bound that does
+# not depend on the clock, so a clock that stands still cannot loop forever.
+call_attempts_max = 64
 # Default deadline of a metadata call and of a get_batch call.
 metadata_timeout_s_default = 30.0
 batch_timeout_s_default = 120.0
@@ -296,3 +338,8 @@ assert mount_dataset_entry_timeout_s <= mount_cache_timeout_s_default
 assert 2 * reconnect_backoff_max_s <= mount_reconnect_timeout_s_default
 assert pipeline_hint_ahead_batches_max <= prefetch_queue_max
 assert pipeline_hint_ids_max <= batch_ids_max_default
+assert datapath_error_frame_bytes_max <= datapath_reply_header_bytes_max
+assert datapath_token_bytes_max + 64 <= datapath_request_bytes_max
+# The attempt bound must not cut retries short of the default time bound.
+assert sum(retry_backoff_s) + (call_attempts_max - len(retry_backoff_s)) * retry_backoff_s[-1] \
+    >= 2 * reconnect_timeout_s_default

@@ -58,6 +58,17 @@ def request_id_from(metadata) -> str:
     return new_request_id()
 
 
+def accept_request_id(value: str) -> str:
+    """`value` when well formed (see `request_id_from`), else a fresh id."""
+    return value if _well_formed(value) else new_request_id()
+
+
+def current_request_id() -> str:
+    """The request id bound in this thread, or "" outside one."""
+    value = _current_request.get()
+    return "" if value == NO_REQUEST else value
+
+
 def _well_formed(value) -> bool:
     return isinstance(value, str) and _WELL_FORMED.fullmatch(value) is not None
 

@@ -24,7 +24,7 @@ import pytest
 
 from conftest import write_tree
 from dlfs import Client
-from dlfs.client.ingest import upload, walk_tree
+from dlfs.client.ingest import walk_tree
 from systemd_units import (INSTALL_BIN, MOUNT_ENV, MOUNT_UNIT, SERVER_ENV, SERVER_UNIT,
                            command_line, one, parse_unit, unit_environment)
 
@@ -106,7 +106,7 @@ def test_mount_unit_commands_mount_read_and_unmount(tmp_path, daemon):
     source = tmp_path / "src"
     write_tree(source, {"train/a.bin": b"alpha" * 100, "README.txt": b"hello\n"})
     with Client(daemon.address) as client:
-        upload(client, "demo-set", walk_tree(str(source)))
+        client.upload(walk_tree(str(source)), "demo-set")
 
     unit = parse_unit(MOUNT_UNIT)
     service = unit["Service"]

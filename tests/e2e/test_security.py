@@ -74,7 +74,7 @@ def test_read_token_cannot_ingest_or_delete(secure_daemon, pki, tmp_path):
             c.delete("ds")
         for method in ("CommitIngest", "AbortIngest"):  # would publish or drop others' work
             with pytest.raises(dlfs.PermissionDenied, match=f"{method} needs an admin token"):
-                c._call(method, pb.CommitIngestRequest(dataset="ds"), retry=False)
+                c.transport.call(method, pb.CommitIngestRequest(dataset="ds"), retry=False)
         assert c.datasets() == ["ds"]
 
 

@@ -81,7 +81,7 @@ def test_a_daemon_without_get_small_batch_is_served_by_the_stream(loaded):
     with Client(daemon.address) as client:
         # What a daemon older than GetSmallBatch answers: the real UNIMPLEMENTED of a method
         # it does not have.
-        client._raw_reads["GetSmallBatch"] = client._channel.unary_unary(
+        client.transport._raw_reads["GetSmallBatch"] = client.transport._channel.unary_unary(
             "/dlfs.v1.Dlfs/NoSuchMethod", request_serializer=pb.GetBatchRequest.SerializeToString,
             response_deserializer=None)
         ds = client.dataset("ds")

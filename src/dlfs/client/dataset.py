@@ -2,38 +2,31 @@
 
 from __future__ import annotations
 
-import time
-from typing import TYPE_CHECKING, Iterable, Iterator, Sequence
+from typing import Iterable, Iterator, Sequence
 
-import grpc
 import numpy as np
 
-from dlfs import limits, wire
-from dlfs.client import convert
-from dlfs.client.errors import from_rpc_error
-from dlfs.errors import Overloaded, Unavailable
+from dlfs.client import metadata
+from dlfs.client.requests import SampleKey, batch_request, fill_keys, range_request
 from dlfs.proto import dlfs_pb2 as pb
-from dlfs.client.reads import (
-    SampleKey,
-    _call_stream,
-    _fill_keys,
-    _range_request,
-    fetch_batch,
-    resolve_ids,
-)
 from dlfs.types import DatasetInfo, Entry
-
-if TYPE_CHECKING:
-    from dlfs.client.client import Client
 
 
 class Dataset:
-    """One sealed dataset on a daemon.  `len(ds)` samples with ids 0..len-1."""
+    """One sealed dataset.  `len(ds)` samples with ids 0..len-1.
 
-    def __init__(self, client: Client, info: DatasetInfo):
+    `client` is the `Client` it was opened with; every call goes through
+    that client's transport (one daemon, several, or co-located).
+    """
+
+    def __init__(self, client, info: DatasetInfo):
         self.client = client
         self.info = info
         self.name = info.name
+
+    @property
+    def _transport(self):
+        return self.client.transport
 
     def __len__(self) -> int:
         return self.info.samples
@@ -42,16 +35,22 @@ class Dataset:
         return f"Dataset({self.name!r}, samples={len(self)}, bytes={self.info.bytes})"
 
     def get_batch(self, keys: Iterable[SampleKey], *, verify: bool = True,
-                  prefetch: Iterable[int] = ()) -> list[memoryview]:
+                  prefetch: Iterable[int] = (), out=None) -> list[memoryview]:
         """Samples by ids or by paths, in request order, duplicates allowed.
 
-        One round trip.  `prefetch` optionally names sample ids wanted next:
-        the daemon starts reading them into its page cache with this call
-        (as `prefetch` does).  Raises InvalidArgument (bad id, mixed ids and
-        paths, batch over the daemon's limit), NotFound (unknown path),
-        DataCorruption (stored bytes fail their checksum).
+        One round trip.  Samples are read-only memoryviews of one reply
+        buffer; with `out` (a writable contiguous buffer: a bytearray, a
+        numpy array, a tensor's ``.numpy()``) they are written back to back
+        into it in request order (received straight into it over the data
+        path) and the views are of `out`.  `prefetch` optionally names
+        sample ids wanted next: the daemon starts reading them into its
+        page cache with this call (as `prefetch` does).  Raises
+        InvalidArgument (bad id, mixed ids and paths, batch over the
+        daemon's limit, `out` too small), NotFound (unknown path),
+        DataCorruption (stored or received bytes fail their checksum).
         """
-        return fetch_batch(self.client, self.name, keys, verify=verify, prefetch=prefetch)
+        return self._transport.get_batch(batch_request(self.name, keys, verify=verify,
+                                                       prefetch=prefetch), out)
 
     def prepare(self) -> None:
         """Set up reading now rather than at the first batch (optional).
@@ -61,8 +60,7 @@ class Dataset:
         first get_batch would (FailedPrecondition when direct reads are
         impossible here).
         """
-        if self.client.direct:
-            self.client._direct_reader(self.name)
+        self._transport.prepare(self.name)
 
     def iter_batches(self, order, batch_size: int, prefetch: int = 4, **options):
         """Batches of `order` (sample ids) with `prefetch` batches in flight, so I/O
@@ -83,17 +81,9 @@ class Dataset:
         dropped: only speed is lost).  Raises as get_batch does for bad keys.
         """
         request = pb.PrefetchRequest(dataset=self.name)
-        if not _fill_keys(request, keys):
+        if not fill_keys(request, keys):
             return True
-        if self.client._cluster is not None:
-            ids = resolve_ids(self.client, self.name, request)
-            self.client._cluster.prefetch(self.name, ids)
-            return True
-        try:
-            self.client._call("Prefetch", request, retry=False)
-        except Overloaded:
-            return False
-        return True
+        return self._transport.prefetch(request)
 
     def read(self, key: SampleKey, offset: int = 0, length: int = 0, *, verify: bool = True
              ) -> memoryview:
@@ -103,26 +93,8 @@ class Dataset:
         """
         if offset == 0 and length == 0:  # the whole sample: as a batch of one (unary call)
             return self.get_batch([key], verify=verify)[0]
-        if self.client._cluster is not None:
-            return self._on_holder(key, lambda ds: ds.read(self._id(key), offset, length,
-                                                           verify=verify))
-        request = _range_request(self.name, key, offset, length, verify=verify)
-        return _call_stream(self.client, "ReadRange", request)[0]
-
-    def _id(self, key: SampleKey) -> int:
-        return self.index(key) if isinstance(key, str) else int(key)
-
-    def _on_holder(self, key: SampleKey, call):
-        """Several daemons: `call(Dataset on a holder of key)`, failing over to replicas."""
-        router = self.client._cluster
-        sample_id = self._id(key)
-        for _attempt in range(limits.replicas_max):
-            member = router.holder_of(self.name, sample_id)
-            try:
-                return call(Dataset(member, self.info))
-            except Unavailable as exc:
-                router.mark_down(member.address, exc)
-        raise Unavailable(f"no holder of sample {sample_id} of dataset {self.name!r} answers")
+        return self._transport.read_range(range_request(self.name, key, offset, length,
+                                                        verify=verify))
 
     def read_chunks(self, key: SampleKey, offset: int = 0, length: int = 0
                     ) -> Iterator[tuple[int, memoryview]]:
@@ -134,35 +106,8 @@ class Dataset:
         before the first piece is retried as every read is; a stream that
         breaks later raises Unavailable.
         """
-        if self.client._cluster is not None:
-            member = self.client._cluster.holder_of(self.name, self._id(key))
-            yield from Dataset(member, self.info).read_chunks(self._id(key), offset, length)
-            return
-        request = _range_request(self.name, key, offset, length, verify=False)
-        call = self.client._raw_reads["ReadRange"]
-        give_up = time.monotonic() + self.client.reconnect_timeout_s
-        for attempt in range(1 << 30):
-            received = 0
-            expected = None
-            try:
-                for raw in call(request, timeout=self.client.batch_timeout_s):
-                    header, data = wire.decode_chunk(raw)
-                    if expected is None:
-                        expected = header.payload_bytes
-                    if header.data_offset != received:
-                        raise Unavailable(f"DLFS daemon at {self.client.address} sent a read "
-                                          f"reply out of order ({header.data_offset} != {received})")
-                    if len(data):
-                        yield received, data.toreadonly()
-                        received += len(data)
-            except grpc.RpcError as exc:
-                if received == 0 and self.client._should_retry(exc, attempt, give_up):
-                    continue
-                raise from_rpc_error(exc, self.client.address) from None
-            if expected is not None and received != expected:
-                raise Unavailable(f"DLFS daemon at {self.client.address} ended a read reply "
-                                  f"after {received} of {expected} bytes")
-            return
+        request = range_request(self.name, key, offset, length, verify=False)
+        yield from self._transport.read_chunks(request)
 
     def path(self, sample_id: int) -> str:
         """Path of sample `sample_id`."""
@@ -174,9 +119,7 @@ class Dataset:
 
     def lookup(self, keys: Sequence[SampleKey]) -> list[Entry]:
         """Entries of samples by ids or paths (at most limits.lookup_items_max)."""
-        request = pb.LookupRequest(dataset=self.name)
-        _fill_keys(request, keys)
-        return [convert.entry(e) for e in self.client._call("Lookup", request).entries]
+        return metadata.lookup(self._transport, self.name, keys)
 
     def paths(self) -> list[str]:
         """Every sample path, in id order.  One Lookup per 65,536 samples."""
@@ -187,17 +130,12 @@ class Dataset:
 
         One Lookup per 65,536 samples.
         """
-        paths: list[str] = []
-        sizes: list[int] = []
-        step = limits.lookup_items_max
-        for start in range(0, len(self), step):
-            for entry in self.lookup(range(start, min(start + step, len(self)))):
-                paths.append(entry.path)
-                sizes.append(entry.size)
-        return paths, np.asarray(sizes, dtype=np.int64)
+        entries = metadata.all_entries(self._transport, self.name, len(self))
+        return ([e.path for e in entries],
+                np.fromiter((e.size for e in entries), dtype=np.int64, count=len(entries)))
 
     def stat(self, path: str = "") -> Entry:
-        return self.client.stat(self.name, path)
+        return metadata.stat(self._transport, self.name, path)
 
     def listdir(self, path: str = "", **kwargs) -> Iterator[Entry]:
-        return self.client.listdir(self.name, path, **kwargs)
+        return metadata.listdir(self._transport, self.name, path, **kwargs)

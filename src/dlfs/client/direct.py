@@ -1,5 +1,9 @@
 """Co-located reads: a client on the daemon's host reads extent files itself.
 
+`DirectTransport` is the transport of `Client(address, direct=True)`: the
+daemon's gRPC transport for everything but batches, which a `DirectReader`
+per dataset serves from the extent files.
+
 The daemon still owns the directory; the client fetches a dataset's location
 arrays once (GetIndex, 24 bytes per sample), maps the extent files
 read-only and hands out views of them: no bytes cross the gRPC channel and
@@ -20,11 +24,12 @@ import os
 import threading
 
 import crc32c
-import grpc
 import numpy as np
 
 from dlfs import limits
-from dlfs.client.errors import from_rpc_error
+from dlfs.client.buffers import copy_into
+from dlfs.client.requests import batch_size
+from dlfs.client.transport import DaemonTransport
 from dlfs.errors import DataCorruption, FailedPrecondition, InvalidArgument
 from dlfs.proto import dlfs_pb2 as pb
 from dlfs.server.extents import HEADER_BYTES, ExtentStore, check_header
@@ -33,17 +38,66 @@ from dlfs.server.reader import NOWAIT_PROBE_PIECES
 TOKEN_FILE = "daemon-token"
 
 
+class DirectTransport(DaemonTransport):
+    """A daemon's transport whose batches come from its extent files, mapped here.
+
+    Metadata, ranges, hints and ingest go to the daemon over gRPC; a
+    `DirectReader` per dataset (created on first use) serves batches.
+    Raises FailedPrecondition at the first batch when this process does
+    not see the daemon's own data dir.
+    """
+
+    def __init__(self, address: str, **options):
+        super().__init__(address, **options)
+        self._readers: dict[str, DirectReader] = {}
+        self._readers_lock = threading.Lock()
+
+    def close(self) -> None:
+        with self._readers_lock:
+            readers, self._readers = list(self._readers.values()), {}
+        for reader in readers:
+            reader.close()
+        super().close()
+
+    def prepare(self, dataset: str) -> None:
+        """Fetch the location index of `dataset` and check the data dir now."""
+        self._reader(dataset)
+
+    def get_batch(self, request: pb.GetBatchRequest, out=None) -> list[memoryview]:
+        """Views of the mapped extents; with `out`, copies of them in `out`."""
+        if not batch_size(request):
+            return []
+        reader = self._reader(request.dataset)
+        if request.prefetch_ids:
+            reader.prefetch(request.prefetch_ids)
+        samples = reader.get_batch(self.ids_of(request), verify=not request.skip_verify)
+        return samples if out is None else copy_into(out, samples)
+
+    def _reader(self, dataset: str) -> "DirectReader":
+        with self._readers_lock:
+            reader = self._readers.get(dataset)
+            if reader is None:
+                reader = self._readers[dataset] = DirectReader(self, dataset)
+            return reader
+
+
+class _ExtentGone(Exception):
+    """An extent file of the index is not on disk: the dataset was replaced or deleted
+    (or the file is lost, if it is still missing after the index was fetched again)."""
+
+    def __init__(self, path: str):
+        super().__init__(path)
+        self.path = path
+
+    def corruption(self) -> DataCorruption:
+        return DataCorruption(f"extent file {self.path} is missing")
+
+
 class _Index:
     """A dataset's location arrays as fetched from the daemon."""
 
-    def __init__(self, client, dataset: str):
-        chunks = []
-        try:
-            for chunk in client._stub.GetIndex(pb.GetIndexRequest(dataset=dataset),
-                                               timeout=client.timeout_s):
-                chunks.append(chunk)
-        except grpc.RpcError as exc:
-            raise from_rpc_error(exc, client.address) from None
+    def __init__(self, transport: DaemonTransport, dataset: str):
+        chunks = transport.index(dataset)
         first = chunks[0]
         self.dataset_id = first.dataset_id
         self.data_dir = first.data_dir
@@ -63,7 +117,7 @@ class _Index:
                 f"({exc.strerror}); use Client(..., direct=False)") from None
         if local_token != first.daemon_token:
             raise FailedPrecondition(
-                f"{token_path} belongs to another daemon than {client.address}; direct reads "
+                f"{token_path} belongs to another daemon than {transport.address}; direct reads "
                 "need the daemon's own data dir; use Client(..., direct=False)")
 
 
@@ -106,15 +160,15 @@ class DirectReader:
     DataCorruption rather than faulting.  Thread-safe.
     """
 
-    def __init__(self, client, dataset: str):
-        self._client = client
+    def __init__(self, transport: DaemonTransport, dataset: str):
+        self._transport = transport
         self._dataset = dataset
         self._lock = threading.Lock()
         self._extents: dict[int, _Extent] = {}
         self._load()
 
     def _load(self) -> None:
-        index = _Index(self._client, self._dataset)
+        index = _Index(self._transport, self._dataset)
         store = ExtentStore(os.path.join(index.data_dir, "extents"))
         with self._lock:
             old, self._extents = self._extents, {}
@@ -137,7 +191,7 @@ class DirectReader:
                 try:
                     extent = _Extent(path, self._index.dataset_id, extent_no)
                 except FileNotFoundError:
-                    raise DataCorruption(f"extent file {path} is missing") from None
+                    raise _ExtentGone(path) from None
                 self._extents[extent_no] = extent
             return extent
 
@@ -147,9 +201,7 @@ class DirectReader:
             self._load()
         try:
             return self._read(ids, verify)
-        except DataCorruption as exc:
-            if "is missing" not in str(exc):
-                raise
+        except _ExtentGone:
             self._load()  # the dataset was replaced or deleted since the index was fetched
             return self._read(ids, verify)
 
@@ -159,7 +211,10 @@ class DirectReader:
         ids = np.asarray(ids, dtype=np.int64)
         ids = ids[(ids >= 0) & (ids < index.samples)]  # a hint; bad ids fail at get_batch
         extent_nos = index.extent[ids].tolist()
-        extents = {e: self._extent(e) for e in set(extent_nos)}
+        try:
+            extents = {e: self._extent(e) for e in set(extent_nos)}
+        except _ExtentGone:
+            return  # replaced or deleted: the next get_batch reloads the index
         _advise_willneed(extents, extent_nos, index.offset[ids].tolist(), index.length[ids].tolist())
 
     def _read(self, ids, verify: bool) -> list[memoryview]:

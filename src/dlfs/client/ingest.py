@@ -230,9 +230,10 @@ def batch_messages(pieces) -> Iterator[pb.IngestMessage]:
     yield message
 
 
-def upload(client, name: str, report: WalkReport, *, replace: bool = False,
+def upload(transport, name: str, report: WalkReport, *, replace: bool = False,
            progress: bool | None = None) -> DatasetInfo:
-    """Stream the walked files to the daemon as dataset `name`; one Ingest call.
+    """Stream the walked files to one daemon (a `DaemonTransport`) as dataset `name`;
+    one Ingest call.
 
     `progress=None` shows a progress bar when stderr is a terminal.  Raises
     AlreadyExists (name taken, no `replace`), InvalidArgument (bad or
@@ -250,7 +251,7 @@ def upload(client, name: str, report: WalkReport, *, replace: bool = False,
                    desc=f"ingest {name}", file=sys.stderr)
     stream = _Upload(name, replace, report.files, bar)
     try:
-        reply = client._stub.Ingest(stream.messages(), timeout=limits.ingest_timeout_s_default)
+        reply = transport.ingest(stream.messages())
     except grpc.RpcError as exc:
         if isinstance(stream.error, DlfsError):
             raise stream.error from None
@@ -258,7 +259,7 @@ def upload(client, name: str, report: WalkReport, *, replace: bool = False,
             raise InvalidArgument(f"cannot read the source: {stream.error}") from None
         if stream.error is not None:
             raise stream.error
-        raise from_rpc_error(exc, client.address) from None
+        raise from_rpc_error(exc, transport.address) from None
     finally:
         if bar is not None:
             bar.close()

@@ -13,7 +13,7 @@ daemon changes the holders of replicas/(N+1) of the samples, so:
 - every other member gets the sample's metadata (`remote`).
 
 It is one two-phase ingest with `replace` on every new member (see
-`cluster.run_two_phase`): until all of them prepared, readers see the old
+`striped.run_two_phase`): until all of them prepared, readers see the old
 placement; any failure aborts everywhere and the old dataset stays as it
 was.  Daemons that left the list get the dataset deleted after the commit.
 The same call stripes a one-daemon dataset over several daemons, or
@@ -29,10 +29,10 @@ import dataclasses
 
 import numpy as np
 
-from dlfs import limits
-from dlfs.client.cluster import ClusterRouter, check_streams, run_two_phase
+from dlfs.client import convert, metadata
 from dlfs.client.ingest import buffer_pieces
 from dlfs.client.placement import place
+from dlfs.client.striped import check_streams, run_two_phase
 from dlfs.errors import DlfsError
 from dlfs.proto import dlfs_pb2 as pb
 from dlfs.types import Entry
@@ -57,9 +57,10 @@ class RebalanceReport:
     not_removed: tuple[str, ...] = ()  # such daemons that did not answer the delete
 
 
-def rebalance(router: ClusterRouter, name: str, *, replicas: int | None = None,
+def rebalance(router, name: str, *, replicas: int | None = None,
               progress: bool | None = None) -> RebalanceReport:
-    """Place dataset `name` on the router's members with `replicas` copies (default: as now).
+    """Place dataset `name` on the members of `router` (a ClusterRouter) with `replicas`
+    copies (default: as now).
 
     Raises NotFound (no such dataset), InvalidArgument (bad replica count),
     Unavailable (a new member, or every old holder of a moved sample, is
@@ -114,22 +115,18 @@ def _remove_old_copy(member, name: str, old_members: tuple) -> bool:
     and "127.0.0.1:7010") is in both lists; it already holds the new
     placement, and deleting it would lose the data.
     """
-    info = member._call("GetDataset", pb.GetDatasetRequest(dataset=name), retry=False)
+    info = member.call("GetDataset", pb.GetDatasetRequest(dataset=name), retry=False)
     if tuple(info.members) != old_members:
         return False
-    member._call("DeleteDataset", pb.DeleteDatasetRequest(dataset=name), retry=False)
+    member.call("DeleteDataset", pb.DeleteDatasetRequest(dataset=name), retry=False)
     return True
 
 
-def _entries(router: ClusterRouter, name: str) -> list[Entry]:
+def _entries(router, name: str) -> list[Entry]:
     """Every sample's entry in id order, from any member holding the directory."""
     def fetch(member) -> list[Entry]:
-        dataset = member.dataset(name)
-        step = limits.lookup_items_max
-        result: list[Entry] = []
-        for start in range(0, len(dataset), step):
-            result.extend(dataset.lookup(range(start, min(start + step, len(dataset)))))
-        return result
+        info = convert.dataset_info(member.call("GetDataset", pb.GetDatasetRequest(dataset=name)))
+        return metadata.all_entries(member, name, info.samples)
 
     return router.call_any(fetch)
 
@@ -151,7 +148,7 @@ def _chunks(sizes: np.ndarray, moves: np.ndarray):
 def _produce(router, name, entries, new_holders, holds, moves, sizes, streams, bar) -> None:
     for start, stop in _chunks(sizes, moves):
         needed = start + np.flatnonzero(moves[start:stop].any(axis=1))
-        fetched = dict(zip(needed.tolist(), router.get_batch(
+        fetched = dict(zip(needed.tolist(), router.get_ids(
             name, needed.astype(np.int64), verify=True, prefetch=np.empty(0, np.int64)))
             if needed.size else ())
         for i in range(start, stop):

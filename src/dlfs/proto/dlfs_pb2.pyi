@@ -16,6 +16,26 @@ ENTRY_KIND_UNSPECIFIED: EntryKind
 FILE: EntryKind
 DIRECTORY: EntryKind
 
+class GetDataPathRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class DataPathInfo(_message.Message):
+    __slots__ = ("enabled", "reason", "version", "port", "unix_socket", "instance")
+    ENABLED_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    UNIX_SOCKET_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_FIELD_NUMBER: _ClassVar[int]
+    enabled: bool
+    reason: str
+    version: int
+    port: int
+    unix_socket: str
+    instance: bytes
+    def __init__(self, enabled: _Optional[bool] = ..., reason: _Optional[str] = ..., version: _Optional[int] = ..., port: _Optional[int] = ..., unix_socket: _Optional[str] = ..., instance: _Optional[bytes] = ...) -> None: ...
+
 class ListDatasetsRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
@@ -33,7 +53,7 @@ class GetDatasetRequest(_message.Message):
     def __init__(self, dataset: _Optional[str] = ...) -> None: ...
 
 class DatasetInfo(_message.Message):
-    __slots__ = ("name", "samples", "bytes", "sealed", "created_unix_ns", "extents", "members", "replicas", "member_index")
+    __slots__ = ("name", "samples", "bytes", "sealed", "created_unix_ns", "extents", "members", "replicas", "member_index", "generation")
     NAME_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_FIELD_NUMBER: _ClassVar[int]
     BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -43,6 +63,7 @@ class DatasetInfo(_message.Message):
     MEMBERS_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
     MEMBER_INDEX_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
     name: str
     samples: int
     bytes: int
@@ -52,7 +73,8 @@ class DatasetInfo(_message.Message):
     members: _containers.RepeatedScalarFieldContainer[str]
     replicas: int
     member_index: int
-    def __init__(self, name: _Optional[str] = ..., samples: _Optional[int] = ..., bytes: _Optional[int] = ..., sealed: _Optional[bool] = ..., created_unix_ns: _Optional[int] = ..., extents: _Optional[int] = ..., members: _Optional[_Iterable[str]] = ..., replicas: _Optional[int] = ..., member_index: _Optional[int] = ...) -> None: ...
+    generation: int
+    def __init__(self, name: _Optional[str] = ..., samples: _Optional[int] = ..., bytes: _Optional[int] = ..., sealed: _Optional[bool] = ..., created_unix_ns: _Optional[int] = ..., extents: _Optional[int] = ..., members: _Optional[_Iterable[str]] = ..., replicas: _Optional[int] = ..., member_index: _Optional[int] = ..., generation: _Optional[int] = ...) -> None: ...
 
 class Entry(_message.Message):
     __slots__ = ("name", "path", "kind", "size", "mode", "mtime_ns", "id", "crc32c", "children")

@@ -114,6 +114,11 @@ class DlfsStub:
                 request_serializer=dlfs_dot_proto_dot_dlfs__pb2.DeleteDatasetRequest.SerializeToString,
                 response_deserializer=dlfs_dot_proto_dot_dlfs__pb2.DatasetInfo.FromString,
                 _registered_method=True)
+        self.GetDataPath = channel.unary_unary(
+                '/dlfs.v1.Dlfs/GetDataPath',
+                request_serializer=dlfs_dot_proto_dot_dlfs__pb2.GetDataPathRequest.SerializeToString,
+                response_deserializer=dlfs_dot_proto_dot_dlfs__pb2.DataPathInfo.FromString,
+                _registered_method=True)
 
 
 class DlfsServicer:
@@ -278,6 +283,17 @@ class DlfsServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetDataPath(self, request, context):
+        """Where and how to reach the daemon's data path (datapath.md beside this
+        file): the binary protocol that carries sample bytes with no copies in
+        Python.  `enabled` is false, with a `reason`, when the daemon serves TLS
+        or was started without a data path; clients then read through GetBatch.
+        Codes: none beyond the common ones.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_DlfsServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -360,6 +376,11 @@ def add_DlfsServicer_to_server(servicer, server):
                     servicer.DeleteDataset,
                     request_deserializer=dlfs_dot_proto_dot_dlfs__pb2.DeleteDatasetRequest.FromString,
                     response_serializer=dlfs_dot_proto_dot_dlfs__pb2.DatasetInfo.SerializeToString,
+            ),
+            'GetDataPath': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetDataPath,
+                    request_deserializer=dlfs_dot_proto_dot_dlfs__pb2.GetDataPathRequest.FromString,
+                    response_serializer=dlfs_dot_proto_dot_dlfs__pb2.DataPathInfo.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -794,6 +815,33 @@ class Dlfs:
             '/dlfs.v1.Dlfs/DeleteDataset',
             dlfs_dot_proto_dot_dlfs__pb2.DeleteDatasetRequest.SerializeToString,
             dlfs_dot_proto_dot_dlfs__pb2.DatasetInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetDataPath(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dlfs.v1.Dlfs/GetDataPath',
+            dlfs_dot_proto_dot_dlfs__pb2.GetDataPathRequest.SerializeToString,
+            dlfs_dot_proto_dot_dlfs__pb2.DataPathInfo.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,65 @@
+"""Metadata reads over any transport: entries, directory pages, lookups.
+
+`Client` and `Dataset` both answer stat/listdir/lookup; the calls live
+here once, as functions of a transport (one daemon, or a router that asks
+any live member: every member of a striped dataset holds its whole
+directory).  Each function is one round trip unless it says otherwise.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator, Sequence
+
+from dlfs import limits
+from dlfs.client import convert
+from dlfs.client.requests import SampleKey, fill_keys
+from dlfs.paths import normalize_dir_path
+from dlfs.proto import dlfs_pb2 as pb
+from dlfs.types import Entry
+
+
+def stat(transport, dataset: str, path: str) -> Entry:
+    """Metadata of a file or directory of `dataset` ("" is its root).  Raises NotFound."""
+    request = pb.StatRequest(dataset=dataset, path=normalize_dir_path(path))
+    return convert.entry(transport.call("Stat", request))
+
+
+def list_page(transport, dataset: str, path: str = "", start_after: str = "",
+              page_size: int = limits.list_page_entries_default) -> tuple[list[Entry], bool]:
+    """At most `page_size` entries of a directory after name `start_after`, in name
+    order, and whether more follow."""
+    reply = transport.call("ListDir", pb.ListDirRequest(
+        dataset=dataset, path=normalize_dir_path(path), start_after=start_after,
+        page_size=page_size))
+    return [convert.entry(e) for e in reply.entries], reply.more
+
+
+def listdir(transport, dataset: str, path: str = "", *,
+            page_size: int = limits.list_page_entries_default) -> Iterator[Entry]:
+    """Entries of a directory in name order, fetched page by page (one call a page)."""
+    start_after = ""
+    while True:
+        entries, more = list_page(transport, dataset, path, start_after, page_size)
+        yield from entries
+        if not more or not entries:
+            return
+        start_after = entries[-1].name
+
+
+def lookup(transport, dataset: str, keys: Sequence[SampleKey]) -> list[Entry]:
+    """Entries of samples by ids or paths, in order (at most limits.lookup_items_max)."""
+    request = pb.LookupRequest(dataset=dataset)
+    fill_keys(request, keys)
+    return [convert.entry(e) for e in transport.call("Lookup", request).entries]
+
+
+def all_entries(transport, dataset: str, samples: int) -> list[Entry]:
+    """Every sample's entry of a dataset of `samples` samples, in id order.
+
+    One Lookup per `limits.lookup_items_max` samples.
+    """
+    step = limits.lookup_items_max
+    entries: list[Entry] = []
+    for start in range(0, samples, step):
+        entries.extend(lookup(transport, dataset, range(start, min(start + step, samples))))
+    return entries

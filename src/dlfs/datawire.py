@@ -1,0 +1,283 @@
+"""Frames of the data path (version 1): sample bytes between daemon and client.
+
+The contract, with the reasons, is `dlfs/proto/datapath.md`; this module is
+its one implementation, shared by the daemon and the client.  Every frame
+is an 8-byte header (kind, flags, reserved, body length; little endian)
+followed by its body.  Fixed parts of bodies are `struct` layouts; arrays
+ride as raw little-endian bytes, which numpy views without copying.
+
+Nothing here touches sockets or imports grpc: the daemon and the client
+own their I/O, so each can receive straight into memory it chose.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from typing import NamedTuple
+
+import numpy as np
+
+from dlfs import errors, limits
+
+VERSION = 1
+HELLO_MAGIC = b"DLFSDATA"
+
+FRAME = struct.Struct("<BBHI")  # kind, flags, reserved (0), body bytes
+HELLO = struct.Struct("<8sHH")  # magic, highest version the client speaks, token bytes
+WELCOME = struct.Struct("<HHI16s")  # version spoken, reserved, window bytes, daemon instance
+GET_BATCH = struct.Struct("<QIIIHBB")  # generation, flags, ids, hint ids, name bytes,
+#                                        request id bytes, reserved
+READ_RANGE = struct.Struct("<QqQQIHBB")  # generation, sample id, offset, length, flags,
+#                                          name bytes, request id bytes, reserved
+STAT_DATASET = struct.Struct("<HBB")  # name bytes, request id bytes, reserved
+BATCH = struct.Struct("<QQII")  # generation, payload bytes, samples, flags
+ERROR = struct.Struct("<HHI")  # status code, class name bytes, message bytes
+DATASET = struct.Struct("<QQQ")  # generation, samples, bytes
+
+# BATCH flags: the reply's CRC32Cs cover whole samples (a partial range has none).
+BATCH_CRCS = 0x1
+
+
+class Kind(enum.IntEnum):
+    # client -> daemon
+    HELLO = 1
+    GET_BATCH = 2
+    READ_RANGE = 3
+    STAT_DATASET = 4
+    # daemon -> client
+    WELCOME = 64
+    ERROR = 65
+    BATCH = 66
+    DATA = 67
+    DATASET = 68
+
+
+# gRPC's numeric status codes, so both paths report failures the same way.
+STATUS_CODES = {"OK": 0, "CANCELLED": 1, "UNKNOWN": 2, "INVALID_ARGUMENT": 3,
+                "DEADLINE_EXCEEDED": 4, "NOT_FOUND": 5, "ALREADY_EXISTS": 6,
+                "PERMISSION_DENIED": 7, "RESOURCE_EXHAUSTED": 8, "FAILED_PRECONDITION": 9,
+                "ABORTED": 10, "OUT_OF_RANGE": 11, "UNIMPLEMENTED": 12, "INTERNAL": 13,
+                "UNAVAILABLE": 14, "DATA_LOSS": 15, "UNAUTHENTICATED": 16}
+_CODE_NAMES = {number: name for name, number in STATUS_CODES.items()}
+
+
+class FrameError(ValueError):
+    """A frame that breaks the protocol; the receiver closes the connection after it."""
+
+
+def frame(kind: Kind, body_bytes: int, flags: int = 0) -> bytes:
+    return FRAME.pack(kind, flags, 0, body_bytes)
+
+
+def parse_frame(header) -> tuple[int, int, int]:
+    """(kind, flags, body bytes) of an 8-byte frame header."""
+    kind, flags, _reserved, length = FRAME.unpack(header)
+    return kind, flags, length
+
+
+# --- client -> daemon -------------------------------------------------------------------
+
+def hello(token: str) -> bytes:
+    raw = token.encode()
+    if len(raw) > limits.datapath_token_bytes_max:
+        raise errors.InvalidArgument(f"a token of {len(raw)} bytes is over the limit of "
+                                     f"{limits.datapath_token_bytes_max}")
+    body = HELLO.pack(HELLO_MAGIC, VERSION, len(raw)) + raw
+    return frame(Kind.HELLO, len(body)) + body
+
+
+def parse_hello(body) -> tuple[int, str]:
+    """(version, token) of a HELLO body.  Raises FrameError."""
+    if len(body) < HELLO.size:
+        raise FrameError("a HELLO frame is shorter than its fixed part")
+    magic, version, token_bytes = HELLO.unpack_from(body)
+    if magic != HELLO_MAGIC:
+        raise FrameError("not a DLFS data path client (bad HELLO magic)")
+    if len(body) != HELLO.size + token_bytes:
+        raise FrameError("a HELLO frame's token length does not match its body")
+    return version, _text(body[HELLO.size:], "token")
+
+
+class BatchRequest(NamedTuple):
+    dataset: str
+    generation: int  # 0: the current one
+    ids: np.ndarray  # int64, request order
+    hints: np.ndarray  # int64: samples wanted next (read-ahead hint)
+    request_id: str
+    flags: int
+
+
+class RangeRequest(NamedTuple):
+    dataset: str
+    generation: int
+    sample_id: int
+    offset: int
+    length: int  # 0: to the end
+    request_id: str
+    flags: int
+
+
+def get_batch(dataset: str, ids: np.ndarray, *, generation: int = 0,
+              hints: np.ndarray | None = None, request_id: str = "",
+              flags: int = 0) -> list:
+    """A GET_BATCH frame as buffers to send in order (the id arrays are not copied)."""
+    ids = np.ascontiguousarray(ids, dtype="<i8")
+    hints = np.ascontiguousarray(hints if hints is not None else (), dtype="<i8")
+    name, rid = dataset.encode(), request_id.encode()
+    fixed = GET_BATCH.pack(generation, flags, ids.size, hints.size, len(name), len(rid), 0)
+    body = len(fixed) + len(name) + len(rid) + ids.nbytes + hints.nbytes
+    return [frame(Kind.GET_BATCH, body) + fixed + name + rid, memoryview(ids).cast("B"),
+            memoryview(hints).cast("B")]
+
+
+def parse_get_batch(body) -> BatchRequest:
+    """The request of a GET_BATCH body (id arrays are views of `body`).  Raises FrameError."""
+    if len(body) < GET_BATCH.size:
+        raise FrameError("a GET_BATCH frame is shorter than its fixed part")
+    generation, flags, count, hints, name_bytes, rid_bytes, _ = GET_BATCH.unpack_from(body)
+    at = GET_BATCH.size
+    if len(body) != at + name_bytes + rid_bytes + 8 * (count + hints):
+        raise FrameError("a GET_BATCH frame's counts do not match its body")
+    name = _text(body[at:at + name_bytes], "dataset name")
+    at += name_bytes
+    rid = _text(body[at:at + rid_bytes], "request id")
+    at += rid_bytes
+    ids = np.frombuffer(body, "<i8", count, at)
+    hint_ids = np.frombuffer(body, "<i8", hints, at + 8 * count)
+    return BatchRequest(name, generation, ids, hint_ids, rid, flags)
+
+
+def read_range(dataset: str, sample_id: int, offset: int, length: int, *,
+               generation: int = 0, request_id: str = "", flags: int = 0) -> bytes:
+    name, rid = dataset.encode(), request_id.encode()
+    body = READ_RANGE.pack(generation, sample_id, offset, length, flags, len(name), len(rid),
+                           0) + name + rid
+    return frame(Kind.READ_RANGE, len(body)) + body
+
+
+def parse_read_range(body) -> RangeRequest:
+    if len(body) < READ_RANGE.size:
+        raise FrameError("a READ_RANGE frame is shorter than its fixed part")
+    (generation, sample_id, offset, length, flags, name_bytes, rid_bytes,
+     _) = READ_RANGE.unpack_from(body)
+    at = READ_RANGE.size
+    if len(body) != at + name_bytes + rid_bytes:
+        raise FrameError("a READ_RANGE frame's lengths do not match its body")
+    name = _text(body[at:at + name_bytes], "dataset name")
+    rid = _text(body[at + name_bytes:], "request id")
+    return RangeRequest(name, generation, sample_id, offset, length, rid, flags)
+
+
+def stat_dataset(dataset: str, request_id: str = "") -> bytes:
+    name, rid = dataset.encode(), request_id.encode()
+    body = STAT_DATASET.pack(len(name), len(rid), 0) + name + rid
+    return frame(Kind.STAT_DATASET, len(body)) + body
+
+
+def parse_stat_dataset(body) -> tuple[str, str]:
+    """(dataset, request id) of a STAT_DATASET body."""
+    if len(body) < STAT_DATASET.size:
+        raise FrameError("a STAT_DATASET frame is shorter than its fixed part")
+    name_bytes, rid_bytes, _ = STAT_DATASET.unpack_from(body)
+    at = STAT_DATASET.size
+    if len(body) != at + name_bytes + rid_bytes:
+        raise FrameError("a STAT_DATASET frame's lengths do not match its body")
+    return (_text(body[at:at + name_bytes], "dataset name"),
+            _text(body[at + name_bytes:], "request id"))
+
+
+# --- daemon -> client ---------------------------------------------------------------------
+
+def welcome(version: int, window_bytes: int, instance: bytes) -> bytes:
+    body = WELCOME.pack(version, 0, window_bytes, instance)
+    return frame(Kind.WELCOME, len(body)) + body
+
+
+def parse_welcome(body) -> tuple[int, int, bytes]:
+    """(version, window bytes, daemon instance id) of a WELCOME body."""
+    if len(body) != WELCOME.size:
+        raise FrameError("a WELCOME frame has the wrong size")
+    version, _, window_bytes, instance = WELCOME.unpack(body)
+    return version, window_bytes, instance
+
+
+def batch_header(generation: int, lengths: np.ndarray, crcs: np.ndarray, flags: int) -> list:
+    """A BATCH frame (the reply's shape) as buffers to send; the arrays are not copied."""
+    lengths = np.ascontiguousarray(lengths, dtype="<u8")
+    crcs = np.ascontiguousarray(crcs, dtype="<u4")
+    payload = int(lengths.sum())
+    fixed = BATCH.pack(generation, payload, lengths.size, flags)
+    body = len(fixed) + lengths.nbytes + crcs.nbytes
+    return [frame(Kind.BATCH, body) + fixed, memoryview(lengths).cast("B"),
+            memoryview(crcs).cast("B")]
+
+
+class BatchReply(NamedTuple):
+    generation: int
+    payload_bytes: int
+    lengths: np.ndarray  # uint64 per requested sample, request order
+    crcs: np.ndarray  # uint32
+    flags: int
+
+
+def parse_batch_header(body) -> BatchReply:
+    if len(body) < BATCH.size:
+        raise FrameError("a BATCH frame is shorter than its fixed part")
+    generation, payload, count, flags = BATCH.unpack_from(body)
+    if len(body) != BATCH.size + 12 * count:
+        raise FrameError("a BATCH frame's sample count does not match its body")
+    lengths = np.frombuffer(body, "<u8", count, BATCH.size)
+    crcs = np.frombuffer(body, "<u4", count, BATCH.size + 8 * count)
+    if int(lengths.sum()) != payload:
+        raise FrameError("a BATCH frame's lengths do not add up to its payload")
+    return BatchReply(generation, payload, lengths, crcs, flags)
+
+
+def data_frame(body_bytes: int) -> bytes:
+    return frame(Kind.DATA, body_bytes)
+
+
+def dataset_reply(generation: int, samples: int, total_bytes: int) -> bytes:
+    body = DATASET.pack(generation, samples, total_bytes)
+    return frame(Kind.DATASET, len(body)) + body
+
+
+def parse_dataset_reply(body) -> tuple[int, int, int]:
+    if len(body) != DATASET.size:
+        raise FrameError("a DATASET frame has the wrong size")
+    return DATASET.unpack(body)
+
+
+def error(exc: errors.DlfsError) -> bytes:
+    """An ERROR frame carrying `exc`'s status code, class name and message."""
+    code = STATUS_CODES.get(exc.status_code_name, STATUS_CODES["UNKNOWN"])
+    name = type(exc).__name__.encode()
+    message = exc.message.encode(errors="replace")[:limits.datapath_error_bytes_max]
+    body = ERROR.pack(code, len(name), len(message)) + name + message
+    return frame(Kind.ERROR, len(body)) + body
+
+
+def parse_error(body, address: str) -> errors.DlfsError:
+    """The DlfsError an ERROR body carries (its exact class when known here)."""
+    if len(body) < ERROR.size:
+        raise FrameError("an ERROR frame is shorter than its fixed part")
+    code, name_bytes, message_bytes = ERROR.unpack_from(body)
+    name = bytes(body[ERROR.size:ERROR.size + name_bytes]).decode(errors="replace")
+    message = bytes(body[ERROR.size + name_bytes:ERROR.size + name_bytes + message_bytes]
+                    ).decode(errors="replace")
+    code_name = _CODE_NAMES.get(code, "UNKNOWN")
+    cls = errors.ERROR_BY_STATUS_CODE_NAME.get(code_name, errors.Internal)
+    named = errors.ERROR_BY_CLASS_NAME.get(name)
+    if named is not None and named.status_code_name == cls.status_code_name:
+        cls = named
+    if cls is errors.Unavailable:
+        message = f"DLFS daemon at {address}: {message}"
+    return cls(message)
+
+
+def _text(raw, what: str) -> str:
+    try:
+        return bytes(raw).decode()
+    except UnicodeDecodeError:
+        raise FrameError(f"the {what} is not UTF-8") from None
