@@ -290,9 +290,9 @@ class _DlfsWriter:
         self.session.write(data)
 
     def close(self) -> None:
-        self.session.commit()
+        self.store.commit_ingest(self.session)
         self.store.close()
 
     def abort(self) -> None:
-        self.session.abort("benchmark data generation failed")
+        self.store.abort_ingest(self.session, "benchmark data generation failed")
         self.store.close()

@@ -124,7 +124,7 @@ def _build_restart_data_dir(data_dir: str, n: int, log) -> float:
         for i, path in enumerate(synthetic_paths(n)):
             session.start_file(path, 1, 0o100644, mtime)
             session.write(bytes((i & 0xFF,)))
-        session.commit()
+        store.commit_ingest(session)
     finally:
         store.close()
     with open(marker, "w") as f:

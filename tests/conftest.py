@@ -163,7 +163,7 @@ def store_ingest(store, name: str, files: dict[str, bytes], replace: bool = Fals
     for path, data in files.items():
         session.start_file(path, len(data), 0o100644, 1)
         session.write(data)
-    return session.commit()
+    return store.commit_ingest(session)
 
 
 def store_read(store, dataset, ids) -> list[bytes]:

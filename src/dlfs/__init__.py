@@ -16,6 +16,7 @@ _os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "true")
 
 from dlfs.client import Client, Dataset, DatasetInfo, Entry  # noqa: E402
 from dlfs.logs import request_id  # noqa: E402
+from dlfs.version import __version__  # noqa: E402
 from dlfs.errors import (
     AlreadyExists,
     Cancelled,
@@ -32,8 +33,6 @@ from dlfs.errors import (
     Unauthenticated,
     Unavailable,
 )
-
-__version__ = "0.1.0"
 
 __all__ = [
     "AlreadyExists", "Cancelled", "Client", "DataCorruption", "Dataset", "DatasetInfo",

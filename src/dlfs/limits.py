@@ -88,6 +88,10 @@ streams_per_connection_max_default = 64
 # Kernels read at most their read-ahead size (128 KiB by default) per
 # WILLNEED advice call, so larger ranges are advised in pieces of this size.
 willneed_chunk_bytes = 128 * KiB
+# RWF_NOWAIT probes of a window (daemon) or a batch (co-located client) before
+# it is deemed cold: when none of the first this many hit the page cache, the
+# rest are not probed one syscall each but advised and read from the device.
+nowait_probe_pieces = 16
 # Prefetch hints waiting for the prefetch thread; more are refused (a hint
 # that cannot be queued is dropped, never waited for).
 prefetch_queue_max = 64

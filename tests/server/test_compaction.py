@@ -73,7 +73,7 @@ def test_striped_dataset_survives_restart_and_compaction(tmp_path, monkeypatch):
             session.write(data)
         else:
             session.add_remote(path, len(data), 0o100644, 1, crc32c.crc32c(data), (1,))
-    session.commit()
+    store.commit_ingest(session)
     store.close()
 
     monkeypatch.setattr(limits, "catalog_compact_dead_bytes_min", 0)

@@ -11,7 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dlfs.errors import DataCorruption, DeadlineExceeded
-from dlfs.server.extents import HEADER_BYTES, ExtentFiles, ExtentStore, ExtentWriter
+from dlfs.layout import HEADER_BYTES
+from dlfs.server.extents import ExtentFiles, ExtentStore, ExtentWriter
 from dlfs.server.reader import ReadEngine, plan_batch
 
 

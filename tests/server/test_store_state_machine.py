@@ -38,7 +38,7 @@ class StoreMachine(RuleBasedStateMachine):
             session.start_file(path, len(data), 0o100644, 1)
             for start in range(0, len(data), 100):
                 session.write(data[start:start + 100])
-        session.commit()
+        self.store.commit_ingest(session)
 
     @rule(name=names, tree=trees)
     def ingest_new(self, name, tree):
@@ -69,7 +69,7 @@ class StoreMachine(RuleBasedStateMachine):
         for path in sorted(tree)[:keep]:
             session.start_file(path, len(tree[path]), 0o100644, 1)
             session.write(tree[path])
-        session.abort("test")
+        self.store.abort_ingest(session, "test")
 
     @rule()
     def restart(self):
@@ -101,6 +101,7 @@ class StoreMachine(RuleBasedStateMachine):
             assert [dataset.path(i) for i in range(len(dataset))] == sorted(tree)
         live = {d.dataset_id for d in self.store.directory.all()}
         assert set(self.store.extents.dataset_ids_on_disk()) == live
+        self.store.check_invariants()
 
     def teardown(self):
         self.store.close()

@@ -26,16 +26,13 @@ import threading
 import crc32c
 import numpy as np
 
-from dlfs import limits
+from dlfs import layout, limits
 from dlfs.client.buffers import copy_into
 from dlfs.client.requests import batch_size
 from dlfs.client.transport import DaemonTransport
 from dlfs.errors import DataCorruption, FailedPrecondition, InvalidArgument
+from dlfs.layout import HEADER_BYTES, TOKEN_FILE, check_header
 from dlfs.proto import dlfs_pb2 as pb
-from dlfs.server.extents import HEADER_BYTES, ExtentStore, check_header
-from dlfs.server.reader import NOWAIT_PROBE_PIECES
-
-TOKEN_FILE = "daemon-token"
 
 
 class DirectTransport(DaemonTransport):
@@ -109,8 +106,7 @@ class _Index:
         assert self.extent.size == self.samples, "index chunks do not add up"
         token_path = os.path.join(self.data_dir, TOKEN_FILE)
         try:
-            with open(token_path) as f:
-                local_token = f.read().strip()
+            local_token = layout.read_token(self.data_dir)
         except OSError as exc:
             raise FailedPrecondition(
                 f"direct reads need the daemon's data dir on this host: cannot read {token_path} "
@@ -148,7 +144,7 @@ class DirectReader:
     """Serves batches of one dataset from its extent files, mapped into this process.
 
     A sample is a read-only memoryview straight into the page cache (no copy
-    at all).  Cold data: the first NOWAIT_PROBE_PIECES samples of a batch are
+    at all).  Cold data: the first `limits.nowait_probe_pieces` samples of a batch are
     probed with `preadv(RWF_NOWAIT)`; if any is not cached, every sample's
     pages get `madvise(WILLNEED)` first, so the device sees the whole batch
     at once instead of one page fault at a time.  CRC32C checks (on by
@@ -169,11 +165,10 @@ class DirectReader:
 
     def _load(self) -> None:
         index = _Index(self._transport, self._dataset)
-        store = ExtentStore(os.path.join(index.data_dir, "extents"))
         with self._lock:
             old, self._extents = self._extents, {}
-            self._index, self._store = index, store
-            self._dataset_dir = store.dataset_dir(index.dataset_id)
+            self._index = index
+            self._dataset_dir = layout.dataset_dir(index.data_dir, index.dataset_id)
         for extent in old.values():
             extent.close()
 
@@ -187,7 +182,7 @@ class DirectReader:
         with self._lock:
             extent = self._extents.get(extent_no)
             if extent is None:
-                path = self._store.extent_path(self._index.dataset_id, extent_no)
+                path = layout.extent_path(self._index.data_dir, self._index.dataset_id, extent_no)
                 try:
                     extent = _Extent(path, self._index.dataset_id, extent_no)
                 except FileNotFoundError:
@@ -260,7 +255,7 @@ class DirectReader:
         little next to reading it, and one probe says little about it.
         """
         probe = bytearray(1)
-        for e, o, n in list(zip(extent_nos, offsets, lengths))[:NOWAIT_PROBE_PIECES]:
+        for e, o, n in list(zip(extent_nos, offsets, lengths))[:limits.nowait_probe_pieces]:
             if n >= limits.willneed_chunk_bytes:
                 return True
             try:

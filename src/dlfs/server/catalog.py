@@ -70,6 +70,9 @@ class RecordType(enum.IntEnum):
     HOLDERS = 6
 
 
+_RECORD_TYPES = frozenset(t.value for t in RecordType)
+
+
 class CatalogCorrupt(DlfsError):
     """A record in the middle of the catalog fails its checks."""
 
@@ -157,6 +160,25 @@ def encode_seal(dataset_id: int, replaces_dataset_id: int = 0) -> bytes:
 
 def encode_delete(dataset_id: int) -> bytes:
     return _U64.pack(dataset_id)
+
+
+def start_records(dataset_id: int, created_ns: int, name: str, cluster=None
+                  ) -> list[tuple[RecordType, bytes]]:
+    """The records that open a dataset: BEGIN, then CLUSTER for a striped one
+    (`cluster`: a `dlfs.server.directory.Cluster`, or None)."""
+    records = [(RecordType.BEGIN, encode_begin(dataset_id, created_ns, name))]
+    if cluster is not None:
+        records.append((RecordType.CLUSTER, encode_cluster(
+            dataset_id, cluster.replicas, cluster.member_index, list(cluster.members))))
+    return records
+
+
+def block_records(dataset_id: int, block: SampleBlock) -> list[tuple[RecordType, bytes]]:
+    """The records of one block of samples: SAMPLES, then HOLDERS for a striped dataset."""
+    records = [(RecordType.SAMPLES, encode_samples(dataset_id, block))]
+    if block.holders is not None:
+        records.append((RecordType.HOLDERS, encode_holders(dataset_id, block.holders)))
+    return records
 
 
 def decode_begin(payload: bytes) -> tuple[int, int, str]:
@@ -280,7 +302,7 @@ def _check_record(view: memoryview, pos: int, size: int) -> str:
                              crc32c.crc32c(view[pos:pos + 12]))
     if crc != expected:
         return "record checksum mismatch" + (" (torn)" if end == size else "")
-    if rtype not in RecordType._value2member_map_:
+    if rtype not in _RECORD_TYPES:
         return f"unknown record type {rtype}"
     return ""
 

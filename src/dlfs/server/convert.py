@@ -5,12 +5,15 @@ The only server module besides service.py that touches `dlfs_pb2`.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from dlfs.proto import dlfs_pb2 as pb
 from dlfs import limits
 from dlfs.errors import InvalidArgument
 from dlfs.server.directory import Cluster, DatasetIndex
+from dlfs.server.metrics import Status
 from dlfs.types import DatasetInfo, Entry
 
 # extent u32 + offset u64 + length u64 + crc u32 + holders (u16 x replicas_max at most)
@@ -75,3 +78,9 @@ def index_chunk(dataset: DatasetIndex, first: int, stop: int) -> pb.IndexChunk:
         holders=(dataset.holders[part].astype("<u2").tobytes()
                  if dataset.holders is not None else b""),
     )
+
+
+def status_reply(status: Status, version: str, metrics_address: str) -> pb.StatusReply:
+    """Status's fields are StatusReply's, but for the two the service knows."""
+    return pb.StatusReply(version=version, metrics_address=metrics_address,
+                          **dataclasses.asdict(status))

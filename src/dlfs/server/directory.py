@@ -28,9 +28,9 @@ from sortedcontainers import SortedDict
 
 from dlfs import limits
 from dlfs.errors import FailedPrecondition, InvalidArgument, NotFound
+from dlfs.layout import NO_EXTENT
 from dlfs.paths import check_sample_path, normalize_dir_path
 from dlfs.server.catalog import SampleBlock
-from dlfs.server.extents import NO_EXTENT
 from dlfs.types import DatasetInfo, Entry
 
 DIR_MODE = stat_module.S_IFDIR | 0o555
@@ -197,6 +197,15 @@ class DatasetIndex:
         parent = self.dirs[self.parent[sample_id]].path
         name = self.names[sample_id]
         return f"{parent}/{name}" if parent else name
+
+    def describe(self, sample_id: int) -> str:
+        """The sample named for error messages: sample ID 'PATH' of dataset 'NAME'.  O(1)."""
+        return f"sample {sample_id} {self.path(sample_id)!r} of dataset {self.name!r}"
+
+    def size_and_crc(self, sample_id: int) -> tuple[int, int]:
+        """(bytes, CRC32C) of sample `sample_id` as stored.  O(1).  Raises InvalidArgument."""
+        self._check_id(sample_id)
+        return int(self.length[sample_id]), int(self.crc[sample_id])
 
     def id_of(self, path: str) -> int:
         """Sample id of `path`.  O(depth) dict lookups.  Raises NotFound, InvalidArgument."""

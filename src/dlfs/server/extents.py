@@ -1,14 +1,9 @@
 """Extent store: append-only extent files that pack many samples each.
 
-Layout under the data dir::
-
-    extents/<dataset id, 16 hex digits>/<extent number, 6 digits>.ext
-
 Every extent belongs to exactly one dataset, so deleting a dataset (or
 discarding an interrupted ingest) is removing its directory: no compaction.
-An extent starts with a `HEADER_BYTES` header (magic, format version,
-dataset id, extent number, CRC32C of the header) padded to 4 KiB, so sample
-data starts page aligned; samples follow back to back.
+The file names and the extent header are defined in `dlfs.layout`, which
+co-located clients share.
 
 `ExtentWriter` appends the samples of one ingest; `ExtentFiles` hands out
 read-only file descriptors through an LRU cache bounded by `open_extents_max`.
@@ -21,62 +16,18 @@ import errno
 import io
 import os
 import shutil
-import struct
 import threading
 from collections import OrderedDict
 from contextlib import contextmanager
 from typing import Iterator
 
-import crc32c
-
-from dlfs import limits
+from dlfs import layout, limits
 from dlfs.errors import DataCorruption, Overloaded, StorageFull
+from dlfs.layout import HEADER_BYTES, check_header, encode_header
 
-MAGIC = b"DLFSEXT1"
-FORMAT_VERSION = 1
-HEADER_BYTES = 4096
-_HEADER = struct.Struct("<8sIQIq")  # magic, version, dataset id, extent no, created ns
-_HEADER_CRC = struct.Struct("<I")
 WRITE_BUFFER_BYTES = 4 * limits.MiB
-# Extent number of a sample of a striped dataset that other daemons store.
-NO_EXTENT = 0xFFFFFFFF
 
 _NO_SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
-
-
-def dataset_dir_name(dataset_id: int) -> str:
-    return f"{dataset_id:016x}"
-
-
-def extent_file_name(extent_no: int) -> str:
-    return f"{extent_no:06d}.ext"
-
-
-def encode_header(dataset_id: int, extent_no: int, created_ns: int) -> bytes:
-    body = _HEADER.pack(MAGIC, FORMAT_VERSION, dataset_id, extent_no, created_ns)
-    body += _HEADER_CRC.pack(crc32c.crc32c(body))
-    return body.ljust(HEADER_BYTES, b"\0")
-
-
-def check_header(raw: bytes, dataset_id: int, extent_no: int, path: str) -> None:
-    """Raise DataCorruption unless `raw` is a valid header for this extent."""
-    size = _HEADER.size + _HEADER_CRC.size
-    if len(raw) < size:
-        raise DataCorruption(f"extent {path} is truncated inside its header")
-    magic, version, got_dataset, got_extent, _created = _HEADER.unpack_from(raw)
-    (crc,) = _HEADER_CRC.unpack_from(raw, _HEADER.size)
-    if magic != MAGIC or crc != crc32c.crc32c(raw[: _HEADER.size]):
-        raise DataCorruption(f"extent {path} has a damaged header (bad magic or checksum)")
-    if version != FORMAT_VERSION:
-        raise DataCorruption(
-            f"extent {path} has format version {version}; this daemon reads version "
-            f"{FORMAT_VERSION}"
-        )
-    if (got_dataset, got_extent) != (dataset_id, extent_no):
-        raise DataCorruption(
-            f"extent {path} belongs to dataset {got_dataset:x} extent {got_extent}, "
-            f"not dataset {dataset_id:x} extent {extent_no}"
-        )
 
 
 def no_space_error(exc: OSError, where: str) -> Exception:
@@ -90,17 +41,21 @@ def no_space_error(exc: OSError, where: str) -> Exception:
 
 
 class ExtentStore:
-    """Paths and directory management of the extent files below `root`."""
+    """Directory management of the extent files of the data dir `data_dir`.
 
-    def __init__(self, root: str):
-        self.root = root
-        os.makedirs(root, mode=0o700, exist_ok=True)
+    Creates DATA_DIR/extents (mode 0700) if missing: only the daemon builds one.
+    """
+
+    def __init__(self, data_dir: str):
+        self.data_dir = data_dir
+        self.root = layout.extents_root(data_dir)
+        os.makedirs(self.root, mode=0o700, exist_ok=True)
 
     def dataset_dir(self, dataset_id: int) -> str:
-        return os.path.join(self.root, dataset_dir_name(dataset_id))
+        return layout.dataset_dir(self.data_dir, dataset_id)
 
     def extent_path(self, dataset_id: int, extent_no: int) -> str:
-        return os.path.join(self.dataset_dir(dataset_id), extent_file_name(extent_no))
+        return layout.extent_path(self.data_dir, dataset_id, extent_no)
 
     def dataset_ids_on_disk(self) -> list[int]:
         """Dataset ids that have an extent directory (live or orphaned)."""
@@ -188,6 +143,11 @@ class ExtentWriter:
                 file.close()
             except OSError:
                 pass  # only reached when the data is being discarded
+
+    def discard(self) -> None:
+        """Close without syncing and remove every extent written (the dataset's directory)."""
+        self.close()
+        self._store.remove_dataset(self._dataset_id)
 
     def _open_next_extent(self) -> None:
         if self._file is not None:

@@ -1,12 +1,14 @@
-"""Ingest session: stream the files of one dataset into extents, then seal it.
+"""Ingest session: receive the files of one dataset into its extents and catalog.
 
 Durability order (see catalog.py): sample bytes are appended to the
 dataset's own extents; entries go to the catalog in SAMPLES records as they
 accumulate (unsynced: an unsealed dataset is discarded at restart anyway);
-`commit` fsyncs the extents, writes the remaining entries, builds and checks
-the directory tree, then appends SEAL and fsyncs the catalog.  Only then is
-the dataset published.  `abort` (or any error) removes the extents and
-writes a DELETE record, so nothing of the dataset remains.
+`finish` fsyncs the extents, writes the remaining entries, then builds and
+checks the directory tree; `discard` writes DELETE and removes the extents.
+The Store owns the ingest's state (ingest_registry.py), writes BEGIN and
+SEAL, and decides when to finish or discard: a session holds no reference
+to the Store; it gets the catalog and the ExtentWriter it writes to and
+returns what it built.
 """
 
 from __future__ import annotations
@@ -14,22 +16,18 @@ from __future__ import annotations
 import dataclasses
 import logging
 import stat as stat_module
-import time
-from typing import TYPE_CHECKING
 
 import crc32c
 import numpy as np
 
 from dlfs import limits
 from dlfs.errors import DataCorruption, InvalidArgument
+from dlfs.layout import NO_EXTENT
 from dlfs.paths import check_sample_path
 from dlfs.server import catalog as cat
 from dlfs.server.directory import Cluster, DatasetIndex
-from dlfs.server.extents import NO_EXTENT, ExtentWriter
+from dlfs.server.extents import ExtentWriter
 from dlfs.types import DatasetInfo
-
-if TYPE_CHECKING:
-    from dlfs.server.store import Store
 
 log = logging.getLogger(__name__)
 
@@ -53,34 +51,36 @@ class IngestSession:
 
     Call `start_file`, then `write` until the announced size is reached
     (the file ends itself then; `check_last_crc` compares the client's
-    CRC), repeat, then `commit` or `abort`.  Not thread-safe: one stream
+    CRC), repeat, then hand the session to `Store.commit_ingest` (or
+    `prepare_ingest`, or `abort_ingest`).  Not thread-safe: one stream
     drives one session.
+
+    `catalog` receives the SAMPLES (and HOLDERS) records, `writer` the
+    sample bytes; `name`, `dataset_id`, `created_ns`, `replace` and
+    `cluster` describe the ingest and never change.
     """
 
-    def __init__(self, store: "Store", name: str, dataset_id: int, replace: bool,
-                 cluster: Cluster | None = None):
-        self._store = store
+    def __init__(self, name: str, dataset_id: int, created_ns: int, catalog: cat.Catalog,
+                 writer: ExtentWriter, replace: bool = False, cluster: Cluster | None = None):
         self.name = name
         self.dataset_id = dataset_id
+        self.created_ns = created_ns
         self.replace = replace
         self.cluster = cluster
-        self.created_ns = time.time_ns()
-        self._writer = ExtentWriter(store.extents, dataset_id, self.created_ns,
-                                    store.config.extent_bytes_max, label=f"dataset {name!r}")
-        store.catalog.append(cat.RecordType.BEGIN, cat.encode_begin(dataset_id, self.created_ns, name))
-        if cluster is not None:
-            store.catalog.append(cat.RecordType.CLUSTER, cat.encode_cluster(
-                dataset_id, cluster.replicas, cluster.member_index, list(cluster.members)))
+        self._catalog = catalog
+        self._writer = writer
         self._blocks: list[cat.SampleBlock] = []
         # (path, extent, offset, length, crc, mode, mtime, holders)
         self._pending: list[tuple] = []
         self._holders: tuple = ()  # holders of the file being received
-        self._index: DatasetIndex | None = None  # built by prepare()
         self._file: _OpenFile | None = None
         self._last: tuple[str, int] | None = None  # (path, crc) of the last finished file
         self.samples = 0
         self.bytes = 0
-        self.closed = False
+
+    def summary(self) -> DatasetInfo:
+        """What has arrived so far, as an unsealed dataset's summary."""
+        return DatasetInfo(self.name, self.samples, self.bytes, False, self.created_ns, 0)
 
     @property
     def file_open(self) -> bool:
@@ -198,18 +198,19 @@ class IngestSession:
             np.array(columns[6], dtype=np.int64),
             holders=np.array(columns[7], dtype=np.uint16) if self.cluster else None,
         )
-        catalog = self._store.catalog
-        catalog.append(cat.RecordType.SAMPLES, cat.encode_samples(self.dataset_id, block))
-        if block.holders is not None:
-            catalog.append(cat.RecordType.HOLDERS, cat.encode_holders(self.dataset_id, block.holders))
+        for record_type, payload in cat.block_records(self.dataset_id, block):
+            self._catalog.append(record_type, payload)
         self._blocks.append(block)
         self._pending = []
 
-    def prepare(self) -> None:
-        """Make everything durable and check the tree, without publishing.
+    def finish(self) -> DatasetIndex:
+        """Make everything received durable and build the dataset, without publishing it.
 
-        Raises InvalidArgument on an unfinished file, a duplicate path or a
-        file/directory conflict (the caller aborts the session then).
+        Cost: an fsync of the open extent and its directory, one catalog
+        append, and the index build (O(n log n) for n samples).  Call it
+        once.  Raises InvalidArgument on an unfinished file, a duplicate
+        path or a file/directory conflict, StorageFull (the Store aborts
+        the ingest then).
         """
         if self._file is not None:
             raise InvalidArgument(
@@ -219,26 +220,18 @@ class IngestSession:
         self._writer.sync()
         self._writer.close()
         self._flush_entries()
-        self._index = DatasetIndex(self.name, self.dataset_id, self.created_ns,
-                                   cat.SampleBlock.concat(self._blocks), self.cluster)
-        self._blocks = []
+        blocks, self._blocks = self._blocks, []
+        return DatasetIndex(self.name, self.dataset_id, self.created_ns,
+                            cat.SampleBlock.concat(blocks), self.cluster)
 
-    def commit(self) -> DatasetInfo:
-        """Prepare (if not done yet), then seal the dataset and publish it."""
-        if self._index is None:
-            self.prepare()
-        summary = self._store.seal(self, self._index)
-        self.closed = True
-        return summary
-
-    def abort(self, reason: str) -> None:
-        """Discard everything of this session.  Idempotent; never raises."""
-        if self.closed:
-            return
-        self.closed = True
-        log.warning("ingest of dataset %r aborted: %s", self.name, reason)
-        self._writer.close()
-        self._store.discard(self)
+    def discard(self) -> None:
+        """Remove what the session wrote: a DELETE record, then its extents.  Never
+        raises for the record (replay discards an unsealed dataset anyway)."""
+        try:
+            self._catalog.append(cat.RecordType.DELETE, cat.encode_delete(self.dataset_id))
+        except Exception:  # noqa: BLE001 - the extents go anyway
+            log.exception("could not record the abort of dataset %r", self.name)
+        self._writer.discard()
 
 
 def _regular_mode(path: str, mode: int) -> int:

@@ -85,10 +85,10 @@ def ingest_demo(store) -> None:
         for path, data in demo_files():
             session.start_file(path, len(data), 0o100644, session.created_ns)
             session.write(data)
-        summary = session.commit()
     except BaseException as exc:
-        session.abort(str(exc))
+        store.abort_ingest(session, str(exc))
         raise
+    summary = store.commit_ingest(session)  # aborts the ingest itself when it fails
     log.info("created dataset %r: %d samples, %d bytes", summary.name, summary.samples,
              summary.bytes)
 

@@ -9,6 +9,7 @@ microsecond, so they are bumped per batch, never per sample.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
@@ -16,6 +17,29 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 # Batch latency buckets, seconds: from a warm small batch to a large cold one.
 LATENCY_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0,
                      10.0, 30.0)
+
+# The read calls counted in dlfs_batches_total (its "method" label).
+READ_METHODS = ("GetBatch", "GetSmallBatch", "ReadRange")
+
+
+@dataclasses.dataclass(frozen=True)
+class Status:
+    """What the Status RPC reports: StatusReply's fields but version and metrics_address."""
+
+    uptime_s: float
+    data_dir: str
+    datasets: int
+    samples: int
+    bytes: int
+    catalog_bytes: int
+    ingests_running: int
+    rpcs_in_flight: int
+    samples_served: int
+    bytes_served: int
+    batches_served: int
+    cache_hit_ranges: int
+    cache_miss_ranges: int
+    errors: dict[str, int]  # calls that failed, by status code name
 
 
 class Metrics:
@@ -65,3 +89,41 @@ class Metrics:
         """Current value of a sample, for the Status RPC (0 if never set)."""
         result = self.registry.get_sample_value(name, labels or None)
         return float(result or 0.0)
+
+    def count_read(self, method: str, plan, seconds: float) -> None:
+        """Count one read call (one of READ_METHODS) that served `plan` (a
+        reader.BatchPlan) in `seconds`.  A few microseconds: once per call."""
+        self.batches.labels(method).inc()
+        self.batch_latency.labels(method).observe(seconds)
+        self.samples_served.inc(plan.request_lengths.size)
+        self.bytes_served.inc(plan.payload_bytes)
+        self.samples_coalesced.inc(plan.sample_ids.size - plan.ranges)
+
+    def set_stored(self, datasets: list, catalog_bytes: int, open_extents: int) -> None:
+        """Bring the stored-data gauges up to date (`datasets`: the sealed
+        DatasetIndexes).  O(datasets)."""
+        self.datasets.set(len(datasets))
+        self.samples_stored.set(sum(len(d) for d in datasets))
+        self.bytes_stored.set(sum(d.total_bytes for d in datasets))
+        self.catalog_bytes.set(catalog_bytes)
+        self.open_extents.set(open_extents)
+
+    def status(self, data_dir: str, ingests_running: int) -> Status:
+        """The current values as a Status (the stored-data gauges as last set)."""
+        errors = {s.labels["code"]: int(s.value) for s in self.errors.collect()[0].samples
+                  if s.name.endswith("_total")}
+        return Status(
+            uptime_s=time.time() - self.started, data_dir=data_dir,
+            datasets=int(self.value("dlfs_datasets")),
+            samples=int(self.value("dlfs_samples_stored")),
+            bytes=int(self.value("dlfs_bytes_stored")),
+            catalog_bytes=int(self.value("dlfs_catalog_bytes")),
+            ingests_running=ingests_running,
+            rpcs_in_flight=int(self.value("dlfs_rpcs_in_flight")),
+            samples_served=int(self.value("dlfs_samples_served_total")),
+            bytes_served=int(self.value("dlfs_bytes_served_total")),
+            batches_served=int(sum(self.value("dlfs_batches_total", method=m)
+                                   for m in READ_METHODS)),
+            cache_hit_ranges=int(self.value("dlfs_cache_hit_ranges_total")),
+            cache_miss_ranges=int(self.value("dlfs_cache_miss_ranges_total")),
+            errors=errors)

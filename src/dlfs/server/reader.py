@@ -391,8 +391,6 @@ def _short_read_error(plan: BatchPlan, short: ShortRead, describe) -> DataCorrup
 
 
 _nowait_supported = hasattr(os, "RWF_NOWAIT")
-# RWF_NOWAIT reads tried before a window with no cache hit is deemed cold.
-NOWAIT_PROBE_PIECES = 16
 
 
 @contextlib.contextmanager
@@ -421,7 +419,7 @@ def _read_cached(files: ExtentFiles, dataset_id: int, pieces: list[Piece],
 
     Returns the pieces (or their remainders) that still need a blocking read.
     One `preadv(RWF_NOWAIT)` per piece; stops early, returning everything,
-    when the first NOWAIT_PROBE_PIECES pieces all miss, and where the file
+    when the first `limits.nowait_probe_pieces` pieces all miss, and where the file
     system does not support RWF_NOWAIT.
     """
     global _nowait_supported
@@ -430,7 +428,7 @@ def _read_cached(files: ExtentFiles, dataset_id: int, pieces: list[Piece],
     missed: list[Piece] = []
     with _with_fds(files, dataset_id, pieces) as walk:
         for index, (fd, piece) in enumerate(walk):
-            if index == NOWAIT_PROBE_PIECES and len(missed) == index:
+            if index == limits.nowait_probe_pieces and len(missed) == index:
                 # Nothing cached so far: a cold window; leave the rest to the
                 # reader threads rather than paying a syscall per piece here.
                 return pieces

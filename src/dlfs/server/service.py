@@ -10,8 +10,6 @@ import logging
 import os
 import time
 
-import dlfs
-
 import grpc
 
 from dlfs import limits, wire
@@ -19,8 +17,8 @@ from dlfs.errors import Cancelled, InvalidArgument, Overloaded, ReplyTooLarge
 from dlfs.proto import dlfs_pb2 as pb
 from dlfs.proto import dlfs_pb2_grpc
 from dlfs.server import convert
-from dlfs.server.store import Store, scrub
-from dlfs.types import DatasetInfo
+from dlfs.server.store import Store
+from dlfs.version import __version__
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +96,7 @@ class DlfsServicer(dlfs_pb2_grpc.DlfsServicer):
         if request.prefetch_ids:
             _, hint = self.store.plan(dataset, ids=convert.ids_array(request.prefetch_ids))
             try:
-                self._hint(dataset, hint)
+                self.store.hint(dataset, hint)
             except Overloaded:
                 pass  # a hint that cannot be queued is dropped: it only costs speed
         return plan
@@ -108,7 +106,7 @@ class DlfsServicer(dlfs_pb2_grpc.DlfsServicer):
         ids = convert.ids_array(request.ids) if request.ids else None
         paths = list(request.paths) if request.paths else None
         _checked, plan = self.store.plan(dataset, ids=ids, paths=paths)
-        self._hint(dataset, plan)
+        self.store.hint(dataset, plan)
         return pb.PrefetchReply(ranges=plan.ranges, bytes=plan.payload_bytes)
 
     def ReadRange(self, request, context):
@@ -122,43 +120,11 @@ class DlfsServicer(dlfs_pb2_grpc.DlfsServicer):
             yield from self._stream(dataset, plan, whole and not request.skip_verify, context)
         self._count("ReadRange", plan, started)
 
-    def _hint(self, dataset, plan) -> None:
-        try:
-            self.store.prefetcher.submit(dataset.dataset_id, plan)
-        except Overloaded:
-            self.store.metrics.prefetch_hints.labels("dropped").inc()
-            raise
-        self.store.metrics.prefetch_hints.labels("queued").inc()
-
     def _count(self, method: str, plan, started: float) -> None:
-        m = self.store.metrics
-        m.batches.labels(method).inc()
-        m.batch_latency.labels(method).observe(time.perf_counter() - started)
-        m.samples_served.inc(plan.request_lengths.size)
-        m.bytes_served.inc(plan.payload_bytes)
-        m.samples_coalesced.inc(plan.sample_ids.size - plan.ranges)
+        self.store.count_read(method, plan, time.perf_counter() - started)
 
     def Status(self, request, context):
-        store, m = self.store, self.store.metrics
-        store.refresh_gauges()
-        errors = {s.labels["code"]: int(s.value) for s in m.errors.collect()[0].samples
-                  if s.name.endswith("_total")}
-        return pb.StatusReply(
-            version=dlfs.__version__, uptime_s=time.time() - m.started,
-            data_dir=os.path.abspath(store.config.data_dir),
-            metrics_address=self.metrics_address,
-            datasets=int(m.value("dlfs_datasets")), samples=int(m.value("dlfs_samples_stored")),
-            bytes=int(m.value("dlfs_bytes_stored")),
-            catalog_bytes=int(m.value("dlfs_catalog_bytes")),
-            ingests_running=store.running_ingests(),
-            rpcs_in_flight=int(m.value("dlfs_rpcs_in_flight")),
-            samples_served=int(m.value("dlfs_samples_served_total")),
-            bytes_served=int(m.value("dlfs_bytes_served_total")),
-            batches_served=int(sum(m.value("dlfs_batches_total", method=x)
-                                   for x in ("GetBatch", "GetSmallBatch", "ReadRange"))),
-            cache_hit_ranges=int(m.value("dlfs_cache_hit_ranges_total")),
-            cache_miss_ranges=int(m.value("dlfs_cache_miss_ranges_total")),
-            errors=errors)
+        return convert.status_reply(self.store.status(), __version__, self.metrics_address)
 
     def _stream(self, dataset, plan, verify: bool, context):
         """Send a plan's payload as pre-encoded BatchChunks (see dlfs.wire); the
@@ -195,7 +161,7 @@ class DlfsServicer(dlfs_pb2_grpc.DlfsServicer):
 
     def Scrub(self, request, context):
         with self.store.reading(request.dataset) as dataset:
-            for checked, checked_bytes, bad in scrub(self.store, dataset):
+            for checked, checked_bytes, bad in self.store.scrub(dataset):
                 if not context.is_active():
                     raise Cancelled("the client cancelled the scrub")
                 yield pb.ScrubProgress(
@@ -256,20 +222,17 @@ class DlfsServicer(dlfs_pb2_grpc.DlfsServicer):
                     f"the ingest stream ended claiming {end.files} files and {end.bytes} bytes "
                     f"but carried {files} files and {data_bytes} bytes; nothing was kept")
             if start.prepare_only:
-                session.prepare()
-                self.store.hold_prepared(session)
-                return convert.dataset_info(DatasetInfo(
-                    session.name, session.samples, session.bytes, False, session.created_ns, 0))
-            return convert.dataset_info(session.commit())
+                return convert.dataset_info(self.store.prepare_ingest(session))
+            return convert.dataset_info(self.store.commit_ingest(session))
         except BaseException as exc:
             if session is not None:
-                session.abort(f"{type(exc).__name__}: {exc}")
+                self.store.abort_ingest(session, f"{type(exc).__name__}: {exc}")
             if isinstance(exc, grpc.RpcError) and not context.is_active():
                 raise Cancelled("the ingest stream broke off; nothing was kept") from exc
             raise
 
     def CommitIngest(self, request, context):
-        return convert.dataset_info(self.store.finish_prepared(request.dataset, commit=True))
+        return convert.dataset_info(self.store.commit_prepared(request.dataset))
 
     def _copy_kept(self, session, start, piece) -> None:
         """Store `piece`'s sample again from this daemon's copy in the dataset the
@@ -279,8 +242,7 @@ class DlfsServicer(dlfs_pb2_grpc.DlfsServicer):
                                   "must set replace")
         with self.store.reading(start.dataset) as replaced:
             sample_id = replaced.id_of(piece.path)
-            stored = (int(replaced.length[sample_id]), int(replaced.crc[sample_id]))
-            if stored != (piece.size, piece.crc32c):
+            if replaced.size_and_crc(sample_id) != (piece.size, piece.crc32c):
                 raise InvalidArgument(
                     f"kept sample {piece.path!r} differs from this daemon's copy in dataset "
                     f"{replaced.name!r} (size or CRC32C); send its bytes instead")
@@ -291,7 +253,7 @@ class DlfsServicer(dlfs_pb2_grpc.DlfsServicer):
         session.check_last_crc(piece.crc32c)
 
     def AbortIngest(self, request, context):
-        return convert.dataset_info(self.store.finish_prepared(request.dataset, commit=False))
+        return convert.dataset_info(self.store.abort_prepared(request.dataset))
 
     def DeleteDataset(self, request, context):
         return convert.dataset_info(self.store.delete(request.dataset))

@@ -1,0 +1,139 @@
+"""The ingest state machine: every transition through the Store, with exact errors."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from conftest import store_ingest as ingest
+from conftest import store_read as read
+from dlfs import limits
+from dlfs.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, Unavailable
+from dlfs.server.config import ServerConfig
+from dlfs.server.ingest_registry import IngestState
+from dlfs.server.store import Store
+
+
+@pytest.fixture
+def store(tmp_path):
+    store = Store.open(ServerConfig(data_dir=str(tmp_path / "data"), extent_bytes_max=8192))
+    yield store
+    store.close()
+
+
+def extent_dirs(store) -> list[int]:
+    return store.extents.dataset_ids_on_disk()
+
+
+def receive(store, name, files, replace=False):
+    session = store.begin_ingest(name, replace)
+    for path, data in files.items():
+        session.start_file(path, len(data), 0o100644, 1)
+        session.write(data)
+    store.check_invariants()
+    return session
+
+
+def test_two_phase_commit_publishes_only_at_commit(store):
+    session = receive(store, "ds", {"a": b"alpha", "b": b"beta"})
+    assert store.ingest_state(session) is IngestState.RECEIVING
+    summary = store.prepare_ingest(session)
+    assert (summary.name, summary.samples, summary.bytes, summary.sealed) == ("ds", 2, 9, False)
+    assert store.ingest_state(session) is IngestState.PREPARED
+    store.check_invariants()
+    with pytest.raises(NotFound, match="still being ingested"):
+        store.dataset("ds")
+    with pytest.raises(FailedPrecondition, match="is prepared, not receiving"):
+        store.commit_ingest(session)
+    assert store.commit_prepared("ds").sealed
+    assert store.ingest_state(session) is None
+    store.check_invariants()
+    assert read(store, store.dataset("ds"), [1, 0]) == [b"beta", b"alpha"]
+    with pytest.raises(NotFound, match="no prepared ingest"):
+        store.commit_prepared("ds")
+
+
+def test_abort_prepared_leaves_nothing(store):
+    session = receive(store, "ds", {"a": b"alpha"})
+    store.prepare_ingest(session)
+    summary = store.abort_prepared("ds")
+    assert (summary.samples, summary.sealed) == (1, False)
+    assert store.ingest_state(session) is None
+    assert extent_dirs(store) == []
+    assert store.summaries() == []
+    with pytest.raises(NotFound, match="no prepared ingest"):
+        store.abort_prepared("ds")
+
+
+def test_a_prepared_ingest_expires(store, monkeypatch):
+    monkeypatch.setattr(limits, "prepared_ingest_timeout_s", 0.05)
+    session = receive(store, "ds", {"a": b"alpha"})
+    store.prepare_ingest(session)
+    give_up = time.monotonic() + 30
+    while extent_dirs(store):  # the timer thread discards it
+        assert time.monotonic() < give_up, "the prepared ingest never expired"
+        time.sleep(0.01)
+    assert store.ingest_state(session) is None
+    store.check_invariants()
+    with pytest.raises(NotFound, match="no prepared ingest"):
+        store.commit_prepared("ds")
+    assert ingest(store, "ds", {"b": b"beta"}).samples == 1  # the name is free again
+
+
+def test_a_failed_commit_aborts_the_ingest(store):
+    session = store.begin_ingest("ds")
+    session.start_file("a", 5, 0o100644, 1)
+    session.write(b"al")
+    with pytest.raises(InvalidArgument, match="the stream ended inside file 'a'"):
+        store.commit_ingest(session)
+    assert store.ingest_state(session) is None
+    assert extent_dirs(store) == []
+    store.abort_ingest(session, "again")  # idempotent
+    with pytest.raises(NotFound, match="already been sealed or aborted"):
+        store.commit_ingest(session)
+
+
+def test_a_running_ingest_holds_its_name(store):
+    session = receive(store, "ds", {"a": b"first"})
+    with pytest.raises(AlreadyExists, match="being ingested by another client"):
+        store.begin_ingest("ds", replace=True)
+    assert [(s.name, s.sealed) for s in store.summaries()] == [("ds", False)]
+    store.commit_ingest(session)
+    replacing = receive(store, "ds", {"a": b"second"}, replace=True)
+    assert read(store, store.dataset("ds"), [0]) == [b"first"]  # until the replace commits
+    store.commit_ingest(replacing)
+    assert read(store, store.dataset("ds"), [0]) == [b"second"]
+    assert len(extent_dirs(store)) == 1
+
+
+def test_abort_after_seal_changes_nothing(store):
+    session = receive(store, "ds", {"a": b"alpha"})
+    store.commit_ingest(session)
+    store.abort_ingest(session, "too late")
+    assert read(store, store.dataset("ds"), [0]) == [b"alpha"]
+    assert len(extent_dirs(store)) == 1
+
+
+def test_a_closed_store_is_unavailable(tmp_path):
+    store = Store.open(ServerConfig(data_dir=str(tmp_path / "data")))
+    ingest(store, "ds", {"a": b"alpha"})
+    receiving = receive(store, "new", {"a": b"alpha"})
+    prepared = receive(store, "two", {"a": b"alpha"})
+    store.prepare_ingest(prepared)
+    store.close()
+    assert store.ingest_state(receiving) is None and store.ingest_state(prepared) is None
+    with pytest.raises(Unavailable, match="shutting down"):
+        store.begin_ingest("other")
+    with pytest.raises(Unavailable, match="shutting down"):
+        store.commit_ingest(receiving)
+    with pytest.raises(Unavailable, match="shutting down"):
+        store.commit_prepared("two")
+    with pytest.raises(Unavailable, match="shutting down"):
+        store.reading("ds")
+    with pytest.raises(Unavailable, match="shutting down"):
+        store.delete("ds")
+    store.close()  # idempotent
+    store = Store.open(ServerConfig(data_dir=str(tmp_path / "data")))
+    assert store.directory.names() == ["ds"]  # the running ingests were discarded
+    store.close()
