@@ -4,8 +4,13 @@
     client = Client("127.0.0.1:7010")
     ds = client.dataset("demo")
     samples = ds.get_batch([7, 3, 7, 12])
+
+`Client`, `Dataset` and the value types are loaded on first use, so that
+importing any part of the package (the daemon imports `dlfs.layout`,
+`dlfs.limits`, ...) does not load the client, gRPC stubs included.
 """
 
+import importlib as _importlib
 import os as _os
 
 # gRPC must know before it is first imported that this process may fork
@@ -14,10 +19,7 @@ import os as _os
 # setting wins.
 _os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "true")
 
-from dlfs.client import Client, Dataset, DatasetInfo, Entry  # noqa: E402
-from dlfs.logs import request_id  # noqa: E402
-from dlfs.version import __version__  # noqa: E402
-from dlfs.errors import (
+from dlfs.errors import (  # noqa: E402
     AlreadyExists,
     Cancelled,
     DataCorruption,
@@ -33,6 +35,11 @@ from dlfs.errors import (
     Unauthenticated,
     Unavailable,
 )
+from dlfs.version import __version__  # noqa: E402
+
+# Public names defined elsewhere, and the module that defines each.
+_LAZY = {"Client": "dlfs.client.client", "Dataset": "dlfs.client.dataset",
+         "DatasetInfo": "dlfs.types", "Entry": "dlfs.types", "request_id": "dlfs.logs"}
 
 __all__ = [
     "AlreadyExists", "Cancelled", "Client", "DataCorruption", "Dataset", "DatasetInfo",
@@ -40,3 +47,18 @@ __all__ = [
     "InvalidArgument", "NotFound", "Overloaded", "PermissionDenied", "StorageFull",
     "Unauthenticated", "Unavailable", "request_id",
 ]
+
+
+def __getattr__(name: str):
+    """`dlfs.Client` and friends, and submodules as attributes (`dlfs.limits`)."""
+    if name in _LAZY:
+        value = getattr(_importlib.import_module(_LAZY[name]), name)
+    else:
+        try:
+            value = _importlib.import_module(f"{__name__}.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"{__name__}.{name}":
+                raise  # the module exists but needs something missing
+            raise AttributeError(f"module 'dlfs' has no attribute {name!r}") from None
+    globals()[name] = value
+    return value

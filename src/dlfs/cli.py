@@ -134,7 +134,8 @@ def _print_status(st) -> None:
           f"{f', {st.ingests_running} ingest(s) running' if st.ingests_running else ''}")
     print(f"  served: {st.batches_served} reads, {st.samples_served} samples, "
           f"{_human_bytes(st.bytes_served)}; page-cache hits {hit_rate} of probed ranges")
-    print(f"  calls in flight: {st.rpcs_in_flight}; errors: {errors}")
+    print(f"  calls in flight: {st.rpcs_in_flight}; data connections: {st.data_connections}; "
+          f"errors: {errors}")
     print(f"  metrics: {'http://' + st.metrics_address + '/metrics' if st.metrics_address else 'not served (--metrics-listen)'}")
 
 

@@ -132,6 +132,11 @@ datapath_idle_timeout_s_default = 300.0
 datapath_stall_timeout_s_default = 30.0
 # HELLO must arrive this soon after a connection is accepted.
 datapath_hello_timeout_s = 10.0
+# Before closing a connection the daemon reads what the client still sends,
+# at most this much for at most this long, so its last ERROR frame is not
+# lost to a reset.
+datapath_drain_bytes_max = 1 * MiB
+datapath_drain_s = 1.0
 # Largest request frame body: a GET_BATCH of batch_ids_max ids and as many
 # hint ids (8 bytes each), plus the dataset name and a request id.
 datapath_request_bytes_max = 16 * batch_ids_max_default + 4 * KiB

@@ -21,6 +21,9 @@ class DatasetInfo:
     members: tuple = ()
     replicas: int = 0
     member_index: int = 0
+    # The sealed version described: never reused, new with every replace
+    # (0 while an ingest runs).  Reads may name it to refuse a newer one.
+    generation: int = 0
 
     @property
     def striped(self) -> bool:

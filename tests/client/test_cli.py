@@ -118,5 +118,5 @@ def test_status_and_metrics_endpoint(daemon_factory, tmp_path):
     assert f"metrics: {url}" in out
     text = urllib.request.urlopen(url, timeout=10).read().decode()
     assert "dlfs_samples_served_total 3.0" in text
-    assert 'dlfs_batch_latency_seconds_count{method="GetSmallBatch"} 1.0' in text
+    assert 'dlfs_batch_latency_seconds_count{method="DataBatch"} 1.0' in text  # the data path
     assert 'dlfs_errors_total{code="NOT_FOUND"} 1.0' in text

@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 from dlfs.errors import DataCorruption, DeadlineExceeded
 from dlfs.layout import HEADER_BYTES
 from dlfs.server.extents import ExtentFiles, ExtentStore, ExtentWriter
-from dlfs.server.reader import ReadEngine, plan_batch
+from dlfs.server.planning import plan_batch
+from dlfs.server.reader import ReadEngine
 
 
 def write_samples(root, sizes, extent_bytes_max=64 * 1024, seed=0):

@@ -54,8 +54,10 @@ class Client:
 
     Reads take the daemon's data path (`dlfs/proto/datapath.md`): sample
     bytes are received straight into a reply buffer or the caller's `out`,
-    and checked against their CRC32C here.  `data_path=False`, a daemon
-    serving TLS, or one without a data path: reads go through gRPC.
+    and checked against their CRC32C here: over the daemon's Unix socket
+    when this host reaches it, else TCP (`data_path="tcp"` or `"unix"`
+    picks one).  `data_path=False`, a daemon serving TLS, or one without a
+    data path: reads go through gRPC.
 
     With `direct=True` the client must run on the daemon's host with read
     access to its data dir: batches are then served from the extent files
@@ -68,7 +70,7 @@ class Client:
                  timeout_s: float = limits.metadata_timeout_s_default,
                  batch_timeout_s: float = limits.batch_timeout_s_default,
                  reconnect_timeout_s: float = limits.reconnect_timeout_s_default,
-                 direct: bool = False, data_path: bool = True, token: str | None = None,
+                 direct: bool = False, data_path: bool | str = True, token: str | None = None,
                  tls_ca: str | None = None, tls_cert: str | None = None,
                  tls_key: str | None = None):
         addresses = [address] if isinstance(address, str) else list(address)
@@ -87,9 +89,10 @@ class Client:
                        tls_cert=tls_cert, tls_key=tls_key)
         if data_path:
             pool = BufferPool()  # one per client: every member's replies recycle into it
+            socket = "auto" if data_path is True else data_path
 
             def daemon(address: str) -> DaemonTransport:
-                return DataPathTransport(address, pool=pool, **options)
+                return DataPathTransport(address, pool=pool, socket=socket, **options)
         else:
             def daemon(address: str) -> DaemonTransport:
                 return DaemonTransport(address, **options)

@@ -11,7 +11,7 @@ from dlfs.types import DatasetInfo, Entry
 def dataset_info(message: pb.DatasetInfo) -> DatasetInfo:
     return DatasetInfo(message.name, message.samples, message.bytes, message.sealed,
                        message.created_unix_ns, message.extents, tuple(message.members),
-                       message.replicas, message.member_index)
+                       message.replicas, message.member_index, message.generation)
 
 
 def entry(message: pb.Entry) -> Entry:
@@ -38,10 +38,11 @@ class DaemonStatus:
     cache_hit_ranges: int
     cache_miss_ranges: int
     errors: dict
+    data_connections: int = 0
 
 
 def daemon_status(address: str, m: pb.StatusReply) -> DaemonStatus:
     return DaemonStatus(address, m.version, m.uptime_s, m.data_dir, m.metrics_address, m.datasets,
                         m.samples, m.bytes, m.catalog_bytes, m.ingests_running, m.rpcs_in_flight,
                         m.samples_served, m.bytes_served, m.batches_served, m.cache_hit_ranges,
-                        m.cache_miss_ranges, dict(m.errors))
+                        m.cache_miss_ranges, dict(m.errors), m.data_connections)

@@ -231,7 +231,18 @@ class DataPath:
         self._open = 0
         self._pid = os.getpid()
         self._closed = False
+        # Whether any connection ever got a WELCOME: until then, failing to
+        # connect may mean the port is blocked rather than the daemon down.
+        self.ever_connected = False
+        # The last connect failed on every endpoint: the daemon is down, or
+        # restarted with another data port or instance.
+        self.unreachable = False
         _AFTER_FORK.add(self)
+
+    @property
+    def tcp_port(self) -> int:
+        """The data path's TCP port (0 when only its Unix socket is in use)."""
+        return next((e.address[1] for e in self._endpoints if e.family != socket.AF_UNIX), 0)
 
     @property
     def endpoint(self) -> Endpoint:
@@ -310,7 +321,10 @@ class DataPath:
                 continue
             if index:  # an earlier endpoint failed: prefer this one from now on
                 self._endpoints = self._endpoints[index:] + self._endpoints[:index]
+            self.ever_connected = True
+            self.unreachable = False
             return connection
+        self.unreachable = True
         assert last is not None
         raise last if isinstance(last, Unavailable) else Unavailable(str(last))
 
@@ -365,12 +379,21 @@ def _target(out, size: int, pool: BufferPool) -> np.ndarray:
     return pool.take(size) if out is None else out_array(out, size)
 
 
+def checksum_mismatch(sample: str, label: str, expected: int, got: int) -> DataCorruption:
+    """The error for a sample (named by `sample`) whose bytes fail their CRC32C here."""
+    return DataCorruption(
+        f"checksum mismatch for {sample} (received from {label}): stored CRC32C "
+        f"{expected:08x}, received {got:08x}; the daemon's copy or the transfer is damaged "
+        "(`dlfs scrub` checks the daemon's copy)")
+
+
 def _verify(samples: list[memoryview], crcs: np.ndarray, ids: np.ndarray, dataset: str,
             label: str) -> None:
     for sample, expected, sample_id in zip(samples, crcs.tolist(), ids.tolist()):
         got = crc32c.crc32c(sample)
         if got != expected:
-            raise DataCorruption(
-                f"checksum mismatch for sample {sample_id} of dataset {dataset!r} received from "
-                f"{label}: stored CRC32C {expected:08x}, received {got:08x}; the daemon's copy "
-                "or the transfer is damaged (`dlfs scrub` checks the daemon's copy)")
+            error = checksum_mismatch(f"sample {sample_id} of dataset {dataset!r}", label,
+                                      expected, got)
+            error.sample_id, error.expected, error.got = sample_id, expected, got
+            error.endpoint = label
+            raise error

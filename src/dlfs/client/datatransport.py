@@ -21,35 +21,47 @@ import numpy as np
 
 from dlfs import datawire, limits, logs
 from dlfs.client.buffers import BufferPool
-from dlfs.client.datapath import DataPath, endpoints
+from dlfs.client.datapath import DataPath, checksum_mismatch, endpoints
 from dlfs.client.requests import batch_size
 from dlfs.client.retry import call_with_retry
 from dlfs.client.transport import DaemonTransport
-from dlfs.errors import Unavailable
+from dlfs.errors import DataCorruption, DlfsError, InvalidArgument, Unavailable
 from dlfs.proto import dlfs_pb2 as pb
 
 log = logging.getLogger(__name__)
 
 # The data path of a transport, before it was asked for.
 _UNKNOWN = object()
+class _NoDataPath(Exception):
+    """The daemon offers no data path (any more): read through gRPC."""
+
+
+# Which of the data path's sockets a client uses.
+SOCKET_CHOICES = ("auto", "tcp", "unix")
 
 
 class DataPathTransport(DaemonTransport):
     """A daemon's transport whose reads take its data path when it offers one.
 
-    `pool` recycles reply buffers (one per client by default).  Thread-safe;
-    after `os.fork` the child opens its own data connections.
+    `pool` recycles reply buffers (one per client by default).  `socket`
+    picks the data path's endpoint: "auto" (the Unix socket when this host
+    reaches it, else TCP), "tcp" or "unix".  Thread-safe; after `os.fork`
+    the child opens its own data connections.
     """
 
     def __init__(self, address: str, *, token: str | None = None, tls_ca: str | None = None,
-                 pool: BufferPool | None = None, **options):
+                 pool: BufferPool | None = None, socket: str = "auto", **options):
+        if socket not in SOCKET_CHOICES:
+            raise InvalidArgument(f"data_path must be one of {', '.join(SOCKET_CHOICES)}, "
+                                  f"True or False, not {socket!r}")
         super().__init__(address, token=token, tls_ca=tls_ca, **options)
+        self._socket = socket
         self._token = token if token is not None else os.environ.get("DLFS_TOKEN", "")
         self._tls = bool(tls_ca if tls_ca is not None else os.environ.get("DLFS_TLS_CA", ""))
         self.pool = pool or BufferPool()
         self._lock = threading.Lock()
         self._data = _UNKNOWN
-        self._connected_once = False
+        self._worked = False  # some data connection of this transport got a WELCOME
 
     def close(self) -> None:
         data = self._data
@@ -65,46 +77,88 @@ class DataPathTransport(DaemonTransport):
             return self._data
 
     def get_batch(self, request: pb.GetBatchRequest, out=None) -> list[memoryview]:
-        data = self.data_path()
-        if data is None or not batch_size(request):
+        if self.data_path() is None or not batch_size(request):
             return super().get_batch(request, out)
         ids = self.ids_of(request)
         hints = np.asarray(request.prefetch_ids, dtype=np.int64)
-        return self._on_data_path(lambda: data.get_batch(
+        return self._on_data_path(request.dataset, lambda data: data.get_batch(
             request.dataset, ids, hints=hints, verify=not request.skip_verify, out=out,
             request_id=logs.current_request_id()).samples,
             fallback=lambda: super(DataPathTransport, self).get_batch(request, out))
 
     def read_range(self, request: pb.ReadRangeRequest) -> memoryview:
-        data = self.data_path()
-        if data is None:
+        if self.data_path() is None:
             return super().read_range(request)
         sample_id = request.id if not request.path else int(self.ids_of(
             pb.GetBatchRequest(dataset=request.dataset, paths=[request.path]))[0])
-        return self._on_data_path(lambda: data.read_range(
+        return self._on_data_path(request.dataset, lambda data: data.read_range(
             request.dataset, sample_id, request.offset, request.length,
             verify=not request.skip_verify, request_id=logs.current_request_id()).samples[0],
             fallback=lambda: super(DataPathTransport, self).read_range(request))
 
-    def _on_data_path(self, read, fallback):
-        """`read()` with retry on UNAVAILABLE; if the data path never answered at all,
-        give it up for gRPC (`fallback()`)."""
+    def _on_data_path(self, dataset: str, read, fallback):
+        """`read(data_path)`, retried on UNAVAILABLE like every read.
+
+        A daemon restarted since the data path was asked for listens on
+        another port: when connecting fails, the data path is asked for
+        again before the next attempt.  If it never answered at all (a
+        blocked port), reads give it up for gRPC (`fallback()`).  A
+        checksum mismatch is raised naming the sample's path too (one
+        Lookup, on that error only).
+        """
+        def attempt():
+            data = self.data_path()
+            if data is None:
+                raise _NoDataPath()
+            try:
+                return read(data)
+            except Unavailable:
+                if data.unreachable:
+                    self._forget(data)
+                raise
+
         try:
-            result = call_with_retry(read, address=self.address,
-                                     timeout_s=self.reconnect_timeout_s if self._connected_once
-                                     else 0.0)
+            return call_with_retry(attempt, address=self.address,
+                                   timeout_s=self.reconnect_timeout_s if self._worked else 0.0)
+        except _NoDataPath:
+            return fallback()
+        except DataCorruption as exc:
+            sample_id = getattr(exc, "sample_id", None)
+            if sample_id is None:
+                raise
+            raise checksum_mismatch(self._describe(dataset, sample_id), exc.endpoint,
+                                    exc.expected, exc.got) from None
         except Unavailable as exc:
-            if self._connected_once:
+            if self._worked:
                 raise
             log.warning("the data path of the DLFS daemon at %s cannot be reached (%s); reading "
                         "through gRPC instead", self.address, exc)
-            with self._lock:
-                data, self._data = self._data, None
-            if isinstance(data, DataPath):
-                data.close()
+            self._forget(None)
             return fallback()
-        self._connected_once = True
-        return result
+        finally:
+            data = self._data
+            if isinstance(data, DataPath) and data.ever_connected:
+                self._worked = True
+
+    def _forget(self, data: DataPath | None) -> None:
+        """Drop the data path `data` (ask again at the next read), or with None give the
+        data path up for this transport."""
+        with self._lock:
+            current = self._data
+            if data is not None and current is not data:
+                return  # another thread replaced it already
+            self._data = _UNKNOWN if data is not None else None
+        if isinstance(current, DataPath):
+            current.close()
+
+    def _describe(self, dataset: str, sample_id: int) -> str:
+        """Sample ID 'PATH' of dataset 'NAME', for error messages (the path if it can be had)."""
+        try:
+            lookup = pb.LookupRequest(dataset=dataset, ids=[sample_id])
+            path = self.call("Lookup", lookup, retry=False).entries[0].path
+        except (DlfsError, IndexError):
+            return f"sample {sample_id} of dataset {dataset!r}"
+        return f"sample {sample_id} {path!r} of dataset {dataset!r}"
 
     def _discover(self) -> DataPath | None:
         if self._tls:
@@ -128,7 +182,8 @@ class DataPathTransport(DaemonTransport):
             log.info("the DLFS daemon at %s speaks data path version %d, this client %d; "
                      "reading through gRPC", self.address, info.version, datawire.VERSION)
             return None
-        found = endpoints(self.address, info.port, info.unix_socket)
+        found = endpoints(self.address, info.port if self._socket != "unix" else 0,
+                          info.unix_socket if self._socket != "tcp" else "")
         if not found:
             return None
         return DataPath(found, instance=info.instance, token=self._token,

@@ -40,6 +40,16 @@ class ServerConfig:
     tls_client_ca: str = ""
     # Tokens file (see dlfs.server.auth); empty: no authentication.
     tokens_file: str = ""
+    # The data path (dlfs/proto/datapath.md): TCP port on the --listen host
+    # (0 picks one, -1 turns the data path off), and the Unix socket for
+    # clients on this host: a path, "@name" (abstract namespace), or ""
+    # for "@dlfs-PORT" with the gRPC port.  Off when TLS is configured.
+    data_port: int = 0
+    data_socket: str = ""
+    datapath_connections_max: int = limits.datapath_connections_max_default
+    datapath_idle_timeout_s: float = limits.datapath_idle_timeout_s_default
+    datapath_stall_timeout_s: float = limits.datapath_stall_timeout_s_default
+    datapath_buffer_bytes_max: int = limits.datapath_buffer_bytes_max_default
 
     def __post_init__(self):
         checks = [
@@ -65,6 +75,12 @@ class ServerConfig:
              "verify must be request, always or never"),
             (bool(self.tls_cert) == bool(self.tls_key), "give --tls-cert and --tls-key together"),
             (not self.tls_client_ca or self.tls_cert, "--tls-client-ca needs --tls-cert"),
+            (-1 <= self.data_port <= 65535, "data_port must be -1 (off), 0 (any) or a port"),
+            (1 <= self.datapath_connections_max, "datapath_connections_max must be at least 1"),
+            (0 < self.datapath_idle_timeout_s and 0 < self.datapath_stall_timeout_s,
+             "the data path timeouts must be positive"),
+            (self.chunk_bytes <= self.datapath_buffer_bytes_max,
+             "datapath_buffer_bytes_max must be at least chunk_bytes"),
         ]
         for ok, message in checks:
             if not ok:
@@ -86,4 +102,9 @@ SETTINGS_HELP = {
     "extent_bytes_max": "size at which a new extent file is started",
     "open_extents_max": "extent file descriptors kept open (LRU)",
     "coalesce_gap_bytes": "merge reads of samples at most this many bytes apart",
+    "data_port": "TCP port of the data path on the --listen host (0: any free one, -1: off)",
+    "datapath_connections_max": "data path connections served at once; more are refused",
+    "datapath_idle_timeout_s": "a data connection idle this long is closed",
+    "datapath_stall_timeout_s": "a reply the client does not read for this long is abandoned",
+    "datapath_buffer_bytes_max": "bytes of data path window buffers kept for reuse",
 }

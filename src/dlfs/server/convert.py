@@ -24,7 +24,8 @@ def dataset_info(summary: DatasetInfo) -> pb.DatasetInfo:
     return pb.DatasetInfo(name=summary.name, samples=summary.samples, bytes=summary.bytes,
                           sealed=summary.sealed, created_unix_ns=summary.created_ns,
                           extents=summary.extents, members=list(summary.members),
-                          replicas=summary.replicas, member_index=summary.member_index)
+                          replicas=summary.replicas, member_index=summary.member_index,
+                          generation=summary.generation)
 
 
 def cluster(start: pb.IngestStart) -> Cluster | None:
@@ -84,3 +85,9 @@ def status_reply(status: Status, version: str, metrics_address: str) -> pb.Statu
     """Status's fields are StatusReply's, but for the two the service knows."""
     return pb.StatusReply(version=version, metrics_address=metrics_address,
                           **dataclasses.asdict(status))
+
+
+def data_path_info(info) -> pb.DataPathInfo:
+    """GetDataPath's reply from a `datapath.DataPathInfo`."""
+    return pb.DataPathInfo(enabled=info.enabled, reason=info.reason, version=info.version,
+                           port=info.port, unix_socket=info.unix_socket, instance=info.instance)

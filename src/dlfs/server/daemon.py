@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import os
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from dlfs import datawire
 from dlfs.proto import dlfs_pb2_grpc
 from dlfs.server.auth import Authorizer, load_tokens
+from dlfs.server.datapath import DataPathInfo, DataPathServer
 from dlfs.server.interceptor import ErrorInterceptor, tolerant
 from dlfs.server.service import DlfsServicer
 from dlfs.server.store import Store
@@ -40,7 +43,10 @@ class Daemon:
                 ("grpc.max_concurrent_streams", config.streams_per_connection_max),
             ],
         )
-        self.servicer = DlfsServicer(store)
+        self.authorizer = authorizer
+        self.instance = os.urandom(16)  # this start's id: GetDataPath and WELCOME carry it
+        self.data_path: DataPathServer | None = None
+        self.servicer = DlfsServicer(store, self.data_path_info)
         _add_servicer(self.servicer, self.server)
         self.health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
@@ -70,15 +76,36 @@ class Daemon:
                         "" if config.tokens_file else ", ingest and delete datasets")
         if self.store.config.metrics_listen:
             self.servicer.metrics_address = self.store.metrics.serve(self.store.config.metrics_listen)
+        if config.data_port >= 0 and not config.tls_cert:
+            self.data_path = DataPathServer(
+                self.store, tcp_host=host, tcp_port=config.data_port,
+                unix_socket=config.data_socket or f"@dlfs-{bound}", authorizer=self.authorizer,
+                instance=self.instance, connections_max=config.datapath_connections_max,
+                idle_timeout_s=config.datapath_idle_timeout_s,
+                stall_timeout_s=config.datapath_stall_timeout_s,
+                buffer_bytes_max=config.datapath_buffer_bytes_max)
+            self.data_path.start()
         self.server.start()
         self.address = f"{host}:{bound}"
         for service in ("", SERVICE_NAME):
             self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
         return self.address
 
+    def data_path_info(self) -> DataPathInfo:
+        """What GetDataPath answers: where the data path listens, or why there is none."""
+        config = self.store.config
+        if self.data_path is None:
+            reason = ("the daemon serves TLS; reads go through gRPC" if config.tls_cert
+                      else "the daemon was started with --data-port -1")
+            return DataPathInfo(False, reason, datawire.VERSION, 0, "", self.instance)
+        return DataPathInfo(True, "", datawire.VERSION, self.data_path.port,
+                            self.data_path.unix_socket, self.instance)
+
     def stop(self, grace_s: float = 5.0) -> None:
         """Refuse new calls, let running ones finish for `grace_s`, then close the store."""
         self.health.enter_graceful_shutdown()
+        if self.data_path is not None:
+            self.data_path.stop()
         self.server.stop(grace_s).wait()
         self._executor.shutdown(wait=True, cancel_futures=True)
         self.store.close()

@@ -129,12 +129,17 @@ class DatasetIndex:
     def root(self) -> DirNode:
         return self.dirs[0]
 
+    @property
+    def generation(self) -> int:
+        """This sealed version's number: its dataset id, never reused (a replace gets a new one)."""
+        return self.dataset_id
+
     def summary(self) -> DatasetInfo:
         cluster = self.cluster
         return DatasetInfo(self.name, len(self), self.total_bytes, True, self.created_ns,
                            self.extents, tuple(cluster.members) if cluster else (),
                            cluster.replicas if cluster else 0,
-                           cluster.member_index if cluster else 0)
+                           cluster.member_index if cluster else 0, self.generation)
 
     def check_local(self, ids: np.ndarray) -> None:
         """Raise FailedPrecondition if any of `ids` is stored on other daemons only."""
@@ -201,6 +206,10 @@ class DatasetIndex:
     def describe(self, sample_id: int) -> str:
         """The sample named for error messages: sample ID 'PATH' of dataset 'NAME'.  O(1)."""
         return f"sample {sample_id} {self.path(sample_id)!r} of dataset {self.name!r}"
+
+    def describe_extent(self, extent_no: int) -> str:
+        """An extent named for error messages.  O(1)."""
+        return f"extent {extent_no} of dataset {self.name!r}"
 
     def size_and_crc(self, sample_id: int) -> tuple[int, int]:
         """(bytes, CRC32C) of sample `sample_id` as stored.  O(1).  Raises InvalidArgument."""

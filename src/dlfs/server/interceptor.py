@@ -23,6 +23,7 @@ from google.protobuf.message import DecodeError
 
 from dlfs import limits, logs
 from dlfs.errors import ERROR_CLASS_METADATA, DlfsError, InvalidArgument
+from dlfs.server.metrics import OPERATOR_CODES
 
 log = logging.getLogger(__name__)
 
@@ -174,9 +175,6 @@ def _wrap_stream(behavior, call: _Call, streaming: bool):
     return wrapped
 
 
-# Failures that say something about the daemon (its disk, its data, its load)
-# rather than about the request; an operator should see them.
-_OPERATOR_CODES = frozenset({"DATA_LOSS", "RESOURCE_EXHAUSTED", "UNAVAILABLE"})
 
 
 def _abort(context: grpc.ServicerContext, exc: Exception, call: _Call):
@@ -185,7 +183,7 @@ def _abort(context: grpc.ServicerContext, exc: Exception, call: _Call):
         code = getattr(grpc.StatusCode, exc.status_code_name, grpc.StatusCode.UNKNOWN)
         call.code = code.name
         call.metrics.errors.labels(code.name).inc()
-        log.log(logging.WARNING if code.name in _OPERATOR_CODES else logging.DEBUG,
+        log.log(logging.WARNING if code.name in OPERATOR_CODES else logging.DEBUG,
                 "%s -> %s: %s", method, code.name, exc.message,
                 extra={"method": method, "code": code.name})
         # The exact class, so the client can raise e.g. StorageFull rather than

@@ -61,10 +61,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--log-format", default="text", choices=logs.FORMATS,
                         help="text lines, or one JSON object per line; both carry the "
                              "request id of the RPC being served")
+    parser.add_argument("--data-socket", default="", metavar="PATH|@NAME",
+                        help="Unix socket of the data path for clients on this host: a path, or "
+                             "@NAME in the abstract namespace (default: @dlfs-PORT with the "
+                             "gRPC port)")
     defaults = ServerConfig(data_dir=".")
     for field, help_text in SETTINGS_HELP.items():
-        parser.add_argument("--" + field.replace("_", "-"), type=int,
-                            default=getattr(defaults, field), help=help_text)
+        default = getattr(defaults, field)
+        parser.add_argument("--" + field.replace("_", "-"), type=type(default),
+                            default=default, help=help_text)
     return parser
 
 

@@ -18,8 +18,12 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 LATENCY_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0,
                      10.0, 30.0)
 
+# Failures that say something about the daemon (its disk, its data, its load)
+# rather than about the request; an operator should see them in the log.
+OPERATOR_CODES = frozenset({"DATA_LOSS", "RESOURCE_EXHAUSTED", "UNAVAILABLE"})
+
 # The read calls counted in dlfs_batches_total (its "method" label).
-READ_METHODS = ("GetBatch", "GetSmallBatch", "ReadRange")
+READ_METHODS = ("GetBatch", "GetSmallBatch", "ReadRange", "DataBatch", "DataRange")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,6 +44,7 @@ class Status:
     cache_hit_ranges: int
     cache_miss_ranges: int
     errors: dict[str, int]  # calls that failed, by status code name
+    data_connections: int
 
 
 class Metrics:
@@ -78,6 +83,8 @@ class Metrics:
         self.open_extents = Gauge("dlfs_open_extent_files", "Cached extent descriptors",
                                   registry=r)
         self.rpcs_in_flight = Gauge("dlfs_rpcs_in_flight", "Calls being served", registry=r)
+        self.data_connections = Gauge("dlfs_data_connections",
+                                      "Connections open on the data path", registry=r)
 
     def serve(self, listen: str) -> str:
         """Serve /metrics over HTTP on HOST:PORT (0 picks a port); return the bound address."""
@@ -98,6 +105,14 @@ class Metrics:
         self.samples_served.inc(plan.request_lengths.size)
         self.bytes_served.inc(plan.payload_bytes)
         self.samples_coalesced.inc(plan.sample_ids.size - plan.ranges)
+
+    def count_served(self, method: str, samples: int, payload_bytes: int,
+                     seconds: float) -> None:
+        """Count one data path request (one of READ_METHODS) of `samples` samples."""
+        self.batches.labels(method).inc()
+        self.batch_latency.labels(method).observe(seconds)
+        self.samples_served.inc(samples)
+        self.bytes_served.inc(payload_bytes)
 
     def set_stored(self, datasets: list, catalog_bytes: int, open_extents: int) -> None:
         """Bring the stored-data gauges up to date (`datasets`: the sealed
@@ -126,4 +141,4 @@ class Metrics:
                                    for m in READ_METHODS)),
             cache_hit_ranges=int(self.value("dlfs_cache_hit_ranges_total")),
             cache_miss_ranges=int(self.value("dlfs_cache_miss_ranges_total")),
-            errors=errors)
+            errors=errors, data_connections=int(self.value("dlfs_data_connections")))

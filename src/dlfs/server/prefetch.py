@@ -19,7 +19,8 @@ import threading
 from dlfs import limits
 from dlfs.errors import DataCorruption, Overloaded
 from dlfs.server.extents import ExtentFiles
-from dlfs.server.reader import BatchPlan, advise_willneed, window_pieces
+from dlfs.server.planning import BatchPlan, window_pieces
+from dlfs.server.reader import advise_willneed
 
 log = logging.getLogger(__name__)
 

@@ -1,23 +1,18 @@
-"""Read engine: plan a batch (dedupe, sort, coalesce), then read it in parallel.
+"""Read engine: long-lived reader threads that fill window buffers from extent files.
 
-A batch of sample locations becomes a `BatchPlan`:
+A read is a list of pieces (extent, file offset, buffer offset, bytes),
+planned by `dlfs.server.planning`.  Each window's pieces are first read by
+the calling thread with RWF_NOWAIT, which copies what the page cache holds
+and refuses to wait for the device; the misses are all submitted at once
+with WILLNEED advice and read by the reader threads in contiguous shares
+(`os.preadv` releases the GIL, so the device sees many reads at once).
 
-1. duplicate ids are read once;
-2. the unique samples are sorted by (extent, offset);
-3. runs of samples that sit back to back in one extent (at most
-   `coalesce_gap_bytes` apart) merge into ranges of at most about
-   `range_bytes_max` bytes: one `pread` each.
-
-The payload is the ranges concatenated in that order (including any
-coalesced gap bytes).  Each requested sample maps to an (offset, length)
-inside the payload, so duplicates and request order cost no copies.
-
-`ReadEngine.stream` cuts the payload into windows of `chunk_bytes`, hands
-each window's pieces to long-lived reader threads in contiguous shares
-(`os.preadv` releases the GIL, so the device sees up to `threads` reads at
-once), keeps `read_ahead_windows` windows in flight while the caller sends
-the previous one, and verifies each sample's CRC32C when asked.  Memory per
-stream is bounded by `(read_ahead_windows + 1) * chunk_bytes`.
+`ReadEngine.stream` serves a gRPC batch: it cuts a `BatchPlan`'s payload
+into windows of `chunk_bytes`, keeps `read_ahead_windows` windows in flight
+while the caller sends the previous one, and verifies each sample's CRC32C
+when asked; memory per stream is bounded by
+`(read_ahead_windows + 1) * chunk_bytes`.  `ReadEngine.read_into` fills one
+caller-owned buffer (the data path's reused windows).
 
 Nothing here imports grpc.
 """
@@ -26,7 +21,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import dataclasses
 import errno
 import os
 import threading
@@ -40,106 +34,7 @@ import numpy as np
 from dlfs import limits
 from dlfs.errors import DataCorruption, DeadlineExceeded, Overloaded
 from dlfs.server.extents import ExtentFiles
-
-
-@dataclasses.dataclass
-class BatchPlan:
-    """How to read one batch.  Arrays of ranges and unique samples are in payload order."""
-
-    payload_bytes: int
-    request_offsets: np.ndarray  # uint64, per requested sample
-    request_lengths: np.ndarray  # uint64
-    range_extent: np.ndarray  # uint32
-    range_file_offset: np.ndarray  # uint64
-    range_payload_offset: np.ndarray  # uint64
-    range_length: np.ndarray  # uint64
-    sample_ids: np.ndarray  # int64, unique samples
-    sample_payload_offset: np.ndarray  # uint64
-    sample_length: np.ndarray  # uint64
-    sample_crc: np.ndarray  # uint32
-
-    @property
-    def ranges(self) -> int:
-        return int(self.range_extent.size)
-
-
-def plan_batch(ids: np.ndarray, extent: np.ndarray, offset: np.ndarray, length: np.ndarray,
-               crc: np.ndarray, *, coalesce_gap_bytes: int = limits.coalesce_gap_bytes_default,
-               range_bytes_max: int = limits.range_bytes_max) -> BatchPlan:
-    """Plan the read of samples `ids` (validated, duplicates allowed).
-
-    `extent`, `offset`, `length`, `crc` are the dataset's per-id arrays.
-    Vectorized: O(k log k) for k requested ids, no Python loop per sample.
-    """
-    unique_ids, inverse = np.unique(ids, return_inverse=True)
-    n = unique_ids.size
-    if n == 0:
-        empty_u64 = np.empty(0, np.uint64)
-        return BatchPlan(0, empty_u64, empty_u64, np.empty(0, np.uint32), empty_u64, empty_u64,
-                         empty_u64, np.empty(0, np.int64), empty_u64, empty_u64,
-                         np.empty(0, np.uint32))
-    # Signed arithmetic from here on: offsets are far below 2**63 and
-    # differences must be allowed to go negative.
-    ext = extent[unique_ids].astype(np.int64)
-    off = offset[unique_ids].astype(np.int64)
-    size = length[unique_ids].astype(np.int64)
-    order = np.lexsort((off, ext))
-    unique_ids, ext, off, size = unique_ids[order], ext[order], off[order], size[order]
-    rank = np.empty_like(order)  # rank[j]: payload position of np.unique's j-th id
-    rank[order] = np.arange(n)
-    end = off + size
-    starts = np.ones(n, dtype=bool)
-    starts[1:] = (ext[1:] != ext[:-1]) | (off[1:] - end[:-1] > coalesce_gap_bytes)
-    # Split long runs so one range stays near range_bytes_max: a new range
-    # begins where a run's running byte count crosses a multiple of it.
-    run_start_off = off[starts][np.cumsum(starts) - 1]
-    bucket = (np.maximum(end - 1, off) - run_start_off) // max(range_bytes_max, 1)
-    starts[1:] |= bucket[1:] != bucket[:-1]
-    range_index = np.cumsum(starts) - 1
-    first = np.flatnonzero(starts)
-    range_file_offset = off[first]
-    range_length = np.maximum.reduceat(end, first) - range_file_offset
-    range_payload_offset = np.zeros(first.size, dtype=np.int64)
-    np.cumsum(range_length[:-1], out=range_payload_offset[1:])
-    sample_payload_offset = range_payload_offset[range_index] + (off - range_file_offset[range_index])
-    request_rank = rank[inverse]
-    request_offsets = sample_payload_offset[request_rank]
-    request_lengths = size[request_rank]
-    return BatchPlan(
-        payload_bytes=int(range_length.sum()),
-        request_offsets=request_offsets.astype(np.uint64, copy=False),
-        request_lengths=request_lengths.astype(np.uint64, copy=False),
-        range_extent=ext[first].astype(np.uint32, copy=False),
-        range_file_offset=range_file_offset.astype(np.uint64, copy=False),
-        range_payload_offset=range_payload_offset.astype(np.uint64, copy=False),
-        range_length=range_length.astype(np.uint64, copy=False),
-        sample_ids=unique_ids.astype(np.int64, copy=False),
-        sample_payload_offset=sample_payload_offset.astype(np.uint64, copy=False),
-        sample_length=size.astype(np.uint64, copy=False),
-        sample_crc=crc[unique_ids].astype(np.uint32, copy=False),
-    )
-
-
-# One contiguous piece of a window: (extent no, file offset, window offset, bytes).
-Piece = tuple[int, int, int, int]
-
-
-def window_pieces(plan: BatchPlan, start: int, stop: int) -> list[Piece]:
-    """The parts of the plan's ranges that fall into payload bytes [start, stop).
-
-    Vectorized: two bisects and a few array operations, one list at the end.
-    """
-    range_start = plan.range_payload_offset.astype(np.int64)
-    range_end = range_start + plan.range_length.astype(np.int64)
-    first = int(np.searchsorted(range_end, start, side="right"))
-    last = int(np.searchsorted(range_start, stop, side="left"))
-    part_start, part_end = range_start[first:last], range_end[first:last]
-    lo = np.maximum(part_start, start)
-    hi = np.minimum(part_end, stop)
-    keep = hi > lo
-    file_offset = plan.range_file_offset[first:last].astype(np.int64) + (lo - part_start)
-    return list(zip(plan.range_extent[first:last][keep].tolist(), file_offset[keep].tolist(),
-                    (lo[keep] - start).tolist(), (hi - lo)[keep].tolist()))
+from dlfs.server.planning import BatchPlan, Piece, window_pieces
 
 
 class ShortRead(Exception):
@@ -286,11 +181,29 @@ class ReadEngine:
                 for future in window.futures:
                     future.cancel()
 
-    def _start(self, dataset_id: int, plan: BatchPlan, start: int, stop: int,
-               buffer: memoryview | None = None) -> _Window:
-        if buffer is None:
-            buffer = memoryview(np.empty(stop - start, dtype=np.uint8)).cast("B")
-        pieces = window_pieces(plan, start, stop)
+    def read_into(self, dataset_id: int, pieces: list[Piece], buffer, *,
+                  describe_extent: Callable[[int], str], deadline: float | None = None) -> None:
+        """Fill `buffer` (writable, e.g. a reused window) as `pieces` say.
+
+        Page-cache hits are copied by the calling thread; misses are advised
+        at once and read by the reader threads.  Raises DataCorruption
+        naming the extent (via `describe_extent(extent_no)`) when an extent
+        ends early, DeadlineExceeded past `deadline`.
+        """
+        window = self._start_pieces(dataset_id, pieces, 0, memoryview(buffer).cast("B"))
+        try:
+            self._wait(dataset_id, window, deadline)
+        except ShortRead as short:
+            raise DataCorruption(
+                f"{describe_extent(short.extent_no)} is truncated: reading {short.wanted} bytes "
+                f"at offset {short.file_offset} got {short.got}; re-ingest the dataset") from None
+
+    def _start(self, dataset_id: int, plan: BatchPlan, start: int, stop: int) -> _Window:
+        buffer = memoryview(np.empty(stop - start, dtype=np.uint8)).cast("B")
+        return self._start_pieces(dataset_id, window_pieces(plan, start, stop), start, buffer)
+
+    def _start_pieces(self, dataset_id: int, pieces: list[Piece], start: int,
+                      buffer: memoryview) -> _Window:
         if self.metrics is not None:
             self.metrics.ranges_read.inc(len(pieces))
         if len(pieces) > limits.inline_ranges_max:
@@ -311,18 +224,25 @@ class ReadEngine:
     def _finish(self, dataset_id: int, window: _Window, plan: BatchPlan,
                 verifier: "_Verifier | None", describe, deadline: float | None
                 ) -> tuple[int, memoryview]:
-        if deadline is not None and time.monotonic() > deadline:
-            raise DeadlineExceeded("the read passed its deadline")
         try:
-            if window.pieces:
-                _read_pieces(self.files, dataset_id, window.pieces, window.buffer)
-            for future in window.futures:
-                future.result()
+            self._wait(dataset_id, window, deadline)
         except ShortRead as short:
             raise _short_read_error(plan, short, describe) from None
         if verifier is not None:
             verifier.check(window.start, window.buffer)
         return window.start, window.buffer
+
+
+    def _wait(self, dataset_id: int, window: _Window, deadline: float | None) -> None:
+        """Read the window's inline pieces and wait for its shares.  Raises ShortRead."""
+        if deadline is not None and time.monotonic() > deadline:
+            for future in window.futures:
+                future.cancel()
+            raise DeadlineExceeded("the read passed its deadline")
+        if window.pieces:
+            _read_pieces(self.files, dataset_id, window.pieces, window.buffer)
+        for future in window.futures:
+            future.result()
 
 
 class _Verifier:

@@ -13,7 +13,8 @@ import numpy as np
 from dlfs.errors import DataCorruption
 from dlfs.layout import NO_EXTENT
 from dlfs.server.directory import DatasetIndex
-from dlfs.server.reader import ReadEngine, plan_batch
+from dlfs.server.planning import plan_batch
+from dlfs.server.reader import ReadEngine
 
 # Samples verified per step (per progress report).
 CHUNK_SAMPLES = 4096

@@ -29,8 +29,11 @@ def _deadline(context: grpc.ServicerContext) -> float | None:
 
 
 class DlfsServicer(dlfs_pb2_grpc.DlfsServicer):
-    def __init__(self, store: Store):
+    """`data_path_info()` returns the daemon's `datapath.DataPathInfo` (GetDataPath)."""
+
+    def __init__(self, store: Store, data_path_info):
         self.store = store
+        self.data_path_info = data_path_info
         self.metrics_address = ""  # set by the daemon when it serves /metrics
 
     # --- metadata ----------------------------------------------------------------
@@ -122,6 +125,9 @@ class DlfsServicer(dlfs_pb2_grpc.DlfsServicer):
 
     def _count(self, method: str, plan, started: float) -> None:
         self.store.count_read(method, plan, time.perf_counter() - started)
+
+    def GetDataPath(self, request, context):
+        return convert.data_path_info(self.data_path_info())
 
     def Status(self, request, context):
         return convert.status_reply(self.store.status(), __version__, self.metrics_address)

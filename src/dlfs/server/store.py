@@ -36,7 +36,8 @@ from dlfs.server.ingest_registry import IngestRegistry, IngestState
 from dlfs.server.leases import ReadLeases
 from dlfs.server.metrics import Metrics, Status
 from dlfs.server.prefetch import Prefetcher
-from dlfs.server.reader import BatchPlan, ReadEngine
+from dlfs.server.planning import BatchPlan
+from dlfs.server.reader import ReadEngine
 from dlfs.server.replay import release_free_heap, restore
 from dlfs.server.scrub import scrub as scrub_dataset
 from dlfs.types import DatasetInfo
@@ -399,9 +400,33 @@ class Store:
             raise
         self.metrics.prefetch_hints.labels("queued").inc()
 
+    def read_into(self, dataset: DatasetIndex, pieces: list, buffer) -> None:
+        """Fill `buffer` with file pieces of `dataset` (see ReadEngine.read_into)."""
+        self._engine.read_into(dataset.dataset_id, pieces, buffer,
+                               describe_extent=lambda extent: dataset.describe_extent(extent))
+
+    def hint_ids(self, dataset: DatasetIndex, ids) -> None:
+        """A prefetch hint for sample ids riding on a read: ids out of range are
+        ignored and a full prefetch queue drops it (hints never fail a read)."""
+        ids = np.asarray(ids, dtype=np.int64)
+        ids = ids[(ids >= 0) & (ids < len(dataset))]
+        if dataset.cluster is not None:
+            ids = ids[dataset.extent[ids] != layout.NO_EXTENT]
+        try:
+            self.hint(dataset, planning.plan_batch(ids, dataset.extent, dataset.offset,
+                                                   dataset.length, dataset.crc))
+        except Overloaded:
+            pass
+
     def count_read(self, method: str, plan: BatchPlan, seconds: float) -> None:
         """Count one read call served (see Metrics.count_read)."""
         self.metrics.count_read(method, plan, seconds)
+
+    def count_served(self, method: str, samples: int, payload_bytes: int,
+                     started: float) -> None:
+        """Count one data path request served since `started` (time.perf_counter)."""
+        self.metrics.count_served(method, samples, payload_bytes,
+                                  time.perf_counter() - started)
 
     def scrub(self, dataset: DatasetIndex) -> Iterator[tuple[int, int, list[tuple[int, str]]]]:
         """Verify every locally stored sample of `dataset` (see scrub.scrub)."""

@@ -1,0 +1,73 @@
+"""Frames of the data path: every encoder's output parses back; garbage raises FrameError."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dlfs import datawire, errors
+
+
+def split(frame: bytes) -> tuple[int, bytes]:
+    kind, _flags, length = datawire.parse_frame(frame[:datawire.FRAME.size])
+    body = frame[datawire.FRAME.size:]
+    assert len(body) == length
+    return kind, body
+
+
+def test_hello_round_trip():
+    kind, body = split(datawire.hello("s3cr3t-token-0123"))
+    assert kind == datawire.Kind.HELLO
+    assert datawire.parse_hello(body) == (datawire.VERSION, "s3cr3t-token-0123")
+
+
+def test_get_batch_round_trip():
+    ids = np.array([5, 3, 5, 2**40], dtype=np.int64)
+    kind, body = split(b"".join(bytes(b) for b in datawire.get_batch(
+        "ds.v1", ids, generation=7, hints=np.array([9]), request_id="step-3")))
+    assert kind == datawire.Kind.GET_BATCH
+    request = datawire.parse_get_batch(memoryview(body))
+    assert (request.dataset, request.generation, request.request_id) == ("ds.v1", 7, "step-3")
+    assert request.ids.tolist() == ids.tolist() and request.hints.tolist() == [9]
+
+
+def test_read_range_and_stat_round_trip():
+    kind, body = split(datawire.read_range("ds", 12, 100, 0, generation=3))
+    assert kind == datawire.Kind.READ_RANGE
+    assert datawire.parse_read_range(body)[:5] == ("ds", 3, 12, 100, 0)
+    kind, body = split(datawire.stat_dataset("ds", "id-1"))
+    assert datawire.parse_stat_dataset(body) == ("ds", "id-1")
+
+
+def test_batch_header_round_trip():
+    lengths = np.array([3, 0, 5], dtype=np.uint64)
+    crcs = np.array([1, 2, 3], dtype=np.uint32)
+    kind, body = split(b"".join(bytes(b) for b in datawire.batch_header(9, lengths, crcs,
+                                                                         datawire.BATCH_CRCS)))
+    reply = datawire.parse_batch_header(memoryview(body))
+    assert (reply.generation, reply.payload_bytes, reply.flags) == (9, 8, datawire.BATCH_CRCS)
+    assert reply.lengths.tolist() == [3, 0, 5] and reply.crcs.tolist() == [1, 2, 3]
+
+
+@pytest.mark.parametrize("error", [errors.NotFound("no dataset 'x'"),
+                                   errors.StorageFull("disk full"),
+                                   errors.DataCorruption("sample 3 is damaged")])
+def test_errors_keep_their_class_and_message(error):
+    kind, body = split(datawire.error(error))
+    assert kind == datawire.Kind.ERROR
+    back = datawire.parse_error(body, "host:1")
+    assert type(back) is type(error) and back.message == error.message
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.binary(max_size=200))
+def test_garbage_bodies_raise_frame_errors_only(body):
+    for parse in (datawire.parse_hello, datawire.parse_get_batch, datawire.parse_read_range,
+                  datawire.parse_stat_dataset, datawire.parse_batch_header,
+                  datawire.parse_welcome, datawire.parse_dataset_reply):
+        try:
+            parse(memoryview(body))
+        except datawire.FrameError:
+            pass
