@@ -19,7 +19,8 @@ import pytest
 
 from conftest import unique_name, write_tree
 from dlfs import Client
-from mounting import is_mounted, mount_factory, requires_fuse, unmount  # noqa: F401 (fixture)
+from dlfs.launch import is_mounted, unmount
+from mounting import mount_factory, requires_fuse  # noqa: F401 (fixture)
 
 pytestmark = requires_fuse
 
@@ -90,13 +91,13 @@ def dataset(shared_daemon, tmp_path_factory):
 def test_tree_matches_source(dataset, mount_factory):
     address, name, source = dataset
     m = mount_factory(address)
-    root = os.path.join(m.path, name)
+    root = os.path.join(m.mountpoint, name)
     expected = snapshot(source)
     for rel, value in expected.items():
         if value[0] == "dir":
             expected[rel] = ("dir", DIR_MODE)  # directories are read-only, r-x for all
     assert snapshot(root) == expected
-    assert stat.S_ISDIR(os.stat(root).st_mode) and name in os.listdir(m.path)
+    assert stat.S_ISDIR(os.stat(root).st_mode) and name in os.listdir(m.mountpoint)
     # Owner: the user who mounted; blocks: what du needs.
     st = os.stat(os.path.join(root, "volumes/large.raw"))
     assert (st.st_uid, st.st_gid, st.st_nlink) == (os.getuid(), os.getgid(), 1)
@@ -110,22 +111,22 @@ def test_standard_tools(dataset, mount_factory):
     def run(*argv, cwd):
         return subprocess.run(argv, cwd=cwd, check=True, capture_output=True, text=True).stdout
 
-    assert sorted(run("find", ".", cwd=m.path).splitlines()) == \
+    assert sorted(run("find", ".", cwd=m.mountpoint).splitlines()) == \
         sorted(run("find", ".", cwd=source).splitlines())
-    assert sorted(run("find", ".", "-type", "f", cwd=m.path).splitlines()) == \
+    assert sorted(run("find", ".", "-type", "f", cwd=m.mountpoint).splitlines()) == \
         sorted(run("find", ".", "-type", "f", cwd=source).splitlines())
     total = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(source) for f in fs)
-    assert run("du", "-s", "-b", "--apparent-size", ".", cwd=m.path).split()[0] == str(total)
+    assert run("du", "-s", "-b", "--apparent-size", ".", cwd=m.mountpoint).split()[0] == str(total)
     files = ["train/cat/0002.jpg", "volumes/large.raw", "train/dog/ünïcödé name 名前.bin"]
-    assert run("md5sum", *files, cwd=m.path) == run("md5sum", *files, cwd=source)
+    assert run("md5sum", *files, cwd=m.mountpoint) == run("md5sum", *files, cwd=source)
     assert run("cat", "deep/" + "/".join(f"level{i}" for i in range(12)) + "/leaf.txt",
-               cwd=m.path) == "leaf\n"
-    listing = run("ls", "-l", "--time-style=+%s", "train/cat", cwd=m.path)
+               cwd=m.mountpoint) == "leaf\n"
+    listing = run("ls", "-l", "--time-style=+%s", "train/cat", cwd=m.mountpoint)
     assert re.search(r"-rwxr-xr-x 1 \S+ \S+ +4096 1500000000 0001\.jpg", listing), listing
-    assert run("stat", "-c", "%s %a %Y", "one.txt", cwd=m.path) == \
+    assert run("stat", "-c", "%s %a %Y", "one.txt", cwd=m.mountpoint) == \
         run("stat", "-c", "%s %a %Y", "one.txt", cwd=source)
     entries = {e.name: (e.is_dir(), e.is_file(), e.stat().st_size)
-               for e in os.scandir(os.path.join(m.path, "train", "cat"))}
+               for e in os.scandir(os.path.join(m.mountpoint, "train", "cat"))}
     assert entries == {"0001.jpg": (False, True, 4096), "0002.jpg": (False, True, 110 * 1024)}
 
 
@@ -136,7 +137,7 @@ def test_seek_and_partial_reads(dataset, mount_factory):
     for rel in ("volumes/large.raw", "val/8MiB-plus-one.bin", "train/dog/0001.jpg"):
         with open(os.path.join(source, rel), "rb") as f:
             data = f.read()
-        with open(os.path.join(m.path, name, rel), "rb", buffering=0) as f:
+        with open(os.path.join(m.mountpoint, name, rel), "rb", buffering=0) as f:
             for _ in range(60):
                 offset = rng.randrange(len(data) + 100)
                 length = rng.choice([1, 100, 4096, 131072, 1 << 20, 3 << 20])
@@ -146,7 +147,7 @@ def test_seek_and_partial_reads(dataset, mount_factory):
             f.seek(-10, os.SEEK_END)
             assert f.read() == data[-10:]
             assert f.read(5) == b""
-        with open(os.path.join(m.path, name, rel), "rb") as f:  # sequential, whole file
+        with open(os.path.join(m.mountpoint, name, rel), "rb") as f:  # sequential, whole file
             assert f.read() == data
 
 
@@ -155,7 +156,7 @@ def test_mmap_and_numpy(dataset, mount_factory):
     m = mount_factory(address)
     for rel in ("arrays/small.npy", "arrays/big.npy"):
         expected = np.load(os.path.join(source, rel))
-        mapped = np.load(os.path.join(m.path, name, rel), mmap_mode="r")
+        mapped = np.load(os.path.join(m.mountpoint, name, rel), mmap_mode="r")
         assert isinstance(mapped, np.memmap)
         rows = np.random.default_rng(5).integers(0, len(expected), 50)
         assert np.array_equal(mapped[rows], expected[rows])  # random page faults first
@@ -163,7 +164,7 @@ def test_mmap_and_numpy(dataset, mount_factory):
         del mapped
     with open(os.path.join(source, "volumes/large.raw"), "rb") as f:
         data = f.read()
-    with open(os.path.join(m.path, name, "volumes/large.raw"), "rb") as f:
+    with open(os.path.join(m.mountpoint, name, "volumes/large.raw"), "rb") as f:
         with mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as view:
             assert len(view) == len(data)
             rng = random.Random(11)
@@ -181,7 +182,7 @@ def _errno_of(call, *args) -> int:
 def test_writes_fail_with_erofs(dataset, mount_factory):
     address, name, source = dataset
     m = mount_factory(address)
-    root = os.path.join(m.path, name)
+    root = os.path.join(m.mountpoint, name)
     file = os.path.join(root, "one.txt")
     directory = os.path.join(root, "train")
     new = os.path.join(root, "new")
@@ -191,12 +192,12 @@ def test_writes_fail_with_erofs(dataset, mount_factory):
         "truncate on open": (os.open, file, os.O_WRONLY | os.O_TRUNC),
         "append": (open, file, "ab"),
         "create": (os.open, new, os.O_WRONLY | os.O_CREAT, 0o644),
-        "create in the root": (os.open, os.path.join(m.path, "x"), os.O_CREAT | os.O_WRONLY),
+        "create in the root": (os.open, os.path.join(m.mountpoint, "x"), os.O_CREAT | os.O_WRONLY),
         "mkdir": (os.mkdir, new),
-        "mkdir dataset": (os.mkdir, os.path.join(m.path, "newdataset")),
+        "mkdir dataset": (os.mkdir, os.path.join(m.mountpoint, "newdataset")),
         "rename file": (os.rename, file, new),
         "rename dir": (os.rename, directory, new),
-        "rename dataset": (os.rename, root, os.path.join(m.path, "renamed")),
+        "rename dataset": (os.rename, root, os.path.join(m.mountpoint, "renamed")),
         "unlink": (os.unlink, file),
         "rmdir": (os.rmdir, os.path.join(root, "deep")),
         "rmdir dataset": (os.rmdir, root),
@@ -219,12 +220,12 @@ def test_writes_fail_with_erofs(dataset, mount_factory):
 def test_missing_names(dataset, mount_factory):
     address, name, source = dataset
     m = mount_factory(address)
-    root = os.path.join(m.path, name)
+    root = os.path.join(m.mountpoint, name)
     assert _errno_of(os.stat, os.path.join(root, "nope")) == errno.ENOENT
     assert _errno_of(os.stat, os.path.join(root, "nope")) == errno.ENOENT  # cached negative
     assert _errno_of(open, os.path.join(root, "train", "cat", "missing.jpg")) == errno.ENOENT
-    assert _errno_of(os.stat, os.path.join(m.path, "no-such-dataset")) == errno.ENOENT
-    assert _errno_of(os.stat, os.path.join(m.path, ".Trash-0")) == errno.ENOENT
+    assert _errno_of(os.stat, os.path.join(m.mountpoint, "no-such-dataset")) == errno.ENOENT
+    assert _errno_of(os.stat, os.path.join(m.mountpoint, ".Trash-0")) == errno.ENOENT
     assert _errno_of(os.stat, os.path.join(root, "one.txt", "child")) == errno.ENOTDIR
     assert _errno_of(os.listdir, os.path.join(root, "one.txt")) == errno.ENOTDIR
     assert _errno_of(os.stat, os.path.join(root, "x" * 300)) == errno.ENAMETOOLONG
@@ -242,7 +243,7 @@ def test_concurrent_readers_share_the_loop(daemon, tmp_path, mount_factory):
     with Client(daemon.address) as client:
         client.ingest(str(tmp_path / "src"), "ds", progress=False)
     m = mount_factory(daemon.address, "--read-timeout", "20", "--metadata-timeout", "20")
-    root = os.path.join(m.path, "ds")
+    root = os.path.join(m.mountpoint, "ds")
     for c in range(4):
         os.listdir(os.path.join(root, f"c{c}"))  # names and attributes now in the mount
     cached = os.path.join(root, "c0/0000.bin")
@@ -291,7 +292,7 @@ def test_daemon_restart_while_mounted(daemon, tmp_path, mount_factory):
         client.ingest(str(tmp_path / "src"), "ds", progress=False)
     m = mount_factory(daemon.address, "--reconnect-timeout", "1", "--metadata-timeout", "3",
                       "--read-timeout", "3")
-    root = os.path.join(m.path, "ds")
+    root = os.path.join(m.mountpoint, "ds")
     names = sorted(os.listdir(root))
     assert names == sorted(tree)
     with open(os.path.join(root, names[0]), "rb") as f:
@@ -303,7 +304,7 @@ def test_daemon_restart_while_mounted(daemon, tmp_path, mount_factory):
     started = time.monotonic()
     assert _errno_of(lambda: open(os.path.join(root, names[1]), "rb").read()) == errno.EIO
     assert time.monotonic() - started < 10
-    assert _errno_of(os.stat, os.path.join(m.path, "other-dataset")) == errno.EIO
+    assert _errno_of(os.stat, os.path.join(m.mountpoint, "other-dataset")) == errno.EIO
     # A long outage: gRPC's reconnect backoff would grow past the retry window.
     until = time.monotonic() + 10
     index = 2
@@ -330,7 +331,7 @@ def test_frozen_daemon_gives_eio_in_bounded_time(daemon, tmp_path, mount_factory
     with Client(daemon.address) as client:
         client.ingest(str(tmp_path / "src"), "ds", progress=False)
     m = mount_factory(daemon.address, "--read-timeout", "2", "--metadata-timeout", "2")
-    root = os.path.join(m.path, "ds")
+    root = os.path.join(m.mountpoint, "ds")
     os.listdir(root)
     daemon.process.send_signal(19)  # SIGSTOP: connected, never answers
     try:
@@ -350,11 +351,11 @@ def test_new_and_replaced_datasets(daemon, tmp_path, mount_factory):
     with Client(daemon.address) as client:
         client.ingest(str(tmp_path / "v1"), "ds", progress=False)
         m = mount_factory(daemon.address)
-        assert os.listdir(m.path) == ["ds"]
-        f = open(os.path.join(m.path, "ds", "x.bin"), "rb", buffering=0)
+        assert os.listdir(m.mountpoint) == ["ds"]
+        f = open(os.path.join(m.mountpoint, "ds", "x.bin"), "rb", buffering=0)
         client.ingest(str(tmp_path / "v1"), "added", progress=False)
-        assert sorted(os.listdir(m.path)) == ["added", "ds"]  # no remount needed
-        with open(os.path.join(m.path, "added", "y.bin"), "rb") as g:
+        assert sorted(os.listdir(m.mountpoint)) == ["added", "ds"]  # no remount needed
+        with open(os.path.join(m.mountpoint, "added", "y.bin"), "rb") as g:
             assert g.read() == b"y"
         client.ingest(str(tmp_path / "v2"), "ds", replace=True, progress=False)
     # The open file's size no longer matches what the daemon serves: ESTALE,
@@ -367,10 +368,10 @@ def test_new_and_replaced_datasets(daemon, tmp_path, mount_factory):
 def test_sigterm_unmounts_cleanly(dataset, mount_factory):
     address, name, _ = dataset
     m = mount_factory(address)
-    os.listdir(os.path.join(m.path, name))
+    os.listdir(os.path.join(m.mountpoint, name))
     m.process.terminate()
     assert m.process.wait(20) == 0
-    assert not is_mounted(m.path)
+    assert not is_mounted(m.mountpoint)
     assert "SIGTERM: unmounting" in m.log() and "unmounted" in m.log()
 
 
