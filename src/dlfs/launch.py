@@ -158,6 +158,7 @@ class DaemonProcess(_Launched):
         self.startup_s = time.monotonic() - started
         with open(self._address_file) as f:
             self.address = f.read().strip()
+        os.unlink(self._address_file)
         return self.address
 
     def stop(self, grace_s: float = STOP_GRACE_S) -> int:
@@ -260,6 +261,7 @@ class MountProcess(_Launched):
             unmount(self.mountpoint)
             _kill(self.process)
             raise
+        os.unlink(self._ready_file)
         assert is_mounted(self.mountpoint), f"{self.module} is ready but nothing is mounted"
         return self
 
