@@ -8,7 +8,7 @@ Modules, in the order data flows:
 
 - `datagen`     generate the workloads (cached between runs) in three stores:
                 a one-file-per-sample tree, an LMDB, a DLFS data dir
-- `processes`   the daemon (and FUSE mount) as real subprocesses
+- `processes`   the daemon as `dlfs.launch` starts it, logging warnings only
 - `contenders`  one class per way of reading a batch
 - `measure`     timed runs, latency percentiles, cold/warm page cache, RSS
 - `runner`      warm-up and timed runs of every contender on one workload

@@ -16,10 +16,10 @@ import os
 import sys
 import time
 
-from bench import datagen, memory, report, runner
+from bench import datagen, memory, processes, report, runner
 from bench.contenders import BenchEnv, all_contenders
-from bench.measure import CacheControl
-from bench.processes import Daemon, FuseMount, fuse_available
+from bench.measure import CacheControl, proc_status_kib
+from dlfs.launch import MountProcess, fuse_unavailable
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -76,19 +76,21 @@ def main(argv: list[str] | None = None) -> int:
     daemon_args += args.daemon_arg
     daemon_info: dict = {}
     measurements = []
-    with Daemon(os.path.join(data_dir, "dlfs"), os.path.join(data_dir, "daemon.log"),
-                daemon_args) as daemon:
-        daemon_info["rss_start_kib"] = daemon.rss_kib()
+    with processes.daemon(os.path.join(data_dir, "dlfs"), os.path.join(data_dir, "daemon.log"),
+                          daemon_args) as daemon:
+        daemon_info["rss_start_kib"] = proc_status_kib(daemon.pid, "VmRSS")
         daemon_info["startup_s"] = daemon.startup_s
-        fuse_reason = fuse_available()
+        fuse_reason = fuse_unavailable()
+        fuse_reason = fuse_reason and f"not available: {fuse_reason}"
         mountpoint = os.path.join(data_dir, "mnt")
         fuse = None
         if not fuse_reason:
             try:
-                fuse = FuseMount(daemon.address, mountpoint, os.path.join(data_dir, "fuse.log"))
-                fuse.__enter__()
+                fuse = MountProcess(daemon.address, mountpoint,
+                                    os.path.join(data_dir, "fuse.log")).start()
             except Exception as exc:  # noqa: BLE001 - the FUSE rows say why
-                fuse, fuse_reason = None, f"not available: mount failed: {exc}"
+                first_line = str(exc).splitlines()[0]  # the rest quotes fuse.log
+                fuse, fuse_reason = None, f"not available: mount failed: {first_line}"
         try:
             env = BenchEnv(daemon_address=daemon.address, o_direct_cold=not cache_control.root,
                            fio_runtime_s=settings.fio_runtime_s,
@@ -100,11 +102,11 @@ def main(argv: list[str] | None = None) -> int:
             for p in prepared:
                 measurements += runner.run_workload(p, contenders, caches, settings,
                                                     cache_control, progress)
-                daemon_info[f"rss_after_{p.workload.name}_kib"] = daemon.rss_kib()
-            daemon_info["hwm_end_kib"] = daemon.hwm_kib()
+                daemon_info[f"rss_after_{p.workload.name}_kib"] = proc_status_kib(daemon.pid, "VmRSS")
+            daemon_info["hwm_end_kib"] = proc_status_kib(daemon.pid, "VmHWM")
         finally:
             if fuse is not None:
-                fuse.__exit__()
+                fuse.unmount()
     memory_results = None
     if not args.no_memory:
         sizes = [2_000, 20_000] if args.quick else [100_000, 1_000_000]

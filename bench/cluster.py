@@ -28,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from bench.processes import Daemon
+from bench import processes
 from dlfs import Client
 from dlfs.client.placement import place
 
@@ -36,8 +36,8 @@ BATCH = 256
 
 
 def measure(daemons_count: int, samples: int, seconds: float, workdir: str) -> dict:
-    daemons = [Daemon(os.path.join(workdir, f"d{daemons_count}-{i}"),
-                      os.path.join(workdir, f"d{daemons_count}-{i}.log"))
+    daemons = [processes.daemon(os.path.join(workdir, f"d{daemons_count}-{i}"),
+                                os.path.join(workdir, f"d{daemons_count}-{i}.log"))
                for i in range(daemons_count)]
     for daemon in daemons:
         daemon.start()

@@ -37,11 +37,12 @@ import time
 
 import numpy as np
 
+from bench import processes
 from dlfs import Client
+from dlfs.launch import MountProcess
 
 MiB = 1024 * 1024
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-READY_TIMEOUT_S = 60.0
 PASS_ATTEMPTS = 5
 
 FULL = dict(files_4k=20000, files_110k=5000, large_files=2, large_bytes=140 * MiB,
@@ -53,82 +54,13 @@ SIZES = {"4k": 4096, "110k": 110 * 1024}
 
 # --- processes ------------------------------------------------------------------------------
 
-class Daemon:
-    def __init__(self, root: str):
-        self.root = root
-        self.process: subprocess.Popen | None = None
-        self.address = ""
-
-    def __enter__(self) -> "Daemon":
-        address_file = os.path.join(self.root, "daemon.addr")
-        log = open(os.path.join(self.root, "daemon.log"), "ab")
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "dlfs.server.main", "--data-dir",
-             os.path.join(self.root, "daemon"), "--listen", "127.0.0.1:0",
-             "--address-file", address_file], stdout=log, stderr=log)
-        log.close()
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while not os.path.exists(address_file):
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("dlfs-server did not start; see " + self.root + "/daemon.log")
-            time.sleep(0.05)
-        with open(address_file) as f:
-            self.address = f.read().strip()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.process.terminate()
-        self.process.wait(60)
+def dlfs_mount(address: str, root: str, name: str) -> MountProcess:
+    return MountProcess(address, os.path.join(root, name), os.path.join(root, name + ".log"))
 
 
-def is_mounted(path: str) -> bool:
-    with open("/proc/self/mounts") as f:
-        return any(line.split()[1] == os.path.realpath(path) for line in f)
-
-
-class Mount:
-    """`argv` serving `mountpoint` in the foreground; unmounted on exit."""
-
-    def __init__(self, argv: list[str], mountpoint: str, log_path: str):
-        self.argv = argv
-        self.mountpoint = mountpoint
-        self.log_path = log_path
-        self.process: subprocess.Popen | None = None
-
-    def __enter__(self) -> "Mount":
-        os.makedirs(self.mountpoint, exist_ok=True)
-        log = open(self.log_path, "ab")
-        self.process = subprocess.Popen(self.argv, stdout=log, stderr=log)
-        log.close()
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while not is_mounted(self.mountpoint):
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"{self.argv[:4]} did not mount; see {self.log_path}")
-            time.sleep(0.05)
-        os.listdir(self.mountpoint)  # answers
-        return self
-
-    def __exit__(self, *exc) -> None:
-        subprocess.run(["fusermount3", "-u", self.mountpoint], capture_output=True)
-        try:
-            self.process.wait(30)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-            subprocess.run(["fusermount3", "-u", "-z", self.mountpoint], capture_output=True)
-
-
-def dlfs_mount(address: str, root: str, name: str) -> Mount:
-    mountpoint = os.path.join(root, name)
-    return Mount([sys.executable, "-m", "dlfs.fuse.main", address, mountpoint, "--foreground",
-                  "--log-file", os.path.join(root, name + ".log")], mountpoint,
-                 os.path.join(root, name + ".stderr"))
-
-
-def naive_mount(address: str, root: str) -> Mount:
-    mountpoint = os.path.join(root, "naive")
-    return Mount([sys.executable, "-m", "bench.naive_fuse", address, mountpoint], mountpoint,
-                 os.path.join(root, "naive.log"))
+def naive_mount(address: str, root: str) -> MountProcess:
+    return MountProcess(address, os.path.join(root, "naive"), os.path.join(root, "naive.log"),
+                        module="bench.naive_fuse")
 
 
 # --- data -----------------------------------------------------------------------------------
@@ -268,7 +200,7 @@ def run(cfg: dict, root: str, cold_ok: bool) -> tuple[dict, dict]:
                 f.write(rng.bytes(4 * MiB))
     caches = ["cold", "warm"] if cold_ok else ["warm"]
     small: dict[tuple, list[float]] = {}
-    with Daemon(root) as daemon:
+    with processes.daemon(os.path.join(root, "daemon"), os.path.join(root, "daemon.log")) as daemon:
         with Client(daemon.address) as client:
             for name in ("s4k", "s110k", "large"):
                 client.ingest(os.path.join(src, name), name, progress=False)

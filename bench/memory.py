@@ -134,7 +134,7 @@ def _build_restart_data_dir(data_dir: str, n: int, log) -> float:
 
 def daemon_restart(data_dir: str, n: int, log=print) -> dict:
     """Start the real daemon on an empty and on an n-sample data dir; RSS and start time."""
-    from bench.processes import Daemon
+    from bench import processes
 
     full_dir = os.path.join(data_dir, f"memory-{n}")
     empty_dir = os.path.join(data_dir, "memory-empty")
@@ -142,11 +142,12 @@ def daemon_restart(data_dir: str, n: int, log=print) -> dict:
     out = {"samples": n, "write_s": write_s}
     for label, directory in (("empty", empty_dir), ("full", full_dir)):
         os.makedirs(directory, exist_ok=True)
-        with Daemon(directory, os.path.join(data_dir, f"memory-daemon-{label}.log")) as daemon:
+        with processes.daemon(directory,
+                              os.path.join(data_dir, f"memory-daemon-{label}.log")) as daemon:
             time.sleep(0.5)  # let the gRPC threads settle
             out[f"{label}_startup_s"] = daemon.startup_s
-            out[f"{label}_rss_kib"] = daemon.rss_kib()
-            out[f"{label}_hwm_kib"] = daemon.hwm_kib()
+            out[f"{label}_rss_kib"] = proc_status_kib(daemon.pid, "VmRSS")
+            out[f"{label}_hwm_kib"] = proc_status_kib(daemon.pid, "VmHWM")
     out["rss_delta_bytes"] = (out["full_rss_kib"] - out["empty_rss_kib"]) * 1024
     out["bytes_per_sample"] = out["rss_delta_bytes"] / n
     out["peak_bytes_per_sample"] = (out["full_hwm_kib"] - out["empty_rss_kib"]) * 1024 / n

@@ -1,6 +1,6 @@
 """A naive pyfuse3 file system over DLFS: the baseline `fuse_bench` compares against.
 
-    python -m bench.naive_fuse ADDR MOUNTPOINT      # serves until fusermount3 -u
+    python -m bench.naive_fuse ADDR MOUNTPOINT [--ready-file PATH]   # serves until fusermount3 -u
 
 What a first attempt looks like: every lookup and getattr is a Stat RPC,
 every read call is one ReadRange RPC for exactly the bytes the kernel asked
@@ -12,8 +12,10 @@ not about blocking the event loop.  Not for use; for measurement only.
 
 from __future__ import annotations
 
+import argparse
 import errno
 import itertools
+import os
 import stat
 import sys
 
@@ -111,13 +113,29 @@ class NaiveFs(pyfuse3.Operations):
         self.files.pop(fh, None)
 
 
+async def serve(mountpoint: str, ready_file: str | None) -> None:
+    """Serve until unmounted; write `ready_file` once a stat of the mount answers."""
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(pyfuse3.main)
+        await trio.to_thread.run_sync(os.stat, mountpoint)
+        if ready_file:
+            with open(ready_file, "w") as f:
+                f.write(f"{os.getpid()}\n")
+
+
 def main(argv: list[str]) -> int:
-    address, mountpoint = argv
-    client = Client(address)
+    parser = argparse.ArgumentParser(prog="python -m bench.naive_fuse")
+    parser.add_argument("address")
+    parser.add_argument("mountpoint")
+    parser.add_argument("--foreground", action="store_true",
+                        help="accepted for dlfs-mount's command line; always in the foreground")
+    parser.add_argument("--ready-file", help="written once the mount answers, as by dlfs-mount")
+    args = parser.parse_args(argv)
+    client = Client(args.address)
     options = set(pyfuse3.default_options) | {"ro", "fsname=dlfs-naive"}
-    pyfuse3.init(NaiveFs(client), mountpoint, options)
+    pyfuse3.init(NaiveFs(client), args.mountpoint, options)
     try:
-        trio.run(pyfuse3.main)
+        trio.run(serve, args.mountpoint, args.ready_file)
     finally:
         pyfuse3.close(unmount=True)
     return 0

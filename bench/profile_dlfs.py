@@ -24,9 +24,8 @@ import subprocess
 import sys
 import time
 
-from bench import datagen
+from bench import datagen, processes
 from bench.measure import CacheControl
-from bench.processes import Daemon
 
 
 def top_functions(collapsed_path: str, limit: int = 25) -> str:
@@ -96,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     tag = f"{args.workload}-{args.cache}" + ("-noverify" if args.no_verify else "") + (
         f"-inflight{args.in_flight}" if args.in_flight > 1 else "")
     cache_control = CacheControl()
-    with Daemon(prepared.dlfs_data_dir, os.path.join(args.out, "daemon.log")) as daemon:
+    with processes.daemon(prepared.dlfs_data_dir, os.path.join(args.out, "daemon.log")) as daemon:
         client = Client(daemon.address)
         dataset = client.dataset(prepared.dataset)
         verify = not args.no_verify

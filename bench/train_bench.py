@@ -64,7 +64,7 @@ import time
 
 import numpy as np
 
-from bench.processes import Daemon
+from bench import processes
 
 SAMPLE_BYTES = 110 * 1024
 CLASSES = 10
@@ -447,7 +447,7 @@ def main(argv: list[str] | None = None) -> int:
     tree = prepare_files(args.data_dir, plan.samples)
     progress(f"train_bench: {plan.samples} files ready in {time.monotonic() - started:.0f} s")
     dlfs_dir = os.path.join(args.data_dir, "dlfs")
-    with Daemon(dlfs_dir, os.path.join(args.data_dir, "daemon.log")) as daemon:
+    with processes.daemon(dlfs_dir, os.path.join(args.data_dir, "daemon.log")) as daemon:
         name = f"train-{plan.samples}"
         ensure_dataset(daemon.address, tree, name, plan.samples)
         progress(f"train_bench: dataset {name} ingested ({time.monotonic() - started:.0f} s)")

@@ -3,79 +3,18 @@
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
-import sys
-import time
 import uuid
 
 import pytest
 
 from dlfs import Client
+from dlfs.launch import DaemonProcess, fuse_unavailable
 
-STARTUP_TIMEOUT_S = 30.0
-
-
-class DaemonProcess:
-    """A `dlfs-server` subprocess on a data dir; restartable on the same dir."""
-
-    def __init__(self, data_dir: str, log_path: str, extra_args: list[str] | None = None):
-        self.data_dir = data_dir
-        self.log_path = log_path
-        self.extra_args = list(extra_args or [])
-        self.process: subprocess.Popen | None = None
-        self.address = ""
-        self._address_file = os.path.join(os.path.dirname(log_path),
-                                          f"address-{uuid.uuid4().hex[:8]}")
-
-    def start(self, listen: str = "127.0.0.1:0") -> str:
-        assert self.process is None or self.process.poll() is not None
-        if os.path.exists(self._address_file):
-            os.unlink(self._address_file)
-        log = open(self.log_path, "ab")
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "dlfs.server.main", "--data-dir", self.data_dir,
-             "--listen", listen, "--address-file", self._address_file, *self.extra_args],
-            stdout=log, stderr=subprocess.STDOUT)
-        log.close()
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while not os.path.exists(self._address_file):
-            if self.process.poll() is not None:
-                raise RuntimeError(f"dlfs-server exited with {self.process.returncode}:\n"
-                                   + self.log())
-            if time.monotonic() > deadline:
-                self.kill()
-                raise RuntimeError("dlfs-server did not start in time:\n" + self.log())
-            time.sleep(0.02)
-        with open(self._address_file) as f:
-            self.address = f.read().strip()
-        return self.address
-
-    def stop(self, timeout_s: float = 30.0) -> int:
-        """SIGTERM and wait; returns the exit status."""
-        if self.process is None or self.process.poll() is not None:
-            return self.process.returncode if self.process else 0
-        self.process.send_signal(signal.SIGTERM)
-        return self.process.wait(timeout_s)
-
-    def kill(self) -> None:
-        """SIGKILL: no cleanup at all, as in a crash."""
-        if self.process is not None and self.process.poll() is None:
-            self.process.kill()
-            self.process.wait(10)
-
-    def restart(self) -> str:
-        """Stop cleanly and start again on the same port and data dir."""
-        port = self.address.rpartition(":")[2]
-        self.stop()
-        return self.start(f"127.0.0.1:{port}")
-
-    def alive(self) -> bool:
-        return self.process is not None and self.process.poll() is None
-
-    def log(self) -> str:
-        with open(self.log_path, "rb") as f:
-            return f.read().decode(errors="replace")
+# Skipped on a developer machine without FUSE; under CI (.ci/run sets CI=true)
+# a missing FUSE is a failure, not a skip.
+requires_fuse = pytest.mark.skipif(
+    not os.environ.get("CI") and bool(fuse_unavailable()),
+    reason=f"FUSE is not available: {fuse_unavailable()}")
 
 
 @pytest.fixture

@@ -13,27 +13,19 @@ ExecStop mounts, serves reads and unmounts, and the process exits 0.
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import stat
 import subprocess
 import sys
-import time
 
 import pytest
 
-from conftest import write_tree
+from conftest import requires_fuse, write_tree
 from dlfs import Client
 from dlfs.client.ingest import walk_tree
+from dlfs.launch import is_mounted, wait_for_file
 from systemd_units import (INSTALL_BIN, MOUNT_ENV, MOUNT_UNIT, SERVER_ENV, SERVER_UNIT,
                            command_line, one, parse_unit, unit_environment)
-
-START_TIMEOUT_S = 30.0
-
-requires_fuse = pytest.mark.skipif(
-    not os.environ.get("CI") and (shutil.which("fusermount3") is None
-                                  or not os.path.exists("/dev/fuse")),
-    reason="FUSE is not available (needs the fuse3 package and /dev/fuse)")
 
 
 def _local_bin(argv: list[str]) -> list[str]:
@@ -45,19 +37,6 @@ def _local_bin(argv: list[str]) -> list[str]:
 def _seconds(value: str) -> float:
     assert value.isdigit(), f"expected whole seconds, got {value!r}"
     return float(value)
-
-
-def _wait_for(predicate, timeout_s: float, what: str, process: subprocess.Popen, log_path: str):
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if process.poll() is not None:
-            with open(log_path) as f:
-                pytest.fail(f"{what}: the process exited with {process.returncode}:\n{f.read()}")
-        if time.monotonic() > deadline:
-            process.kill()
-            with open(log_path) as f:
-                pytest.fail(f"{what}: not within {timeout_s} s:\n{f.read()}")
-        time.sleep(0.05)
 
 
 def test_server_unit_command_serves_and_stops_on_its_kill_signal(tmp_path):
@@ -77,8 +56,7 @@ def test_server_unit_command_serves_and_stops_on_its_kill_signal(tmp_path):
     with open(log_path, "wb") as log:
         process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
     try:
-        _wait_for(lambda: os.path.exists(address_file), START_TIMEOUT_S, "serving", process,
-                  log_path)
+        wait_for_file(address_file, process, "dlfs-server", log_path)
         with open(address_file) as f:
             address = f.read().strip()
         with Client(address) as client:
@@ -92,11 +70,6 @@ def test_server_unit_command_serves_and_stops_on_its_kill_signal(tmp_path):
         if process.poll() is None:
             process.kill()
             process.wait()
-
-
-def _is_mounted(path: str) -> bool:
-    with open("/proc/self/mounts") as f:
-        return any(line.split()[1] == os.path.realpath(path) for line in f)
 
 
 @requires_fuse
@@ -134,7 +107,7 @@ def test_mount_unit_commands_mount_read_and_unmount(tmp_path, daemon):
                               timeout=run_timeout_s)
         with open(log_path) as f:
             assert post.returncode == 0, "ExecStartPost saw no mount:\n" + f.read()
-        assert _is_mounted(mountpoint)
+        assert is_mounted(mountpoint)
         with open(os.path.join(mountpoint, "train", "a.bin"), "rb") as f:
             assert f.read() == b"alpha" * 100
         assert sorted(os.listdir(mountpoint)) == ["README.txt", "train"]
@@ -145,9 +118,9 @@ def test_mount_unit_commands_mount_read_and_unmount(tmp_path, daemon):
         returncode = process.wait(_seconds(one(unit, "Service", "TimeoutStopSec")))
         with open(log_path) as f:
             assert returncode == 0, f.read()
-        assert not _is_mounted(mountpoint)
+        assert not is_mounted(mountpoint)
     finally:
-        if _is_mounted(mountpoint):
+        if is_mounted(mountpoint):
             subprocess.run(["fusermount3", "-u", "-z", mountpoint], capture_output=True)
         if process.poll() is None:
             process.kill()

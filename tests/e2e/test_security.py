@@ -11,6 +11,7 @@ import pytest
 import dlfs
 from conftest import write_tree
 from dlfs import Client
+from dlfs.launch import DaemonProcess
 from dlfs.proto import dlfs_pb2 as pb
 
 READ_TOKEN = "r" * 8 + "-read-token-0123"
@@ -44,8 +45,6 @@ def pki(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def secure_daemon(pki, tmp_path_factory):
-    from conftest import DaemonProcess
-
     root = tmp_path_factory.mktemp("secure")
     daemon = DaemonProcess(str(root / "data"), str(root / "daemon.log"), [
         "--tls-cert", str(pki / "server.pem"), "--tls-key", str(pki / "server.key"),

@@ -43,7 +43,7 @@ def big_dataset(shared_daemon, tmp_path_factory):
 def test_listing_through_the_mount(big_dataset, mount_factory):
     address, name = big_dataset
     m = mount_factory(address)
-    directory = os.path.join(m.path, name, "d")
+    directory = os.path.join(m.mountpoint, name, "d")
     expected = [name_of(i) for i in range(ENTRIES)]
     assert os.listdir(directory) == expected  # name order, every entry once
     entries = list(os.scandir(directory))
@@ -55,7 +55,7 @@ def test_listing_through_the_mount(big_dataset, mount_factory):
     count = subprocess.run(f"ls -f {directory} | wc -l", shell=True, check=True,
                            capture_output=True, text=True).stdout.strip()
     assert int(count) == ENTRIES  # ls -f lists in readdir order, without sorting
-    assert sorted(os.listdir(os.path.join(m.path, name))) == ["after.txt", "d"]
+    assert sorted(os.listdir(os.path.join(m.mountpoint, name))) == ["after.txt", "d"]
 
 
 def test_pages_are_fetched_one_at_a_time(big_dataset):

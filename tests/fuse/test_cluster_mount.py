@@ -26,11 +26,11 @@ def test_mount_of_a_striped_dataset_survives_a_killed_daemon(daemon_factory, mou
 
     def digests() -> dict[str, str]:
         found = {}
-        for root, _dirs, names in os.walk(os.path.join(mount.path, "ds")):
+        for root, _dirs, names in os.walk(os.path.join(mount.mountpoint, "ds")):
             for name in names:
                 path = os.path.join(root, name)
                 with open(path, "rb") as f:
-                    found[os.path.relpath(path, os.path.join(mount.path, "ds"))] = \
+                    found[os.path.relpath(path, os.path.join(mount.mountpoint, "ds"))] = \
                         hashlib.sha256(f.read()).hexdigest()
         return found
 

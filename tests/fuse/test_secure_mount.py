@@ -30,5 +30,5 @@ def test_mount_reads_with_a_token_from_the_environment(daemon_factory, mount_fac
     assert refused.returncode == 1 and "requires a token" in refused.stderr
     monkeypatch.setenv("DLFS_TOKEN", TOKEN)
     mount = mount_factory(daemon.address)
-    with open(os.path.join(mount.path, "ds", "a.txt"), "rb") as f:
+    with open(os.path.join(mount.mountpoint, "ds", "a.txt"), "rb") as f:
         assert f.read() == b"secret sample"

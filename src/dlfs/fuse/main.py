@@ -78,6 +78,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--debug", action="store_true", help="log every request (slow)")
     parser.add_argument("--log-format", default="text", choices=logs.FORMATS,
                         help="text lines, or one JSON object per line")
+    parser.add_argument("--ready-file", metavar="PATH",
+                        help="once the mount answers, write the pid of the process serving it "
+                             "to PATH (an old PATH is removed at start); for scripts and "
+                             "supervisors that wait for the mount")
     parser.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     for name in ("cache_timeout", "reconnect_timeout", "metadata_timeout", "read_timeout"):
@@ -93,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         _setup_logging(args)
     try:
         check_mountpoint(args.mountpoint)
+        check_ready_file(args.ready_file)
         if args.foreground:
             return run_foreground(args)
         return run_background(argv, args)
@@ -122,6 +127,21 @@ def check_mountpoint(path: str) -> None:
                          f"(`fusermount3 -u {path}`)")
     if not os.path.exists("/dev/fuse"):
         raise MountError("/dev/fuse is missing: install fuse3 and load the fuse kernel module")
+
+
+def check_ready_file(path: str | None) -> None:
+    """Remove a stale --ready-file `path`; MountError if its directory is missing."""
+    if path is None:
+        return
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        raise MountError(f"--ready-file {path}: directory {directory} does not exist")
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        raise MountError(f"--ready-file {path}: cannot remove the old file ({exc.strerror})")
 
 
 # --- background: start the foreground process and wait for it ------------------------------
@@ -254,10 +274,19 @@ async def _serve(operations: DlfsOperations, args: argparse.Namespace, what: str
                 _send(args.ready_fd, ERROR_PREFIX + f"mount does not answer: {exc}".encode())
             pyfuse3.terminate()
             return
+        if args.ready_file:
+            _write_ready_file(args.ready_file)
         log.info("serving %s of the DLFS daemon at %s at %s (read-only)", what,
                  operations.backend.address, args.mountpoint)
         if args.ready_fd is not None:
             _send(args.ready_fd, READY)
+
+
+def _write_ready_file(path: str) -> None:
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(f"{os.getpid()}\n")
+    os.replace(tmp, path)  # waiters never see a half-written pid
 
 
 async def _stop_on_signal(nursery: trio.Nursery) -> None:
