@@ -45,6 +45,7 @@ from torch.utils.data import Dataset, Sampler
 
 from dlfs import limits, profile
 from dlfs.ring import BatchRing, stack_into
+from dlfs.checks import check_int
 from dlfs.client import Client
 from dlfs.errors import InvalidArgument
 from dlfs.pipeline import HintSender, PipelineStats, batch_count
@@ -473,11 +474,9 @@ class ReadAhead(Sampler[list[int]]):
     def __init__(self, sampler: Sampler, dataset: DLFSDataset, *, batch_size: int,
                  batches: int = 4, drop_last: bool = False, hint_ahead: int = 0,
                  stack: bool = True, multiprocessing_context: str | None = None):
-        from dlfs.pipeline import _check_int
-
-        _check_int("batch_size", batch_size, 1, limits.pipeline_batch_size_max)
-        _check_int("batches", batches, 1, limits.pipeline_prefetch_batches_max)
-        _check_int("hint_ahead", hint_ahead, 0, limits.pipeline_hint_ahead_batches_max)
+        check_int("batch_size", batch_size, 1, limits.pipeline_batch_size_max)
+        check_int("batches", batches, 1, limits.pipeline_prefetch_batches_max)
+        check_int("hint_ahead", hint_ahead, 0, limits.pipeline_hint_ahead_batches_max)
         if not isinstance(dataset, DLFSDataset):
             raise InvalidArgument(f"ReadAhead reads through a DLFSDataset, not {dataset!r}")
         if dataset.transform is not None:
