@@ -43,10 +43,10 @@ from typing import Callable, NamedTuple, Sequence
 import numpy as np
 
 from dlfs import limits
+from dlfs.checks import check_int
 from dlfs.errors import DlfsError, InvalidArgument
 
 log = logging.getLogger(__name__)
-
 
 
 class Batch(NamedTuple):
@@ -97,9 +97,9 @@ class BatchPipeline:
     def __init__(self, ds, order: Sequence[int], batch_size: int, *, prefetch: int = 4,
                  hint_ahead: int = 0, drop_last: bool = False, verify: bool = True,
                  timeline=None):
-        _check_int("batch_size", batch_size, 1, limits.pipeline_batch_size_max)
-        _check_int("prefetch", prefetch, 1, limits.pipeline_prefetch_batches_max)
-        _check_int("hint_ahead", hint_ahead, 0, limits.pipeline_hint_ahead_batches_max)
+        check_int("batch_size", batch_size, 1, limits.pipeline_batch_size_max)
+        check_int("prefetch", prefetch, 1, limits.pipeline_prefetch_batches_max)
+        check_int("hint_ahead", hint_ahead, 0, limits.pipeline_hint_ahead_batches_max)
         ids = _as_ids(order)
         count = batch_count(len(ids), batch_size, drop_last)
         self._batches = [ids[i * batch_size:(i + 1) * batch_size] for i in range(count)]
@@ -299,9 +299,3 @@ def _as_ids(order) -> np.ndarray:
     if ids.dtype.kind == "i" and ids.min() < 0:
         raise InvalidArgument(f"order holds a negative sample id ({int(ids.min())})")
     return ids.astype(np.int64, copy=False)
-
-
-def _check_int(name: str, value, low: int, high: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) \
-            or not low <= value <= high:
-        raise InvalidArgument(f"{name} must be an integer in [{low}, {high}], not {value!r}")

@@ -310,6 +310,24 @@ def spool_span(spool_dir: str, name: str, start_ns: int, end_ns: int, *, cat: st
         handle.flush()
 
 
+class SpoolTimeline:
+    """A `Timeline` stand-in for another process: each recorded span goes to `spool_span`.
+
+    What a process that cannot reach the training process's `Timeline` (a
+    read-ahead helper) passes as ``timeline=`` to `dlfs.pipeline.iter_batches`;
+    the spans reach the Timeline when it merges `spool_dir`.  Picklable.
+    Cost: one `spool_span` per span.
+    """
+
+    def __init__(self, spool_dir: str):
+        self.spool_dir = spool_dir
+
+    def record(self, name: str, start_ns: int, end_ns: int, *, cat: str = "io",
+               args: dict | None = None) -> None:
+        """Spool one span of this process (perf_counter_ns times); see `Timeline.record`."""
+        spool_span(self.spool_dir, name, start_ns, end_ns, cat=cat, args=args)
+
+
 # --- summaries ------------------------------------------------------------------
 
 def _default_count(batch) -> int:

@@ -27,6 +27,7 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 
 from dlfs import limits
+from dlfs.checks import check_int
 from dlfs.errors import InvalidArgument
 
 Permute = Callable[[int, int], Sequence[int]]
@@ -90,12 +91,11 @@ class ShuffleShard:
     def __init__(self, n: int, *, seed: int = 0, rank: int = 0, world_size: int = 1,
                  drop_last: bool = False, shuffle: bool = True,
                  permute: Permute = numpy_permutation):
-        if not isinstance(n, (int, np.integer)) or not 0 <= n <= limits.shuffle_samples_max:
-            raise InvalidArgument(f"sample count {n!r} must be an integer in [0, {limits.shuffle_samples_max}]")
+        n = check_int("sample count", n, 0, limits.shuffle_samples_max)
         if not isinstance(seed, (int, np.integer)):
             raise InvalidArgument(f"seed must be an integer, not {seed!r}")
         _check_ranks(rank, world_size)
-        self.n = int(n)
+        self.n = n
         self.seed = int(seed)
         self.rank = int(rank)
         self.world_size = int(world_size)
@@ -138,12 +138,8 @@ class ShuffleShard:
 
 
 def _check_ranks(rank, world_size) -> None:
-    if not isinstance(world_size, (int, np.integer)) or not 1 <= world_size <= limits.world_size_max:
-        raise InvalidArgument(f"world size {world_size!r} must be an integer in "
-                              f"[1, {limits.world_size_max}]")
-    if not isinstance(rank, (int, np.integer)) or not 0 <= rank < world_size:
-        raise InvalidArgument(f"rank {rank!r} must be an integer in [0, {world_size - 1}] "
-                              f"for world size {world_size}")
+    world_size = check_int("world size", world_size, 1, limits.world_size_max)
+    check_int(f"rank (of world size {world_size})", rank, 0, world_size - 1)
 
 
 def _check_epoch(epoch) -> int:

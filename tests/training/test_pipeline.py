@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 import gc
+import itertools
 import threading
-import time
 
 import pytest
 
 from conftest import unique_name, write_tree
 from dlfs import Client, InvalidArgument
-from dlfs import limits
+from dlfs import limits, pipeline
 from dlfs.pipeline import iter_batches
 from dlfs.sampler import ShuffleShard
 
 SAMPLES = 53
+# A wait for another thread that never ends fails the test instead of hanging it.  Not
+# a speed bound: on a correct pipeline every wait ends as soon as the event happens.
+HANG_GUARD_S = 60
 
 
 @pytest.fixture(scope="module")
@@ -37,35 +40,76 @@ def content(i: int) -> bytes:
 
 
 class Concurrency:
-    """Delegates to a real Dataset and records how many get_batch calls overlap."""
+    """Delegates to a real Dataset and records how many get_batch calls overlap.
 
-    def __init__(self, ds, delay_s: float = 0.0):
+    With `fill`, the first get_batch calls wait for one another until `fill`
+    of them run at once (the window is full), so the overlap does not depend
+    on how fast the threads are scheduled.  See `send_hints_first` for hints.
+    Events are numbered in the order they happen (`requested`, `hints`).
+    """
+
+    def __init__(self, ds, fill: int = 0):
         self.ds = ds
-        self.delay_s = delay_s
+        self.fill = fill
+        self.hints_first = False
         self.running = 0
         self.most = 0
         self.calls = 0
-        self.hints: list[tuple[float, list[int]]] = []
-        self.requested: dict[int, float] = {}  # sample id -> when its batch was requested
-        self._lock = threading.Lock()
+        self.hints: list[tuple[int, list[int]]] = []  # (event number, ids) per hint sent
+        self.requested: dict[int, int] = {}  # sample id -> event number of its get_batch
+        self.hints_pending = 0  # queued by the pipeline, not yet sent
+        self._events = itertools.count()
+        self._changed = threading.Condition()
 
     def get_batch(self, ids, verify=True):
-        now = time.perf_counter()
-        with self._lock:
-            self.requested.update((int(i), now) for i in ids)
+        with self._changed:
+            if self.hints_first:
+                assert self._changed.wait_for(lambda: self.hints_pending == 0, HANG_GUARD_S)
+            event = next(self._events)
+            self.requested.update((int(i), event) for i in ids)
             self.running += 1
             self.calls += 1
             self.most = max(self.most, self.running)
+            self._changed.notify_all()
+            assert self._changed.wait_for(lambda: self.most >= self.fill, HANG_GUARD_S)
         try:
-            time.sleep(self.delay_s)
             return self.ds.get_batch(ids, verify=verify)
         finally:
-            with self._lock:
+            with self._changed:
                 self.running -= 1
 
     def prefetch(self, ids):
-        self.hints.append((time.perf_counter(), [int(i) for i in ids]))
-        return self.ds.prefetch(ids)
+        with self._changed:
+            self.hints.append((next(self._events), [int(i) for i in ids]))
+        try:
+            return self.ds.prefetch(ids)
+        finally:
+            if self.hints_first:
+                with self._changed:
+                    self.hints_pending -= 1
+                    self._changed.notify_all()
+
+    def send_hints_first(self, monkeypatch) -> None:
+        """Make each get_batch wait until every hint the pipeline has queued was sent.
+
+        The hint thread then always wins its race to the daemon.  Hints are
+        counted as the pipeline's HintSender queues them.
+        """
+        self.hints_first = True
+        counting = self
+
+        class CountedHintSender(pipeline.HintSender):
+            def submit(self, ids) -> bool:
+                with counting._changed:  # counted before the hint thread can send it
+                    counting.hints_pending += 1
+                accepted = super().submit(ids)
+                if not accepted:
+                    with counting._changed:
+                        counting.hints_pending -= 1
+                        counting._changed.notify_all()
+                return accepted
+
+        monkeypatch.setattr(pipeline, "HintSender", CountedHintSender)
 
 
 @pytest.mark.parametrize("batch_size,prefetch,drop_last", [(1, 1, False), (5, 4, False),
@@ -86,24 +130,24 @@ def test_batches_in_order_with_the_right_bytes(dataset, batch_size, prefetch, dr
 
 
 def test_at_most_prefetch_batches_in_flight(dataset):
-    counting = Concurrency(dataset, delay_s=0.02)
+    counting = Concurrency(dataset, fill=3)  # the first calls wait until the window is full
     batches = iter_batches(counting, list(range(SAMPLES)), 4, prefetch=3)
     for _ in batches:
-        time.sleep(0.03)  # a slow consumer: the window fills up
+        pass
     assert counting.calls == 14
     assert counting.most == 3
     assert batches.stats.batches == 14 and batches.stats.samples == SAMPLES
     assert pipeline_threads() == []
 
 
-def test_clairvoyant_hints_cover_the_batches_beyond_the_window(dataset):
+def test_clairvoyant_hints_cover_the_batches_beyond_the_window(dataset, monkeypatch):
     counting = Concurrency(dataset)
+    counting.send_hints_first(monkeypatch)  # a consumer never faster than the hint thread
     order = ShuffleShard(SAMPLES, seed=1).indices()
     batches = iter_batches(counting, order, 5, prefetch=2, hint_ahead=3)
     got = []
     for ids, _ in batches:
         got += [int(i) for i in ids]
-        time.sleep(0.02)  # a consumer slower than the hint thread
     assert got == order
     hinted = [i for _when, hint in counting.hints for i in hint]
     # Batches 0 and 1 are fetched at once; 2.. are hinted (in order, each once) before
@@ -121,7 +165,7 @@ def test_clairvoyant_hints_cover_the_batches_beyond_the_window(dataset):
 @pytest.mark.parametrize("how", ["break", "with-break", "exception", "close", "never-started"])
 def test_early_exit_stops_every_thread(dataset, how):
     before = set(threading.enumerate())
-    slow = Concurrency(dataset, delay_s=0.05)
+    slow = Concurrency(dataset, fill=4)  # the first 4 calls wait until all 4 run at once
     order = list(range(SAMPLES))
     if how == "break":
         for n, _batch in enumerate(iter_batches(slow, order, 2, prefetch=4)):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import multiprocessing
 import os
 import time
 
@@ -16,6 +17,7 @@ from dlfs.profile import SPOOL_PREFIX, Timeline, format_summary, spool_span
 
 SAMPLES = 40
 STEP_S = 0.02
+LOADER_TIMEOUT_S = 60  # a hung worker fails the test instead of hanging it
 
 
 @pytest.fixture(scope="module")
@@ -108,15 +110,40 @@ def test_dataloader_workers_spans_show_the_overlap(dataset, tmp_path):
 
     from dlfs.torch import DLFSDataset, ShuffleShardSampler
 
+    class FetchDuringFirstStep(DLFSDataset):
+        """Holds the fetch of batch `held` until the first step has started; tells when done.
+
+        The DataLoader asks for batch 4 when it hands out batch 0, so a worker
+        fetches it while step 0 runs, whatever the scheduling: step 0 starts
+        the fetch and waits for it to end.
+        """
+
+        def __init__(self, *args, held: list[int], **kwargs):
+            super().__init__(*args, **kwargs)
+            self.held = held
+            self.step_started = multiprocessing.Event()
+            self.fetched = multiprocessing.Event()
+
+        def __getitems__(self, indices):
+            if list(indices) != self.held:
+                return super().__getitems__(indices)
+            assert self.step_started.wait(LOADER_TIMEOUT_S)
+            items = super().__getitems__(indices)
+            self.fetched.set()
+            return items
+
     address, name = dataset
     trace = tmp_path / "loader.json"
-    ds = DLFSDataset(address, name)
-    loader = DataLoader(ds, batch_size=4, sampler=ShuffleShardSampler(len(ds), seed=0),
-                        num_workers=2, timeout=60)
+    sampler = ShuffleShardSampler(SAMPLES, seed=0)
+    ds = FetchDuringFirstStep(address, name, held=sampler.indices()[16:20])
+    loader = DataLoader(ds, batch_size=4, sampler=sampler, num_workers=2,
+                        timeout=LOADER_TIMEOUT_S)
     with Timeline(trace, print_summary=False) as tl:
-        for _samples, _labels in tl.wrap(loader):
+        for number, (_samples, _labels) in enumerate(tl.wrap(loader)):
             with tl.step():
-                time.sleep(STEP_S)
+                if number == 0:
+                    ds.step_started.set()
+                    assert ds.fetched.wait(LOADER_TIMEOUT_S)
     assert tl.summary()["batches"] == 10 and tl.summary()["samples"] == SAMPLES
     document = json.loads(trace.read_text())
     spans = check_chrome_trace(document)

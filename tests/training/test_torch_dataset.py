@@ -7,7 +7,6 @@ import gc
 import multiprocessing
 import os
 import threading
-import time
 
 import pytest
 
@@ -48,14 +47,21 @@ def tree(shared_daemon, tmp_path_factory):
     return shared_daemon.address, name, sorted(files)
 
 
-def load(dataset, sampler, num_workers, batch_size=5, **kwargs):
-    """Every (path, label) a DataLoader delivers, in delivery order."""
+def load(dataset, sampler, num_workers, batch_size=5, *, after_first_batch=None, **kwargs):
+    """Every (path, label) a DataLoader delivers, in delivery order.
+
+    `after_first_batch()` runs once the first batch has arrived, with the
+    epoch still under way.
+    """
     loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=num_workers,
                         timeout=LOADER_TIMEOUT_S if num_workers else 0, **kwargs)
     seen = []
     for samples, labels in loader:
         assert isinstance(samples, (list, tuple)) and isinstance(labels, torch.Tensor)
         seen += [(path_of(s), int(label)) for s, label in zip(samples, labels)]
+        if after_first_batch is not None:
+            after_first_batch()
+            after_first_batch = None
     return seen
 
 
@@ -198,7 +204,20 @@ def test_clairvoyant_hints_keep_the_order_and_reach_the_daemon(tree):
     sampler = ShuffleShardSampler(len(ds), seed=3)
     sampler.set_epoch(2)
     hinted = PrefetchHints(sampler, ds, ahead=15, chunk=5)
-    assert load(ds, hinted, 2) == load(ds, sampler, 0)
+    one_accepted = threading.Event()
+    send = ds.hint
+
+    def hint(indices):  # what PrefetchHints' thread calls: tells when the daemon took one
+        accepted = send(indices)
+        if accepted:
+            one_accepted.set()
+        return accepted
+
+    def wait_for_a_hint():  # mid-epoch, so the sender is still open to send one
+        assert one_accepted.wait(LOADER_TIMEOUT_S)
+
+    ds.hint = hint
+    assert load(ds, hinted, 2, after_first_batch=wait_for_a_hint) == load(ds, sampler, 0)
     # 36 samples in chunks of <= 5: 8 hints, sent in the background (those still queued
     # when the epoch ends are discarded).
     assert 1 <= hinted.stats.hints_sent + hinted.stats.hints_dropped <= 8
@@ -225,8 +244,7 @@ def test_breaking_out_early_leaves_no_worker_or_thread_behind(tree):
     for pid in workers:
         with pytest.raises(ChildProcessError):
             os.waitpid(pid, os.WNOHANG)  # reaped: not a zombie of ours either
-    # The loader's queue feeder threads end once their queues are closed; give them a moment.
-    deadline = time.monotonic() + 10
-    while not set(threading.enumerate()) <= threads_before and time.monotonic() < deadline:
-        time.sleep(0.01)
+    # The loader's queue feeder threads end once their queues are closed: wait for them.
+    for thread in set(threading.enumerate()) - threads_before:
+        thread.join(LOADER_TIMEOUT_S)
     assert set(threading.enumerate()) <= threads_before

@@ -1,0 +1,37 @@
+"""PyTorch integration: a map-style dataset, a shuffle-and-shard sampler, prefetch hints.
+
+    from torch.utils.data import DataLoader
+    from dlfs.torch import DLFSDataset, ShuffleShardSampler
+
+    ds = DLFSDataset("127.0.0.1:7010", "demo", root="train", transform=decode)
+    sampler = ShuffleShardSampler(len(ds), seed=1)      # rank/world size from torch.distributed
+    loader = DataLoader(ds, batch_size=256, sampler=sampler, num_workers=4)
+    for epoch in range(epochs):
+        sampler.set_epoch(epoch)
+        for images, labels in loader:
+            ...
+
+Needs the optional extra ``dlfs[torch]`` (the CPU build is enough).
+
+Modules, one job each (everything public is importable from here):
+
+- `dataset`: `DLFSDataset`, the samples of a DLFS dataset as torch items and batches;
+- `samplers`: `ShuffleShardSampler` (DistributedSampler's order) and
+  `PrefetchHints` (clairvoyant hints to the daemon);
+- `readahead`: `ReadAhead`, batches read ahead by a helper process (`dlfs.ring`);
+- `tensors`: samples as uint8 tensors (`to_tensor`, `stack_samples`);
+- `folders`: which samples lie below a root, and ImageFolder-style labels;
+- `fork_safety`: gRPC and forked DataLoader workers (`fork_support_enabled`).
+"""
+
+from dlfs.torch.dataset import TARGET_PARENT_DIR, BatchSource, DLFSDataset
+from dlfs.torch.fork_safety import FORK_SUPPORT_ENV, fork_support_enabled
+from dlfs.torch.readahead import ReadAhead
+from dlfs.torch.samplers import PrefetchHints, ShuffleShardSampler, torch_permutation
+from dlfs.torch.tensors import stack_samples, to_tensor
+
+__all__ = [
+    "BatchSource", "DLFSDataset", "FORK_SUPPORT_ENV", "PrefetchHints", "ReadAhead",
+    "ShuffleShardSampler", "TARGET_PARENT_DIR", "fork_support_enabled", "stack_samples",
+    "to_tensor", "torch_permutation",
+]
