@@ -32,7 +32,8 @@ READ_RANGE = struct.Struct("<QqQQIHBB")  # generation, sample id, offset, length
 #                                          name bytes, request id bytes, reserved
 STAT_DATASET = struct.Struct("<HBB")  # name bytes, request id bytes, reserved
 BATCH = struct.Struct("<QQII")  # generation, payload bytes, samples, flags
-ERROR = struct.Struct("<HHI")  # status code, class name bytes, message bytes
+ERROR = struct.Struct("<HHIHH")  # status code, class name bytes, message bytes,
+#                                  request id bytes, reserved
 DATASET = struct.Struct("<QQQ")  # generation, samples, bytes
 
 # BATCH flags: the reply's CRC32Cs cover whole samples (a partial range has none).
@@ -249,12 +250,14 @@ def parse_dataset_reply(body) -> tuple[int, int, int]:
     return DATASET.unpack(body)
 
 
-def error(exc: errors.DlfsError) -> bytes:
-    """An ERROR frame carrying `exc`'s status code, class name and message."""
+def error(exc: errors.DlfsError, request_id: str = "") -> bytes:
+    """An ERROR frame carrying `exc`'s status code, class name and message, and the
+    request id the daemon logged the failure under."""
     code = STATUS_CODES.get(exc.status_code_name, STATUS_CODES["UNKNOWN"])
     name = type(exc).__name__.encode()
     message = exc.message.encode(errors="replace")[:limits.datapath_error_bytes_max]
-    body = ERROR.pack(code, len(name), len(message)) + name + message
+    rid = request_id.encode()
+    body = ERROR.pack(code, len(name), len(message), len(rid), 0) + name + message + rid
     return frame(Kind.ERROR, len(body)) + body
 
 
@@ -262,10 +265,13 @@ def parse_error(body, address: str) -> errors.DlfsError:
     """The DlfsError an ERROR body carries (its exact class when known here)."""
     if len(body) < ERROR.size:
         raise FrameError("an ERROR frame is shorter than its fixed part")
-    code, name_bytes, message_bytes = ERROR.unpack_from(body)
-    name = bytes(body[ERROR.size:ERROR.size + name_bytes]).decode(errors="replace")
-    message = bytes(body[ERROR.size + name_bytes:ERROR.size + name_bytes + message_bytes]
-                    ).decode(errors="replace")
+    code, name_bytes, message_bytes, rid_bytes, _ = ERROR.unpack_from(body)
+    at = ERROR.size
+    name = bytes(body[at:at + name_bytes]).decode(errors="replace")
+    at += name_bytes
+    message = bytes(body[at:at + message_bytes]).decode(errors="replace")
+    at += message_bytes
+    request_id = bytes(body[at:at + rid_bytes]).decode(errors="replace")
     code_name = _CODE_NAMES.get(code, "UNKNOWN")
     cls = errors.ERROR_BY_STATUS_CODE_NAME.get(code_name, errors.Internal)
     named = errors.ERROR_BY_CLASS_NAME.get(name)
@@ -273,7 +279,9 @@ def parse_error(body, address: str) -> errors.DlfsError:
         cls = named
     if cls is errors.Unavailable:
         message = f"DLFS daemon at {address}: {message}"
-    return cls(message)
+    exc = cls(message)
+    exc.request_id = request_id or None
+    return exc
 
 
 def _text(raw, what: str) -> str:

@@ -70,7 +70,7 @@ def test_a_failed_call_returns_the_request_id_the_daemon_logged_it_under(daemon_
     mine = [line for line in lines if line["request_id"] == request_id]
     assert any(line.get("code") == "NOT_FOUND" and line.get("method", "").endswith("/Stat")
                and "no-such-dataset" in line["message"] for line in mine), mine
-    finished = [line for line in lines if line.get("method", "").endswith("/GetSmallBatch")
+    finished = [line for line in lines if line.get("method") == "DataBatch"  # the data path
                 and "duration_ms" in line]
     assert finished and finished[0]["code"] == "OK" and finished[0]["request_id"] != request_id
     assert all(line["program"] == "dlfs-server" for line in lines)

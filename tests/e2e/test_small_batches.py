@@ -22,7 +22,7 @@ def loaded(daemon_factory, tmp_path):
     write_tree(tmp_path / "src", files)
     daemon = daemon_factory(extra_args=["--chunk-bytes", str(CHUNK), "--metrics-listen",
                                         "127.0.0.1:0"])
-    with Client(daemon.address) as client:
+    with Client(daemon.address, data_path=False) as client:  # the gRPC read methods
         client.ingest(str(tmp_path / "src"), "ds")
     return daemon, files
 
@@ -42,7 +42,7 @@ def served_by_method(client: Client) -> dict[str, float]:
 def test_small_batches_take_one_unary_call(loaded):
     daemon, files = loaded
     paths = sorted(files)
-    with Client(daemon.address) as client:
+    with Client(daemon.address, data_path=False) as client:  # the gRPC read methods
         ds = client.dataset("ds")
         ids = [paths.index(f"small/{i:02d}") for i in (5, 1, 5, 30)]
         assert [bytes(s) for s in ds.get_batch(ids)] == [files[paths[i]] for i in ids]
@@ -56,7 +56,7 @@ def test_small_batches_take_one_unary_call(loaded):
 
 def test_a_reply_larger_than_one_message_falls_back_to_the_stream(loaded):
     daemon, files = loaded
-    with Client(daemon.address) as client:
+    with Client(daemon.address, data_path=False) as client:  # the gRPC read methods
         got = client.get_batch(["large/0", "small/00", "large/2"], dataset="ds")
         assert [bytes(s) for s in got] == [files["large/0"], files["small/00"], files["large/2"]]
         assert served_by_method(client) == {"GetBatch": 1}  # refused unary calls serve nothing
@@ -78,7 +78,7 @@ def test_a_reply_larger_than_one_message_falls_back_to_the_stream(loaded):
 
 def test_a_daemon_without_get_small_batch_is_served_by_the_stream(loaded):
     daemon, files = loaded
-    with Client(daemon.address) as client:
+    with Client(daemon.address, data_path=False) as client:  # the gRPC read methods
         # What a daemon older than GetSmallBatch answers: the real UNIMPLEMENTED of a method
         # it does not have.
         client.transport._raw_reads["GetSmallBatch"] = client.transport._channel.unary_unary(

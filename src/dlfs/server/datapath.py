@@ -25,6 +25,7 @@ import contextlib
 import logging
 import os
 import socket
+import struct
 import threading
 import time
 from typing import Iterator, NamedTuple
@@ -230,6 +231,7 @@ class _Connection:
         self.sock = sock
         self.header = bytearray(datawire.FRAME.size)
         self.body = bytearray(1024)
+        self.peer = _peer_name(sock)
 
     def handshake(self) -> bool:
         """Read HELLO, answer WELCOME; False (after an ERROR) when the client may not stay."""
@@ -272,39 +274,38 @@ class _Connection:
                 return  # orderly close by the client
             self.sock.settimeout(self.server.stall_timeout_s)
             try:
-                self._dispatch(kind, body)
+                request, request_id = _parse(kind, body)
             except datawire.FrameError as exc:
-                self._fail(kind, InvalidArgument(str(exc)))
+                self._send([datawire.error(InvalidArgument(str(exc)))])
                 return
-            except DlfsError as exc:
-                self._fail(kind, exc)
+            with _serving(request_id) as call:
+                try:
+                    self._handle(kind, request)
+                except DlfsError as exc:
+                    call.code = exc.status_code_name
+                    self._fail(kind, exc)
+                finally:
+                    call.end(_METHODS[kind], self.peer)
 
     def _fail(self, kind: int, exc: DlfsError) -> None:
-        """Answer a failed request with an ERROR frame; count and log it as gRPC calls are."""
+        """Answer a failed request with an ERROR frame naming the request id; count and
+        log it as gRPC calls are."""
         code = exc.status_code_name
         self.store.metrics.errors.labels(code).inc()
         log.log(logging.WARNING if code in OPERATOR_CODES else logging.DEBUG,
-                "data path %s -> %s: %s", _kind_name(kind), code, exc.message,
-                extra={"method": _kind_name(kind), "code": code})
-        self._send([datawire.error(exc)])
+                "%s -> %s: %s", _METHODS[kind], code, exc.message,
+                extra={"method": _METHODS[kind], "code": code})
+        self._send([datawire.error(exc, logs.current_request_id())])
 
-    def _dispatch(self, kind: int, body: memoryview) -> None:
+    def _handle(self, kind: int, request) -> None:
         if kind == datawire.Kind.GET_BATCH:
-            request = datawire.parse_get_batch(body)
-            with _serving(request.request_id):
-                self._batch(request)
+            self._batch(request)
         elif kind == datawire.Kind.READ_RANGE:
-            request = datawire.parse_read_range(body)
-            with _serving(request.request_id):
-                self._range(request)
-        elif kind == datawire.Kind.STAT_DATASET:
-            name, request_id = datawire.parse_stat_dataset(body)
-            with _serving(request_id):
-                summary = self.store.dataset(name).summary()
+            self._range(request)
+        else:
+            summary = self.store.dataset(request).summary()
             self._send([datawire.dataset_reply(summary.generation, summary.samples,
                                                summary.bytes)])
-        else:
-            raise datawire.FrameError(f"unknown request kind {kind}")
 
     # --- replies ---------------------------------------------------------------------------
 
@@ -368,7 +369,7 @@ class _Connection:
                     self.store.read_into(dataset, order.pieces(start, stop), window)
                 except DlfsError as exc:
                     self._fail(datawire.Kind.DATA, exc)
-                    return
+                    return  # the reply is over: the client raises this error
                 self._send([datawire.data_frame(stop - start), window])
 
     # --- frames -----------------------------------------------------------------------------
@@ -392,11 +393,39 @@ class _Connection:
         send_all(self.sock, buffers)
 
 
-def _kind_name(kind: int) -> str:
-    try:
-        return datawire.Kind(kind).name
-    except ValueError:
-        return f"kind {kind}"
+# Requests by kind, named as in logs and in the dlfs_batches_total "method" label.
+_METHODS = {datawire.Kind.GET_BATCH: "DataBatch", datawire.Kind.READ_RANGE: "DataRange",
+            datawire.Kind.STAT_DATASET: "DataStat", datawire.Kind.DATA: "DataBatch"}
+
+
+def _parse(kind: int, body: memoryview):
+    """(request, request id) of a request frame.  Raises FrameError."""
+    if kind == datawire.Kind.GET_BATCH:
+        request = datawire.parse_get_batch(body)
+        return request, request.request_id
+    if kind == datawire.Kind.READ_RANGE:
+        request = datawire.parse_read_range(body)
+        return request, request.request_id
+    if kind == datawire.Kind.STAT_DATASET:
+        return datawire.parse_stat_dataset(body)
+    raise datawire.FrameError(f"unknown request kind {kind}")
+
+
+class _Served:
+    """One request being served: its status for the log line written when it ends."""
+
+    def __init__(self):
+        self.code = "OK"
+        self.started = time.monotonic()
+
+    def end(self, method: str, peer: str) -> None:
+        elapsed = time.monotonic() - self.started
+        level = logging.WARNING if elapsed >= limits.slow_rpc_log_s else logging.DEBUG
+        if log.isEnabledFor(level):
+            log.log(level, "%s %s in %.1f ms from %s%s", method, self.code, elapsed * 1e3, peer,
+                    " (slow)" if level == logging.WARNING else "",
+                    extra={"method": method, "code": self.code,
+                           "duration_ms": round(elapsed * 1e3, 3), "peer": peer})
 
 
 @contextlib.contextmanager
@@ -404,9 +433,22 @@ def _serving(request_id: str):
     """Log lines written while serving a request name its id (a fresh one if none came)."""
     binding = logs.bind_request_id(logs.accept_request_id(request_id))
     try:
-        yield
+        yield _Served()
     finally:
         logs.unbind_request_id(binding)
+
+
+def _peer_name(sock: socket.socket) -> str:
+    """The client as logs name it: ip:port, or unix:pid=PID,uid=UID from SO_PEERCRED."""
+    try:
+        if sock.family == socket.AF_UNIX:
+            pid, uid, _gid = struct.unpack("3i", sock.getsockopt(
+                socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+            return f"unix:pid={pid},uid={uid}"
+        host, port = sock.getpeername()[:2]
+        return f"{host}:{port}"
+    except OSError:
+        return "?"
 
 
 def _check_generation(dataset, generation: int) -> None:

@@ -406,10 +406,10 @@ class Store:
                                describe_extent=lambda extent: dataset.describe_extent(extent))
 
     def hint_ids(self, dataset: DatasetIndex, ids) -> None:
-        """A prefetch hint for sample ids riding on a read: ids out of range are
-        ignored and a full prefetch queue drops it (hints never fail a read)."""
-        ids = np.asarray(ids, dtype=np.int64)
-        ids = ids[(ids >= 0) & (ids < len(dataset))]
+        """A prefetch hint for sample ids riding on a read, as GetBatch's prefetch_ids:
+        a bad id fails the read (InvalidArgument), a full prefetch queue drops the
+        hint, and ids other members store are left to them."""
+        ids = dataset.check_ids(np.asarray(ids, dtype=np.int64))
         if dataset.cluster is not None:
             ids = ids[dataset.extent[ids] != layout.NO_EXTENT]
         try:
