@@ -39,10 +39,12 @@ from dlfs.version import __version__  # noqa: E402
 
 # Public names defined elsewhere, and the module that defines each.
 _LAZY = {"Client": "dlfs.client.client", "Dataset": "dlfs.client.dataset",
+         "DatasetTicket": "dlfs.client.ticket",
          "DatasetInfo": "dlfs.types", "Entry": "dlfs.types", "request_id": "dlfs.logs"}
 
 __all__ = [
     "AlreadyExists", "Cancelled", "Client", "DataCorruption", "Dataset", "DatasetInfo",
+    "DatasetTicket",
     "DeadlineExceeded", "DlfsError", "Entry", "FailedPrecondition", "Internal",
     "InvalidArgument", "NotFound", "Overloaded", "PermissionDenied", "StorageFull",
     "Unauthenticated", "Unavailable", "request_id",

@@ -31,10 +31,15 @@ GET_BATCH = struct.Struct("<QIIIHBB")  # generation, flags, ids, hint ids, name 
 READ_RANGE = struct.Struct("<QqQQIHBB")  # generation, sample id, offset, length, flags,
 #                                          name bytes, request id bytes, reserved
 STAT_DATASET = struct.Struct("<HBB")  # name bytes, request id bytes, reserved
+OPEN_DATASET = struct.Struct("<QHBB")  # generation, name bytes, request id bytes, reserved
 BATCH = struct.Struct("<QQII")  # generation, payload bytes, samples, flags
 ERROR = struct.Struct("<HHIHH")  # status code, class name bytes, message bytes,
 #                                  request id bytes, reserved
 DATASET = struct.Struct("<QQQ")  # generation, samples, bytes
+INDEX = struct.Struct("<QQII")  # generation, samples, extents, reserved
+FDS = struct.Struct("<I")  # descriptors riding on this frame (SCM_RIGHTS)
+# Bytes of the index arrays per sample: extent u32, offset u64, length u64, CRC32C u32.
+INDEX_BYTES_PER_SAMPLE = 24
 
 # BATCH flags: the reply's CRC32Cs cover whole samples (a partial range has none).
 BATCH_CRCS = 0x1
@@ -46,12 +51,15 @@ class Kind(enum.IntEnum):
     GET_BATCH = 2
     READ_RANGE = 3
     STAT_DATASET = 4
+    OPEN_DATASET = 5
     # daemon -> client
     WELCOME = 64
     ERROR = 65
     BATCH = 66
     DATA = 67
     DATASET = 68
+    INDEX = 69
+    FDS = 70
 
 
 # gRPC's numeric status codes, so both paths report failures the same way.
@@ -188,6 +196,24 @@ def parse_stat_dataset(body) -> tuple[str, str]:
             _text(body[at + name_bytes:], "request id"))
 
 
+def open_dataset(dataset: str, generation: int = 0, request_id: str = "") -> bytes:
+    name, rid = dataset.encode(), request_id.encode()
+    body = OPEN_DATASET.pack(generation, len(name), len(rid), 0) + name + rid
+    return frame(Kind.OPEN_DATASET, len(body)) + body
+
+
+def parse_open_dataset(body) -> tuple[str, int, str]:
+    """(dataset, generation, request id) of an OPEN_DATASET body."""
+    if len(body) < OPEN_DATASET.size:
+        raise FrameError("an OPEN_DATASET frame is shorter than its fixed part")
+    generation, name_bytes, rid_bytes, _ = OPEN_DATASET.unpack_from(body)
+    at = OPEN_DATASET.size
+    if len(body) != at + name_bytes + rid_bytes:
+        raise FrameError("an OPEN_DATASET frame's lengths do not match its body")
+    return (_text(body[at:at + name_bytes], "dataset name"), generation,
+            _text(body[at + name_bytes:], "request id"))
+
+
 # --- daemon -> client ---------------------------------------------------------------------
 
 def welcome(version: int, window_bytes: int, instance: bytes) -> bytes:
@@ -248,6 +274,28 @@ def parse_dataset_reply(body) -> tuple[int, int, int]:
     if len(body) != DATASET.size:
         raise FrameError("a DATASET frame has the wrong size")
     return DATASET.unpack(body)
+
+
+def index_header(generation: int, samples: int, extent_nos: np.ndarray) -> bytes:
+    """An INDEX frame: the dataset's version and size, and the extents whose descriptors
+    follow in FDS frames, in this order."""
+    extent_nos = np.ascontiguousarray(extent_nos, dtype="<u4")
+    body = INDEX.pack(generation, samples, extent_nos.size, 0) + extent_nos.tobytes()
+    return frame(Kind.INDEX, len(body)) + body
+
+
+def parse_index_header(body) -> tuple[int, int, np.ndarray]:
+    """(generation, samples, extent numbers) of an INDEX body."""
+    if len(body) < INDEX.size:
+        raise FrameError("an INDEX frame is shorter than its fixed part")
+    generation, samples, extents, _ = INDEX.unpack_from(body)
+    if len(body) != INDEX.size + 4 * extents:
+        raise FrameError("an INDEX frame's extent count does not match its body")
+    return generation, samples, np.frombuffer(body, "<u4", extents, INDEX.size).copy()
+
+
+def fds_frame(count: int) -> bytes:
+    return frame(Kind.FDS, FDS.size) + FDS.pack(count)
 
 
 def error(exc: errors.DlfsError, request_id: str = "") -> bytes:

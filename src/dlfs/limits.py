@@ -152,6 +152,8 @@ datapath_buffer_bytes_max_default = 512 * MiB
 # Longest a client waits to connect to a data path (the gRPC channel to the
 # same daemon answered, so a slow connect means a blocked port).
 data_connect_timeout_s = 5.0
+# Descriptors passed in one FDS frame (the kernel takes at most 253 per message).
+datapath_fds_per_frame_max = 250
 # Data connections one client process keeps to one daemon (one request in
 # flight on each); callers beyond that wait for a free one.
 data_connections_max = 64

@@ -69,14 +69,21 @@ class PipelineStats:
 
 def iter_batches(ds, order: Sequence[int], batch_size: int, prefetch: int = 4, *,
                  hint_ahead: int = 0, drop_last: bool = False, verify: bool = True,
-                 timeline=None) -> "BatchPipeline":
+                 timeline=None, out: Callable[[int, bool], object] | None = None
+                 ) -> "BatchPipeline":
     """Batches of `ds` (a `dlfs.Dataset`) in `order`, `prefetch` of them in flight.
 
     Returns a `BatchPipeline`: an iterator of `Batch` (``ids, samples``) and a
     context manager.  The last batch is shorter unless `drop_last`.
     `hint_ahead` batches beyond those in flight are hinted to the daemon
     (opt-in, see the module doc).  With a `dlfs.profile.Timeline`, each
-    get_batch and hint is recorded as a span on its thread.
+    get_batch and hint is recorded as a span on its thread.  With `out`,
+    batch number k is received into the buffer ``out(k, wait)`` returns
+    (see `Dataset.get_batch`), called on the iterating thread before batch
+    k is submitted: with ``wait`` false (other batches are in flight) it
+    may return None, "no buffer now", and batch k is submitted at a later
+    `next()`; with ``wait`` true (nothing in flight) it may block until a
+    buffer is free.  Its exceptions propagate from `next()`.
 
     Cost: one get_batch round trip per batch; threads start at the first
     `next()`.  Raises InvalidArgument for bad arguments at once; a failed
@@ -84,7 +91,7 @@ def iter_batches(ds, order: Sequence[int], batch_size: int, prefetch: int = 4, *
     when its turn comes.
     """
     return BatchPipeline(ds, order, batch_size, prefetch=prefetch, hint_ahead=hint_ahead,
-                         drop_last=drop_last, verify=verify, timeline=timeline)
+                         drop_last=drop_last, verify=verify, timeline=timeline, out=out)
 
 
 class BatchPipeline:
@@ -96,7 +103,7 @@ class BatchPipeline:
 
     def __init__(self, ds, order: Sequence[int], batch_size: int, *, prefetch: int = 4,
                  hint_ahead: int = 0, drop_last: bool = False, verify: bool = True,
-                 timeline=None):
+                 timeline=None, out: Callable[[int, bool], object] | None = None):
         check_int("batch_size", batch_size, 1, limits.pipeline_batch_size_max)
         check_int("prefetch", prefetch, 1, limits.pipeline_prefetch_batches_max)
         check_int("hint_ahead", hint_ahead, 0, limits.pipeline_hint_ahead_batches_max)
@@ -108,6 +115,7 @@ class BatchPipeline:
         self._hint_ahead = hint_ahead
         self._verify = verify
         self._timeline = timeline
+        self._out = out
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._inflight: collections.deque = collections.deque()
         self._next_submit = 0  # first batch not yet submitted
@@ -129,12 +137,14 @@ class BatchPipeline:
         started = time.perf_counter()
         if self._pool is None:
             self._start()
-        if not self._inflight:
+        if not self._inflight and not self._submit_next(wait=True):
             self.close()
             raise StopIteration
         number, future = self._inflight.popleft()
         try:
-            self._submit_next()  # keep the window full while we wait
+            # Keep the window full while we wait; the batch being waited for still holds
+            # its buffer, so no waiting for another one here.
+            self._submit_next(wait=False)
             samples = future.result()
         except BaseException:
             self.close()
@@ -172,19 +182,26 @@ class BatchPipeline:
     def _start(self) -> None:
         self._pool = concurrent.futures.ThreadPoolExecutor(
             max_workers=self._prefetch, thread_name_prefix="dlfs-pipeline")
-        while len(self._inflight) < self._prefetch and self._submit_next():
+        while len(self._inflight) < self._prefetch and \
+                self._submit_next(wait=not self._inflight):
             pass
 
-    def _submit_next(self) -> bool:
-        """Submit the next batch (and hint the ones `hint_ahead` beyond it); False at the end."""
+    def _submit_next(self, wait: bool) -> bool:
+        """Submit the next batch (and hint the ones `hint_ahead` beyond it); False at the end,
+        or when `out` has no buffer for it now (only without `wait`)."""
         number = self._next_submit
         if number >= len(self._batches):
             return False
+        buffer = None
+        if self._out is not None:
+            buffer = self._out(number, wait)
+            if buffer is None:
+                return False
         self._next_submit += 1
         # The task must not reference self: the last reference to a dropped pipeline
         # would then die on a pool thread, whose __del__ cannot join its own thread.
         future = self._pool.submit(_fetch, self._ds, self._batches[number], number, self._verify,
-                                   self._timeline)
+                                   self._timeline, buffer)
         self._inflight.append((number, future))
         self._hinted_until = max(self._hinted_until, number + 1)
         if self._hint_ahead and len(self._inflight) >= self._prefetch:
@@ -270,10 +287,11 @@ class HintSender:
                                       args={"samples": len(ids), "accepted": accepted})
 
 
-def _fetch(ds, ids: np.ndarray, number: int, verify: bool, timeline) -> list:
-    """One batch on a pool thread: one get_batch round trip."""
+def _fetch(ds, ids: np.ndarray, number: int, verify: bool, timeline, out=None) -> list:
+    """One batch on a pool thread: one get_batch round trip (into `out` when given)."""
     start = time.perf_counter_ns()
-    samples = ds.get_batch(ids, verify=verify)
+    samples = ds.get_batch(ids, verify=verify) if out is None else \
+        ds.get_batch(ids, verify=verify, out=out)
     if timeline is not None:
         timeline.record("get_batch", start, time.perf_counter_ns(), cat="io",
                         args={"batch": number, "samples": len(samples)})

@@ -139,14 +139,17 @@ def test_a_failed_striped_ingest_keeps_nothing_anywhere(three, tree):
     with Client(addresses(three), reconnect_timeout_s=1) as client:
         with pytest.raises(dlfs.Unavailable, match="nothing was kept"):
             client.ingest(str(source), "ds", replicas=2)
-    # A member notices the cancelled stream on its own thread: allow it a moment.
+    # A member notices the cancelled stream on its own thread, unlists the ingest, then
+    # removes its extents: allow it a moment for both.
     for daemon in three[:2]:
+        extents = os.path.join(daemon.data_dir, "extents")
         deadline = time.monotonic() + 10
         with Client(daemon.address) as single:
-            while single.dataset_infos() and time.monotonic() < deadline:
+            while (single.dataset_infos() or os.listdir(extents)) and \
+                    time.monotonic() < deadline:
                 time.sleep(0.05)
             assert single.dataset_infos() == [], daemon.log()
-        assert os.listdir(os.path.join(daemon.data_dir, "extents")) == []
+        assert os.listdir(extents) == []
 
 
 def test_replace_and_delete_a_striped_dataset(three, tmp_path):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import time
 
 import numpy as np
@@ -12,6 +13,7 @@ import pytest
 import dlfs
 from conftest import write_tree
 from dlfs import Client
+from dlfs.client.datapath import DataConnection
 
 
 def test_direct_reads_match_daemon_reads(daemon, tmp_path):
@@ -33,15 +35,63 @@ def test_direct_reads_match_daemon_reads(daemon, tmp_path):
         assert bytes(local.get_batch([0], dataset="ds")[0]) == b"new"
 
 
-def test_direct_reads_refuse_foreign_data_dirs(daemon, tmp_path):
+def test_direct_reads_need_the_daemons_unix_socket(daemon_factory, tmp_path):
     write_tree(tmp_path / "src", {"a": b"1"})
+    daemon = daemon_factory(extra_args=["--data-socket", "none"])
     with Client(daemon.address) as remote:
         remote.ingest(str(tmp_path / "src"), "ds")
-    with open(os.path.join(daemon.data_dir, "daemon-token"), "w") as f:
-        f.write("someone else")
     with Client(daemon.address, direct=True) as local:
-        with pytest.raises(dlfs.FailedPrecondition, match="belongs to another daemon"):
+        with pytest.raises(dlfs.FailedPrecondition, match="Unix socket"):
             local.get_batch([0], dataset="ds")
+
+
+def test_a_foreign_daemons_socket_is_refused(daemon, tmp_path):
+    write_tree(tmp_path / "src", {"a": b"1"})
+    with Client(daemon.address, direct=True) as local:
+        local.ingest(str(tmp_path / "src"), "ds")
+        endpoint = local.transport.data_path().endpoint
+    with pytest.raises(dlfs.FailedPrecondition, match="another daemon's data path"):
+        DataConnection(endpoint, "", b"someone else....", connect_timeout_s=5,
+                       reply_timeout_s=5)
+
+
+def test_descriptors_go_to_the_daemons_user_or_a_token_holder(daemon_factory, tmp_path):
+    """The data dir stays 0700; another user reads directly only with a token."""
+    write_tree(tmp_path / "src", {"a": b"alpha"})
+    token = "d" * 8 + "-direct-token-01"
+    admin = "a" * 8 + "-direct-admin-01"
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"read {token}\nadmin {admin}\n")
+    os.chmod(tokens, 0o600)
+    open_daemon = daemon_factory()
+    guarded = daemon_factory(extra_args=["--tokens-file", str(tokens)])
+    for d in (open_daemon, guarded):
+        with Client(d.address, token=admin) as c:
+            c.ingest(str(tmp_path / "src"), "ds")
+        assert os.stat(d.data_dir).st_mode & 0o777 == 0o700
+    # The reader becomes user nobody once everything it needs is imported (the
+    # interpreter itself may live where nobody cannot read, as under /root).
+    read = ("import os, sys, grpc, numpy, crc32c\n"
+            "from dlfs.client.client import Client\n"
+            "import dlfs.client.direct, dlfs.client.datapath, dlfs.client.ingest\n"
+            "os.setuid(65534)\n"
+            "c = Client(sys.argv[1], direct=True, token=sys.argv[2])\n"
+            "print(bytes(c.get_batch([0], dataset='ds')[0]).decode())")
+
+    def as_nobody(address: str, token: str = ""):
+        return subprocess.run([sys.executable, "-c", read, address, token], capture_output=True,
+                              text=True, timeout=60)
+
+    refused = as_nobody(open_daemon.address)
+    assert refused.returncode != 0 and "PermissionDenied" in refused.stderr, refused.stderr
+    assert "uid 65534 may not read this daemon's extents directly" in refused.stderr
+    allowed = as_nobody(guarded.address, token)
+    assert allowed.returncode == 0 and allowed.stdout.strip() == "alpha", allowed.stderr
+    # Over TCP no daemon passes descriptors, whoever asks.
+    with Client(open_daemon.address, data_path="tcp") as tcp:
+        tcp.dataset("ds").get_batch([0])
+        with pytest.raises(dlfs.PermissionDenied, match="only over the daemon's Unix socket"):
+            tcp.transport.data_path().open_dataset("ds")
 
 
 def resident_bytes(path: str) -> int:

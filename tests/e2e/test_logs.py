@@ -6,6 +6,7 @@ import io
 import json
 import logging
 import re
+import time
 
 import grpc
 import pytest
@@ -66,12 +67,22 @@ def test_a_failed_call_returns_the_request_id_the_daemon_logged_it_under(daemon_
     request_id = caught.value.request_id
     assert request_id and re.fullmatch(r"[0-9a-f]{16}", request_id)
 
-    lines = json_lines(daemon.log().split("dlfs-server listening on")[1].split("\n", 1)[1])
+    def finished_batches(lines):
+        return [line for line in lines if line.get("method") == "DataBatch"  # the data path
+                and "duration_ms" in line]
+
+    def served_lines():
+        return json_lines(daemon.log().split("dlfs-server listening on")[1].split("\n", 1)[1])
+
+    # The data path logs a request once its reply is sent, so the line may trail the reply.
+    deadline = time.monotonic() + 10
+    while not finished_batches(served_lines()) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    lines = served_lines()
     mine = [line for line in lines if line["request_id"] == request_id]
     assert any(line.get("code") == "NOT_FOUND" and line.get("method", "").endswith("/Stat")
                and "no-such-dataset" in line["message"] for line in mine), mine
-    finished = [line for line in lines if line.get("method") == "DataBatch"  # the data path
-                and "duration_ms" in line]
+    finished = finished_batches(lines)
     assert finished and finished[0]["code"] == "OK" and finished[0]["request_id"] != request_id
     assert all(line["program"] == "dlfs-server" for line in lines)
 
@@ -115,9 +126,17 @@ def test_a_client_chosen_request_id_reaches_every_daemon_of_a_striped_batch(daem
                 pass
     untagged = 0
     for daemon in daemons:  # 64 samples over 2 daemons: each serves a part (p = 1 - 2**-63)
-        lines = json_lines(daemon.log().split("dlfs-server listening on")[1].split("\n", 1)[1])
-        batches = [line for line in lines
-                   if "Batch" in line.get("method", "") and "duration_ms" in line]
+        def batches():
+            lines = json_lines(daemon.log().split("dlfs-server listening on")[1].split("\n", 1)[1])
+            return [line for line in lines
+                    if "Batch" in line.get("method", "") and "duration_ms" in line]
+
+        # The data path logs a request once its reply is sent: the lines may trail.
+        deadline = time.monotonic() + 10
+        while sum(line["request_id"] == "epoch3-step17" for line in batches()) == 0 and \
+                time.monotonic() < deadline:
+            time.sleep(0.02)
+        batches = batches()
         assert any(line["request_id"] == "epoch3-step17" for line in batches), batches
         untagged += sum(line["request_id"] != "epoch3-step17" for line in batches)
     assert untagged == 1  # the call outside the block

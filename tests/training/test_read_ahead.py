@@ -161,7 +161,7 @@ def test_bad_arguments_are_refused(records, tmp_path):
     with pytest.raises(InvalidArgument, match="batches"):
         ReadAhead(sampler, ds, batch_size=2, batches=0)
     with pytest.raises(InvalidArgument, match="exceed"):
-        BatchRing(address, name, slot_bytes=1 << 40, slots=4)
+        BatchRing(ds.ticket, slot_bytes=1 << 40, slots=4)
     with pytest.raises(InvalidArgument, match="one size: sample 1 of the batch has 2 bytes"):
         stack_into([b"abc", b"ab"], np.empty(8, dtype=np.uint8))
 

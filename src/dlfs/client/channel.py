@@ -10,14 +10,34 @@ from dlfs import limits
 from dlfs.errors import InvalidArgument
 
 
-def open_channel(address: str, *, token: str | None = None, tls_ca: str | None = None,
-                 tls_cert: str | None = None, tls_key: str | None = None) -> grpc.Channel:
-    """A channel to `address`; TLS when a CA is given, the token on every call.
+class ChannelSettings:
+    """How to reach a daemon: TLS credentials (or None) and the token, checked and read now.
 
-    `token` and `tls_ca` default to $DLFS_TOKEN and $DLFS_TLS_CA.
+    `token` and `tls_ca` default to $DLFS_TOKEN and $DLFS_TLS_CA.  Raises
+    InvalidArgument for a client certificate without a CA, or a file that
+    cannot be read.
     """
-    token = token if token is not None else os.environ.get("DLFS_TOKEN", "")
-    tls_ca = tls_ca if tls_ca is not None else os.environ.get("DLFS_TLS_CA", "")
+
+    def __init__(self, *, token: str | None = None, tls_ca: str | None = None,
+                 tls_cert: str | None = None, tls_key: str | None = None):
+        self.token = token if token is not None else os.environ.get("DLFS_TOKEN", "")
+        tls_ca = tls_ca if tls_ca is not None else os.environ.get("DLFS_TLS_CA", "")
+        self.credentials = None
+        if tls_ca:
+            self.credentials = grpc.ssl_channel_credentials(
+                root_certificates=_read(tls_ca, "TLS CA"),
+                private_key=_read(tls_key, "TLS client key") if tls_key else None,
+                certificate_chain=_read(tls_cert, "TLS client certificate") if tls_cert else None)
+        elif tls_cert or tls_key:
+            raise InvalidArgument("a client certificate needs tls_ca (the daemon's CA) as well")
+
+    @property
+    def tls(self) -> bool:
+        return self.credentials is not None
+
+
+def open_channel(address: str, settings: ChannelSettings) -> grpc.Channel:
+    """A channel to `address`: TLS when the settings have credentials, the token on every call."""
     backoff_ms = int(limits.reconnect_backoff_max_s * 1000)
     options = [
         ("grpc.max_send_message_length", limits.message_bytes_max),
@@ -28,18 +48,12 @@ def open_channel(address: str, *, token: str | None = None, tls_ca: str | None =
         ("grpc.min_reconnect_backoff_ms", backoff_ms),
         ("grpc.max_reconnect_backoff_ms", backoff_ms),
     ]
-    if tls_ca:
-        credentials = grpc.ssl_channel_credentials(
-            root_certificates=_read(tls_ca, "TLS CA"),
-            private_key=_read(tls_key, "TLS client key") if tls_key else None,
-            certificate_chain=_read(tls_cert, "TLS client certificate") if tls_cert else None)
-        channel = grpc.secure_channel(address, credentials, options=options)
-    elif tls_cert or tls_key:
-        raise InvalidArgument("a client certificate needs tls_ca (the daemon's CA) as well")
+    if settings.credentials is not None:
+        channel = grpc.secure_channel(address, settings.credentials, options=options)
     else:
         channel = grpc.insecure_channel(address, options=options)
-    if token:
-        channel = grpc.intercept_channel(channel, _TokenInterceptor(token))
+    if settings.token:
+        channel = grpc.intercept_channel(channel, _TokenInterceptor(settings.token))
     return channel
 
 

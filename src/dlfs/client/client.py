@@ -59,11 +59,14 @@ class Client:
     picks one).  `data_path=False`, a daemon serving TLS, or one without a
     data path: reads go through gRPC.
 
-    With `direct=True` the client must run on the daemon's host with read
-    access to its data dir: batches are then served from the extent files
-    mapped into this process, as views of the page cache (see
+    With `direct=True` the client must run on the daemon's host: the daemon
+    passes its extent files over its Unix socket and batches are served
+    from them, mapped into this process, as views of the page cache (see
     `dlfs.client.direct`); metadata still comes from the daemon.
     FailedPrecondition is raised at the first batch otherwise.
+
+    `data_path_hints` ({address: where its data path listens}) is what a
+    `Dataset.ticket` hands a child process, so it reads without asking.
     """
 
     def __init__(self, address: str | Sequence[str], *,
@@ -72,7 +75,7 @@ class Client:
                  reconnect_timeout_s: float = limits.reconnect_timeout_s_default,
                  direct: bool = False, data_path: bool | str = True, token: str | None = None,
                  tls_ca: str | None = None, tls_cert: str | None = None,
-                 tls_key: str | None = None):
+                 tls_key: str | None = None, data_path_hints: dict | None = None):
         addresses = [address] if isinstance(address, str) else list(address)
         addresses = list(dict.fromkeys(a.strip() for part in addresses for a in part.split(",")
                                        if a.strip()))
@@ -84,15 +87,23 @@ class Client:
         self.batch_timeout_s = batch_timeout_s
         self.reconnect_timeout_s = reconnect_timeout_s
         self.direct = direct
+        self.addresses = tuple(addresses)
+        # The keyword arguments that make another client like this one (Dataset.ticket).
+        self.options = dict(timeout_s=timeout_s, batch_timeout_s=batch_timeout_s,
+                            reconnect_timeout_s=reconnect_timeout_s, direct=direct,
+                            data_path=data_path, token=token, tls_ca=tls_ca, tls_cert=tls_cert,
+                            tls_key=tls_key)
         options = dict(timeout_s=timeout_s, batch_timeout_s=batch_timeout_s,
                        reconnect_timeout_s=reconnect_timeout_s, token=token, tls_ca=tls_ca,
                        tls_cert=tls_cert, tls_key=tls_key)
+        hints = dict(data_path_hints or {})
         if data_path:
             pool = BufferPool()  # one per client: every member's replies recycle into it
             socket = "auto" if data_path is True else data_path
 
             def daemon(address: str) -> DaemonTransport:
-                return DataPathTransport(address, pool=pool, socket=socket, **options)
+                return DataPathTransport(address, pool=pool, socket=socket,
+                                         hint=hints.get(address), **options)
         else:
             def daemon(address: str) -> DaemonTransport:
                 return DaemonTransport(address, **options)
@@ -101,7 +112,8 @@ class Client:
             options["reconnect_timeout_s"] = min(reconnect_timeout_s, limits.failover_timeout_s)
             self.transport = ClusterRouter(daemon, addresses)
         elif direct:
-            self.transport = DirectTransport(addresses[0], **options)
+            self.transport = DirectTransport(addresses[0], hint=hints.get(addresses[0]),
+                                             **options)
         else:
             self.transport = daemon(addresses[0])
         self.address = self.transport.address

@@ -180,6 +180,14 @@ class ClusterRouter:
             self._placements[dataset] = placement
         return placement
 
+    def data_path_hints(self) -> dict:
+        """{address: where its data path listens} of every member that answers."""
+        hints: dict = {}
+        for result in self.each(lambda member: member.data_path_hints()).values():
+            if isinstance(result, dict):
+                hints.update(result)
+        return hints
+
     def forget(self, dataset: str) -> None:
         """Drop the cached placement (after an ingest replaced the dataset)."""
         with self._lock:

@@ -15,6 +15,7 @@ dropped; UNAVAILABLE is retried by the caller (`dlfs.client.retry`).
 
 from __future__ import annotations
 
+import array
 import os
 import socket
 import threading
@@ -58,6 +59,18 @@ def endpoints(grpc_address: str, port: int, unix_socket: str) -> list[Endpoint]:
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         found.append(Endpoint(family, (host, port), f"{grpc_address.rpartition(':')[0]}:{port}"))
     return found
+
+
+class OpenedDataset(NamedTuple):
+    """A dataset's version, its location arrays (id order) and its extents' descriptors."""
+
+    generation: int
+    samples: int
+    fds: dict  # extent no -> read-only descriptor (the receiver closes them)
+    extent: np.ndarray  # uint32 per sample; 0xFFFFFFFF: stored by another daemon
+    offset: np.ndarray  # uint64
+    length: np.ndarray  # uint64
+    crc: np.ndarray  # uint32
 
 
 class Received(NamedTuple):
@@ -130,6 +143,68 @@ class DataConnection:
         if kind != datawire.Kind.DATASET:
             raise self._unexpected(kind, "DATASET")
         return datawire.parse_dataset_reply(body)
+
+    def open_dataset(self, dataset: str, generation: int = 0) -> "OpenedDataset":
+        """The dataset's index and read-only descriptors of its extents (Unix socket only).
+
+        The caller owns the descriptors (close them).  Raises the daemon's
+        typed errors (PermissionDenied over TCP or for a foreign user).
+        """
+        fds: list[int] = []
+        try:
+            self._sock.settimeout(self.reply_timeout_s)
+            self._sock.sendall(datawire.open_dataset(dataset, generation,
+                                                     logs.current_request_id()))
+            kind, body = self._frame(limits.datapath_reply_header_bytes_max)
+            if kind != datawire.Kind.INDEX:
+                raise self._unexpected(kind, "INDEX")
+            generation, samples, extent_nos = datawire.parse_index_header(body)
+            while len(fds) < len(extent_nos):
+                fds.extend(self._receive_fds())
+            if len(fds) != len(extent_nos):
+                raise datawire.FrameError("more descriptors than extents arrived")
+            arrays = np.empty(samples * datawire.INDEX_BYTES_PER_SAMPLE, dtype=np.uint8)
+            self._receive_payload(arrays)
+        except BaseException as exc:
+            for fd in fds:
+                os.close(fd)
+            raise self._failed(exc) from None
+        n = samples
+        return OpenedDataset(
+            generation, samples, dict(zip(extent_nos.tolist(), fds)),
+            arrays[:4 * n].view("<u4"), arrays[4 * n:12 * n].view("<u8"),
+            arrays[12 * n:20 * n].view("<u8"), arrays[20 * n:].view("<u4"))
+
+    def _receive_fds(self) -> list[int]:
+        """One FDS frame: its descriptors, which ride on its first byte (SCM_RIGHTS)."""
+        size = datawire.FRAME.size + datawire.FDS.size
+        space = socket.CMSG_SPACE(limits.datapath_fds_per_frame_max * 4)
+        data, ancillary, flags, _ = self._sock.recvmsg(size, space)
+        fds = [fd for level, kind, raw in ancillary
+               if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS
+               for fd in array.array("i", raw[:len(raw) - len(raw) % 4])]
+        try:
+            if flags & socket.MSG_CTRUNC:
+                raise datawire.FrameError("descriptors were cut off (too many in one frame)")
+            if not data:
+                raise ConnectionResetError(0, "connection closed before the descriptors")
+            frame = bytearray(data)
+            if len(frame) < size:
+                rest = bytearray(size - len(frame))
+                recv_exactly(self._sock, memoryview(rest))
+                frame += rest
+            kind, _flags, length = datawire.parse_frame(frame[:datawire.FRAME.size])
+            if kind != datawire.Kind.FDS or length != datawire.FDS.size:
+                raise self._unexpected(kind, "FDS")
+            (count,) = datawire.FDS.unpack_from(frame, datawire.FRAME.size)
+            if count != len(fds):
+                raise datawire.FrameError(f"an FDS frame announced {count} descriptors and "
+                                          f"carried {len(fds)}")
+        except BaseException:
+            for fd in fds:
+                os.close(fd)
+            raise
+        return fds
 
     def _exchange(self, request: list, ids: np.ndarray, dataset: str, verify: bool, out,
                   pool: BufferPool) -> Received:
@@ -213,15 +288,18 @@ class DataConnection:
 class DataPath:
     """A per-process pool of data connections to one daemon.  Thread-safe.
 
-    `endpoints` are tried in order (see `endpoints`); the first that
+    `hint` (a `datatransport.DataPathHint`) is where the daemon said its
+    data path listens, with its instance id; `endpoints` (from it, see
+    `endpoints`) are tried in order; the first that
     answers is used from then on.  At most `limits.data_connections_max`
     connections are open at once; callers beyond that wait for one.
     """
 
-    def __init__(self, endpoints: list[Endpoint], *, instance: bytes, token: str,
+    def __init__(self, endpoints: list[Endpoint], *, hint, token: str,
                  connect_timeout_s: float, reply_timeout_s: float, pool: BufferPool):
         self._endpoints = list(endpoints)
-        self._instance = instance
+        self.hint = hint  # the DataPathHint these endpoints came from
+        self._instance = hint.instance
         self._token = token
         self._connect_timeout_s = connect_timeout_s
         self._reply_timeout_s = reply_timeout_s
@@ -284,6 +362,11 @@ class DataPath:
         """(generation, samples, bytes) of `dataset`'s current version, over the data path."""
         with self._connection() as connection:
             return connection.stat_dataset(dataset)
+
+    def open_dataset(self, dataset: str, generation: int = 0) -> OpenedDataset:
+        """The dataset's index and extent descriptors (see DataConnection.open_dataset)."""
+        with self._connection() as connection:
+            return connection.open_dataset(dataset, generation)
 
     def _connection(self) -> "_Borrowed":
         return _Borrowed(self)

@@ -13,8 +13,8 @@ one log line saying why.
 from __future__ import annotations
 
 import logging
-import os
 import threading
+from typing import NamedTuple
 
 import grpc
 import numpy as np
@@ -32,6 +32,15 @@ log = logging.getLogger(__name__)
 
 # The data path of a transport, before it was asked for.
 _UNKNOWN = object()
+class DataPathHint(NamedTuple):
+    """Where a daemon's data path listens, as GetDataPath said: lets another process
+    (a DataLoader worker, a read-ahead helper) skip asking (see `Dataset.ticket`)."""
+
+    port: int
+    unix_socket: str
+    instance: bytes
+
+
 class _NoDataPath(Exception):
     """The daemon offers no data path (any more): read through gRPC."""
 
@@ -50,17 +59,18 @@ class DataPathTransport(DaemonTransport):
     """
 
     def __init__(self, address: str, *, token: str | None = None, tls_ca: str | None = None,
-                 pool: BufferPool | None = None, socket: str = "auto", **options):
+                 pool: BufferPool | None = None, socket: str = "auto",
+                 hint: DataPathHint | None = None, **options):
         if socket not in SOCKET_CHOICES:
             raise InvalidArgument(f"data_path must be one of {', '.join(SOCKET_CHOICES)}, "
                                   f"True or False, not {socket!r}")
         super().__init__(address, token=token, tls_ca=tls_ca, **options)
         self._socket = socket
-        self._token = token if token is not None else os.environ.get("DLFS_TOKEN", "")
-        self._tls = bool(tls_ca if tls_ca is not None else os.environ.get("DLFS_TLS_CA", ""))
         self.pool = pool or BufferPool()
         self._lock = threading.Lock()
         self._data = _UNKNOWN
+        self._hint = hint
+        self.no_data_path_reason = ""  # why data_path() is None
         self._worked = False  # some data connection of this transport got a WELCOME
 
     def close(self) -> None:
@@ -73,8 +83,14 @@ class DataPathTransport(DaemonTransport):
         """The daemon's data path (asked for at the first read), or None: reads use gRPC."""
         with self._lock:
             if self._data is _UNKNOWN:
-                self._data = self._discover()
+                hint, self._hint = self._hint, None
+                self._data = self._discover() if hint is None else self._from_hint(hint)
             return self._data
+
+    def data_path_hints(self) -> dict[str, DataPathHint]:
+        """{address: where its data path listens} for another process to reuse; asks now."""
+        data = self.data_path()
+        return {} if data is None else {self.address: data.hint}
 
     def get_batch(self, request: pb.GetBatchRequest, out=None) -> list[memoryview]:
         if self.data_path() is None or not batch_size(request):
@@ -160,9 +176,23 @@ class DataPathTransport(DaemonTransport):
             return f"sample {sample_id} of dataset {dataset!r}"
         return f"sample {sample_id} {path!r} of dataset {dataset!r}"
 
+    def _from_hint(self, hint: DataPathHint) -> DataPath | None:
+        found = endpoints(self.address, hint.port if self._socket != "unix" else 0,
+                          hint.unix_socket if self._socket != "tcp" else "")
+        if not found or self.settings.tls:
+            return self._discover()
+        return self._data_path(found, hint)
+
+    def _data_path(self, found, hint: DataPathHint) -> DataPath:
+        return DataPath(found, hint=hint, token=self.settings.token,
+                        connect_timeout_s=min(self.timeout_s, limits.data_connect_timeout_s),
+                        reply_timeout_s=self.batch_timeout_s, pool=self.pool)
+
     def _discover(self) -> DataPath | None:
-        if self._tls:
-            return None  # the data path carries no TLS: reads stay on the encrypted channel
+        if self.settings.tls:
+            # The data path carries no TLS: reads stay on the encrypted channel.
+            self.no_data_path_reason = "this client uses TLS, which the data path does not carry"
+            return None
 
         def ask():
             try:
@@ -175,17 +205,18 @@ class DataPathTransport(DaemonTransport):
 
         info = call_with_retry(ask, address=self.address, timeout_s=self.reconnect_timeout_s)
         if info is None or not info.enabled:
-            log.info("the DLFS daemon at %s offers no data path (%s); reading through gRPC",
-                     self.address, info.reason if info is not None else "it predates it")
-            return None
-        if info.version != datawire.VERSION:
-            log.info("the DLFS daemon at %s speaks data path version %d, this client %d; "
-                     "reading through gRPC", self.address, info.version, datawire.VERSION)
-            return None
-        found = endpoints(self.address, info.port if self._socket != "unix" else 0,
-                          info.unix_socket if self._socket != "tcp" else "")
-        if not found:
-            return None
-        return DataPath(found, instance=info.instance, token=self._token,
-                        connect_timeout_s=min(self.timeout_s, limits.data_connect_timeout_s),
-                        reply_timeout_s=self.batch_timeout_s, pool=self.pool)
+            self.no_data_path_reason = (f"it offers none ({info.reason})" if info is not None
+                                        else "it predates the data path")
+        elif info.version != datawire.VERSION:
+            self.no_data_path_reason = (f"it speaks data path version {info.version}, this "
+                                        f"client {datawire.VERSION}")
+        else:
+            found = endpoints(self.address, info.port if self._socket != "unix" else 0,
+                              info.unix_socket if self._socket != "tcp" else "")
+            if found:
+                return self._data_path(found, DataPathHint(info.port, info.unix_socket,
+                                                           info.instance))
+            self.no_data_path_reason = f"it offers no {self._socket} socket for its data path"
+        log.info("reading from the DLFS daemon at %s through gRPC: %s", self.address,
+                 self.no_data_path_reason)
+        return None

@@ -1,20 +1,20 @@
-"""Co-located reads: a client on the daemon's host reads extent files itself.
+"""Co-located reads: a client on the daemon's host maps the extent files itself.
 
-`DirectTransport` is the transport of `Client(address, direct=True)`: the
-daemon's gRPC transport for everything but batches, which a `DirectReader`
-per dataset serves from the extent files.
+`DirectTransport` is the transport of `Client(address, direct=True)`.  The
+daemon passes the dataset's location arrays (24 bytes per sample) and
+read-only descriptors of its extent files over its Unix socket (SCM_RIGHTS;
+see `dlfs/proto/datapath.md`); a `DirectReader` maps them and hands out
+views of the page cache: no sample byte crosses a socket or is copied.  The
+client needs no access to the daemon's data dir (it stays 0700): the
+daemon decides who gets descriptors (its tokens, or its own user and root
+by SO_PEERCRED).
 
-The daemon still owns the directory; the client fetches a dataset's location
-arrays once (GetIndex, 24 bytes per sample), maps the extent files
-read-only and hands out views of them: no bytes cross the gRPC channel and
-none are copied.  It is allowed only when
-the client can read DATA_DIR/daemon-token and finds the token the daemon
-reported, i.e. it sees the daemon's own files.
-
-A replaced or deleted dataset removes its extent directory; the reader
-checks for it before each batch (one stat), fetches the index again, and
-then reads the new dataset (or raises NotFound), as reads through the
-daemon would.
+A passed descriptor cannot be taken back.  When a dataset is replaced or
+deleted the daemon unlinks its extents; the reader notices before each
+batch (one `fstat`: no links left), asks for the dataset again and reads
+the new version (or raises NotFound), as reads through the daemon would.
+Everything else (metadata, ranges, hints, ingest) goes to the daemon as
+for any client.
 """
 
 from __future__ import annotations
@@ -28,24 +28,24 @@ import numpy as np
 
 from dlfs import layout, limits
 from dlfs.client.buffers import copy_into
+from dlfs.client.datapath import DataPath, OpenedDataset
+from dlfs.client.datatransport import DataPathTransport
 from dlfs.client.requests import batch_size
-from dlfs.client.transport import DaemonTransport
-from dlfs.errors import DataCorruption, FailedPrecondition, InvalidArgument
-from dlfs.layout import HEADER_BYTES, TOKEN_FILE, check_header
+from dlfs.errors import DataCorruption, FailedPrecondition, InvalidArgument, Unavailable
 from dlfs.proto import dlfs_pb2 as pb
 
 
-class DirectTransport(DaemonTransport):
+class DirectTransport(DataPathTransport):
     """A daemon's transport whose batches come from its extent files, mapped here.
 
-    Metadata, ranges, hints and ingest go to the daemon over gRPC; a
-    `DirectReader` per dataset (created on first use) serves batches.
-    Raises FailedPrecondition at the first batch when this process does
-    not see the daemon's own data dir.
+    Raises FailedPrecondition at the first batch when the daemon's Unix
+    socket cannot be reached from here (another host, another network
+    namespace), or PermissionDenied when the daemon refuses to pass
+    descriptors to this user.
     """
 
     def __init__(self, address: str, **options):
-        super().__init__(address, **options)
+        super().__init__(address, socket="unix", **options)
         self._readers: dict[str, DirectReader] = {}
         self._readers_lock = threading.Lock()
 
@@ -57,7 +57,7 @@ class DirectTransport(DaemonTransport):
         super().close()
 
     def prepare(self, dataset: str) -> None:
-        """Fetch the location index of `dataset` and check the data dir now."""
+        """Fetch the index and the extents of `dataset` now."""
         self._reader(dataset)
 
     def get_batch(self, request: pb.GetBatchRequest, out=None) -> list[memoryview]:
@@ -74,63 +74,29 @@ class DirectTransport(DaemonTransport):
         with self._readers_lock:
             reader = self._readers.get(dataset)
             if reader is None:
-                reader = self._readers[dataset] = DirectReader(self, dataset)
+                reader = self._readers[dataset] = DirectReader(self._local(), dataset)
             return reader
 
-
-class _ExtentGone(Exception):
-    """An extent file of the index is not on disk: the dataset was replaced or deleted
-    (or the file is lost, if it is still missing after the index was fetched again)."""
-
-    def __init__(self, path: str):
-        super().__init__(path)
-        self.path = path
-
-    def corruption(self) -> DataCorruption:
-        return DataCorruption(f"extent file {self.path} is missing")
-
-
-class _Index:
-    """A dataset's location arrays as fetched from the daemon."""
-
-    def __init__(self, transport: DaemonTransport, dataset: str):
-        chunks = transport.index(dataset)
-        first = chunks[0]
-        self.dataset_id = first.dataset_id
-        self.data_dir = first.data_dir
-        self.samples = first.samples
-        self.extent = np.frombuffer(b"".join(c.extent for c in chunks), "<u4")
-        self.offset = np.frombuffer(b"".join(c.offset for c in chunks), "<u8")
-        self.length = np.frombuffer(b"".join(c.length for c in chunks), "<u8")
-        self.crc = np.frombuffer(b"".join(c.crc32c for c in chunks), "<u4")
-        assert self.extent.size == self.samples, "index chunks do not add up"
-        token_path = os.path.join(self.data_dir, TOKEN_FILE)
-        try:
-            local_token = layout.read_token(self.data_dir)
-        except OSError as exc:
+    def _local(self) -> DataPath:
+        data = self.data_path()
+        if data is None:
             raise FailedPrecondition(
-                f"direct reads need the daemon's data dir on this host: cannot read {token_path} "
-                f"({exc.strerror}); use Client(..., direct=False)") from None
-        if local_token != first.daemon_token:
-            raise FailedPrecondition(
-                f"{token_path} belongs to another daemon than {transport.address}; direct reads "
-                "need the daemon's own data dir; use Client(..., direct=False)")
+                f"direct reads take extents passed over the DLFS daemon's Unix socket, and the "
+                f"daemon at {self.address} cannot pass them: {self.no_data_path_reason}; use "
+                "Client(address) without direct=True")
+        return data
 
 
 class _Extent:
-    """One extent file mapped read-only; views into it are the samples."""
+    """One extent file, from a passed descriptor, mapped read-only; views of it are samples."""
 
     __slots__ = ("fd", "view", "size")
 
-    def __init__(self, path: str, dataset_id: int, extent_no: int):
-        self.fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            check_header(os.pread(self.fd, HEADER_BYTES, 0), dataset_id, extent_no, path)
-            self.size = os.fstat(self.fd).st_size
-            mapping = mmap.mmap(self.fd, 0, prot=mmap.PROT_READ)
-        except BaseException:
-            os.close(self.fd)
-            raise
+    def __init__(self, fd: int, dataset_id: int, extent_no: int, label: str):
+        self.fd = fd
+        layout.check_header(os.pread(fd, layout.HEADER_BYTES, 0), dataset_id, extent_no, label)
+        self.size = os.fstat(fd).st_size
+        mapping = mmap.mmap(fd, 0, prot=mmap.PROT_READ)
         # No read-ahead around page faults: random samples want only their own pages.
         mapping.madvise(mmap.MADV_RANDOM)
         self.view = memoryview(mapping)
@@ -144,11 +110,11 @@ class DirectReader:
     """Serves batches of one dataset from its extent files, mapped into this process.
 
     A sample is a read-only memoryview straight into the page cache (no copy
-    at all).  Cold data: the first `limits.nowait_probe_pieces` samples of a batch are
-    probed with `preadv(RWF_NOWAIT)`; if any is not cached, every sample's
-    pages get `madvise(WILLNEED)` first, so the device sees the whole batch
-    at once instead of one page fault at a time.  CRC32C checks (on by
-    default) touch every byte, so a returned sample is resident.
+    at all).  Cold data: the first `limits.nowait_probe_pieces` samples of a
+    batch are probed with `preadv(RWF_NOWAIT)`; if any is not cached, every
+    sample's pages get `madvise(WILLNEED)` first, so the device sees the
+    whole batch at once instead of one page fault at a time.  CRC32C checks
+    (on by default) touch every byte, so a returned sample is resident.
 
     Extents are immutable and never truncated, only unlinked; a mapping of
     a deleted dataset stays valid while views of it exist.  Sample ends are
@@ -156,19 +122,40 @@ class DirectReader:
     DataCorruption rather than faulting.  Thread-safe.
     """
 
-    def __init__(self, transport: DaemonTransport, dataset: str):
-        self._transport = transport
+    def __init__(self, data_path: DataPath, dataset: str):
+        self._data_path = data_path
         self._dataset = dataset
         self._lock = threading.Lock()
         self._extents: dict[int, _Extent] = {}
         self._load()
 
     def _load(self) -> None:
-        index = _Index(self._transport, self._dataset)
+        try:
+            opened = self._data_path.open_dataset(self._dataset)
+        except Unavailable as exc:
+            if self._data_path.ever_connected:
+                raise
+            raise FailedPrecondition(
+                f"direct reads need the DLFS daemon's Unix socket on this host "
+                f"({self._data_path.endpoint.label}): {exc}; use Client(address) without "
+                "direct=True") from None
+        extents = {}
+        try:
+            for extent_no, fd in list(opened.fds.items()):
+                label = f"extent {extent_no} of dataset {self._dataset!r}"
+                extents[extent_no] = _Extent(opened.fds.pop(extent_no), opened.generation,
+                                             extent_no, label)
+        except BaseException:
+            for fd in opened.fds.values():
+                os.close(fd)
+            for extent in extents.values():
+                extent.close()
+            raise
         with self._lock:
-            old, self._extents = self._extents, {}
-            self._index = index
-            self._dataset_dir = layout.dataset_dir(index.data_dir, index.dataset_id)
+            old, self._extents = self._extents, extents
+            self._index = opened
+            # Any extent tells when the dataset was replaced or deleted: all go together.
+            self._sentinel = next(iter(extents.values())).fd if extents else -1
         for extent in old.values():
             extent.close()
 
@@ -178,42 +165,28 @@ class DirectReader:
         for extent in old.values():
             extent.close()
 
-    def _extent(self, extent_no: int) -> _Extent:
-        with self._lock:
-            extent = self._extents.get(extent_no)
-            if extent is None:
-                path = layout.extent_path(self._index.data_dir, self._index.dataset_id, extent_no)
-                try:
-                    extent = _Extent(path, self._index.dataset_id, extent_no)
-                except FileNotFoundError:
-                    raise _ExtentGone(path) from None
-                self._extents[extent_no] = extent
-            return extent
+    def _replaced(self) -> bool:
+        """Whether the daemon unlinked this version's extents (one fstat)."""
+        return self._sentinel >= 0 and os.fstat(self._sentinel).st_nlink == 0
 
     def get_batch(self, ids, *, verify: bool = True) -> list[memoryview]:
         """Samples `ids` (integer ids) as read-only memoryviews into the mapped extents."""
-        if not os.path.isdir(self._dataset_dir):  # one stat per batch: replaced or deleted?
+        if self._replaced():
             self._load()
-        try:
-            return self._read(ids, verify)
-        except _ExtentGone:
-            self._load()  # the dataset was replaced or deleted since the index was fetched
-            return self._read(ids, verify)
+        return self._read(ids, verify)
 
     def prefetch(self, ids) -> None:
         """Start reading samples `ids` into the page cache (madvise WILLNEED); returns at once."""
-        index = self._index
+        index, extents = self._index, self._extents
         ids = np.asarray(ids, dtype=np.int64)
         ids = ids[(ids >= 0) & (ids < index.samples)]  # a hint; bad ids fail at get_batch
         extent_nos = index.extent[ids].tolist()
-        try:
-            extents = {e: self._extent(e) for e in set(extent_nos)}
-        except _ExtentGone:
-            return  # replaced or deleted: the next get_batch reloads the index
-        _advise_willneed(extents, extent_nos, index.offset[ids].tolist(), index.length[ids].tolist())
+        if all(e in extents for e in set(extent_nos)):
+            _advise_willneed(extents, extent_nos, index.offset[ids].tolist(),
+                             index.length[ids].tolist())
 
     def _read(self, ids, verify: bool) -> list[memoryview]:
-        index = self._index
+        index, all_extents = self._index, self._extents
         ids = np.asarray(ids, dtype=np.int64)
         bad = (ids < 0) | (ids >= index.samples)
         if bad.any():
@@ -222,14 +195,21 @@ class DirectReader:
                 f"{self._dataset!r}: valid ids are 0..{index.samples - 1}")
         extent_array = index.extent[ids]
         ends = index.offset[ids] + index.length[ids]
-        extents = {e: self._extent(e) for e in np.unique(extent_array).tolist()}
-        for e, extent in extents.items():
+        extents = {}
+        for e in np.unique(extent_array).tolist():
+            extent = all_extents.get(e)
+            if extent is None:
+                raise FailedPrecondition(
+                    f"sample {int(ids[np.argmax(extent_array == e)])} of dataset "
+                    f"{self._dataset!r} is stored on other daemons, not on this one; read the "
+                    "striped dataset with Client([all its daemons])")
             beyond = (extent_array == e) & (ends > extent.size)
             if beyond.any():
                 raise DataCorruption(
                     f"extent {e} of dataset {self._dataset!r} is truncated: sample "
                     f"{int(ids[np.argmax(beyond)])} ends past its {extent.size} bytes; "
                     "re-ingest the dataset")
+            extents[e] = extent
         extent_nos = extent_array.tolist()
         offsets = index.offset[ids].tolist()
         lengths = index.length[ids].tolist()

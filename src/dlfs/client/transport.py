@@ -17,6 +17,7 @@ read-only memoryviews into one reply buffer.
 
 from __future__ import annotations
 
+import threading
 from typing import Callable, Iterator, TypeVar
 
 import grpc
@@ -24,7 +25,7 @@ import numpy as np
 
 from dlfs import limits, logs, wire
 from dlfs.client.buffers import copy_into
-from dlfs.client.channel import open_channel
+from dlfs.client.channel import ChannelSettings, open_channel
 from dlfs.client.errors import from_rpc_error
 from dlfs.client.requests import batch_size
 from dlfs.client.retry import call_with_retry
@@ -58,23 +59,38 @@ class DaemonTransport:
         self.timeout_s = timeout_s
         self.batch_timeout_s = batch_timeout_s
         self.reconnect_timeout_s = reconnect_timeout_s
-        self._channel = open_channel(address, token=token, tls_ca=tls_ca, tls_cert=tls_cert,
-                                     tls_key=tls_key)
-        self._stub = dlfs_pb2_grpc.DlfsStub(self._channel)
-        # Read replies are handed to dlfs.wire raw, which slices out the payload.
-        self._raw_reads = {
-            name: self._channel.unary_stream(f"/dlfs.v1.Dlfs/{name}",
-                                             request_serializer=request_type.SerializeToString,
-                                             response_deserializer=None)
-            for name, request_type in _READ_REQUEST_TYPES.items()}
-        self._raw_reads["GetSmallBatch"] = self._channel.unary_unary(
-            "/dlfs.v1.Dlfs/GetSmallBatch", request_serializer=pb.GetBatchRequest.SerializeToString,
-            response_deserializer=None)
+        self.settings = ChannelSettings(token=token, tls_ca=tls_ca, tls_cert=tls_cert,
+                                        tls_key=tls_key)
+        self._grpc: _Channel | None = None
+        self._grpc_lock = threading.Lock()
         # False once the daemon answered UNIMPLEMENTED (older than GetSmallBatch).
         self.small_batches = True
 
     def close(self) -> None:
-        self._channel.close()
+        with self._grpc_lock:
+            channel, self._grpc = self._grpc, None
+        if channel is not None:
+            channel.channel.close()
+
+    def _channel_now(self) -> "_Channel":
+        """The gRPC channel, opened at the first call that needs it: a process that only
+        reads over the data path (a forked DataLoader worker) never opens one."""
+        with self._grpc_lock:
+            if self._grpc is None:
+                self._grpc = _Channel(self.address, self.settings)
+            return self._grpc
+
+    @property
+    def _stub(self) -> dlfs_pb2_grpc.DlfsStub:
+        return self._channel_now().stub
+
+    @property
+    def _raw_reads(self) -> dict:
+        return self._channel_now().raw_reads
+
+    @property
+    def _channel(self):
+        return self._channel_now().channel
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.address!r})"
@@ -147,6 +163,10 @@ class DaemonTransport:
 
     def forget(self, dataset: str) -> None:
         """Drop what is cached about `dataset` (nothing, for one daemon over gRPC)."""
+
+    def data_path_hints(self) -> dict:
+        """{address: where its data path listens} (none here: reads go through gRPC)."""
+        return {}
 
     # --- reads -------------------------------------------------------------------------
 
@@ -246,6 +266,25 @@ class DaemonTransport:
 
         return call_with_retry(attempt, address=self.address,
                                timeout_s=self.reconnect_timeout_s)
+
+
+class _Channel:
+    """A gRPC channel to one daemon, its stub, and the raw read calls.
+
+    Read replies are handed to dlfs.wire raw, which slices out the payload.
+    """
+
+    def __init__(self, address: str, settings: ChannelSettings):
+        self.channel = open_channel(address, settings)
+        self.stub = dlfs_pb2_grpc.DlfsStub(self.channel)
+        self.raw_reads = {
+            name: self.channel.unary_stream(f"/dlfs.v1.Dlfs/{name}",
+                                            request_serializer=request_type.SerializeToString,
+                                            response_deserializer=None)
+            for name, request_type in _READ_REQUEST_TYPES.items()}
+        self.raw_reads["GetSmallBatch"] = self.channel.unary_unary(
+            "/dlfs.v1.Dlfs/GetSmallBatch", request_serializer=pb.GetBatchRequest.SerializeToString,
+            response_deserializer=None)
 
 
 def assemble(chunks) -> list[memoryview]:

@@ -1,6 +1,7 @@
 """Batches read ahead by a helper process into a ring of shared-memory slots.
 
-    ring = BatchRing("127.0.0.1:7010", "demo", slot_bytes=256 * 110 * 1024, slots=6)
+    ticket = DatasetTicket.of(Client("127.0.0.1:7010").dataset("demo"))
+    ring = BatchRing(ticket, slot_bytes=256 * 110 * 1024, slots=6)
     ring.start_epoch(order_ids, batch_size=256, prefetch=4)
     for _ in range(batches):
         batch = ring.next_batch()           # Packed: the samples back to back in one slot
@@ -23,7 +24,7 @@ Modules, one side each:
 - `batch_ring`: `BatchRing`, the training process's side (memory, slots,
   the helper's lifetime, batches handed out);
 - `helper`: `serve`, the helper process's side (a DLFS client running
-  `dlfs.pipeline.iter_batches`, packing each batch into a free slot);
+  `dlfs.pipeline.iter_batches`, each batch received into a free slot);
 - `protocol`: the pipe messages between the two, and how errors travel;
 - `packing`: samples back to back in a flat buffer (`pack_into`,
   `stack_into`, `Packed`), numpy only.

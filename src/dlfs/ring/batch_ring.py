@@ -45,8 +45,7 @@ class BatchRing:
     DLFS error at that batch.
     """
 
-    def __init__(self, address: str, dataset: str, *, slot_bytes: int, slots: int,
-                 client_options: dict | None = None, context: str | None = None):
+    def __init__(self, ticket, *, slot_bytes: int, slots: int, context: str | None = None):
         if slots < 2 or slot_bytes < 1:
             raise InvalidArgument(f"a read-ahead ring needs at least 2 slots of at least 1 byte "
                                   f"(got {slots} of {slot_bytes})")
@@ -60,7 +59,7 @@ class BatchRing:
         self.slot_bytes = slot_bytes
         self.slots = slots
         self._closed = True
-        _import_helper_modules(client_options or {})
+        _import_helper_modules(ticket.options)
         fd = os.memfd_create("dlfs-readahead", os.MFD_CLOEXEC)
         try:
             os.ftruncate(fd, total)
@@ -69,7 +68,7 @@ class BatchRing:
             self._conn, child = ctx.Pipe()
             self._process = ctx.Process(
                 target=serve, name="dlfs-readahead", daemon=True,
-                args=(child, address, dataset, dict(client_options or {}), slot_bytes, slots))
+                args=(child, ticket, slot_bytes, slots))
             self._process.start()
             child.close()
             self._closed = False
@@ -232,5 +231,6 @@ class _SlotLease:
 
 def _import_helper_modules(client_options: dict) -> None:
     """Import what the helper runs lazily, so a forked helper starts without importing it."""
+    importlib.import_module("dlfs.client.datatransport")
     if client_options.get("direct"):
         importlib.import_module("dlfs.client.direct")

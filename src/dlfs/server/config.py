@@ -42,8 +42,8 @@ class ServerConfig:
     tokens_file: str = ""
     # The data path (dlfs/proto/datapath.md): TCP port on the --listen host
     # (0 picks one, -1 turns the data path off), and the Unix socket for
-    # clients on this host: a path, "@name" (abstract namespace), or ""
-    # for "@dlfs-PORT" with the gRPC port.  Off when TLS is configured.
+    # clients on this host: a path, "@name" (abstract namespace), "none", or
+    # "" for "@dlfs-PORT" with the gRPC port.  Off when TLS is configured.
     data_port: int = 0
     data_socket: str = ""
     datapath_connections_max: int = limits.datapath_connections_max_default

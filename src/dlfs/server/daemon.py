@@ -79,7 +79,7 @@ class Daemon:
         if config.data_port >= 0 and not config.tls_cert:
             self.data_path = DataPathServer(
                 self.store, tcp_host=host, tcp_port=config.data_port,
-                unix_socket=config.data_socket or f"@dlfs-{bound}", authorizer=self.authorizer,
+                unix_socket=_unix_socket(config.data_socket, bound), authorizer=self.authorizer,
                 instance=self.instance, connections_max=config.datapath_connections_max,
                 idle_timeout_s=config.datapath_idle_timeout_s,
                 stall_timeout_s=config.datapath_stall_timeout_s,
@@ -150,6 +150,13 @@ def _server_credentials(config) -> grpc.ServerCredentials:
             client_ca = f.read()
     return grpc.ssl_server_credentials([(key, cert)], root_certificates=client_ca,
                                        require_client_auth=client_ca is not None)
+
+
+def _unix_socket(setting: str, grpc_port: int) -> str:
+    """The data path's Unix socket: the --data-socket setting, "" for none."""
+    if setting == "none":
+        return ""
+    return setting or f"@dlfs-{grpc_port}"
 
 
 def _is_loopback(host: str) -> bool:

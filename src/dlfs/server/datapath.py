@@ -39,6 +39,7 @@ from dlfs.errors import (
     FailedPrecondition,
     InvalidArgument,
     Overloaded,
+    PermissionDenied,
     Unauthenticated,
     Unavailable,
 )
@@ -302,6 +303,8 @@ class _Connection:
             self._batch(request)
         elif kind == datawire.Kind.READ_RANGE:
             self._range(request)
+        elif kind == datawire.Kind.OPEN_DATASET:
+            self._open(*request)
         else:
             summary = self.store.dataset(request).summary()
             self._send([datawire.dataset_reply(summary.generation, summary.samples,
@@ -357,6 +360,47 @@ class _Connection:
             self._send_payload(dataset, order)
         self.store.count_served("DataRange", 1, stop - start, started)
 
+    def _open(self, name: str, generation: int) -> None:
+        """Pass the dataset's index and read-only descriptors of its extents (SCM_RIGHTS).
+
+        Only over the Unix socket, to a peer that authenticated at HELLO (a
+        token, when the daemon has tokens) and, without tokens, runs as the
+        daemon's own user or root (SO_PEERCRED): a passed descriptor reads
+        the whole extent and cannot be taken back.
+        """
+        self._check_local_peer()
+        with self.store.reading(name) as dataset, \
+                self.store.extent_descriptors(dataset) as descriptors:
+            _check_generation(dataset, generation)
+            extent_nos = np.array([e for e, _ in descriptors], dtype=np.uint32)
+            self._send([datawire.index_header(dataset.generation, len(dataset), extent_nos)])
+            step = limits.datapath_fds_per_frame_max
+            fds = [fd for _, fd in descriptors]
+            for start in range(0, len(fds), step):
+                part = fds[start:start + step]
+                self.sock.sendmsg([datawire.fds_frame(len(part))], [
+                    (socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack(f"{len(part)}i", *part))])
+            window = self.server.buffers.window_bytes
+            for array, dtype in ((dataset.extent, "<u4"), (dataset.offset, "<u8"),
+                                 (dataset.length, "<u8"), (dataset.crc, "<u4")):
+                raw = memoryview(np.ascontiguousarray(array, dtype=dtype)).cast("B")
+                for start in range(0, len(raw), window):
+                    piece = raw[start:start + window]
+                    self._send([datawire.data_frame(len(piece)), piece])
+
+    def _check_local_peer(self) -> None:
+        if self.sock.family != socket.AF_UNIX:
+            raise PermissionDenied("extent descriptors are passed only over the daemon's Unix "
+                                   "socket, to a client on its host")
+        if self.server.authorizer is None:
+            _pid, uid, _gid = struct.unpack("3i", self.sock.getsockopt(
+                socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+            if uid not in (0, os.getuid()):
+                raise PermissionDenied(
+                    f"uid {uid} may not read this daemon's extents directly: without a tokens "
+                    "file only its own user and root may; give the daemon --tokens-file and "
+                    "the client a token, or read without direct=True")
+
     def _send_payload(self, dataset, order: RequestOrder) -> None:
         """DATA frames of the payload, window by window; a failed read ends the reply with
         an ERROR frame instead of the remaining DATA (the connection stays usable)."""
@@ -395,7 +439,8 @@ class _Connection:
 
 # Requests by kind, named as in logs and in the dlfs_batches_total "method" label.
 _METHODS = {datawire.Kind.GET_BATCH: "DataBatch", datawire.Kind.READ_RANGE: "DataRange",
-            datawire.Kind.STAT_DATASET: "DataStat", datawire.Kind.DATA: "DataBatch"}
+            datawire.Kind.STAT_DATASET: "DataStat", datawire.Kind.OPEN_DATASET: "DataOpen",
+            datawire.Kind.DATA: "DataBatch"}
 
 
 def _parse(kind: int, body: memoryview):
@@ -408,6 +453,9 @@ def _parse(kind: int, body: memoryview):
         return request, request.request_id
     if kind == datawire.Kind.STAT_DATASET:
         return datawire.parse_stat_dataset(body)
+    if kind == datawire.Kind.OPEN_DATASET:
+        name, generation, request_id = datawire.parse_open_dataset(body)
+        return (name, generation), request_id
     raise datawire.FrameError(f"unknown request kind {kind}")
 
 

@@ -62,9 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="text lines, or one JSON object per line; both carry the "
                              "request id of the RPC being served")
     parser.add_argument("--data-socket", default="", metavar="PATH|@NAME",
-                        help="Unix socket of the data path for clients on this host: a path, or "
-                             "@NAME in the abstract namespace (default: @dlfs-PORT with the "
-                             "gRPC port)")
+                        help="Unix socket of the data path for clients on this host: a path, "
+                             "@NAME in the abstract namespace, or 'none' (default: @dlfs-PORT "
+                             "with the gRPC port)")
     defaults = ServerConfig(data_dir=".")
     for field, help_text in SETTINGS_HELP.items():
         default = getattr(defaults, field)

@@ -14,6 +14,7 @@ The data dir layout is in `dlfs.layout`.  Nothing here imports grpc.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -404,6 +405,15 @@ class Store:
         """Fill `buffer` with file pieces of `dataset` (see ReadEngine.read_into)."""
         self._engine.read_into(dataset.dataset_id, pieces, buffer,
                                describe_extent=lambda extent: dataset.describe_extent(extent))
+
+    @contextlib.contextmanager
+    def extent_descriptors(self, dataset: DatasetIndex) -> Iterator[list[tuple[int, int]]]:
+        """(extent no, read-only fd) of every extent of `dataset` stored here, held open
+        for the block (to pass them to a co-located client).  Headers are checked."""
+        local = dataset.extent[dataset.extent != layout.NO_EXTENT]
+        with contextlib.ExitStack() as stack:
+            yield [(e, stack.enter_context(self._files.acquire(dataset.dataset_id, e)))
+                   for e in np.unique(local).tolist()]
 
     def hint_ids(self, dataset: DatasetIndex, ids) -> None:
         """A prefetch hint for sample ids riding on a read, as GetBatch's prefetch_ids:

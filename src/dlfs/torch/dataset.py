@@ -3,9 +3,10 @@
 `DLFSDataset` has ``__getitems__``, so a DataLoader with automatic batching
 fetches a whole batch with one get_batch round trip instead of one call per
 sample.  Nothing gRPC-related crosses a fork: the dataset reads its
-metadata with a short-lived client at construction, and each process
-(the main one, every DataLoader worker) opens its own client on first use,
-noticed by its pid.  It also pickles without a client, so spawn and
+metadata with a short-lived client at construction and keeps a
+`DatasetTicket`; each process (the main one, every DataLoader worker) opens
+its own client from it on first use, noticed by its pid, and reads over
+the data path without a gRPC call.  It also pickles without a client, so spawn and
 forkserver start methods work too (see `dlfs.torch.fork_safety` for fork).
 """
 
@@ -20,7 +21,7 @@ import torch
 from torch.utils.data import Dataset
 
 from dlfs import limits, profile
-from dlfs.client import Client
+from dlfs.client import Client, DatasetTicket
 from dlfs.errors import InvalidArgument
 from dlfs.torch.folders import parent_dir_labels, samples_below
 from dlfs.torch.fork_safety import warn_without_fork_support
@@ -87,7 +88,10 @@ class DLFSDataset(Dataset):
         self.verify = verify
         self.client_options = dict(client_options or {})
         with Client(address, **self.client_options) as client:
-            paths, sizes = client.dataset(name).listing()
+            dataset = client.dataset(name)
+            paths, sizes = dataset.listing()
+            # What each process opens its own client from (no gRPC call needed to read).
+            self.ticket = DatasetTicket.of(dataset)
         self.ids, selected = samples_below(paths, self.root, name)
         self.sizes = sizes[self.ids]  # bytes of each item's sample
         self.classes: list[str] = []
@@ -240,11 +244,15 @@ class DLFSDataset(Dataset):
         return state
 
     def _remote(self):
-        """This process's `dlfs.Dataset`, opened on first use after a fork or unpickle."""
+        """This process's `dlfs.Dataset`, opened on first use after a fork or unpickle.
+
+        From the ticket taken at construction: a DataLoader worker reads over
+        the data path without a gRPC call (and so without gRPC's fork hazards).
+        """
         if self._pid != os.getpid():
             # A client inherited over fork belongs to the parent: never touch (or close) it.
-            self._client = Client(self.address, **self.client_options)
-            self._dataset = self._client.dataset(self.name)
+            self._dataset = self.ticket.open()
+            self._client = self._dataset.client
             self._pid = os.getpid()
         return self._dataset
 

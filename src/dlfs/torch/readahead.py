@@ -36,11 +36,12 @@ class ReadAhead(Sampler[list[int]]):
     for ``torchvision.io.decode_jpeg(samples, device="cuda")``).  Meanwhile
     one helper process (a
     `dlfs.ring.BatchRing`, started at the first epoch and kept until
-    `close`) reads the next `batches` batches with its own DLFS client
-    (direct or gRPC, as the dataset's `client_options` say) straight into
-    shared buffers that the tensors then use: no per-batch allocation, no
-    pickling, and none of the read, checksum or copy work competes for the
-    training process's GIL.
+    `close`) reads the next `batches` batches with its own DLFS client (as
+    the dataset's `client_options` say) straight into shared buffers that
+    the tensors then use: over the data path each batch is received into
+    its buffer with no copy at all; no per-batch allocation, no pickling,
+    and none of the read or checksum work competes for the training
+    process's GIL.
 
     For raw samples: the dataset has no transform (a transform belongs in
     DataLoader workers, ``DataLoader(ds, batch_size=B, num_workers=W)``).
@@ -126,10 +127,8 @@ class ReadAhead(Sampler[list[int]]):
         if self._ring is None or self._ring.closed:
             dataset = self.dataset
             largest = max(int(dataset.sizes.max(initial=0)), 1)
-            self._ring = BatchRing(dataset.address, dataset.name,
-                                   slot_bytes=self.batch_size * largest,
+            self._ring = BatchRing(dataset.ticket, slot_bytes=self.batch_size * largest,
                                    slots=self.batches + 2,
-                                   client_options=dataset.client_options,
                                    context=self.multiprocessing_context)
         return self._ring
 
