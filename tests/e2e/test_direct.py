@@ -13,7 +13,7 @@ import pytest
 import dlfs
 from conftest import write_tree
 from dlfs import Client
-from dlfs.client.datapath import DataConnection
+from dlfs.client.dataconn import DataConnection
 
 
 def test_direct_reads_match_daemon_reads(daemon, tmp_path):

@@ -21,7 +21,8 @@ import numpy as np
 
 from dlfs import datawire, limits, logs
 from dlfs.client.buffers import BufferPool
-from dlfs.client.datapath import DataPath, checksum_mismatch, endpoints
+from dlfs.client.dataconn import checksum_mismatch
+from dlfs.client.datapath import DataPath, endpoints
 from dlfs.client.requests import batch_size
 from dlfs.client.retry import call_with_retry
 from dlfs.client.transport import DaemonTransport

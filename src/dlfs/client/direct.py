@@ -28,7 +28,7 @@ import numpy as np
 
 from dlfs import layout, limits
 from dlfs.client.buffers import copy_into
-from dlfs.client.datapath import DataPath, OpenedDataset
+from dlfs.client.datapath import DataPath
 from dlfs.client.datatransport import DataPathTransport
 from dlfs.client.requests import batch_size
 from dlfs.errors import DataCorruption, FailedPrecondition, InvalidArgument, Unavailable

@@ -1,10 +1,11 @@
 """The daemon side of the data path (`dlfs/proto/datapath.md`): sample bytes to sockets.
 
 `DataPathServer` listens on a TCP port and a Unix socket and serves each
-connection on a thread of its own, one request at a time: HELLO (token
-checked in constant time), then GET_BATCH / READ_RANGE / STAT_DATASET.  A
-batch is planned in request order (`sendplan.RequestOrder`), read window
-by window by the read engine into a window buffer taken from a fixed pool
+connection on a thread of its own (`dataconn.DataConnection`), one request
+at a time: HELLO (token checked in constant time), then GET_BATCH /
+READ_RANGE / STAT_DATASET / OPEN_DATASET (`datareplies`).  A batch is
+planned in request order (`planning.RequestOrder`), read window by window
+by the read engine into a window buffer taken from a fixed pool
 (`WindowBuffers`: no allocation per request), and each window is sent with
 one `sendmsg` of its frame header and buffer: no copy in Python.  The
 daemon does not checksum what it sends; the reply header carries the
@@ -25,26 +26,16 @@ import contextlib
 import logging
 import os
 import socket
-import struct
 import threading
 import time
 from typing import Iterator, NamedTuple
 
 import numpy as np
 
-from dlfs import datawire, limits, logs
-from dlfs.sockio import recv_exactly, send_all, unix_address
-from dlfs.errors import (
-    DlfsError,
-    FailedPrecondition,
-    InvalidArgument,
-    Overloaded,
-    PermissionDenied,
-    Unauthenticated,
-    Unavailable,
-)
-from dlfs.server.metrics import OPERATOR_CODES
-from dlfs.server.planning import RequestOrder
+from dlfs import datawire, limits
+from dlfs.errors import DlfsError, Overloaded, Unavailable
+from dlfs.server.dataconn import DataConnection
+from dlfs.sockio import unix_address
 
 log = logging.getLogger(__name__)
 
@@ -209,7 +200,7 @@ class DataPathServer:
         try:
             if sock.family != socket.AF_UNIX:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            connection = _Connection(self, sock)
+            connection = DataConnection(self, sock)
             if connection.handshake():
                 connection.serve()
         except OSError:
@@ -221,289 +212,6 @@ class DataPathServer:
                 self._connections.discard(sock)
                 self.store.metrics.data_connections.set(len(self._connections))
             _close(sock)
-
-
-class _Connection:
-    """The state of one accepted connection: its socket and its request buffer."""
-
-    def __init__(self, server: DataPathServer, sock: socket.socket):
-        self.server = server
-        self.store = server.store
-        self.sock = sock
-        self.header = bytearray(datawire.FRAME.size)
-        self.body = bytearray(1024)
-        self.peer = _peer_name(sock)
-
-    def handshake(self) -> bool:
-        """Read HELLO, answer WELCOME; False (after an ERROR) when the client may not stay."""
-        self.sock.settimeout(limits.datapath_hello_timeout_s)
-        try:
-            kind, body = self._request(datawire.HELLO.size + limits.datapath_token_bytes_max)
-            if kind != datawire.Kind.HELLO:
-                raise datawire.FrameError(f"the first frame must be HELLO, not kind {kind}")
-            version, token = datawire.parse_hello(body)
-        except datawire.FrameError as exc:
-            self._send([datawire.error(InvalidArgument(str(exc)))])
-            return False
-        authorizer = self.server.authorizer
-        if authorizer is not None and authorizer.role(token) is None:
-            self._send([datawire.error(Unauthenticated(
-                "this daemon requires a token: pass --token (or set DLFS_TOKEN) with a token "
-                "from its tokens file"))])
-            return False
-        if version < 1:
-            self._send([datawire.error(FailedPrecondition(
-                f"data path version {version} is not supported; this daemon speaks 1 to "
-                f"{datawire.VERSION}"))])
-            return False
-        self._send([datawire.welcome(min(version, datawire.VERSION),
-                                     self.server.buffers.window_bytes, self.server.instance)])
-        return True
-
-    def serve(self) -> None:
-        """Answer requests until the client leaves, idles out, stalls or breaks the protocol."""
-        while True:
-            self.sock.settimeout(self.server.idle_timeout_s)
-            try:
-                kind, body = self._request(limits.datapath_request_bytes_max)
-            except socket.timeout:
-                return  # idle: the client reconnects at its next read
-            except datawire.FrameError as exc:
-                self._send([datawire.error(InvalidArgument(str(exc)))])
-                return
-            if not kind:
-                return  # orderly close by the client
-            self.sock.settimeout(self.server.stall_timeout_s)
-            try:
-                request, request_id = _parse(kind, body)
-            except datawire.FrameError as exc:
-                self._send([datawire.error(InvalidArgument(str(exc)))])
-                return
-            with _serving(request_id) as call:
-                try:
-                    self._handle(kind, request)
-                except DlfsError as exc:
-                    call.code = exc.status_code_name
-                    self._fail(kind, exc)
-                finally:
-                    call.end(_METHODS[kind], self.peer)
-
-    def _fail(self, kind: int, exc: DlfsError) -> None:
-        """Answer a failed request with an ERROR frame naming the request id; count and
-        log it as gRPC calls are."""
-        code = exc.status_code_name
-        self.store.metrics.errors.labels(code).inc()
-        log.log(logging.WARNING if code in OPERATOR_CODES else logging.DEBUG,
-                "%s -> %s: %s", _METHODS[kind], code, exc.message,
-                extra={"method": _METHODS[kind], "code": code})
-        self._send([datawire.error(exc, logs.current_request_id())])
-
-    def _handle(self, kind: int, request) -> None:
-        if kind == datawire.Kind.GET_BATCH:
-            self._batch(request)
-        elif kind == datawire.Kind.READ_RANGE:
-            self._range(request)
-        elif kind == datawire.Kind.OPEN_DATASET:
-            self._open(*request)
-        else:
-            summary = self.store.dataset(request).summary()
-            self._send([datawire.dataset_reply(summary.generation, summary.samples,
-                                               summary.bytes)])
-
-    # --- replies ---------------------------------------------------------------------------
-
-    def _batch(self, request: datawire.BatchRequest) -> None:
-        started = time.perf_counter()
-        config = self.store.config
-        if request.ids.size > config.batch_ids_max:
-            raise InvalidArgument(
-                f"batch of {request.ids.size} samples exceeds the limit of "
-                f"{config.batch_ids_max} (--batch-ids-max); split it into smaller batches")
-        with self.store.reading(request.dataset) as dataset:
-            _check_generation(dataset, request.generation)
-            ids = dataset.check_ids(request.ids)
-            dataset.check_local(ids)
-            lengths = dataset.length[ids]
-            payload = int(lengths.sum())
-            if payload > config.batch_bytes_max:
-                raise InvalidArgument(
-                    f"batch of {ids.size} samples holds {payload} bytes, over the limit of "
-                    f"{config.batch_bytes_max} (--batch-bytes-max); split it into smaller batches")
-            if request.hints.size:
-                self.store.hint_ids(dataset, request.hints)
-            order = RequestOrder(dataset.extent[ids], dataset.offset[ids], lengths)
-            self._send(datawire.batch_header(dataset.generation, lengths, dataset.crc[ids],
-                                             datawire.BATCH_CRCS))
-            self._send_payload(dataset, order)
-        self.store.count_served("DataBatch", ids.size, payload, started)
-
-    def _range(self, request: datawire.RangeRequest) -> None:
-        started = time.perf_counter()
-        with self.store.reading(request.dataset) as dataset:
-            _check_generation(dataset, request.generation)
-            sample_id = int(dataset.check_ids(np.array([request.sample_id]))[0])
-            dataset.check_local(np.array([sample_id]))
-            size = int(dataset.length[sample_id])
-            start = min(request.offset, size)
-            stop = size if request.length == 0 else min(size, start + request.length)
-            if stop - start > self.store.config.batch_bytes_max:
-                raise InvalidArgument(
-                    f"a range of {stop - start} bytes is over the limit of "
-                    f"{self.store.config.batch_bytes_max} (--batch-bytes-max); read it in parts")
-            whole = start == 0 and stop == size
-            one = slice(sample_id, sample_id + 1)
-            order = RequestOrder(dataset.extent[one], dataset.offset[one] + start,
-                                 np.array([stop - start]))
-            self._send(datawire.batch_header(dataset.generation, np.array([stop - start]),
-                                             dataset.crc[one] if whole else np.zeros(1),
-                                             datawire.BATCH_CRCS if whole else 0))
-            self._send_payload(dataset, order)
-        self.store.count_served("DataRange", 1, stop - start, started)
-
-    def _open(self, name: str, generation: int) -> None:
-        """Pass the dataset's index and read-only descriptors of its extents (SCM_RIGHTS).
-
-        Only over the Unix socket, to a peer that authenticated at HELLO (a
-        token, when the daemon has tokens) and, without tokens, runs as the
-        daemon's own user or root (SO_PEERCRED): a passed descriptor reads
-        the whole extent and cannot be taken back.
-        """
-        self._check_local_peer()
-        with self.store.reading(name) as dataset, \
-                self.store.extent_descriptors(dataset) as descriptors:
-            _check_generation(dataset, generation)
-            extent_nos = np.array([e for e, _ in descriptors], dtype=np.uint32)
-            self._send([datawire.index_header(dataset.generation, len(dataset), extent_nos)])
-            step = limits.datapath_fds_per_frame_max
-            fds = [fd for _, fd in descriptors]
-            for start in range(0, len(fds), step):
-                part = fds[start:start + step]
-                self.sock.sendmsg([datawire.fds_frame(len(part))], [
-                    (socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack(f"{len(part)}i", *part))])
-            window = self.server.buffers.window_bytes
-            for array, dtype in ((dataset.extent, "<u4"), (dataset.offset, "<u8"),
-                                 (dataset.length, "<u8"), (dataset.crc, "<u4")):
-                raw = memoryview(np.ascontiguousarray(array, dtype=dtype)).cast("B")
-                for start in range(0, len(raw), window):
-                    piece = raw[start:start + window]
-                    self._send([datawire.data_frame(len(piece)), piece])
-
-    def _check_local_peer(self) -> None:
-        if self.sock.family != socket.AF_UNIX:
-            raise PermissionDenied("extent descriptors are passed only over the daemon's Unix "
-                                   "socket, to a client on its host")
-        if self.server.authorizer is None:
-            _pid, uid, _gid = struct.unpack("3i", self.sock.getsockopt(
-                socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
-            if uid not in (0, os.getuid()):
-                raise PermissionDenied(
-                    f"uid {uid} may not read this daemon's extents directly: without a tokens "
-                    "file only its own user and root may; give the daemon --tokens-file and "
-                    "the client a token, or read without direct=True")
-
-    def _send_payload(self, dataset, order: RequestOrder) -> None:
-        """DATA frames of the payload, window by window; a failed read ends the reply with
-        an ERROR frame instead of the remaining DATA (the connection stays usable)."""
-        if not order.payload_bytes:
-            return
-        with self.server.buffers.take() as buffer:
-            for start, stop in order.windows(buffer.size):
-                window = buffer[:stop - start]
-                try:
-                    self.store.read_into(dataset, order.pieces(start, stop), window)
-                except DlfsError as exc:
-                    self._fail(datawire.Kind.DATA, exc)
-                    return  # the reply is over: the client raises this error
-                self._send([datawire.data_frame(stop - start), window])
-
-    # --- frames -----------------------------------------------------------------------------
-
-    def _request(self, body_bytes_max: int) -> tuple[int, memoryview]:
-        """The next frame; kind 0 when the client closed the connection between frames."""
-        view = memoryview(self.header)
-        if not recv_exactly(self.sock, view, eof_ok=True):
-            return 0, memoryview(b"")
-        kind, _flags, length = datawire.parse_frame(self.header)
-        if length > body_bytes_max:
-            raise datawire.FrameError(f"a frame of {length} bytes is over the limit of "
-                                      f"{body_bytes_max}")
-        if len(self.body) < length:
-            self.body = bytearray(length)
-        body = memoryview(self.body)[:length]
-        recv_exactly(self.sock, body)
-        return kind, body
-
-    def _send(self, buffers: list) -> None:
-        send_all(self.sock, buffers)
-
-
-# Requests by kind, named as in logs and in the dlfs_batches_total "method" label.
-_METHODS = {datawire.Kind.GET_BATCH: "DataBatch", datawire.Kind.READ_RANGE: "DataRange",
-            datawire.Kind.STAT_DATASET: "DataStat", datawire.Kind.OPEN_DATASET: "DataOpen",
-            datawire.Kind.DATA: "DataBatch"}
-
-
-def _parse(kind: int, body: memoryview):
-    """(request, request id) of a request frame.  Raises FrameError."""
-    if kind == datawire.Kind.GET_BATCH:
-        request = datawire.parse_get_batch(body)
-        return request, request.request_id
-    if kind == datawire.Kind.READ_RANGE:
-        request = datawire.parse_read_range(body)
-        return request, request.request_id
-    if kind == datawire.Kind.STAT_DATASET:
-        return datawire.parse_stat_dataset(body)
-    if kind == datawire.Kind.OPEN_DATASET:
-        name, generation, request_id = datawire.parse_open_dataset(body)
-        return (name, generation), request_id
-    raise datawire.FrameError(f"unknown request kind {kind}")
-
-
-class _Served:
-    """One request being served: its status for the log line written when it ends."""
-
-    def __init__(self):
-        self.code = "OK"
-        self.started = time.monotonic()
-
-    def end(self, method: str, peer: str) -> None:
-        elapsed = time.monotonic() - self.started
-        level = logging.WARNING if elapsed >= limits.slow_rpc_log_s else logging.DEBUG
-        if log.isEnabledFor(level):
-            log.log(level, "%s %s in %.1f ms from %s%s", method, self.code, elapsed * 1e3, peer,
-                    " (slow)" if level == logging.WARNING else "",
-                    extra={"method": method, "code": self.code,
-                           "duration_ms": round(elapsed * 1e3, 3), "peer": peer})
-
-
-@contextlib.contextmanager
-def _serving(request_id: str):
-    """Log lines written while serving a request name its id (a fresh one if none came)."""
-    binding = logs.bind_request_id(logs.accept_request_id(request_id))
-    try:
-        yield _Served()
-    finally:
-        logs.unbind_request_id(binding)
-
-
-def _peer_name(sock: socket.socket) -> str:
-    """The client as logs name it: ip:port, or unix:pid=PID,uid=UID from SO_PEERCRED."""
-    try:
-        if sock.family == socket.AF_UNIX:
-            pid, uid, _gid = struct.unpack("3i", sock.getsockopt(
-                socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
-            return f"unix:pid={pid},uid={uid}"
-        host, port = sock.getpeername()[:2]
-        return f"{host}:{port}"
-    except OSError:
-        return "?"
-
-
-def _check_generation(dataset, generation: int) -> None:
-    if generation and generation != dataset.generation:
-        raise FailedPrecondition(
-            f"dataset {dataset.name!r} was replaced: generation {generation} is no longer "
-            f"served (the current one is {dataset.generation}); open it again")
 
 
 def _refuse(sock: socket.socket, error: DlfsError) -> None:

@@ -1,0 +1,195 @@
+"""One data path connection on the daemon: handshake, then one request at a time.
+
+`DataConnection.handshake` reads HELLO (the token checked in constant time
+against the daemon's tokens) and answers WELCOME; `serve` then reads each
+request frame, parses it (`datawire`), answers it (`datareplies`) and turns
+a `DlfsError` into an ERROR frame naming the request id, counted and
+logged as gRPC calls are.  A frame that breaks the protocol gets an ERROR
+where possible and ends the connection; idle connections end after
+`idle_timeout_s`, and a reply the client does not read for
+`stall_timeout_s` ends it too (socket timeouts).  Nothing here imports grpc.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import socket
+import struct
+import time
+
+from dlfs import datawire, limits, logs
+from dlfs.errors import DlfsError, FailedPrecondition, InvalidArgument, Unauthenticated
+from dlfs.server import datareplies
+from dlfs.server.metrics import OPERATOR_CODES
+from dlfs.sockio import recv_exactly, send_all
+
+log = logging.getLogger("dlfs.server.datapath")
+
+
+class DataConnection:
+    """One accepted connection of `server` (a DataPathServer): its socket and request buffer."""
+
+    def __init__(self, server, sock: socket.socket):
+        self.server = server
+        self.store = server.store
+        self.sock = sock
+        self.header = bytearray(datawire.FRAME.size)
+        self.body = bytearray(1024)
+        self.peer = _peer_name(sock)
+
+    def handshake(self) -> bool:
+        """Read HELLO, answer WELCOME; False (after an ERROR) when the client may not stay."""
+        self.sock.settimeout(limits.datapath_hello_timeout_s)
+        try:
+            kind, body = self._request(datawire.HELLO.size + limits.datapath_token_bytes_max)
+            if kind != datawire.Kind.HELLO:
+                raise datawire.FrameError(f"the first frame must be HELLO, not kind {kind}")
+            version, token = datawire.parse_hello(body)
+        except datawire.FrameError as exc:
+            self.send([datawire.error(InvalidArgument(str(exc)))])
+            return False
+        authorizer = self.server.authorizer
+        if authorizer is not None and authorizer.role(token) is None:
+            self.send([datawire.error(Unauthenticated(
+                "this daemon requires a token: pass --token (or set DLFS_TOKEN) with a token "
+                "from its tokens file"))])
+            return False
+        if version < 1:
+            self.send([datawire.error(FailedPrecondition(
+                f"data path version {version} is not supported; this daemon speaks 1 to "
+                f"{datawire.VERSION}"))])
+            return False
+        self.send([datawire.welcome(min(version, datawire.VERSION),
+                                     self.server.buffers.window_bytes, self.server.instance)])
+        return True
+
+    def serve(self) -> None:
+        """Answer requests until the client leaves, idles out, stalls or breaks the protocol."""
+        while True:
+            self.sock.settimeout(self.server.idle_timeout_s)
+            try:
+                kind, body = self._request(limits.datapath_request_bytes_max)
+            except socket.timeout:
+                return  # idle: the client reconnects at its next read
+            except datawire.FrameError as exc:
+                self.send([datawire.error(InvalidArgument(str(exc)))])
+                return
+            if not kind:
+                return  # orderly close by the client
+            self.sock.settimeout(self.server.stall_timeout_s)
+            try:
+                request, request_id = _parse(kind, body)
+            except datawire.FrameError as exc:
+                self.send([datawire.error(InvalidArgument(str(exc)))])
+                return
+            with _serving(request_id) as call:
+                try:
+                    self._handle(kind, request)
+                except DlfsError as exc:
+                    call.code = exc.status_code_name
+                    self._fail(kind, exc)
+                finally:
+                    call.end(_METHODS[kind], self.peer)
+
+    def _fail(self, kind: int, exc: DlfsError) -> None:
+        """Answer a failed request with an ERROR frame naming the request id; count and
+        log it as gRPC calls are."""
+        code = exc.status_code_name
+        self.store.metrics.errors.labels(code).inc()
+        log.log(logging.WARNING if code in OPERATOR_CODES else logging.DEBUG,
+                "%s -> %s: %s", _METHODS[kind], code, exc.message,
+                extra={"method": _METHODS[kind], "code": code})
+        self.send([datawire.error(exc, logs.current_request_id())])
+
+    def _handle(self, kind: int, request) -> None:
+        if kind == datawire.Kind.GET_BATCH:
+            datareplies.batch(self, request)
+        elif kind == datawire.Kind.READ_RANGE:
+            datareplies.byte_range(self, request)
+        elif kind == datawire.Kind.OPEN_DATASET:
+            datareplies.open_dataset(self, *request)
+        else:
+            datareplies.stat_dataset(self, request)
+
+    # --- frames -----------------------------------------------------------------------------
+
+    def _request(self, body_bytes_max: int) -> tuple[int, memoryview]:
+        """The next frame; kind 0 when the client closed the connection between frames."""
+        view = memoryview(self.header)
+        if not recv_exactly(self.sock, view, eof_ok=True):
+            return 0, memoryview(b"")
+        kind, _flags, length = datawire.parse_frame(self.header)
+        if length > body_bytes_max:
+            raise datawire.FrameError(f"a frame of {length} bytes is over the limit of "
+                                      f"{body_bytes_max}")
+        if len(self.body) < length:
+            self.body = bytearray(length)
+        body = memoryview(self.body)[:length]
+        recv_exactly(self.sock, body)
+        return kind, body
+
+    def send(self, buffers: list) -> None:
+        send_all(self.sock, buffers)
+
+
+# Requests by kind, named as in logs and in the dlfs_batches_total "method" label.
+_METHODS = {datawire.Kind.GET_BATCH: "DataBatch", datawire.Kind.READ_RANGE: "DataRange",
+            datawire.Kind.STAT_DATASET: "DataStat", datawire.Kind.OPEN_DATASET: "DataOpen",
+            datawire.Kind.DATA: "DataBatch"}
+
+
+def _parse(kind: int, body: memoryview):
+    """(request, request id) of a request frame.  Raises FrameError."""
+    if kind == datawire.Kind.GET_BATCH:
+        request = datawire.parse_get_batch(body)
+        return request, request.request_id
+    if kind == datawire.Kind.READ_RANGE:
+        request = datawire.parse_read_range(body)
+        return request, request.request_id
+    if kind == datawire.Kind.STAT_DATASET:
+        return datawire.parse_stat_dataset(body)
+    if kind == datawire.Kind.OPEN_DATASET:
+        name, generation, request_id = datawire.parse_open_dataset(body)
+        return (name, generation), request_id
+    raise datawire.FrameError(f"unknown request kind {kind}")
+
+
+class _Served:
+    """One request being served: its status for the log line written when it ends."""
+
+    def __init__(self):
+        self.code = "OK"
+        self.started = time.monotonic()
+
+    def end(self, method: str, peer: str) -> None:
+        elapsed = time.monotonic() - self.started
+        level = logging.WARNING if elapsed >= limits.slow_rpc_log_s else logging.DEBUG
+        if log.isEnabledFor(level):
+            log.log(level, "%s %s in %.1f ms from %s%s", method, self.code, elapsed * 1e3, peer,
+                    " (slow)" if level == logging.WARNING else "",
+                    extra={"method": method, "code": self.code,
+                           "duration_ms": round(elapsed * 1e3, 3), "peer": peer})
+
+
+@contextlib.contextmanager
+def _serving(request_id: str):
+    """Log lines written while serving a request name its id (a fresh one if none came)."""
+    binding = logs.bind_request_id(logs.accept_request_id(request_id))
+    try:
+        yield _Served()
+    finally:
+        logs.unbind_request_id(binding)
+
+
+def _peer_name(sock: socket.socket) -> str:
+    """The client as logs name it: ip:port, or unix:pid=PID,uid=UID from SO_PEERCRED."""
+    try:
+        if sock.family == socket.AF_UNIX:
+            pid, uid, _gid = struct.unpack("3i", sock.getsockopt(
+                socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+            return f"unix:pid={pid},uid={uid}"
+        host, port = sock.getpeername()[:2]
+        return f"{host}:{port}"
+    except OSError:
+        return "?"

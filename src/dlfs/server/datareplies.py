@@ -1,0 +1,147 @@
+"""Replies of the data path: a batch, a range, a dataset's descriptors, its version.
+
+Each function answers one parsed request on a connection (`DataConnection`
+in `dataconn`): it checks the request against the dataset and the daemon's
+limits, sends the reply's header, then its payload window by window, read
+by the read engine into a window buffer from the server's pool and sent
+with one `sendmsg` each.  A `DlfsError` raised before or during the
+payload propagates: the connection answers it with an ERROR frame (in
+place of the remaining DATA frames).  Nothing here imports grpc.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import struct
+import time
+
+import numpy as np
+
+from dlfs import datawire, limits
+from dlfs.errors import FailedPrecondition, InvalidArgument, PermissionDenied
+from dlfs.server.planning import RequestOrder
+
+
+def batch(connection, request: datawire.BatchRequest) -> None:
+    """GET_BATCH: BATCH (lengths and CRC32Cs), then the samples in request order."""
+    store = connection.store
+    started = time.perf_counter()
+    config = store.config
+    if request.ids.size > config.batch_ids_max:
+        raise InvalidArgument(
+            f"batch of {request.ids.size} samples exceeds the limit of "
+            f"{config.batch_ids_max} (--batch-ids-max); split it into smaller batches")
+    with store.reading(request.dataset) as dataset:
+        check_generation(dataset, request.generation)
+        ids = dataset.check_ids(request.ids)
+        dataset.check_local(ids)
+        lengths = dataset.length[ids]
+        payload = int(lengths.sum())
+        if payload > config.batch_bytes_max:
+            raise InvalidArgument(
+                f"batch of {ids.size} samples holds {payload} bytes, over the limit of "
+                f"{config.batch_bytes_max} (--batch-bytes-max); split it into smaller batches")
+        if request.hints.size:
+            store.hint_ids(dataset, request.hints)
+        order = RequestOrder(dataset.extent[ids], dataset.offset[ids], lengths)
+        connection.send(datawire.batch_header(dataset.generation, lengths, dataset.crc[ids],
+                                              datawire.BATCH_CRCS))
+        send_payload(connection, dataset, order)
+    store.count_served("DataBatch", ids.size, payload, started)
+
+
+def byte_range(connection, request: datawire.RangeRequest) -> None:
+    """READ_RANGE: BATCH of one item (with its CRC32C when the range is the whole sample)."""
+    store = connection.store
+    started = time.perf_counter()
+    with store.reading(request.dataset) as dataset:
+        check_generation(dataset, request.generation)
+        sample_id = int(dataset.check_ids(np.array([request.sample_id]))[0])
+        dataset.check_local(np.array([sample_id]))
+        size = int(dataset.length[sample_id])
+        start = min(request.offset, size)
+        stop = size if request.length == 0 else min(size, start + request.length)
+        if stop - start > store.config.batch_bytes_max:
+            raise InvalidArgument(
+                f"a range of {stop - start} bytes is over the limit of "
+                f"{store.config.batch_bytes_max} (--batch-bytes-max); read it in parts")
+        whole = start == 0 and stop == size
+        one = slice(sample_id, sample_id + 1)
+        order = RequestOrder(dataset.extent[one], dataset.offset[one] + start,
+                             np.array([stop - start]))
+        connection.send(datawire.batch_header(dataset.generation, np.array([stop - start]),
+                                              dataset.crc[one] if whole else np.zeros(1),
+                                              datawire.BATCH_CRCS if whole else 0))
+        send_payload(connection, dataset, order)
+    store.count_served("DataRange", 1, stop - start, started)
+
+
+def open_dataset(connection, name: str, generation: int) -> None:
+    """OPEN_DATASET: INDEX, the extents' read-only descriptors (FDS frames, SCM_RIGHTS),
+    then the location arrays as DATA.
+
+    Only over the Unix socket, to a peer that authenticated at HELLO (a
+    token, when the daemon has tokens) and, without tokens, runs as the
+    daemon's own user or root (SO_PEERCRED): a passed descriptor reads the
+    whole extent and cannot be taken back.
+    """
+    check_local_peer(connection.sock, connection.server.authorizer is not None)
+    store = connection.store
+    with store.reading(name) as dataset, store.extent_descriptors(dataset) as descriptors:
+        check_generation(dataset, generation)
+        extent_nos = np.array([e for e, _ in descriptors], dtype=np.uint32)
+        connection.send([datawire.index_header(dataset.generation, len(dataset), extent_nos)])
+        step = limits.datapath_fds_per_frame_max
+        fds = [fd for _, fd in descriptors]
+        for start in range(0, len(fds), step):
+            part = fds[start:start + step]
+            connection.sock.sendmsg([datawire.fds_frame(len(part))], [
+                (socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack(f"{len(part)}i", *part))])
+        window = connection.server.buffers.window_bytes
+        for array, dtype in ((dataset.extent, "<u4"), (dataset.offset, "<u8"),
+                             (dataset.length, "<u8"), (dataset.crc, "<u4")):
+            raw = memoryview(np.ascontiguousarray(array, dtype=dtype)).cast("B")
+            for start in range(0, len(raw), window):
+                piece = raw[start:start + window]
+                connection.send([datawire.data_frame(len(piece)), piece])
+
+
+def stat_dataset(connection, name: str) -> None:
+    """STAT_DATASET: DATASET (the current version, samples and bytes)."""
+    summary = connection.store.dataset(name).summary()
+    connection.send([datawire.dataset_reply(summary.generation, summary.samples,
+                                            summary.bytes)])
+
+
+def send_payload(connection, dataset, order: RequestOrder) -> None:
+    """DATA frames of the payload, window by window, each read into a pooled buffer."""
+    if not order.payload_bytes:
+        return
+    with connection.server.buffers.take() as buffer:
+        for start, stop in order.windows(buffer.size):
+            window = buffer[:stop - start]
+            connection.store.read_into(dataset, order.pieces(start, stop), window)
+            connection.send([datawire.data_frame(stop - start), window])
+
+
+def check_local_peer(sock: socket.socket, has_tokens: bool) -> None:
+    """Raise PermissionDenied unless `sock`'s peer may receive extent descriptors."""
+    if sock.family != socket.AF_UNIX:
+        raise PermissionDenied("extent descriptors are passed only over the daemon's Unix "
+                               "socket, to a client on its host")
+    if not has_tokens:
+        _pid, uid, _gid = struct.unpack("3i", sock.getsockopt(
+            socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+        if uid not in (0, os.getuid()):
+            raise PermissionDenied(
+                f"uid {uid} may not read this daemon's extents directly: without a tokens "
+                "file only its own user and root may; give the daemon --tokens-file and "
+                "the client a token, or read without direct=True")
+
+
+def check_generation(dataset, generation: int) -> None:
+    if generation and generation != dataset.generation:
+        raise FailedPrecondition(
+            f"dataset {dataset.name!r} was replaced: generation {generation} is no longer "
+            f"served (the current one is {dataset.generation}); open it again")
