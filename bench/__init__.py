@@ -10,8 +10,11 @@ Modules, in the order data flows:
                 a one-file-per-sample tree, an LMDB, a DLFS data dir
 - `processes`   the daemon as `dlfs.launch` starts it, logging warnings only
 - `contenders`  one class per way of reading a batch
-- `measure`     timed runs, latency percentiles, cold/warm page cache, RSS
+- `ceilings`    the limits, timing themselves: fio, raw TCP, raw Unix sendfile
+- `rawsend`     the sender child process of the raw ceilings
+- `measure`     timed runs, latency percentiles, CPU seconds, cold/warm page cache, RSS
 - `runner`      warm-up and timed runs of every contender on one workload
+- `scaling`     1 vs 4 client processes against one daemon (warm 110 KB, TCP)
 - `memory`      the sample directory's memory per sample (1,000,000 samples)
 - `report`      markdown table, JSON, PNG chart, target checks
 - `__main__`    the command line that runs it all

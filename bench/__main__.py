@@ -1,11 +1,13 @@
 """`python -m bench [--quick]`: every contender, every workload, cold and warm, one table.
 
-    ./dev bench                      # full run: under 10 minutes on 2 cores (+ first-time data)
+    ./dev bench                      # full run: about 10 minutes on 2 cores (+ first-time data)
     ./dev bench --quick              # tiny sizes, under a minute (what CI runs)
     ./dev bench --workloads 4k --caches cold --contenders ext4-1,dlfs-grpc-1,fio
 
 Prints the markdown table and writes results.json, results.md and
-results.png to --out.  Generated data is cached in --data-dir.
+results.png to --out.  Generated data is cached in --data-dir.  Besides the
+rows: the scaling experiment (1 vs 4 client processes, warm 110 KB, over
+TCP; --no-scaling skips it) and the memory experiment (--no-memory).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import os
 import sys
 import time
 
-from bench import datagen, memory, processes, report, runner
+from bench import datagen, memory, processes, report, runner, scaling
 from bench.contenders import BenchEnv, all_contenders
 from bench.measure import CacheControl, proc_status_kib
 from dlfs.launch import MountProcess, fuse_unavailable
@@ -41,6 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
                              "always included as the baseline)")
     parser.add_argument("--runs", type=int, help="timed runs per row (default 3, quick 1)")
     parser.add_argument("--no-memory", action="store_true", help="skip the memory experiment")
+    parser.add_argument("--no-scaling", action="store_true",
+                        help="skip the scaling experiment (1 vs 4 client processes, warm 110 KB)")
     parser.add_argument("--no-restart", action="store_true",
                         help="skip starting a daemon on a 1,000,000-sample catalog")
     parser.add_argument("--reader-threads", type=int,
@@ -69,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         warm_budget_s=1.0 if args.quick else 2.0,
         fio_runtime_s=1.0 if args.quick else 5.0,
     )
+    scaling_window_s = 0.5 if args.quick else 3.0
     data_dir = os.path.abspath(args.data_dir)
     prepared = datagen.prepare_all(workloads, data_dir, log=progress)
     cache_control = CacheControl()
@@ -76,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     daemon_args += args.daemon_arg
     daemon_info: dict = {}
     measurements = []
+    scaling_results = None
     with processes.daemon(os.path.join(data_dir, "dlfs"), os.path.join(data_dir, "daemon.log"),
                           daemon_args) as daemon:
         daemon_info["rss_start_kib"] = proc_status_kib(daemon.pid, "VmRSS")
@@ -92,9 +98,11 @@ def main(argv: list[str] | None = None) -> int:
                 first_line = str(exc).splitlines()[0]  # the rest quotes fuse.log
                 fuse, fuse_reason = None, f"not available: mount failed: {first_line}"
         try:
-            env = BenchEnv(daemon_address=daemon.address, o_direct_cold=not cache_control.root,
+            env = BenchEnv(daemon_address=daemon.address, daemon_pid=daemon.pid,
+                           o_direct_cold=not cache_control.root,
                            fio_runtime_s=settings.fio_runtime_s,
-                           fuse_mountpoint=mountpoint if fuse else None, fuse_reason=fuse_reason)
+                           fuse_mountpoint=mountpoint if fuse else None, fuse_reason=fuse_reason,
+                           fuse_pid=fuse.pid if fuse else 0)
             contenders = all_contenders(env)
             if args.contenders:
                 keep = set(args.contenders.split(",")) | {report.BASELINE}
@@ -103,6 +111,9 @@ def main(argv: list[str] | None = None) -> int:
                 measurements += runner.run_workload(p, contenders, caches, settings,
                                                     cache_control, progress)
                 daemon_info[f"rss_after_{p.workload.name}_kib"] = proc_status_kib(daemon.pid, "VmRSS")
+            if not args.no_scaling:
+                scaling_results = run_scaling(prepared, daemon, settings.runs, scaling_window_s,
+                                              progress)
             daemon_info["hwm_end_kib"] = proc_status_kib(daemon.pid, "VmHWM")
         finally:
             if fuse is not None:
@@ -114,10 +125,11 @@ def main(argv: list[str] | None = None) -> int:
         memory_results = memory.run(sizes, restart, data_dir, log=progress)
     results = report.build_results(
         prepared=prepared, measurements=measurements, contenders=contenders,
-        memory=memory_results, daemon=daemon_info,
+        memory=memory_results, scaling=scaling_results, daemon=daemon_info,
         settings={"runs": settings.runs, "cold_budget_s": settings.cold_budget_s,
                   "warm_budget_s": settings.warm_budget_s,
                   "fio_runtime_s": settings.fio_runtime_s, "caches": caches,
+                  "scaling_window_s": None if args.no_scaling else scaling_window_s,
                   "reader_threads": args.reader_threads, "daemon_args": daemon_args},
         cache_method=cache_control.method, quick=args.quick, data_dir=data_dir, repo=REPO,
         elapsed_s=time.monotonic() - started)
@@ -125,6 +137,19 @@ def main(argv: list[str] | None = None) -> int:
     print(report.markdown(results))
     progress(f"bench: wrote {', '.join(paths.values())} in {time.monotonic() - started:.0f} s")
     return 0
+
+
+def run_scaling(prepared: list, daemon, runs: int, window_s: float, progress) -> dict:
+    """The scaling experiment on the 110k workload, or why it did not run."""
+    workload = next((p for p in prepared if p.workload.name == scaling.WORKLOAD), None)
+    if workload is None:
+        return {"skipped": f"needs the {scaling.WORKLOAD} workload (--workloads)"}
+    try:
+        return scaling.run(workload, daemon.address, daemon.pid, runs=runs, duration_s=window_s,
+                           log=progress)
+    except Exception as exc:  # noqa: BLE001 - reported in the results, the run goes on
+        logging.getLogger("bench").exception("scaling experiment failed")
+        return {"skipped": f"failed: {type(exc).__name__}: {exc}"[:300]}
 
 
 if __name__ == "__main__":

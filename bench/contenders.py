@@ -4,28 +4,31 @@ Every contender gets the same `Prepared` workload and the same batch
 sequence.  Lifecycle per workload: `open(prepared, cache)`, then
 `run(...)` once for the warm-up and once per timed run, then `close()`.
 `read_batch(ids)` returns the samples (bytes-like) in request order.
+The self-timed limits (fio, raw TCP, raw Unix sendfile) are in `ceilings`.
 
-| key            | what it is                                                          |
-| ---            | ---                                                                 |
-| ext4-1         | one file per sample, `open(path, "rb", buffering=0).read()`, 1 thread |
-| ext4-8         | same, a batch split into 8 contiguous shares on a pool of 8 threads |
-| lmdb           | one key per sample, `txn.get` in one read txn per batch, 1 thread   |
-| lmdb-random    | same with readahead off (MADV_RANDOM)                               |
-| dlfs-grpc-1    | `Dataset.get_batch(ids)` through the daemon over loopback gRPC      |
-| dlfs-grpc-4    | same, 4 threads each with one batch in flight                       |
+| key                | what it is                                                      |
+| ---                | ---                                                             |
+| ext4-1             | one file per sample, `open(path, "rb", buffering=0).read()`, 1 thread |
+| ext4-8             | same, a batch split into 8 contiguous shares on a pool of 8 threads |
+| lmdb               | one key per sample, `txn.get` in one read txn per batch, 1 thread |
+| lmdb-random        | same with readahead off (MADV_RANDOM)                           |
+| dlfs-grpc-1        | `Dataset.get_batch(ids)` over loopback gRPC (`data_path=False`) |
+| dlfs-grpc-4        | same, 4 threads each with one batch in flight                   |
 | dlfs-grpc-prefetch | 1 in flight plus `Dataset.prefetch` of the next batch           |
-| dlfs-fuse      | files under the `dlfs-mount` mount point, read like ext4-1          |
-| dlfs-direct    | `Client(addr, direct=True)`: co-located, reads extents in-process   |
-| fio            | the device's limit: fio random reads, io_uring, queue depth 64      |
+| dlfs-tcp-1         | `get_batch` over the data path, loopback TCP (`data_path="tcp"`) |
+| dlfs-tcp-4         | same, 4 threads each with one batch in flight                   |
+| dlfs-tcp-prefetch  | same as dlfs-grpc-prefetch over the data path, loopback TCP     |
+| dlfs-tcp-out-1     | `get_batch(ids, out=buffer)` into one buffer allocated at open, TCP |
+| dlfs-unix-1        | `get_batch` over the data path, Unix socket (`data_path="unix"`) |
+| dlfs-fuse          | files under the `dlfs-mount` mount point, read like ext4-1      |
+| dlfs-direct        | `Client(addr, direct=True)`: co-located, reads extents in-process |
 """
 
 from __future__ import annotations
 
-import json
 import mmap
 import os
-import shutil
-import subprocess
+import socket
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -63,6 +66,14 @@ class Contender:
         """Files whose pages this contender reads (evicted for cold runs without root)."""
         return []
 
+    def server_pids(self) -> list[int]:
+        """Processes whose CPU is this row's "daemon" figure (none: it uses no daemon)."""
+        return []
+
+    def helper_pids(self) -> list[int]:
+        """Processes working for this one on the client side (their CPU counts as client)."""
+        return []
+
     def evict(self, cache_control: CacheControl) -> None:
         """Empty the page cache of this contender's data before a cold run."""
         cache_control.make_cold(self.data_files())
@@ -74,17 +85,30 @@ class Contender:
             ) -> RunResult:
         return run_sequential(self.read_batch, batches, expected_bytes, budget_s)
 
-    def measure_self(self, measurement: Measurement) -> bool:
-        """Contenders that time themselves (fio) fill `measurement` and return True."""
+    def check_transport(self) -> dict:
+        """After the warm-up: raise if the reads did not take the path this row names.
+
+        Returns figures for the row (JSON only).
+        """
+        return {}
+
+    def measure_self(self, measurement: Measurement, runs: int, budget_s: float) -> bool:
+        """Contenders that time themselves (the ceilings) fill `measurement` and return True.
+
+        `runs` timed runs of `budget_s` each, after their own warm-up.
+        """
         return False
 
 
 class BenchEnv:
     """What contenders share in one benchmark run."""
 
-    def __init__(self, *, daemon_address: str, o_direct_cold: bool, fio_runtime_s: float,
-                 fuse_mountpoint: str | None, fuse_reason: str):
+    def __init__(self, *, daemon_address: str, daemon_pid: int, o_direct_cold: bool,
+                 fio_runtime_s: float, fuse_mountpoint: str | None, fuse_reason: str,
+                 fuse_pid: int = 0):
         self.daemon_address = daemon_address
+        self.daemon_pid = daemon_pid
+        self.fuse_pid = fuse_pid
         self.o_direct_cold = o_direct_cold
         self.fio_runtime_s = fio_runtime_s
         self.fuse_mountpoint = fuse_mountpoint
@@ -217,7 +241,15 @@ class Lmdb(Contender):
             return [get(keys[i]) for i in ids.tolist()]
 
 
-# --- DLFS over gRPC ------------------------------------------------------------------------
+# --- DLFS get_batch through the daemon ------------------------------------------------------
+
+# How a row reaches the daemon: (words for its label, Client's data_path option).
+TRANSPORTS = {
+    "grpc": ("over loopback gRPC", False),
+    "tcp": ("over the data path, loopback TCP", "tcp"),
+    "unix": ("over the data path, Unix socket", "unix"),
+}
+
 
 class _DlfsClient(Contender):
     """Reads a dataset with `dlfs.Client(address, **client_options)`."""
@@ -237,19 +269,54 @@ class _DlfsClient(Contender):
     def data_files(self) -> list[str]:
         return self.prepared.extent_files()
 
+    def server_pids(self) -> list[int]:
+        return [self.env.daemon_pid]
+
     def read_batch(self, ids: np.ndarray) -> list:
         return self._dataset.get_batch(ids)
 
 
-class DlfsGrpc(_DlfsClient):
-    """`Dataset.get_batch` through the daemon; `in_flight` threads pipeline batches."""
+class DlfsGetBatch(_DlfsClient):
+    """`Dataset.get_batch` through the daemon over `transport` (a `TRANSPORTS` key).
 
-    def __init__(self, env: BenchEnv, in_flight: int):
+    `in_flight` threads pipeline batches, each with one batch in flight.
+    `check_transport` makes sure the reads took the path the key names: a
+    client whose data path cannot be reached falls back to gRPC silently.
+    """
+
+    def __init__(self, env: BenchEnv, transport: str, in_flight: int):
         super().__init__(env)
+        self.transport = transport
         self.in_flight = in_flight
-        self.key = f"dlfs-grpc-{in_flight}"
-        self.label = (f"DLFS get_batch over loopback gRPC, {in_flight} batch"
+        words, option = TRANSPORTS[transport]
+        self.client_options = {"data_path": option}
+        self.key = f"dlfs-{transport}-{in_flight}"
+        self.label = (f"DLFS get_batch {words}, {in_flight} batch"
                       + ("es" if in_flight > 1 else "") + " in flight")
+
+    def check_transport(self) -> dict:
+        """The client's data path endpoint and the daemon's data connections; raises if wrong.
+
+        Called after the warm-up.  A data path row must have connected over
+        the socket family its key names, and the daemon must count at least
+        one data connection; a gRPC row's client has no data path at all.
+        """
+        connections = self._client.status().data_connections
+        data_path = getattr(self._client.transport, "data_path", None)
+        data = data_path() if data_path else None
+        if self.transport == "grpc":
+            if data is not None:
+                raise RuntimeError(f"{self.key}: the client has a data path; "
+                                   "expected gRPC reads (data_path=False)")
+            return {"data_connections": connections}
+        family = socket.AF_UNIX if self.transport == "unix" else socket.AF_INET
+        if data is None or not data.ever_connected or data.endpoint.family != family:
+            where = "no data path" if data is None else f"data path endpoint {data.endpoint.label}"
+            raise RuntimeError(f"{self.key}: reads did not take the data path over "
+                               f"{self.transport} ({where}): they fell back to gRPC?")
+        if connections < 1:
+            raise RuntimeError(f"{self.key}: the daemon counts no data connection")
+        return {"data_connections": connections, "data_endpoint": data.endpoint.label}
 
     def run(self, batches, expected_bytes, budget_s) -> RunResult:
         if self.in_flight == 1:
@@ -257,19 +324,21 @@ class DlfsGrpc(_DlfsClient):
         return run_in_flight(self.read_batch, batches, expected_bytes, budget_s, self.in_flight)
 
 
-class DlfsGrpcPrefetch(DlfsGrpc):
+class DlfsPrefetch(DlfsGetBatch):
     """One batch in flight plus a `Dataset.prefetch` hint for the next one.
 
-    What a training loop that knows its sampler order does: before waiting
-    for batch i it tells the daemon about batch i+1, so the daemon's reads
-    of the next batch overlap this one's transfer.  Latency is that of the
-    get_batch call (the hint is a separate, quick unary call, also timed).
+    What a training loop that knows its sampler order does (and what
+    `dlfs.pipeline` does): before waiting for batch i it tells the daemon
+    about batch i+1, so the daemon's reads of the next batch overlap this
+    one's transfer.  The hint is a quick unary gRPC call on every transport
+    (also timed, in the batch's latency).
     """
 
-    def __init__(self, env: BenchEnv):
-        super().__init__(env, 1)
-        self.key = "dlfs-grpc-prefetch"
-        self.label = "DLFS get_batch over loopback gRPC, 1 in flight + prefetch hint of the next"
+    def __init__(self, env: BenchEnv, transport: str):
+        super().__init__(env, transport, 1)
+        self.key = f"dlfs-{transport}-prefetch"
+        self.label = (f"DLFS get_batch {TRANSPORTS[transport][0]}, 1 in flight + "
+                      "prefetch hint of the next")
 
     def availability(self) -> str:
         from dlfs.client.dataset import Dataset
@@ -288,6 +357,33 @@ class DlfsGrpcPrefetch(DlfsGrpc):
             return dataset.get_batch(ids)
 
         return run_sequential(read_with_hint, batches, expected_bytes, budget_s)
+
+
+class DlfsOut(DlfsGetBatch):
+    """One batch in flight, received with `get_batch(ids, out=buffer)` into one buffer.
+
+    The buffer (numpy uint8) is allocated once at open, as large as the
+    largest possible batch (batch size x largest sample); every batch lands
+    in it back to back, so the client allocates nothing per batch.
+    """
+
+    def __init__(self, env: BenchEnv, transport: str):
+        super().__init__(env, transport, 1)
+        self.key = f"dlfs-{transport}-out-1"
+        self.label = (f"DLFS get_batch(out=) into one reused buffer "
+                      f"{TRANSPORTS[transport][0]}, 1 batch in flight")
+
+    def open(self, prepared: Prepared, cache: str) -> None:
+        super().open(prepared, cache)
+        workload = prepared.workload
+        self._out = np.empty(workload.batch_size * workload.size_max_bytes, dtype=np.uint8)
+
+    def close(self) -> None:
+        super().close()
+        self._out = None
+
+    def read_batch(self, ids: np.ndarray) -> list:
+        return self._dataset.get_batch(ids, out=self._out)
 
 
 # --- DLFS through FUSE ---------------------------------------------------------------------
@@ -309,6 +405,15 @@ class DlfsFuse(Contender):
 
     def data_files(self) -> list[str]:
         return self.prepared.extent_files()
+
+    def server_pids(self) -> list[int]:
+        return [self.env.daemon_pid]
+
+    def helper_pids(self) -> list[int]:
+        return [self.env.fuse_pid] if self.env.fuse_pid else []
+
+    def note(self) -> str:
+        return "client CPU includes the dlfs-mount process"
 
     def read_batch(self, ids: np.ndarray) -> list:
         paths = self._paths
@@ -346,77 +451,12 @@ class DlfsDirect(_DlfsClient):
         self.open(self.prepared, self.cache)
 
 
-# --- fio: the device's limit ------------------------------------------------------------------
-
-class Fio(Contender):
-    """fio random reads over the workload's DLFS extent files (O_DIRECT, so always cold).
-
-    Block size: the mean sample size rounded up to 4 KiB (4 KiB for the 4 KB
-    workload; 1 MiB for the large files).  samples/s = read bandwidth / mean
-    sample size, which equals IOPS for the 4 KB workload.  Latency columns
-    are fio's per-I/O completion latency, not a batch's.
-    """
-
-    key = "fio"
-    label = "device limit: fio random read, io_uring, QD 64"
-    caches = ("cold",)
-
-    def availability(self) -> str:
-        return "" if shutil.which("fio") else "not available: fio not installed"
-
-    def note(self) -> str:
-        return getattr(self, "_note", "")
-
-    def block_bytes(self) -> int:
-        mean = self.prepared.workload.mean_sample_bytes
-        if mean > 4 << 20:
-            return 1 << 20
-        return int(-(-mean // 4096) * 4096)
-
-    def measure_self(self, measurement: Measurement) -> bool:
-        block = self.block_bytes()
-        files = self.prepared.extent_files()
-        runtime_s = max(1, int(round(self.env.fio_runtime_s)))
-        result = None
-        errors = []
-        for engine in ("io_uring", "libaio"):
-            command = ["fio", "--name=bench", "--readonly", "--rw=randread", f"--bs={block}",
-                       f"--ioengine={engine}", "--iodepth=64", "--direct=1", "--numjobs=1",
-                       "--norandommap", "--time_based", f"--runtime={runtime_s}",
-                       "--output-format=json", "--filename=" + ":".join(files)]
-            proc = subprocess.run(command, capture_output=True, text=True)
-            if proc.returncode == 0:
-                try:
-                    result = json.loads(proc.stdout[proc.stdout.index("{"):])
-                except ValueError as exc:
-                    errors.append(f"{engine}: unreadable output ({exc})")
-                    continue
-                self._note = f"bs={block // 1024} KiB, {engine}" + (
-                    " (io_uring failed)" if engine != "io_uring" else "")
-                break
-            errors.append(f"{engine}: {proc.stderr.strip()[-200:]}")
-        if result is None:
-            measurement.available = False
-            measurement.note = "fio failed: " + "; ".join(errors)
-            return True
-        read = result["jobs"][0]["read"]
-        seconds = read["runtime"] / 1e3
-        mean = self.prepared.workload.mean_sample_bytes
-        measurement.runs.append(RunResult(int(read["bw_bytes"] * seconds / mean),
-                                          int(read["bw_bytes"] * seconds), seconds, []))
-        percentiles = read.get("clat_ns", {}).get("percentile", {})
-        measurement.latency_kind = "io"
-        measurement.extra = {
-            "p50_ms": percentiles.get("50.000000", 0) / 1e6 or None,
-            "p99_ms": percentiles.get("99.000000", 0) / 1e6 or None,
-            "iops": read["iops"],
-            "block_bytes": block,
-        }
-        measurement.note = self.note()
-        return True
-
-
 def all_contenders(env: BenchEnv) -> list[Contender]:
+    """Every row, in table order: baselines, DLFS, then the self-timed ceilings."""
+    from bench.ceilings import Fio, RawTcp, RawUnixSendfile  # they build on Contender
+
     return [Ext4Files(env, 1), Ext4Files(env, 8), Lmdb(env), Lmdb(env, readahead=False),
-            DlfsGrpc(env, 1), DlfsGrpc(env, 4), DlfsGrpcPrefetch(env),
-            DlfsFuse(env), DlfsDirect(env), Fio(env)]
+            DlfsGetBatch(env, "grpc", 1), DlfsGetBatch(env, "grpc", 4), DlfsPrefetch(env, "grpc"),
+            DlfsGetBatch(env, "tcp", 1), DlfsGetBatch(env, "tcp", 4), DlfsPrefetch(env, "tcp"),
+            DlfsOut(env, "tcp"), DlfsGetBatch(env, "unix", 1),
+            DlfsFuse(env), DlfsDirect(env), Fio(env), RawTcp(env), RawUnixSendfile(env)]

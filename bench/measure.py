@@ -5,7 +5,9 @@ batch after another (or several in flight, for contenders that pipeline),
 until the sequence ends or the run's time budget is spent; slow contenders
 therefore read a prefix of the same sequence.  Throughput of a run is
 samples (and bytes) delivered divided by its wall time; latency is the
-wall time of each batch call, pooled over the timed runs.
+wall time of each batch call, pooled over the timed runs.  CPU of a run
+(`CpuMeter`): the daemon's utime + stime from /proc/PID/stat and this
+process's getrusage, read before and after it.
 
 Cold runs start from an empty page cache: as root, `sync` then
 `echo 3 > /proc/sys/vm/drop_caches` before every timed run (this drops the
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import resource
 import statistics
 import subprocess
 import time
@@ -34,6 +37,9 @@ class RunResult:
     bytes: int
     elapsed_s: float
     batch_latencies_s: list[float]
+    # CPU seconds spent during the run (see `CpuMeter`); None where not measured.
+    server_cpu_s: float | None = None  # the daemon (or a ceiling's sender process)
+    client_cpu_s: float | None = None  # the benchmark process, all its threads
 
     @property
     def samples_per_s(self) -> float:
@@ -64,7 +70,8 @@ class Measurement:
     def summary(self) -> dict:
         """Figures for the report (None where not available)."""
         if not self.available or not self.runs:
-            return {"samples_per_s": None, "mb_per_s": None, "p50_ms": None, "p99_ms": None}
+            return {"samples_per_s": None, "mb_per_s": None, "p50_ms": None, "p99_ms": None,
+                    **cpu_per_gb([])}
         sps, mbs = self._per_run("samples_per_s"), self._per_run("mb_per_s")
         latencies = [x for r in self.runs for x in r.batch_latencies_s]
         out = {
@@ -83,6 +90,7 @@ class Measurement:
         if latencies:
             out["p50_ms"] = float(np.percentile(latencies, 50)) * 1e3
             out["p99_ms"] = float(np.percentile(latencies, 99)) * 1e3
+        out.update(cpu_per_gb(self.runs))
         out.update(self.extra)
         return out
 
@@ -175,6 +183,83 @@ def check_samples(out: list, ids: np.ndarray, crcs: np.ndarray) -> None:
         if value != int(crcs[sample_id]):
             raise AssertionError(f"sample {sample_id}: CRC32C {value:08x}, generated "
                                  f"{int(crcs[sample_id]):08x}")
+
+
+# --- CPU time ----------------------------------------------------------------------
+
+CLOCK_TICKS_PER_S = os.sysconf("SC_CLK_TCK")
+
+
+def process_cpu_s(pid: int) -> float:
+    """utime + stime of process `pid` (all its threads, live and exited), in seconds.
+
+    From /proc/PID/stat, in clock ticks (10 ms on most kernels): one read,
+    no syscall into the process.  Raises OSError when the process is gone.
+    """
+    with open(f"/proc/{pid}/stat") as f:
+        stat = f.read()
+    # The command name (field 2) may hold spaces: the fields after it start at ") ".
+    fields = stat[stat.rindex(")") + 2:].split()
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS_PER_S  # fields 14, 15
+
+
+def self_cpu_s() -> float:
+    """User + system CPU seconds of this process, all its threads (getrusage RUSAGE_SELF)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+class CpuMeter:
+    """CPU seconds spent inside a `with` block by the server side and by this process.
+
+    `server_pids`: the daemon, or a ceiling's sender (empty: the block does
+    not use one, and `server_s` stays None).  `helper_pids`: processes
+    that work for this process on the client side (a FUSE mount); their CPU
+    is added to `client_s`.  Cost: one /proc read per pid and one getrusage
+    at each end, outside anything timed.
+    """
+
+    def __init__(self, server_pids: Iterable[int] = (), helper_pids: Iterable[int] = ()):
+        self.server_pids = list(server_pids)
+        self.helper_pids = list(helper_pids)
+        self.server_s: float | None = None
+        self.client_s: float | None = None
+
+    def _snapshot(self) -> tuple[float, float]:
+        server = sum(process_cpu_s(pid) for pid in self.server_pids)
+        client = self_cpu_s() + sum(process_cpu_s(pid) for pid in self.helper_pids)
+        return server, client
+
+    def __enter__(self) -> "CpuMeter":
+        self._start = self._snapshot()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        server, client = self._snapshot()
+        self.server_s = server - self._start[0] if self.server_pids else None
+        self.client_s = client - self._start[1]
+
+    def record(self, run: RunResult) -> RunResult:
+        """`run` with this block's CPU seconds filled in."""
+        run.server_cpu_s, run.client_cpu_s = self.server_s, self.client_s
+        return run
+
+
+def cpu_per_gb(runs: list[RunResult]) -> dict:
+    """CPU seconds per 1e9 payload bytes delivered, totals over `runs` (None: not measured).
+
+    `daemon_*` is the server side (the daemon, or a ceiling's sender);
+    `client_*` is the benchmark process.
+    """
+    nbytes = sum(r.bytes for r in runs)
+    out = {}
+    for side, attr in (("daemon", "server_cpu_s"), ("client", "client_cpu_s")):
+        values = [getattr(r, attr) for r in runs]
+        total = sum(values) if values and None not in values else None
+        out[f"{side}_cpu_s"] = total
+        out[f"{side}_cpu_s_per_gb"] = total / (nbytes / 1e9) if total is not None and nbytes \
+            else None
+    return out
 
 
 # --- page cache --------------------------------------------------------------------

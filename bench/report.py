@@ -1,9 +1,10 @@
 """Results out: a markdown table, JSON with the machine and git hash, a PNG chart, target checks.
 
 Every row shows the median of the timed runs (min–max beside it), batch
-latency p50/p99 pooled over the runs, and the ratio of its median samples/s
+latency p50/p99 pooled over the runs, the ratio of its median samples/s
 to the ext4 one-file-per-sample, 1-thread row of the same workload and
-cache state.
+cache state, the ratio of its MB/s to raw-tcp's (warm rows), and the CPU
+seconds per GB delivered of the daemon and of the benchmark process.
 """
 
 from __future__ import annotations
@@ -22,6 +23,12 @@ from bench.datagen import Prepared
 from bench.measure import Measurement, git_info
 
 BASELINE = "ext4-1"
+RAW_TCP = "raw-tcp"  # the loopback TCP ceiling (bench.ceilings): warm rows' MB/s are compared to it
+# Rows that read through the daemon over a network transport, and those of them over TCP.
+TCP_ROWS = ("dlfs-tcp-1", "dlfs-tcp-4", "dlfs-tcp-prefetch", "dlfs-tcp-out-1")
+NETWORK_ROWS = ("dlfs-grpc-1", "dlfs-grpc-4", "dlfs-grpc-prefetch") + TCP_ROWS
+# Rows whose tail latency is checked (p99 < 4x p50).
+LATENCY_ROWS = NETWORK_ROWS + ("dlfs-unix-1", "dlfs-direct")
 # Runs of one row whose fastest is this much faster than its slowest are flagged:
 # another process competed for the CPUs or the disk (or emptied the page cache).
 NOISY_SPREAD = 1.5
@@ -121,7 +128,8 @@ def _disk_info(path: str) -> dict:
 
 
 def build_results(*, prepared: list[Prepared], measurements: list[Measurement],
-                  contenders: list[Contender], memory: dict | None, daemon: dict,
+                  contenders: list[Contender], memory: dict | None, scaling: dict | None,
+                  daemon: dict,
                   settings: dict, cache_method: str, quick: bool, data_dir: str,
                   repo: str, elapsed_s: float) -> dict:
     labels = {c.key: c.label for c in contenders}
@@ -132,10 +140,15 @@ def build_results(*, prepared: list[Prepared], measurements: list[Measurement],
         base_sps = baseline.summary()["samples_per_s"] if baseline and baseline.available else None
         ratio = (summary["samples_per_s"] / base_sps
                  if summary["samples_per_s"] is not None and base_sps else None)
+        raw = _find(measurements, m.workload, "warm", RAW_TCP)
+        raw_mbs = raw.summary()["mb_per_s"] if raw and raw.available else None
+        ratio_raw = (summary["mb_per_s"] / raw_mbs
+                     if m.cache == "warm" and summary["mb_per_s"] is not None and raw_mbs
+                     else None)
         rows.append({"workload": m.workload, "cache": m.cache, "contender": m.contender,
                      "label": labels.get(m.contender, m.contender), "available": m.available,
                      "note": m.note, "latency_kind": m.latency_kind,
-                     "ratio_to_ext4_1": ratio, **summary})
+                     "ratio_to_ext4_1": ratio, "ratio_to_raw_tcp": ratio_raw, **summary})
     results = {
         "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "quick": quick,
@@ -152,6 +165,7 @@ def build_results(*, prepared: list[Prepared], measurements: list[Measurement],
         "rows": rows,
         "daemon": daemon,
         "memory": memory,
+        "scaling": scaling,
     }
     results["targets"] = check_targets(results)
     return results
@@ -168,54 +182,102 @@ def _row(results: dict, workload: str, cache: str, key: str) -> dict | None:
     return row if row and row["available"] and row["samples_per_s"] else None
 
 
+def _best(results: dict, workload: str, cache: str, keys, field: str = "samples_per_s"):
+    """The row among `keys` with the highest `field`, or None when none was measured."""
+    rows = [r for k in keys if (r := _row(results, workload, cache, k))]
+    return max(rows, key=lambda r: r[field]) if rows else None
+
+
 def check_targets(results: dict) -> list[dict]:
-    """The issue's targets, each with its measured ratio and met / missed / not measured."""
+    """The issue's targets, each with its measured value and met / missed / not measured.
+
+    `compare` is how value relates to goal when met (">=", "<" or "<=");
+    a target without a goal (None) is a figure reported beside one ("info").
+    """
     targets = []
 
-    def add(name: str, value, goal: float, detail: str, higher_is_better: bool = True) -> None:
-        if value is None:
+    def add(name: str, value, goal: float | None, detail: str, compare: str = ">=") -> None:
+        if goal is None:
+            status = "info" if value is not None else "not measured"
+        elif value is None:
             status = "not measured"
         else:
-            status = "met" if (value >= goal if higher_is_better else value < goal) else "missed"
-        targets.append({"target": name, "value": value, "goal": goal, "status": status,
-                        "detail": detail})
+            met = {">=": value >= goal, "<": value < goal, "<=": value <= goal}[compare]
+            status = "met" if met else "missed"
+        targets.append({"target": name, "value": value, "goal": goal, "compare": compare,
+                        "status": status, "detail": detail})
 
-    def best_grpc(workload: str, cache: str):
-        rows = [r for k in ("dlfs-grpc-1", "dlfs-grpc-4", "dlfs-grpc-prefetch")
-                if (r := _row(results, workload, cache, k))]
-        return max(rows, key=lambda r: r["samples_per_s"]) if rows else None
+    def sps(row: dict) -> str:
+        return f"{row['contender']}: {row['samples_per_s']:,.0f}/s"
 
-    cold4 = best_grpc("4k", "cold")
+    def mbs(row: dict) -> str:
+        return f"{row['contender']}: {row['mb_per_s']:,.0f} MB/s"
+
+    cold4 = _best(results, "4k", "cold", NETWORK_ROWS)
     ext = _row(results, "4k", "cold", BASELINE)
     fio = _row(results, "4k", "cold", "fio")
-    add("cold 4 KB: DLFS get_batch >= 8x ext4 1 thread",
+    add("cold 4 KB: best DLFS network row >= 8x ext4 1 thread",
         cold4["ratio_to_ext4_1"] if cold4 and ext else None, 8.0,
-        f"{cold4['contender']}: {cold4['samples_per_s']:,.0f}/s vs ext4 {ext['samples_per_s']:,.0f}/s"
-        if cold4 and ext else "")
-    add("cold 4 KB: DLFS get_batch >= 70% of fio",
+        f"{sps(cold4)} vs ext4 {ext['samples_per_s']:,.0f}/s" if cold4 and ext else "")
+    add("cold 4 KB: best DLFS network row >= 70% of fio",
         cold4["samples_per_s"] / fio["samples_per_s"] if cold4 and fio else None, 0.70,
-        f"{cold4['contender']}: {cold4['samples_per_s']:,.0f}/s vs fio {fio['samples_per_s']:,.0f}/s"
+        f"{sps(cold4)} vs fio {fio['samples_per_s']:,.0f}/s"
         if cold4 and fio else "fio not available" if cold4 else "")
-    cold110 = best_grpc("110k", "cold")
-    add("cold 110 KB: DLFS get_batch >= 2x ext4 1 thread",
+    cold4_tcp = _best(results, "4k", "cold", TCP_ROWS)
+    add("cold 4 KB: best DLFS TCP row >= 0.85x fio samples/s",
+        cold4_tcp["samples_per_s"] / fio["samples_per_s"] if cold4_tcp and fio else None, 0.85,
+        f"{sps(cold4_tcp)} vs fio {fio['samples_per_s']:,.0f}/s"
+        if cold4_tcp and fio else "fio not available" if cold4_tcp else "")
+    cold110 = _best(results, "110k", "cold", NETWORK_ROWS)
+    add("cold 110 KB: best DLFS network row >= 2x ext4 1 thread",
         cold110["ratio_to_ext4_1"] if cold110 and cold110["ratio_to_ext4_1"] else None, 2.0,
-        f"{cold110['contender']}: {cold110['samples_per_s']:,.0f}/s" if cold110 else "")
+        sps(cold110) if cold110 else "")
+    cold110_tcp = _best(results, "110k", "cold", TCP_ROWS, "mb_per_s")
+    devices = [r for k in ("fio", "ext4-8") if (r := _row(results, "110k", "cold", k))]
+    device = max(devices, key=lambda r: r["mb_per_s"]) if devices else None
+    add("cold 110 KB: best DLFS TCP row MB/s >= 0.9x max(fio, ext4-8)",
+        cold110_tcp["mb_per_s"] / device["mb_per_s"] if cold110_tcp and device else None, 0.9,
+        f"{mbs(cold110_tcp)} vs {mbs(device)}" if cold110_tcp and device else "")
     warm4 = _row(results, "4k", "warm", "dlfs-grpc-4")
     add("warm 4 KB: DLFS gRPC, 4 in flight >= 1x ext4 1 thread",
         warm4["ratio_to_ext4_1"] if warm4 else None, 1.0,
         f"{warm4['samples_per_s']:,.0f}/s" if warm4 else "")
+    warm4_tcp = _best(results, "4k", "warm", TCP_ROWS)
+    add("warm 4 KB: best DLFS TCP row >= 1.5x ext4 1 thread",
+        warm4_tcp["ratio_to_ext4_1"] if warm4_tcp else None, 1.5,
+        sps(warm4_tcp) if warm4_tcp else "")
     direct = _row(results, "4k", "warm", "dlfs-direct")
     add("warm 4 KB: co-located client (direct) >= 4x ext4 1 thread",
         direct["ratio_to_ext4_1"] if direct else None, 4.0,
         f"{direct['samples_per_s']:,.0f}/s" if direct else "Client(direct=True) not available")
+    raw = _row(results, "110k", "warm", RAW_TCP)
+    warm110 = _best(results, "110k", "warm", ("dlfs-tcp-1", "dlfs-tcp-4", "dlfs-tcp-out-1"),
+                    "mb_per_s")
+    add("warm 110 KB: best of dlfs-tcp-1/-4/-out-1 MB/s >= 0.8x raw TCP",
+        warm110["mb_per_s"] / raw["mb_per_s"] if warm110 and raw else None, 0.8,
+        f"{mbs(warm110)} vs raw-tcp {raw['mb_per_s']:,.0f} MB/s" if warm110 and raw else "")
+    tcp1 = _row(results, "110k", "warm", "dlfs-tcp-1")
+    for side, who, goal in (("daemon", "sender", 1.75), ("client", "receiver", None)):
+        field = f"{side}_cpu_s_per_gb"
+        mine, theirs = (tcp1 or {}).get(field), (raw or {}).get(field)
+        add(f"warm 110 KB: {side} CPU-s/GB of dlfs-tcp-1 "
+            + (f"<= {goal:g}x" if goal else "vs") + f" raw TCP {who}'s",
+            mine / theirs if mine is not None and theirs else None, goal,
+            f"{mine:.3f} vs {theirs:.3f} CPU-s/GB" if mine is not None and theirs else "",
+            compare="<=")
+    scaling = results.get("scaling") or {}
+    if scaling.get("cases"):
+        add(f"warm 110 KB: {scaling['cases'][-1]['processes']} client processes >= "
+            f"{scaling['goal']:g}x one (aggregate GB/s over TCP)", scaling["ratio"],
+            scaling["goal"], scaling["explanation"])
     for workload in ("4k", "110k"):
         for cache in ("cold", "warm"):
-            for key in ("dlfs-grpc-1", "dlfs-grpc-4", "dlfs-grpc-prefetch", "dlfs-direct"):
+            for key in LATENCY_ROWS:
                 row = _row(results, workload, cache, key)
                 if row and row["p50_ms"]:
                     add(f"p99 < 4x p50: {key} {workload} {cache}", row["p99_ms"] / row["p50_ms"],
                         4.0, f"p50 {row['p50_ms']:.2f} ms, p99 {row['p99_ms']:.2f} ms",
-                        higher_is_better=False)
+                        compare="<")
     memory = results.get("memory") or {}
     restart = memory.get("daemon_restart")
     builds = memory.get("index_build") or []
@@ -224,12 +286,12 @@ def check_targets(results: dict) -> list[dict]:
             restart["full_rss_kib"] * 1024 / 1e6, 300.0,
             f"{restart['bytes_per_sample']:.0f} B/sample over an empty daemon "
             f"({restart['empty_rss_kib'] * 1024 / 1e6:.0f} MB); peak "
-            f"{restart['full_hwm_kib'] * 1024 / 1e6:.0f} MB", higher_is_better=False)
+            f"{restart['full_hwm_kib'] * 1024 / 1e6:.0f} MB", compare="<")
     elif builds:
         big = builds[-1]
         add(f"memory: directory of {big['samples']:,} samples < 300 MB (index only)",
             big["retained_bytes"] / 1e6, 300.0,
-            f"{big['bytes_per_sample']:.0f} B/sample", higher_is_better=False)
+            f"{big['bytes_per_sample']:.0f} B/sample", compare="<")
     return targets
 
 
@@ -254,7 +316,10 @@ def markdown(results: dict) -> str:
     lines.append(f"Cold: {results['cold_method']}.  Runs per row: {results['settings']['runs']} "
                  "timed after one warm-up; samples/s is the median (min–max); latency is per "
                  "batch call, pooled over the runs.  Ratio: samples/s over ext4 one-file-per-"
-                 "sample, 1 thread, same workload and cache state.")
+                 "sample, 1 thread, same workload and cache state; × raw TCP: MB/s over raw-tcp's "
+                 "(warm).  CPU-s/GB: CPU seconds per 1e9 bytes delivered, totals over the timed "
+                 "runs, of the daemon (/proc/PID/stat; for raw-* rows the sender process) and of "
+                 "the benchmark process (getrusage, all threads).")
     lines.append("")
     workloads = {w["name"]: w for w in results["workloads"]}
     for name, w in workloads.items():
@@ -265,11 +330,12 @@ def markdown(results: dict) -> str:
             lines.append(f"## {w['title']} — {cache}, batches of {w['batch_size']} "
                          f"(up to {w['batches_per_run']} per run)")
             lines.append("")
-            lines.append("| contender | samples/s | MB/s | p50 ms | p99 ms | × ext4 1 thread | note |")
-            lines.append("| --- | ---: | ---: | ---: | ---: | ---: | --- |")
+            lines.append("| contender | samples/s | MB/s | p50 ms | p99 ms | × ext4 1 thread | "
+                         "× raw TCP | daemon CPU-s/GB | client CPU-s/GB | note |")
+            lines.append("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
             for r in rows:
                 if not r["available"]:
-                    lines.append(f"| {r['label']} | — | — | — | — | — | {r['note']} |")
+                    lines.append(f"| {r['label']} | — | — | — | — | — | — | — | — | {r['note']} |")
                     continue
                 spread = ""
                 if r.get("runs", 0) > 1:
@@ -285,7 +351,9 @@ def markdown(results: dict) -> str:
                 lines.append(
                     f"| {r['label']} | {r['samples_per_s']:,.0f}{spread} | {r['mb_per_s']:,.0f} | "
                     f"{_fmt(r['p50_ms'], '.2f')} | {_fmt(r['p99_ms'], '.2f')} | "
-                    f"{_fmt(r['ratio_to_ext4_1'], '.2f')} | {note} |")
+                    f"{_fmt(r['ratio_to_ext4_1'], '.2f')} | {_fmt(r['ratio_to_raw_tcp'], '.2f')} | "
+                    f"{_fmt(r['daemon_cpu_s_per_gb'], '.2f')} | "
+                    f"{_fmt(r['client_cpu_s_per_gb'], '.2f')} | {note} |")
             lines.append("")
     daemon = results.get("daemon") or {}
     if daemon:
@@ -321,15 +389,44 @@ def markdown(results: dict) -> str:
                 f"B/sample), peak {restart['full_hwm_kib'] / 1024:.0f} MiB, serving after "
                 f"{restart['full_startup_s']:.1f} s (empty: {restart['empty_startup_s']:.1f} s).")
         lines.append("")
+    lines += _scaling_markdown(results.get("scaling"))
     lines.append("## Targets")
     lines.append("")
     lines.append("| target | measured | goal | status | detail |")
     lines.append("| --- | ---: | ---: | --- | --- |")
     for t in results["targets"]:
-        lines.append(f"| {t['target']} | {_fmt(t['value'], '.2f')} | {t['goal']:g} | "
+        goal = "—" if t["goal"] is None else f"{t['compare']} {t['goal']:g}"
+        lines.append(f"| {t['target']} | {_fmt(t['value'], '.2f')} | {goal} | "
                      f"{t['status']} | {t['detail']} |")
     lines.append("")
     return "\n".join(lines)
+
+
+def _scaling_markdown(scaling: dict | None) -> list[str]:
+    if not scaling:
+        return []
+    lines = ["## Scaling: client processes against one daemon (warm 110 KB, TCP)", ""]
+    if scaling.get("skipped"):
+        return lines + [f"Not run: {scaling['skipped']}.", ""]
+    lines.append(f"Each process: its own `Client(addr, data_path=\"tcp\")`, one batch of "
+                 f"{scaling['batch_size']} in flight, its own random batches; "
+                 f"{scaling['runs']} window(s) of {scaling['duration_s']:g} s started together; "
+                 f"{scaling['cpus']} CPUs.  GB/s: median (min–max) of the aggregate; CPU "
+                 "utilisation: CPU seconds / wall seconds (1.0 = one CPU).")
+    lines.append("")
+    lines.append("| client processes | GB/s | samples/s | × 1 process | daemon CPU-s/GB | "
+                 "daemon CPU | client CPU-s/GB | client CPU | machine busy |")
+    lines.append("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    one = scaling["cases"][0]["gb_per_s"]
+    for c in scaling["cases"]:
+        lines.append(f"| {c['processes']} | {c['gb_per_s']:.2f} ({c['gb_per_s_min']:.2f}–"
+                     f"{c['gb_per_s_max']:.2f}) | {c['samples_per_s']:,.0f} | "
+                     f"{_fmt(c['gb_per_s'] / one if one else None, '.2f')} | "
+                     f"{_fmt(c['daemon_cpu_s_per_gb'], '.2f')} | "
+                     f"{c['daemon_cpu_utilisation']:.2f} | {_fmt(c['client_cpu_s_per_gb'], '.2f')}"
+                     f" | {c['client_cpu_utilisation']:.2f} | {c['machine_busy']:.0%} |")
+    lines += ["", scaling["explanation"], ""]
+    return lines
 
 
 # --- chart ----------------------------------------------------------------------------------

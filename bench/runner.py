@@ -9,8 +9,11 @@ Per contender and cache state:
   `runs` timed runs, each right after the page cache was emptied.
 
 The first batch is checked sample by sample against the generated CRC32C
-before timing starts; every timed batch is checked for its byte count.
-A contender that fails gets a row that says so; the run goes on.
+before timing starts, and the row's transport (`Contender.check_transport`);
+every timed batch is checked for its byte count.  Each timed run records
+the CPU seconds of the daemon (or a ceiling's sender) and of this process
+(`CpuMeter`).  A contender that fails gets a row that says so; the run
+goes on.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import numpy as np
 
 from bench.contenders import Contender
 from bench.datagen import Prepared, batch_sequence
-from bench.measure import CacheControl, Measurement, check_samples
+from bench.measure import CacheControl, CpuMeter, Measurement, check_samples
 
 log = logging.getLogger("bench")
 
@@ -71,18 +74,21 @@ def measure(contender: Contender, prepared: Prepared, cache: str, batches: list[
     try:
         contender.open(prepared, cache)
         try:
-            if contender.measure_self(m):
-                return m
             budget = settings.warm_budget_s if cache == "warm" else settings.cold_budget_s
+            if contender.measure_self(m, settings.runs, budget):
+                return m
             if cache == "warm":
                 contender.run(batches, expected, 3 * budget)
             else:
                 contender.run(batches[:2], expected[:2], float("inf"))
             check_samples(contender.read_batch(batches[0]), batches[0], prepared.crcs)
+            m.extra.update(contender.check_transport())
             for _ in range(settings.runs):
                 if cache == "cold":
                     contender.evict(cache_control)
-                m.runs.append(contender.run(batches, expected, budget))
+                with CpuMeter(contender.server_pids(), contender.helper_pids()) as cpu:
+                    run = contender.run(batches, expected, budget)
+                m.runs.append(cpu.record(run))
             m.note = contender.note()
         finally:
             contender.close()

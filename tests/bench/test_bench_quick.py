@@ -2,8 +2,9 @@
 
 Speed is measured in bench/, never asserted here: this only checks that the
 harness runs (tiny data, one timed run per row) and that its JSON has every
-contender with numbers.  Rows that cannot run on this machine (fio not
-installed, no FUSE) must say so instead of failing.
+contender with numbers, the CPU figures where they apply, the ratios to
+raw TCP, the targets and the scaling experiment.  Rows that cannot run on
+this machine (fio not installed, no FUSE) must say so instead of failing.
 """
 
 from __future__ import annotations
@@ -17,9 +18,24 @@ import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONTENDERS = {"ext4-1", "ext4-8", "lmdb", "lmdb-random", "dlfs-grpc-1", "dlfs-grpc-4",
-              "dlfs-grpc-prefetch", "dlfs-fuse", "dlfs-direct", "fio"}
-ALWAYS_AVAILABLE = {"ext4-1", "ext4-8", "lmdb", "lmdb-random", "dlfs-grpc-1", "dlfs-grpc-4"}
+              "dlfs-grpc-prefetch", "dlfs-tcp-1", "dlfs-tcp-4", "dlfs-tcp-prefetch",
+              "dlfs-tcp-out-1", "dlfs-unix-1", "dlfs-fuse", "dlfs-direct", "fio", "raw-tcp",
+              "raw-unix-sendfile"}
+COLD_ONLY = {"fio"}
+WARM_ONLY = {"raw-tcp", "raw-unix-sendfile"}
+ALWAYS_AVAILABLE = {"ext4-1", "ext4-8", "lmdb", "lmdb-random", "dlfs-grpc-1", "dlfs-grpc-4",
+                    "dlfs-tcp-1", "dlfs-tcp-4", "dlfs-tcp-prefetch", "dlfs-tcp-out-1",
+                    "dlfs-unix-1", "raw-tcp", "raw-unix-sendfile"}
+# Rows whose "daemon" CPU figure is measured: they read through the daemon, or (raw-*)
+# have a sender process.  The others show only the client figure.
+SERVER_SIDE = {"dlfs-grpc-1", "dlfs-grpc-4", "dlfs-grpc-prefetch", "dlfs-tcp-1", "dlfs-tcp-4",
+               "dlfs-tcp-prefetch", "dlfs-tcp-out-1", "dlfs-unix-1", "dlfs-fuse", "dlfs-direct",
+               "raw-tcp", "raw-unix-sendfile"}
+DATA_PATH_ROWS = {"dlfs-tcp-1", "dlfs-tcp-4", "dlfs-tcp-prefetch", "dlfs-tcp-out-1",
+                  "dlfs-unix-1"}
 NUMBERS = ("samples_per_s", "mb_per_s", "p50_ms", "p99_ms", "ratio_to_ext4_1")
+COLUMNS = "| × ext4 1 thread | × raw TCP | daemon CPU-s/GB | client CPU-s/GB | note |"
+TARGET_STATUSES = ("met", "missed", "not measured", "info")
 
 pytest.importorskip("lmdb")
 
@@ -32,7 +48,8 @@ def test_quick_benchmark_runs_and_writes_results(tmp_path):
          "--out", str(out)],
         cwd=REPO, capture_output=True, text=True, timeout=110)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    assert "| contender | samples/s |" in proc.stdout
+    assert "| contender | samples/s |" in proc.stdout and COLUMNS in proc.stdout
+    assert "## Scaling: client processes against one daemon" in proc.stdout
 
     with open(out / "results.json") as f:
         results = json.load(f)
@@ -47,7 +64,7 @@ def test_quick_benchmark_runs_and_writes_results(tmp_path):
         for cache in ("cold", "warm"):
             here = {r["contender"]: r for r in rows
                     if r["workload"] == workload and r["cache"] == cache}
-            expected = CONTENDERS - ({"fio"} if cache == "warm" else set())
+            expected = CONTENDERS - (COLD_ONLY if cache == "warm" else WARM_ONLY)
             assert set(here) == expected, (workload, cache, sorted(here))
             for key, row in here.items():
                 if not row["available"]:
@@ -60,13 +77,51 @@ def test_quick_benchmark_runs_and_writes_results(tmp_path):
                         continue
                     assert isinstance(row[field], (int, float)) and row[field] > 0, \
                         (workload, cache, key, field, row[field])
+                _check_cpu(row, key in SERVER_SIDE)
+                if cache == "warm":
+                    assert isinstance(row["ratio_to_raw_tcp"], float), (workload, key)
+                else:
+                    assert row["ratio_to_raw_tcp"] is None, (workload, key)
+                if key in DATA_PATH_ROWS:
+                    assert row["data_connections"] >= 1, (workload, cache, key)
             assert here["ext4-1"]["ratio_to_ext4_1"] == pytest.approx(1.0)
+            if cache == "warm":
+                assert here["raw-tcp"]["ratio_to_raw_tcp"] == pytest.approx(1.0)
 
     targets = {t["target"]: t for t in results["targets"]}
     assert any(name.startswith("cold 4 KB") for name in targets)
-    assert all(t["status"] in ("met", "missed", "not measured") for t in targets.values())
+    assert all(t["status"] in TARGET_STATUSES for t in targets.values())
+    for prefix in ("warm 110 KB: best of dlfs-tcp-1", "warm 4 KB: best DLFS TCP row",
+                   "warm 110 KB: daemon CPU-s/GB of dlfs-tcp-1",
+                   "warm 110 KB: client CPU-s/GB of dlfs-tcp-1", "cold 4 KB: best DLFS TCP row",
+                   "cold 110 KB: best DLFS TCP row", "warm 110 KB: 4 client processes"):
+        assert any(name.startswith(prefix) for name in targets), prefix
+    warm110 = next(t for name, t in targets.items() if name.startswith("warm 110 KB: best of"))
+    assert warm110["status"] in ("met", "missed") and warm110["detail"].startswith("dlfs-tcp")
+
+    scaling = results["scaling"]
+    assert [c["processes"] for c in scaling["cases"]] == [1, 4]
+    for case in scaling["cases"]:
+        for field in ("gb_per_s", "samples_per_s", "daemon_cpu_s_per_gb",
+                      "daemon_cpu_utilisation", "client_cpu_s_per_gb", "machine_busy"):
+            assert isinstance(case[field], (int, float)) and case[field] >= 0, (case, field)
+        assert case["gb_per_s"] > 0
+    assert scaling["ratio"] > 0 and scaling["explanation"]
+
     memory = results["memory"]["index_build"]
     assert memory and all(m["bytes_per_sample"] > 0 for m in memory)
+
+
+def _check_cpu(row: dict, server_side: bool) -> None:
+    """CPU figures: numbers (>= 0: a quick run may spend less than a clock tick) or absent."""
+    where = (row["workload"], row["cache"], row["contender"])
+    for side, measured in (("client", True), ("daemon", server_side)):
+        total, per_gb = row[f"{side}_cpu_s"], row[f"{side}_cpu_s_per_gb"]
+        if measured:
+            assert isinstance(total, float) and total >= 0, (where, side, total)
+            assert isinstance(per_gb, float) and per_gb >= 0, (where, side, per_gb)
+        else:
+            assert total is None and per_gb is None, (where, side)
 
 
 @pytest.mark.timeout(120)
