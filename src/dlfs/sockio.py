@@ -8,14 +8,23 @@ in one system call), `recv_exactly` receives into the caller's memory.
 
 from __future__ import annotations
 
+import os
 import socket
 
 
+# Buffers one sendmsg takes at most (the kernel's UIO_MAXIOV).
+IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
+
+
 def send_all(sock: socket.socket, buffers: list) -> None:
-    """Send every buffer, in order.  Raises OSError (socket.timeout on a stall)."""
+    """Send every buffer, in order, at most IOV_MAX per system call.
+
+    Raises OSError (socket.timeout on a stall; EFAULT when a mapped page
+    cannot be read).
+    """
     views = [memoryview(b).cast("B") for b in buffers if len(b)]
     while views:
-        sent = sock.sendmsg(views)
+        sent = sock.sendmsg(views[:IOV_MAX])
         while views and sent >= len(views[0]):
             sent -= len(views[0])
             views.pop(0)

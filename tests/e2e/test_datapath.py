@@ -340,3 +340,23 @@ def test_forked_children_open_their_own_connections(served):
             assert worker.exitcode == 0
         assert results == sorted([files[paths[i]], files[paths[i + 1]]] for i in range(3))
         assert len(ds.get_batch([2])) == 1  # the parent's connections still work
+
+
+def test_cold_and_warm_windows_give_the_same_bytes(daemon, tree):
+    """Warm windows are gathered from the page cache, cold ones read into a buffer first."""
+    root, files = tree
+    paths = paths_of(files)
+    with Client(daemon.address) as client:
+        client.ingest(str(root), "ds")
+        ds = client.dataset("ds")
+        ids = list(range(len(paths)))[::-1]
+        warm = [bytes(s) for s in ds.get_batch(ids)]
+        extent_dir = os.path.join(daemon.data_dir, "extents")
+        for dataset_dir in os.listdir(extent_dir):
+            for name in os.listdir(os.path.join(extent_dir, dataset_dir)):
+                fd = os.open(os.path.join(extent_dir, dataset_dir, name), os.O_RDONLY)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                os.close(fd)
+        cold = [bytes(s) for s in ds.get_batch(ids)]
+        assert warm == cold == [files[paths[i]] for i in ids]
+        assert client.status().cache_miss_ranges > 0  # the second batch really was cold

@@ -193,20 +193,27 @@ class DataConnection:
                 raise self._unexpected(kind, "BATCH")
             reply = datawire.parse_batch_header(body)
             payload = _target(out, reply.payload_bytes, pool)
-            self._receive_payload(payload)
+            view = memoryview(payload).cast("B")
+            ends = np.cumsum(reply.lengths, dtype=np.uint64).tolist()
+            samples = [view[end - n:end] for end, n in zip(ends, reply.lengths.tolist())]
+            checker = None
+            if verify and reply.flags & datawire.BATCH_CRCS:
+                checker = _Checker(samples, ends, reply.crcs, ids, dataset, self.endpoint.label)
+            self._receive_payload(payload, checker)
         except BaseException as exc:
             raise self._failed(exc) from None
-        ends = np.cumsum(reply.lengths, dtype=np.uint64).tolist()
-        view = memoryview(payload).cast("B")
-        samples = [view[end - n:end] for end, n in zip(ends, reply.lengths.tolist())]
-        if verify and reply.flags & datawire.BATCH_CRCS:
-            _verify(samples, reply.crcs, ids, dataset, self.endpoint.label)
+        if checker is not None and checker.failure is not None:
+            raise checker.failure
         return Received(reply.generation, [s.toreadonly() for s in samples] if out is None
                         else samples)
 
-    def _receive_payload(self, payload: np.ndarray) -> None:
+    def _receive_payload(self, payload: np.ndarray, checker: "_Checker | None" = None) -> None:
+        """Receive the DATA frames of a payload into `payload`; `checker` verifies the
+        samples each frame completes while the next one is still on its way."""
         view = memoryview(payload).cast("B")
         filled = 0
+        if checker is not None:
+            checker.check_until(0)  # empty samples at the start
         while filled < len(view):
             kind, length = self._frame_header()
             if kind == datawire.Kind.ERROR:
@@ -215,6 +222,8 @@ class DataConnection:
                 raise self._unexpected(kind, "DATA within the announced payload")
             recv_exactly(self._sock, view[filled:filled + length])
             filled += length
+            if checker is not None:
+                checker.check_until(filled)
 
     # --- frames -------------------------------------------------------------------------
 
@@ -275,13 +284,37 @@ def checksum_mismatch(sample: str, label: str, expected: int, got: int) -> DataC
         "(`dlfs scrub` checks the daemon's copy)")
 
 
-def _verify(samples: list[memoryview], crcs: np.ndarray, ids: np.ndarray, dataset: str,
-            label: str) -> None:
-    for sample, expected, sample_id in zip(samples, crcs.tolist(), ids.tolist()):
-        got = crc32c.crc32c(sample)
-        if got != expected:
-            error = checksum_mismatch(f"sample {sample_id} of dataset {dataset!r}", label,
-                                      expected, got)
-            error.sample_id, error.expected, error.got = sample_id, expected, got
-            error.endpoint = label
-            raise error
+class _Checker:
+    """Verifies each sample's CRC32C once the payload bytes received cover it.
+
+    The first mismatch is kept (`failure`) and raised after the whole reply
+    arrived, so the connection stays usable.  O(samples) in all.
+    """
+
+    def __init__(self, samples: list[memoryview], ends: list[int], crcs: np.ndarray,
+                 ids: np.ndarray, dataset: str, label: str):
+        self.samples = samples
+        self.ends = ends
+        self.crcs = crcs.tolist()
+        self.ids = ids
+        self.dataset = dataset
+        self.label = label
+        self.next = 0
+        self.failure: DataCorruption | None = None
+
+    def check_until(self, received: int) -> None:
+        i, ends, samples, crcs = self.next, self.ends, self.samples, self.crcs
+        while i < len(ends) and ends[i] <= received:
+            got = crc32c.crc32c(samples[i])
+            if got != crcs[i] and self.failure is None:
+                self.failure = self._mismatch(i, crcs[i], got)
+            i += 1
+        self.next = i
+
+    def _mismatch(self, i: int, expected: int, got: int) -> DataCorruption:
+        sample_id = int(self.ids[i])
+        error = checksum_mismatch(f"sample {sample_id} of dataset {self.dataset!r}", self.label,
+                                  expected, got)
+        error.sample_id, error.expected, error.got = sample_id, expected, got
+        error.endpoint = self.label
+        return error
