@@ -21,9 +21,11 @@ with `dlfs.torch.ShuffleShardSampler` (same order for all):
   so batches reach the main process as shared-memory tensors; returning
   ``bytes`` would make pickling through the worker pipe the bottleneck
   of every loader alike.
-- ``dlfs``: `dlfs.torch.DLFSDataset` over gRPC, one get_batch per batch.
+- ``dlfs``: `dlfs.torch.DLFSDataset` over the network: the data path over
+  loopback TCP (``client_options={"data_path": "tcp"}``), one get_batch
+  per batch.
 - ``dlfs-direct``: the same with ``direct=True`` (co-located: the worker
-  reads the extent files itself; metadata from the daemon).
+  maps the extent files the daemon passed it; metadata from the daemon).
 - ``dlfs-readahead`` / ``dlfs-readahead-direct``: `DLFSDataset` without a
   transform in a DataLoader with ``num_workers=0``, ``batch_size=None`` and
   ``sampler=dlfs.torch.ReadAhead(sampler, ds, batch_size=B, batches=4)``:
@@ -88,6 +90,10 @@ FULL = Plan(samples=16384, batch_size=64, workers=4, compute_ms=(6.0, 8.0, 10.0,
             hint_compute_ms=4.0, hint_ahead_batches=16)
 QUICK = Plan(samples=1536, batch_size=64, workers=4, compute_ms=(8.0, 30.0),
              hint_compute_ms=4.0, hint_ahead_batches=8)
+# The loaders named without "direct" read as a remote node would: the data path over
+# loopback TCP (not the Unix socket a client on the daemon's host would pick).
+NETWORK = {"data_path": "tcp"}
+
 DATALOADER_KINDS = ("ext4-folder", "dlfs", "dlfs-direct", "dlfs-readahead",
                     "dlfs-readahead-direct")
 
@@ -182,11 +188,11 @@ def make_dataset(kind: str, tree: str, address: str, name: str):
     if kind == "ext4-folder":
         return folder_dataset_class()(tree)
     if kind == "dlfs":
-        return DLFSDataset(address, name, transform=to_tensor)
+        return DLFSDataset(address, name, transform=to_tensor, client_options=NETWORK)
     if kind == "dlfs-direct":
         return DLFSDataset(address, name, transform=to_tensor, client_options={"direct": True})
     if kind == "dlfs-readahead":
-        return DLFSDataset(address, name)
+        return DLFSDataset(address, name, client_options=NETWORK)
     if kind == "dlfs-readahead-direct":
         return DLFSDataset(address, name, client_options={"direct": True})
     raise ValueError(f"{kind} is not a DataLoader kind")
@@ -300,7 +306,8 @@ class PipelineLoader:
         from dlfs.torch import to_tensor
 
         order = np.asarray(self.order, dtype=np.int64)
-        with Client(self.env["address"], direct=self.direct) as client:
+        options = {"direct": True} if self.direct else NETWORK
+        with Client(self.env["address"], **options) as client:
             ds = client.dataset(self.env["name"])
             batches = iter_batches(ds, self.meta.ids[order], self.plan.batch_size,
                                    prefetch=self.prefetch, hint_ahead=self.hint_ahead)
