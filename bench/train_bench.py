@@ -359,7 +359,7 @@ LOADER_TITLES = {
     "dlfs-direct": "DLFSDataset direct, DataLoader",
     "dlfs-readahead": "DLFSDataset, ReadAhead",
     "dlfs-readahead-direct": "DLFSDataset direct, ReadAhead",
-    "dlfs-pipeline": "iter_batches (gRPC)",
+    "dlfs-pipeline": "iter_batches (network)",
     "dlfs-pipeline-direct": "iter_batches direct",
 }
 

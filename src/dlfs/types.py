@@ -31,6 +31,31 @@ class DatasetInfo:
 
 
 @dataclasses.dataclass(frozen=True)
+class DaemonStatus:
+    """A daemon's health and counters (the Status RPC, `dlfs status`, /metrics)."""
+
+    uptime_s: float
+    data_dir: str
+    datasets: int
+    samples: int
+    bytes: int
+    catalog_bytes: int
+    ingests_running: int
+    rpcs_in_flight: int
+    samples_served: int
+    bytes_served: int
+    batches_served: int
+    cache_hit_ranges: int
+    cache_miss_ranges: int
+    errors: dict  # calls that failed, by status code name
+    data_connections: int = 0  # connections open on the data path
+    # Filled in by whoever knows them: the daemon's gRPC layer, the client.
+    version: str = ""
+    metrics_address: str = ""  # HOST:PORT of /metrics, "" when not served
+    address: str = ""  # the daemon as the client reached it
+
+
+@dataclasses.dataclass(frozen=True)
 class Entry:
     """A file (sample) or directory of a dataset."""
 

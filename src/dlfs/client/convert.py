@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from dlfs.proto import dlfs_pb2 as pb
-from dlfs.types import DatasetInfo, Entry
+from dlfs.types import DaemonStatus, DatasetInfo, Entry
 
 
 def dataset_info(message: pb.DatasetInfo) -> DatasetInfo:
@@ -19,30 +19,9 @@ def entry(message: pb.Entry) -> Entry:
                  message.mode, message.mtime_ns, message.id, message.crc32c, message.children)
 
 
-@dataclasses.dataclass(frozen=True)
-class DaemonStatus:
-    address: str
-    version: str
-    uptime_s: float
-    data_dir: str
-    metrics_address: str
-    datasets: int
-    samples: int
-    bytes: int
-    catalog_bytes: int
-    ingests_running: int
-    rpcs_in_flight: int
-    samples_served: int
-    bytes_served: int
-    batches_served: int
-    cache_hit_ranges: int
-    cache_miss_ranges: int
-    errors: dict
-    data_connections: int = 0
-
-
 def daemon_status(address: str, m: pb.StatusReply) -> DaemonStatus:
-    return DaemonStatus(address, m.version, m.uptime_s, m.data_dir, m.metrics_address, m.datasets,
-                        m.samples, m.bytes, m.catalog_bytes, m.ingests_running, m.rpcs_in_flight,
-                        m.samples_served, m.bytes_served, m.batches_served, m.cache_hit_ranges,
-                        m.cache_miss_ranges, dict(m.errors), m.data_connections)
+    """The DaemonStatus a StatusReply carries (field for field), as `address` answered it."""
+    fields = {f.name: getattr(m, f.name) for f in dataclasses.fields(DaemonStatus)
+              if f.name != "address"}
+    fields["errors"] = dict(m.errors)
+    return DaemonStatus(address=address, **fields)

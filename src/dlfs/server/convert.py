@@ -13,8 +13,7 @@ from dlfs.proto import dlfs_pb2 as pb
 from dlfs import limits
 from dlfs.errors import InvalidArgument
 from dlfs.server.directory import Cluster, DatasetIndex
-from dlfs.server.metrics import Status
-from dlfs.types import DatasetInfo, Entry
+from dlfs.types import DaemonStatus, DatasetInfo, Entry
 
 # extent u32 + offset u64 + length u64 + crc u32 + holders (u16 x replicas_max at most)
 INDEX_BYTES_PER_SAMPLE = 24 + 2 * limits.replicas_max
@@ -81,10 +80,12 @@ def index_chunk(dataset: DatasetIndex, first: int, stop: int) -> pb.IndexChunk:
     )
 
 
-def status_reply(status: Status, version: str, metrics_address: str) -> pb.StatusReply:
-    """Status's fields are StatusReply's, but for the two the service knows."""
-    return pb.StatusReply(version=version, metrics_address=metrics_address,
-                          **dataclasses.asdict(status))
+def status_reply(status: DaemonStatus, version: str, metrics_address: str) -> pb.StatusReply:
+    """The StatusReply of `status`, with what only the service knows."""
+    fields = dataclasses.asdict(status)
+    del fields["address"]
+    fields.update(version=version, metrics_address=metrics_address)
+    return pb.StatusReply(**fields)
 
 
 def data_path_info(info) -> pb.DataPathInfo:

@@ -9,10 +9,11 @@ microsecond, so they are bumped per batch, never per sample.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+from dlfs.types import DaemonStatus
 
 # Batch latency buckets, seconds: from a warm small batch to a large cold one.
 LATENCY_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0,
@@ -24,27 +25,6 @@ OPERATOR_CODES = frozenset({"DATA_LOSS", "RESOURCE_EXHAUSTED", "UNAVAILABLE"})
 
 # The read calls counted in dlfs_batches_total (its "method" label).
 READ_METHODS = ("GetBatch", "GetSmallBatch", "ReadRange", "DataBatch", "DataRange")
-
-
-@dataclasses.dataclass(frozen=True)
-class Status:
-    """What the Status RPC reports: StatusReply's fields but version and metrics_address."""
-
-    uptime_s: float
-    data_dir: str
-    datasets: int
-    samples: int
-    bytes: int
-    catalog_bytes: int
-    ingests_running: int
-    rpcs_in_flight: int
-    samples_served: int
-    bytes_served: int
-    batches_served: int
-    cache_hit_ranges: int
-    cache_miss_ranges: int
-    errors: dict[str, int]  # calls that failed, by status code name
-    data_connections: int
 
 
 class Metrics:
@@ -123,11 +103,11 @@ class Metrics:
         self.catalog_bytes.set(catalog_bytes)
         self.open_extents.set(open_extents)
 
-    def status(self, data_dir: str, ingests_running: int) -> Status:
+    def status(self, data_dir: str, ingests_running: int) -> DaemonStatus:
         """The current values as a Status (the stored-data gauges as last set)."""
         errors = {s.labels["code"]: int(s.value) for s in self.errors.collect()[0].samples
                   if s.name.endswith("_total")}
-        return Status(
+        return DaemonStatus(
             uptime_s=time.time() - self.started, data_dir=data_dir,
             datasets=int(self.value("dlfs_datasets")),
             samples=int(self.value("dlfs_samples_stored")),

@@ -35,13 +35,13 @@ from dlfs.server.extents import ExtentFiles, ExtentStore, ExtentWriter
 from dlfs.server.ingest import IngestSession
 from dlfs.server.ingest_registry import IngestRegistry, IngestState
 from dlfs.server.leases import ReadLeases
-from dlfs.server.metrics import Metrics, Status
+from dlfs.server.metrics import Metrics
 from dlfs.server.prefetch import Prefetcher
 from dlfs.server.planning import BatchPlan
 from dlfs.server.reader import ReadEngine
 from dlfs.server.replay import release_free_heap, restore
 from dlfs.server.scrub import scrub as scrub_dataset
-from dlfs.types import DatasetInfo
+from dlfs.types import DaemonStatus, DatasetInfo
 
 log = logging.getLogger(__name__)
 
@@ -442,7 +442,7 @@ class Store:
         """Verify every locally stored sample of `dataset` (see scrub.scrub)."""
         return scrub_dataset(self._engine, dataset)
 
-    def status(self) -> Status:
+    def status(self) -> DaemonStatus:
         """Stored data, running ingests and served reads, now.  O(datasets)."""
         self.metrics.set_stored(self.directory.all(), self._catalog.size,
                                 self._files.open_count())
