@@ -31,6 +31,7 @@ from dlfs.errors import (  # noqa: E402
     NotFound,
     Overloaded,
     PermissionDenied,
+    StaleGeneration,
     StorageFull,
     Unauthenticated,
     Unavailable,
@@ -46,7 +47,8 @@ __all__ = [
     "AlreadyExists", "Cancelled", "Client", "DataCorruption", "Dataset", "DatasetInfo",
     "DatasetTicket",
     "DeadlineExceeded", "DlfsError", "Entry", "FailedPrecondition", "Internal",
-    "InvalidArgument", "NotFound", "Overloaded", "PermissionDenied", "StorageFull",
+    "InvalidArgument", "NotFound", "Overloaded", "PermissionDenied", "StaleGeneration",
+    "StorageFull",
     "Unauthenticated", "Unavailable", "request_id",
 ]
 

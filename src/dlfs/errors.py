@@ -53,6 +53,12 @@ class FailedPrecondition(DlfsError):
     status_code_name = "FAILED_PRECONDITION"
 
 
+class StaleGeneration(FailedPrecondition):
+    """The read named a version (generation) of a dataset that was since replaced or
+    deleted.  A `Dataset` asks for the current version and retries a batch once;
+    an open file of the mount reads as ESTALE."""
+
+
 class ReplyTooLarge(FailedPrecondition):
     """A GetSmallBatch reply would not fit in one message; GetBatch streams it."""
 

@@ -4,7 +4,6 @@ Layout::
 
     DATA_DIR/LOCK            flock'ed while a daemon runs (holds its pid)
     DATA_DIR/catalog.log     the catalog (format in dlfs.server.catalog)
-    DATA_DIR/daemon-token    random per daemon start (see write_token)
     DATA_DIR/extents/<dataset id, 16 hex digits>/<extent number, 6 digits>.ext
 
 An extent starts with a `HEADER_BYTES` header (magic, format version,
@@ -12,7 +11,8 @@ dataset id, extent number, creation time, CRC32C of the header) padded to
 4 KiB, so sample data starts page aligned; samples follow back to back.
 
 The daemon writes this layout (dlfs.server.extents, dlfs.server.store); a
-client on the daemon's host reads it (dlfs.client.direct).  Everything
+client on the daemon's host checks the headers of the extents it is passed
+(dlfs.client.direct).  Everything
 here is pure path arithmetic and byte formats: nothing creates a directory,
 and nothing imports grpc or the server package.
 """
@@ -28,7 +28,6 @@ from dlfs.errors import DataCorruption
 
 LOCK_FILE = "LOCK"
 CATALOG_FILE = "catalog.log"
-TOKEN_FILE = "daemon-token"
 EXTENTS_DIR = "extents"
 
 MAGIC = b"DLFSEXT1"
@@ -89,26 +88,3 @@ def check_header(raw: bytes, dataset_id: int, extent_no: int, path: str) -> None
             f"extent {path} belongs to dataset {got_dataset:x} extent {got_extent}, "
             f"not dataset {dataset_id:x} extent {extent_no}"
         )
-
-
-def write_token(data_dir: str) -> str:
-    """Write a fresh random token to DATA_DIR/daemon-token (mode 0600) and return it.
-
-    The daemon reports the token to clients; a client that reads the same
-    token from the file sees the daemon's own files and may read extents
-    directly.  Replaced atomically: a reader never sees half a token.
-    """
-    token = os.urandom(16).hex()
-    path = os.path.join(data_dir, TOKEN_FILE)
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        f.write(token)
-    os.chmod(tmp, 0o600)
-    os.replace(tmp, path)
-    return token
-
-
-def read_token(data_dir: str) -> str:
-    """The token in DATA_DIR/daemon-token.  Raises OSError when it cannot be read."""
-    with open(os.path.join(data_dir, TOKEN_FILE)) as f:
-        return f.read().strip()

@@ -108,6 +108,9 @@ ingests_concurrent_max_default = 8
 prepared_ingest_timeout_s = 300.0
 # Daemons that hold each sample of a striped dataset, at most.
 replicas_max = 8
+# Generations a striped ingest names are at least this: apart from the dataset
+# ids one daemon hands out (which stand in as generations for its own datasets).
+cluster_generation_min = 1 << 62
 # Daemons one striped dataset may span (member indices are u16).
 members_max = 4096
 # How often the daemon's main thread checks for a stop signal.

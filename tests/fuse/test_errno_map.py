@@ -16,6 +16,7 @@ EXPECTED = {
     errors.AlreadyExists: errno.EEXIST,
     errors.FailedPrecondition: errno.EIO,
     errors.ReplyTooLarge: errno.EIO,  # never reaches a reader: the client streams instead
+    errors.StaleGeneration: errno.ESTALE,  # the file's version was replaced
     errors.DataCorruption: errno.EIO,
     errors.Overloaded: errno.EAGAIN,
     errors.StorageFull: errno.ENOSPC,

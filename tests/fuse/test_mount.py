@@ -416,6 +416,32 @@ def test_new_and_replaced_datasets(daemon, tmp_path, mount_factory):
     assert "ESTALE" in m.log()
 
 
+def test_an_open_file_never_reads_a_same_size_replacement(daemon, tmp_path, mount_factory):
+    """Same paths, same sizes, other bytes: the open file is of the old version.  What
+    it already fetched it may serve again; anything else is ESTALE, never new bytes."""
+    size = 20 * 1024 * 1024  # read in units: a far offset needs the daemon again
+    write_tree(tmp_path / "v1", {"x.bin": b"1" * size, "y.bin": b"1" * 100_000})
+    write_tree(tmp_path / "v2", {"x.bin": b"2" * size, "y.bin": b"2" * 100_000})
+    with Client(daemon.address) as client:
+        client.ingest(str(tmp_path / "v1"), "ds", progress=False)
+        m = mount_factory(daemon.address)
+        big = open(os.path.join(m.mountpoint, "ds", "x.bin"), "rb", buffering=0)
+        small = open(os.path.join(m.mountpoint, "ds", "y.bin"), "rb", buffering=0)
+        assert big.read(10) == b"1" * 10 and small.read(10) == b"1" * 10
+        client.ingest(str(tmp_path / "v2"), "ds", replace=True, progress=False)
+    for f in (big, small):
+        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+    big.seek(15 * 1024 * 1024)
+    assert _errno_of(big.read, 100) == errno.ESTALE
+    small.seek(50_000)
+    try:
+        assert small.read(100) == b"1" * 100  # fetched whole at open: still the old bytes
+    except OSError as exc:
+        assert exc.errno == errno.ESTALE
+    big.close()
+    small.close()
+
+
 def test_sigterm_unmounts_cleanly(dataset, mount_factory):
     address, name, _ = dataset
     m = mount_factory(address)

@@ -159,8 +159,7 @@ class Client:
     def dataset(self, name: str) -> Dataset:
         """Open dataset `name`.  Raises NotFound, InvalidArgument."""
         check_dataset_name(name)
-        request = pb.GetDatasetRequest(dataset=name)
-        return Dataset(self, convert.dataset_info(self.transport.call("GetDataset", request)))
+        return Dataset(self, metadata.dataset_info(self.transport, name))
 
     def delete(self, name: str) -> DatasetInfo:
         """Remove dataset `name` and free its space (on every member that has it).

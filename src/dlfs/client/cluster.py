@@ -36,7 +36,14 @@ from dlfs import limits
 from dlfs.client.buffers import copy_into
 from dlfs.client.requests import batch_size
 from dlfs.client.transport import DaemonTransport
-from dlfs.errors import DlfsError, FailedPrecondition, InvalidArgument, NotFound, Unavailable
+from dlfs.errors import (
+    DlfsError,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    StaleGeneration,
+    Unavailable,
+)
 from dlfs.proto import dlfs_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -50,6 +57,7 @@ class Placement:
     members: tuple  # addresses in placement order; () for a one-daemon dataset
     holders: np.ndarray | None  # uint16 (samples, replicas); None for a one-daemon dataset
     owner: str  # for a one-daemon dataset: the daemon that has it
+    generation: int  # the version it describes; every part of a batch names it
 
 
 class ClusterRouter:
@@ -173,9 +181,9 @@ class ClusterRouter:
             known = self._placements.get(dataset)
         if known is not None and not refresh:
             return known
-        address, (members, holders) = self.call_any(
+        address, (members, holders, generation) = self.call_any(
             lambda member: (member.address, _placement_of(member.index(dataset))))
-        placement = Placement(members, holders, "" if members else address)
+        placement = Placement(members, holders, "" if members else address, generation)
         with self._lock:
             self._placements[dataset] = placement
         return placement
@@ -220,16 +228,41 @@ class ClusterRouter:
             return []
         samples = self.get_ids(request.dataset, self.ids_of(request),
                                verify=not request.skip_verify,
-                               prefetch=np.asarray(request.prefetch_ids, dtype=np.int64))
+                               prefetch=np.asarray(request.prefetch_ids, dtype=np.int64),
+                               generation=request.generation)
         return samples if out is None else copy_into(out, samples)
 
-    def get_ids(self, dataset: str, ids: np.ndarray, *, verify: bool,
-                prefetch: np.ndarray) -> list[memoryview]:
-        """Samples `ids` in request order, each part from a live holder, in parallel."""
+    def get_ids(self, dataset: str, ids: np.ndarray, *, verify: bool, prefetch: np.ndarray,
+                generation: int = 0) -> list[memoryview]:
+        """Samples `ids` of version `generation` (0: the current one) in request order,
+        each part from a live holder, in parallel.
+
+        The cached placement is for one version; every part names it, so a
+        member holding another version refuses its part and no batch mixes
+        versions.  A placement that does not match is learned again once;
+        then StaleGeneration (the dataset was replaced, or its members
+        disagree after a commit that did not reach all of them).
+        """
         for attempt in range(2):
             placement = self.placement(dataset, refresh=attempt > 0)
+            if generation and placement.generation and placement.generation != generation:
+                if attempt:
+                    raise StaleGeneration(
+                        f"dataset {dataset!r} was replaced: version {generation} is no longer "
+                        f"served (the current one is {placement.generation}); open it again")
+                continue
             try:
                 return self._get_ids(dataset, placement, ids, verify, prefetch)
+            except _OutOfRange:
+                if attempt:
+                    raise InvalidArgument(_out_of_range(dataset, ids, placement)) from None
+                # The cached placement may be of an older, smaller version: learn it again.
+            except StaleGeneration as exc:
+                if attempt:
+                    raise StaleGeneration(
+                        f"the daemons of dataset {dataset!r} serve different versions ({exc}); "
+                        "a striped commit may not have reached all of them: ingest it again "
+                        "with --replace") from None
             except (NotFound, FailedPrecondition):
                 if attempt:
                     raise  # the dataset really is gone or damaged
@@ -277,12 +310,11 @@ class ClusterRouter:
                  prefetch: np.ndarray) -> list[memoryview]:
         if not placement.members:
             request = pb.GetBatchRequest(dataset=dataset, ids=ids.tolist(),
-                                         prefetch_ids=prefetch.tolist(), skip_verify=not verify)
+                                         prefetch_ids=prefetch.tolist(), skip_verify=not verify,
+                                         generation=placement.generation)
             return self.member(placement.owner).get_batch(request)
         if ids.size and (ids.min() < 0 or ids.max() >= len(placement.holders)):
-            bad = int(ids[(ids < 0) | (ids >= len(placement.holders))][0])
-            raise InvalidArgument(f"sample id {bad} is out of range for dataset {dataset!r}: "
-                                  f"valid ids are 0..{len(placement.holders) - 1}")
+            raise _OutOfRange()
         if prefetch.size:
             self._hint(dataset, placement, prefetch)
         result: list = [None] * ids.size
@@ -294,7 +326,8 @@ class ClusterRouter:
             for address in np.unique(chosen):
                 positions = pending[chosen == address]
                 part = pb.GetBatchRequest(dataset=dataset, ids=ids[positions].tolist(),
-                                          skip_verify=not verify)
+                                          skip_verify=not verify,
+                                          generation=placement.generation)
                 futures[address] = (positions, self.submit(self.member(address).get_batch, part))
             retry = []
             for address, (positions, future) in futures.items():
@@ -338,17 +371,28 @@ class ClusterRouter:
             self.submit(_quiet_prefetch, self.member(address), dataset, ids[chosen == address])
 
 
-def _placement_of(chunks: list[pb.IndexChunk]) -> tuple[tuple, np.ndarray | None]:
-    """(members, holders) of a dataset from its GetIndex stream."""
+class _OutOfRange(Exception):
+    """A batch names ids past the cached placement (which may be of an older version)."""
+
+
+def _out_of_range(dataset: str, ids: np.ndarray, placement: Placement) -> str:
+    bad = int(ids[(ids < 0) | (ids >= len(placement.holders))][0])
+    return (f"sample id {bad} is out of range for dataset {dataset!r}: valid ids are "
+            f"0..{len(placement.holders) - 1}")
+
+
+def _placement_of(chunks: list[pb.IndexChunk]) -> tuple[tuple, np.ndarray | None, int]:
+    """(members, holders, generation) of a dataset from its GetIndex stream."""
     members: tuple = ()
     replicas = 0
     for chunk in chunks:
         if chunk.members:
             members, replicas = tuple(chunk.members), chunk.replicas
+    generation = chunks[0].generation if chunks else 0
     if not members:
-        return (), None
+        return (), None, generation
     holders = np.frombuffer(b"".join(c.holders for c in chunks), "<u2").reshape(-1, replicas)
-    return members, holders
+    return members, holders, generation
 
 
 def _quiet_prefetch(member: DaemonTransport, dataset: str, ids: np.ndarray) -> None:

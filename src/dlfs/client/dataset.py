@@ -8,15 +8,20 @@ import numpy as np
 
 from dlfs.client import metadata
 from dlfs.client.requests import SampleKey, batch_request, fill_keys, range_request
+from dlfs.errors import StaleGeneration
 from dlfs.proto import dlfs_pb2 as pb
 from dlfs.types import DatasetInfo, Entry
 
 
 class Dataset:
-    """One sealed dataset.  `len(ds)` samples with ids 0..len-1.
+    """One sealed version of a dataset.  `len(ds)` samples with ids 0..len-1.
 
     `client` is the `Client` it was opened with; every call goes through
-    that client's transport (one daemon, several, or co-located).
+    that client's transport (one daemon, several, or co-located).  Reads
+    name the version (`info.generation`) the ids refer to, so a batch never
+    mixes versions.  When the dataset was replaced since it was opened,
+    `get_batch` and `read` switch to the current version (`info` is updated)
+    and ask once more: the whole batch then comes from the new version.
     """
 
     def __init__(self, client, info: DatasetInfo):
@@ -47,10 +52,24 @@ class Dataset:
         page cache with this call (as `prefetch` does).  Raises
         InvalidArgument (bad id, mixed ids and paths, batch over the
         daemon's limit, `out` too small), NotFound (unknown path),
-        DataCorruption (stored or received bytes fail their checksum).
+        DataCorruption (stored or received bytes fail their checksum),
+        StaleGeneration (replaced again while it was being read).
         """
-        return self._transport.get_batch(batch_request(self.name, keys, verify=verify,
-                                                       prefetch=prefetch), out)
+        return self._current(lambda generation: self._transport.get_batch(batch_request(
+            self.name, keys, verify=verify, prefetch=prefetch, generation=generation), out))
+
+    def refresh(self) -> DatasetInfo:
+        """Ask the daemon for the dataset's current version and read that one from now on."""
+        self.info = metadata.dataset_info(self._transport, self.name)
+        return self.info
+
+    def _current(self, read):
+        """`read(generation)`, once more with the current version if this one was replaced."""
+        try:
+            return read(self.info.generation)
+        except StaleGeneration:
+            self.refresh()
+            return read(self.info.generation)
 
     def prepare(self) -> None:
         """Set up reading now rather than at the first batch (optional).
@@ -93,8 +112,8 @@ class Dataset:
         """
         if offset == 0 and length == 0:  # the whole sample: as a batch of one (unary call)
             return self.get_batch([key], verify=verify)[0]
-        return self._transport.read_range(range_request(self.name, key, offset, length,
-                                                        verify=verify))
+        return self._current(lambda generation: self._transport.read_range(range_request(
+            self.name, key, offset, length, verify=verify, generation=generation)))
 
     def read_chunks(self, key: SampleKey, offset: int = 0, length: int = 0
                     ) -> Iterator[tuple[int, memoryview]]:
@@ -106,7 +125,8 @@ class Dataset:
         before the first piece is retried as every read is; a stream that
         breaks later raises Unavailable.
         """
-        request = range_request(self.name, key, offset, length, verify=False)
+        request = range_request(self.name, key, offset, length, verify=False,
+                                generation=self.info.generation)
         yield from self._transport.read_chunks(request)
 
     def path(self, sample_id: int) -> str:

@@ -99,7 +99,8 @@ class DataPathTransport(DaemonTransport):
         ids = self.ids_of(request)
         hints = np.asarray(request.prefetch_ids, dtype=np.int64)
         return self._on_data_path(request.dataset, lambda data: data.get_batch(
-            request.dataset, ids, hints=hints, verify=not request.skip_verify, out=out,
+            request.dataset, ids, generation=request.generation, hints=hints,
+            verify=not request.skip_verify, out=out,
             request_id=logs.current_request_id()).samples,
             fallback=lambda: super(DataPathTransport, self).get_batch(request, out))
 
@@ -110,7 +111,8 @@ class DataPathTransport(DaemonTransport):
             pb.GetBatchRequest(dataset=request.dataset, paths=[request.path]))[0])
         return self._on_data_path(request.dataset, lambda data: data.read_range(
             request.dataset, sample_id, request.offset, request.length,
-            verify=not request.skip_verify, request_id=logs.current_request_id()).samples[0],
+            generation=request.generation, verify=not request.skip_verify,
+            request_id=logs.current_request_id()).samples[0],
             fallback=lambda: super(DataPathTransport, self).read_range(request))
 
     def _on_data_path(self, dataset: str, read, fallback):

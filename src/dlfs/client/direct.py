@@ -31,7 +31,13 @@ from dlfs.client.buffers import copy_into
 from dlfs.client.datapath import DataPath
 from dlfs.client.datatransport import DataPathTransport
 from dlfs.client.requests import batch_size
-from dlfs.errors import DataCorruption, FailedPrecondition, InvalidArgument, Unavailable
+from dlfs.errors import (
+    DataCorruption,
+    FailedPrecondition,
+    InvalidArgument,
+    StaleGeneration,
+    Unavailable,
+)
 from dlfs.proto import dlfs_pb2 as pb
 
 
@@ -67,7 +73,8 @@ class DirectTransport(DataPathTransport):
         reader = self._reader(request.dataset)
         if request.prefetch_ids:
             reader.prefetch(request.prefetch_ids)
-        samples = reader.get_batch(self.ids_of(request), verify=not request.skip_verify)
+        samples = reader.get_batch(self.ids_of(request), verify=not request.skip_verify,
+                                   generation=request.generation)
         return samples if out is None else copy_into(out, samples)
 
     def _reader(self, dataset: str) -> "DirectReader":
@@ -169,10 +176,20 @@ class DirectReader:
         """Whether the daemon unlinked this version's extents (one fstat)."""
         return self._sentinel >= 0 and os.fstat(self._sentinel).st_nlink == 0
 
-    def get_batch(self, ids, *, verify: bool = True) -> list[memoryview]:
-        """Samples `ids` (integer ids) as read-only memoryviews into the mapped extents."""
-        if self._replaced():
+    def get_batch(self, ids, *, verify: bool = True, generation: int = 0) -> list[memoryview]:
+        """Samples `ids` (integer ids) as read-only memoryviews into the mapped extents.
+
+        With a `generation`, only that version of the dataset will do:
+        StaleGeneration when the daemon now has another (the mapped one is
+        reloaded first if it was replaced).
+        """
+        if self._replaced() or (generation and generation != self._index.generation):
             self._load()
+        index = self._index
+        if generation and generation != index.generation:
+            raise StaleGeneration(
+                f"dataset {self._dataset!r} was replaced: version {generation} is no longer "
+                f"served (the current one is {index.generation}); open it again")
         return self._read(ids, verify)
 
     def prefetch(self, ids) -> None:

@@ -15,7 +15,12 @@ from dlfs.client import convert
 from dlfs.client.requests import SampleKey, fill_keys
 from dlfs.paths import normalize_dir_path
 from dlfs.proto import dlfs_pb2 as pb
-from dlfs.types import Entry
+from dlfs.types import DatasetInfo, Entry
+
+
+def dataset_info(transport, dataset: str) -> DatasetInfo:
+    """The summary of the current version of `dataset`.  Raises NotFound."""
+    return convert.dataset_info(transport.call("GetDataset", pb.GetDatasetRequest(dataset=dataset)))
 
 
 def stat(transport, dataset: str, path: str) -> Entry:

@@ -44,9 +44,11 @@ def fill_keys(request, keys, ids_field: str = "ids", paths_field: str = "paths")
 
 
 def batch_request(dataset: str, keys: Iterable[SampleKey], *, verify: bool,
-                  prefetch: Iterable[int] = ()) -> pb.GetBatchRequest:
-    """A GetBatchRequest for `keys`, with optional prefetch ids riding along."""
-    request = pb.GetBatchRequest(dataset=dataset, skip_verify=not verify)
+                  prefetch: Iterable[int] = (), generation: int = 0) -> pb.GetBatchRequest:
+    """A GetBatchRequest for `keys` of version `generation` (0: the current one), with
+    optional prefetch ids riding along."""
+    request = pb.GetBatchRequest(dataset=dataset, skip_verify=not verify,
+                                 generation=generation)
     fill_keys(request, prefetch, ids_field="prefetch_ids", paths_field="prefetch_ids")
     fill_keys(request, keys)
     return request
@@ -57,13 +59,13 @@ def batch_size(request) -> int:
     return len(request.ids) + len(request.paths)
 
 
-def range_request(dataset: str, key: SampleKey, offset: int, length: int, *, verify: bool
-                  ) -> pb.ReadRangeRequest:
+def range_request(dataset: str, key: SampleKey, offset: int, length: int, *, verify: bool,
+                  generation: int = 0) -> pb.ReadRangeRequest:
     """A ReadRangeRequest for `length` bytes (0: to the end) at `offset` of one sample."""
     if offset < 0 or length < 0:
         raise InvalidArgument(f"offset {offset} and length {length} must not be negative")
     request = pb.ReadRangeRequest(dataset=dataset, offset=offset, length=length,
-                                  skip_verify=not verify)
+                                  skip_verify=not verify, generation=generation)
     if isinstance(key, str):
         request.path = key
     elif isinstance(key, (int, np.integer)) and not isinstance(key, bool):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import queue
+import secrets
 import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -77,7 +78,11 @@ def run_two_phase(router, name: str, members: list[str], replicas: int, *,
     becomes InvalidArgument (the source could not be read).  Returns the
     first member's DatasetInfo after all committed.
     """
-    streams = [_MemberStream(router.member(address), name, replace, members, replicas, index)
+    # The new version's number, the same on every member (above the dataset ids
+    # daemons hand out), so readers can tell it from the one it replaces.
+    generation = limits.cluster_generation_min | secrets.randbits(62)
+    streams = [_MemberStream(router.member(address), name, replace, members, replicas, index,
+                             generation)
                for index, address in enumerate(members)]
     bar = None
     if progress if progress is not None else sys.stderr.isatty():
@@ -184,12 +189,13 @@ class _MemberStream:
     """One member's Ingest call, fed piece by piece through a bounded queue."""
 
     def __init__(self, member, name: str, replace: bool, members: list[str], replicas: int,
-                 index: int):
+                 index: int, generation: int):
         self.member = member
         self.name = name
         self.index = index
         self.start = pb.IngestStart(dataset=name, replace=replace, members=members,
-                                    replicas=replicas, member_index=index, prepare_only=True)
+                                    replicas=replicas, member_index=index, prepare_only=True,
+                                    generation=generation)
         self._queue: queue.Queue = queue.Queue(maxsize=limits.ingest_queue_pieces_max)
         self.error: BaseException | None = None
         self.prepared = False

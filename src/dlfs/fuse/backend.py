@@ -21,7 +21,7 @@ import time
 from typing import Callable, TypeVar
 
 from dlfs import Client, errors
-from dlfs.client.dataset import Dataset
+from dlfs.client.requests import batch_request, range_request
 from dlfs.client.convert import DatasetInfo, Entry
 from dlfs import limits as fuse_limits
 from dlfs.fuse.errno_map import DAEMON_DOWN
@@ -73,15 +73,20 @@ class Backend:
         InvalidArgument (not a directory)."""
         return self._run(lambda c: c.list_page(dataset, path, start_after, page_size))
 
-    def read(self, dataset: str, path: str, offset: int, length: int) -> memoryview:
+    def read(self, dataset: str, path: str, offset: int, length: int,
+             generation: int = 0) -> memoryview:
         """`length` bytes at `offset` of a sample (0: to the end; from 0 the
-        whole sample, CRC32C verified).  Raises NotFound, DataCorruption."""
-        # Dataset.read needs only the client and the name; the summary is not used.
-        info = DatasetInfo(dataset, 0, 0, True, 0, 0)
-        return self._run(lambda c: Dataset(c, info).read(path, offset, length))
+        whole sample, CRC32C verified), of version `generation` (0: the
+        current one).  Raises NotFound, DataCorruption, StaleGeneration."""
+        if offset == 0 and length == 0:
+            request = batch_request(dataset, [path], verify=True, generation=generation)
+            return self._run(lambda c: c.transport.get_batch(request)[0])
+        request = range_request(dataset, path, offset, length, verify=True,
+                                generation=generation)
+        return self._run(lambda c: c.transport.read_range(request))
 
     def read_chunks(self, dataset: str, path: str, offset: int, length: int,
-                    deliver: Callable[[int, memoryview], None]) -> int:
+                    deliver: Callable[[int, memoryview], None], generation: int = 0) -> int:
         """Stream `length` bytes at `offset` of a sample; returns how many came.
 
         Calls `deliver(position, chunk)` for each piece as it arrives, in
@@ -91,11 +96,12 @@ class Backend:
         range cannot be).  UNAVAILABLE before the first piece is retried like
         every read; a stream that breaks later raises.  Raises what `read` does.
         """
-        info = DatasetInfo(dataset, 0, 0, True, 0, 0)
+        request = range_request(dataset, path, offset, length, verify=False,
+                                generation=generation)
 
         def stream(client: Client) -> int:
             received = 0
-            for position, chunk in Dataset(client, info).read_chunks(path, offset, length):
+            for position, chunk in client.transport.read_chunks(request):
                 deliver(position, chunk)
                 received = position + len(chunk)
             return received

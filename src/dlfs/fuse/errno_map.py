@@ -24,6 +24,8 @@ class Stale(errors.DlfsError):
 # Most specific class first: the first isinstance match wins.
 ERRNO_BY_ERROR: tuple[tuple[type[errors.DlfsError], int], ...] = (
     (Stale, errno.ESTALE),
+    # The dataset was replaced since the file was opened (its version is gone).
+    (errors.StaleGeneration, errno.ESTALE),
     (errors.NotFound, errno.ENOENT),
     (errors.InvalidArgument, errno.EINVAL),
     (errors.AlreadyExists, errno.EEXIST),

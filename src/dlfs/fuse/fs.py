@@ -72,7 +72,15 @@ def dataset_attrs(info: DatasetInfo) -> Attrs:
 
 
 def dataset_key(info: DatasetInfo) -> Key:
-    return (info.name, info.created_ns, "")
+    """The key of a dataset's root: its name and version.  The version is its
+    generation, or, for a striped dataset from before generations (0), minus
+    its creation time: a replaced dataset gets new nodes either way."""
+    return (info.name, info.generation or -info.created_ns, "")
+
+
+def read_generation(node: Node) -> int:
+    """The generation reads of `node` name (0, "any", when its dataset has none)."""
+    return max(node.key[1], 0)
 
 
 def entry_attrs(entry: Entry) -> Attrs:
@@ -296,7 +304,8 @@ class DlfsOperations(pyfuse3.Operations):
                                              abandon_on_cancel=True)
 
     async def _fetch_whole(self, node: Node) -> memoryview:
-        return await self._thread(self.backend.read, node.dataset, node.path, 0, 0)
+        return await self._thread(self.backend.read, node.dataset, node.path, 0, 0,
+                                  read_generation(node))
 
     async def _fetch_range(self, node: Node, offset: int, length: int,
                            deliver: Callable[[int, memoryview], None]) -> int:
@@ -306,7 +315,7 @@ class DlfsOperations(pyfuse3.Operations):
             trio.from_thread.run_sync(deliver, position, piece, trio_token=token)
 
         return await self._thread(self.backend.read_chunks, node.dataset, node.path, offset,
-                                  length, deliver_on_loop)
+                                  length, deliver_on_loop, read_generation(node))
 
     async def _store(self, node: Node, offset: int, data: memoryview) -> None:
         # Copies into the page cache; may wait for pages the kernel is reading.

@@ -143,18 +143,20 @@ class LookupReply(_message.Message):
     def __init__(self, entries: _Optional[_Iterable[_Union[Entry, _Mapping]]] = ...) -> None: ...
 
 class GetBatchRequest(_message.Message):
-    __slots__ = ("dataset", "ids", "paths", "skip_verify", "prefetch_ids")
+    __slots__ = ("dataset", "ids", "paths", "skip_verify", "prefetch_ids", "generation")
     DATASET_FIELD_NUMBER: _ClassVar[int]
     IDS_FIELD_NUMBER: _ClassVar[int]
     PATHS_FIELD_NUMBER: _ClassVar[int]
     SKIP_VERIFY_FIELD_NUMBER: _ClassVar[int]
     PREFETCH_IDS_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
     dataset: str
     ids: _containers.RepeatedScalarFieldContainer[int]
     paths: _containers.RepeatedScalarFieldContainer[str]
     skip_verify: bool
     prefetch_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, dataset: _Optional[str] = ..., ids: _Optional[_Iterable[int]] = ..., paths: _Optional[_Iterable[str]] = ..., skip_verify: _Optional[bool] = ..., prefetch_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    generation: int
+    def __init__(self, dataset: _Optional[str] = ..., ids: _Optional[_Iterable[int]] = ..., paths: _Optional[_Iterable[str]] = ..., skip_verify: _Optional[bool] = ..., prefetch_ids: _Optional[_Iterable[int]] = ..., generation: _Optional[int] = ...) -> None: ...
 
 class PrefetchRequest(_message.Message):
     __slots__ = ("dataset", "ids", "paths")
@@ -175,20 +177,22 @@ class PrefetchReply(_message.Message):
     def __init__(self, ranges: _Optional[int] = ..., bytes: _Optional[int] = ...) -> None: ...
 
 class ReadRangeRequest(_message.Message):
-    __slots__ = ("dataset", "id", "path", "offset", "length", "skip_verify")
+    __slots__ = ("dataset", "id", "path", "offset", "length", "skip_verify", "generation")
     DATASET_FIELD_NUMBER: _ClassVar[int]
     ID_FIELD_NUMBER: _ClassVar[int]
     PATH_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     LENGTH_FIELD_NUMBER: _ClassVar[int]
     SKIP_VERIFY_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
     dataset: str
     id: int
     path: str
     offset: int
     length: int
     skip_verify: bool
-    def __init__(self, dataset: _Optional[str] = ..., id: _Optional[int] = ..., path: _Optional[str] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ..., skip_verify: _Optional[bool] = ...) -> None: ...
+    generation: int
+    def __init__(self, dataset: _Optional[str] = ..., id: _Optional[int] = ..., path: _Optional[str] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ..., skip_verify: _Optional[bool] = ..., generation: _Optional[int] = ...) -> None: ...
 
 class GetIndexRequest(_message.Message):
     __slots__ = ("dataset",)
@@ -197,10 +201,8 @@ class GetIndexRequest(_message.Message):
     def __init__(self, dataset: _Optional[str] = ...) -> None: ...
 
 class IndexChunk(_message.Message):
-    __slots__ = ("dataset_id", "data_dir", "daemon_token", "samples", "first_id", "extent", "offset", "length", "crc32c", "holders", "members", "replicas")
+    __slots__ = ("dataset_id", "samples", "first_id", "extent", "offset", "length", "crc32c", "holders", "members", "replicas", "generation")
     DATASET_ID_FIELD_NUMBER: _ClassVar[int]
-    DATA_DIR_FIELD_NUMBER: _ClassVar[int]
-    DAEMON_TOKEN_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_FIELD_NUMBER: _ClassVar[int]
     FIRST_ID_FIELD_NUMBER: _ClassVar[int]
     EXTENT_FIELD_NUMBER: _ClassVar[int]
@@ -210,9 +212,8 @@ class IndexChunk(_message.Message):
     HOLDERS_FIELD_NUMBER: _ClassVar[int]
     MEMBERS_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
     dataset_id: int
-    data_dir: str
-    daemon_token: str
     samples: int
     first_id: int
     extent: bytes
@@ -222,7 +223,8 @@ class IndexChunk(_message.Message):
     holders: bytes
     members: _containers.RepeatedScalarFieldContainer[str]
     replicas: int
-    def __init__(self, dataset_id: _Optional[int] = ..., data_dir: _Optional[str] = ..., daemon_token: _Optional[str] = ..., samples: _Optional[int] = ..., first_id: _Optional[int] = ..., extent: _Optional[bytes] = ..., offset: _Optional[bytes] = ..., length: _Optional[bytes] = ..., crc32c: _Optional[bytes] = ..., holders: _Optional[bytes] = ..., members: _Optional[_Iterable[str]] = ..., replicas: _Optional[int] = ...) -> None: ...
+    generation: int
+    def __init__(self, dataset_id: _Optional[int] = ..., samples: _Optional[int] = ..., first_id: _Optional[int] = ..., extent: _Optional[bytes] = ..., offset: _Optional[bytes] = ..., length: _Optional[bytes] = ..., crc32c: _Optional[bytes] = ..., holders: _Optional[bytes] = ..., members: _Optional[_Iterable[str]] = ..., replicas: _Optional[int] = ..., generation: _Optional[int] = ...) -> None: ...
 
 class ScrubRequest(_message.Message):
     __slots__ = ("dataset",)
@@ -328,20 +330,22 @@ class IngestEnd(_message.Message):
     def __init__(self, files: _Optional[int] = ..., bytes: _Optional[int] = ...) -> None: ...
 
 class IngestStart(_message.Message):
-    __slots__ = ("dataset", "replace", "members", "replicas", "member_index", "prepare_only")
+    __slots__ = ("dataset", "replace", "members", "replicas", "member_index", "prepare_only", "generation")
     DATASET_FIELD_NUMBER: _ClassVar[int]
     REPLACE_FIELD_NUMBER: _ClassVar[int]
     MEMBERS_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
     MEMBER_INDEX_FIELD_NUMBER: _ClassVar[int]
     PREPARE_ONLY_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
     dataset: str
     replace: bool
     members: _containers.RepeatedScalarFieldContainer[str]
     replicas: int
     member_index: int
     prepare_only: bool
-    def __init__(self, dataset: _Optional[str] = ..., replace: _Optional[bool] = ..., members: _Optional[_Iterable[str]] = ..., replicas: _Optional[int] = ..., member_index: _Optional[int] = ..., prepare_only: _Optional[bool] = ...) -> None: ...
+    generation: int
+    def __init__(self, dataset: _Optional[str] = ..., replace: _Optional[bool] = ..., members: _Optional[_Iterable[str]] = ..., replicas: _Optional[int] = ..., member_index: _Optional[int] = ..., prepare_only: _Optional[bool] = ..., generation: _Optional[int] = ...) -> None: ...
 
 class IngestPiece(_message.Message):
     __slots__ = ("path", "size", "mode", "mtime_ns", "data", "crc32c", "holders", "remote", "kept")

@@ -218,11 +218,9 @@ class DlfsServicer:
         raise NotImplementedError('Method not implemented!')
 
     def GetIndex(self, request, context):
-        """The dataset's sample locations, for a client on the same host that may
-        read the extent files itself (zero-copy, no transfer through the daemon).
-        Arrays are little endian, in id order, streamed in chunks of at most
-        4 MiB.  The client checks `daemon_token` against DATA_DIR/daemon-token
-        to know it sees the daemon's own files.  Codes: NOT_FOUND.
+        """The dataset's sample locations and, for a striped dataset, its
+        placement (clients route batches by it).  Arrays are little endian, in
+        id order, streamed in chunks of at most 4 MiB.  Codes: NOT_FOUND.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -17,6 +17,9 @@ Record types and payloads:
             (UTF-8, NUL-separated): the dataset is striped over these daemons
     HOLDERS dataset id u64 | count u32 | replicas u32 | member indices u16[n x r]
             of the samples of the SAMPLES record just before it
+    GENERATION dataset id u64 | generation u64: the version id a striped ingest
+            named, the same on every member (without it, the generation is the
+            dataset id)
 
 A dataset becomes visible only with its SEAL record, which is written after
 its extents and SAMPLES records are synced, and the catalog is synced before
@@ -68,6 +71,7 @@ class RecordType(enum.IntEnum):
     DELETE = 4
     CLUSTER = 5
     HOLDERS = 6
+    GENERATION = 7
 
 
 _RECORD_TYPES = frozenset(t.value for t in RecordType)
@@ -131,6 +135,7 @@ def encode_samples(dataset_id: int, block: SampleBlock) -> bytes:
 
 
 _CLUSTER = struct.Struct("<QII")
+_GENERATION = struct.Struct("<QQ")
 _HOLDERS = struct.Struct("<QII")
 
 
@@ -141,6 +146,14 @@ def encode_cluster(dataset_id: int, replicas: int, member_index: int, members: l
 def decode_cluster(payload: bytes) -> tuple[int, int, int, list[str]]:
     dataset_id, replicas, member_index = _CLUSTER.unpack_from(payload)
     return dataset_id, replicas, member_index, payload[_CLUSTER.size:].decode("utf-8").split("\0")
+
+
+def encode_generation(dataset_id: int, generation: int) -> bytes:
+    return _GENERATION.pack(dataset_id, generation)
+
+
+def decode_generation(payload: bytes) -> tuple[int, int]:
+    return _GENERATION.unpack_from(payload)
 
 
 def encode_holders(dataset_id: int, holders: np.ndarray) -> bytes:
@@ -170,6 +183,9 @@ def start_records(dataset_id: int, created_ns: int, name: str, cluster=None
     if cluster is not None:
         records.append((RecordType.CLUSTER, encode_cluster(
             dataset_id, cluster.replicas, cluster.member_index, list(cluster.members))))
+        if cluster.generation:
+            records.append((RecordType.GENERATION,
+                            encode_generation(dataset_id, cluster.generation)))
     return records
 
 

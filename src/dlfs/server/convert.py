@@ -31,9 +31,13 @@ def cluster(start: pb.IngestStart) -> Cluster | None:
     """The striping of an ingest (None: one daemon).  Raises InvalidArgument."""
     members = list(start.members)
     if not members:
-        if start.replicas or start.member_index:
-            raise InvalidArgument("replicas and member_index need the list of members")
+        if start.replicas or start.member_index or start.generation:
+            raise InvalidArgument("replicas, member_index and generation need the list of "
+                                  "members")
         return None
+    if start.generation and start.generation < limits.cluster_generation_min:
+        raise InvalidArgument(f"a striped ingest's generation must be at least "
+                              f"{limits.cluster_generation_min} (apart from dataset ids)")
     if len(members) > limits.members_max or len(set(members)) != len(members) or not all(members):
         raise InvalidArgument(f"members must be 1..{limits.members_max} distinct, non-empty "
                               "daemon addresses")
@@ -42,7 +46,7 @@ def cluster(start: pb.IngestStart) -> Cluster | None:
                               f"for {len(members)} members")
     if start.member_index >= len(members):
         raise InvalidArgument(f"member_index {start.member_index} is not below {len(members)}")
-    return Cluster(tuple(members), start.replicas, start.member_index)
+    return Cluster(tuple(members), start.replicas, start.member_index, start.generation)
 
 
 def entry(info: Entry) -> pb.Entry:

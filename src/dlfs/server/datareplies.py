@@ -19,7 +19,7 @@ import time
 import numpy as np
 
 from dlfs import datawire, limits
-from dlfs.errors import FailedPrecondition, InvalidArgument, PermissionDenied
+from dlfs.errors import InvalidArgument, PermissionDenied
 from dlfs.server.planning import RequestOrder
 
 
@@ -32,8 +32,7 @@ def batch(connection, request: datawire.BatchRequest) -> None:
         raise InvalidArgument(
             f"batch of {request.ids.size} samples exceeds the limit of "
             f"{config.batch_ids_max} (--batch-ids-max); split it into smaller batches")
-    with store.reading(request.dataset) as dataset:
-        check_generation(dataset, request.generation)
+    with store.reading(request.dataset, request.generation) as dataset:
         ids = dataset.check_ids(request.ids)
         dataset.check_local(ids)
         lengths = dataset.length[ids]
@@ -55,8 +54,7 @@ def byte_range(connection, request: datawire.RangeRequest) -> None:
     """READ_RANGE: BATCH of one item (with its CRC32C when the range is the whole sample)."""
     store = connection.store
     started = time.perf_counter()
-    with store.reading(request.dataset) as dataset:
-        check_generation(dataset, request.generation)
+    with store.reading(request.dataset, request.generation) as dataset:
         sample_id = int(dataset.check_ids(np.array([request.sample_id]))[0])
         dataset.check_local(np.array([sample_id]))
         size = int(dataset.length[sample_id])
@@ -88,8 +86,8 @@ def open_dataset(connection, name: str, generation: int) -> None:
     """
     check_local_peer(connection.sock, connection.server.authorizer is not None)
     store = connection.store
-    with store.reading(name) as dataset, store.extent_descriptors(dataset) as descriptors:
-        check_generation(dataset, generation)
+    with store.reading(name, generation) as dataset, \
+            store.extent_descriptors(dataset) as descriptors:
         extent_nos = np.array([e for e, _ in descriptors], dtype=np.uint32)
         connection.send([datawire.index_header(dataset.generation, len(dataset), extent_nos)])
         step = limits.datapath_fds_per_frame_max
@@ -138,10 +136,3 @@ def check_local_peer(sock: socket.socket, has_tokens: bool) -> None:
                 f"uid {uid} may not read this daemon's extents directly: without a tokens "
                 "file only its own user and root may; give the daemon --tokens-file and "
                 "the client a token, or read without direct=True")
-
-
-def check_generation(dataset, generation: int) -> None:
-    if generation and generation != dataset.generation:
-        raise FailedPrecondition(
-            f"dataset {dataset.name!r} was replaced: generation {generation} is no longer "
-            f"served (the current one is {dataset.generation}); open it again")

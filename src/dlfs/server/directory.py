@@ -44,6 +44,9 @@ class Cluster:
     members: tuple
     replicas: int
     member_index: int
+    # The version id the striped ingest named, the same on every member; 0 in
+    # catalogs written before generations (the dataset id stands in then).
+    generation: int = 0
 
 
 class _FileMarker:
@@ -131,7 +134,15 @@ class DatasetIndex:
 
     @property
     def generation(self) -> int:
-        """This sealed version's number: its dataset id, never reused (a replace gets a new one)."""
+        """This sealed version's number, never reused (a replace gets a new one): the
+        id a striped ingest named on all its members, else the dataset id.
+
+        0 for a striped dataset ingested before generations existed: its
+        members' dataset ids differ, so there is no common number; reads of
+        it cannot tell versions apart (ingest it again to get one).
+        """
+        if self.cluster is not None:
+            return self.cluster.generation
         return self.dataset_id
 
     def summary(self) -> DatasetInfo:

@@ -86,6 +86,11 @@ def replay(records) -> tuple[dict[int, ReplayedDataset], int]:
             dataset_id, replicas, member_index, members = cat.decode_cluster(payload)
             if dataset_id in datasets:
                 datasets[dataset_id].cluster = Cluster(tuple(members), replicas, member_index)
+        elif rtype is cat.RecordType.GENERATION:
+            dataset_id, generation = cat.decode_generation(payload)
+            entry = datasets.get(dataset_id)
+            if entry is not None and entry.cluster is not None:
+                entry.cluster = dataclasses.replace(entry.cluster, generation=generation)
         elif rtype is cat.RecordType.HOLDERS:
             dataset_id, holders = cat.decode_holders(payload)
             entry = datasets.get(dataset_id)

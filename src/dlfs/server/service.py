@@ -7,7 +7,6 @@ them into status codes.  Every handler honours the call's deadline.
 from __future__ import annotations
 
 import logging
-import os
 import time
 
 import grpc
@@ -74,14 +73,14 @@ class DlfsServicer(dlfs_pb2_grpc.DlfsServicer):
 
     def GetBatch(self, request, context):
         started = time.perf_counter()
-        with self.store.reading(request.dataset) as dataset:
+        with self.store.reading(request.dataset, request.generation) as dataset:
             plan = self._batch_plan(dataset, request)
             yield from self._stream(dataset, plan, not request.skip_verify, context)
         self._count("GetBatch", plan, started)
 
     def GetSmallBatch(self, request, context):
         started = time.perf_counter()
-        with self.store.reading(request.dataset) as dataset:
+        with self.store.reading(request.dataset, request.generation) as dataset:
             plan = self._batch_plan(dataset, request)
             limit = self.store.config.chunk_bytes
             if plan.payload_bytes > limit:
@@ -116,7 +115,7 @@ class DlfsServicer(dlfs_pb2_grpc.DlfsServicer):
         started = time.perf_counter()
         if request.path and request.id:
             raise InvalidArgument("give either a sample id or a path, not both")
-        with self.store.reading(request.dataset) as dataset:
+        with self.store.reading(request.dataset, request.generation) as dataset:
             sample_id = dataset.id_of(request.path) if request.path else request.id
             plan, whole = self.store.plan_range(dataset, sample_id, request.offset,
                                                 request.length)
@@ -156,9 +155,9 @@ class DlfsServicer(dlfs_pb2_grpc.DlfsServicer):
         for first in range(0, max(len(dataset), 1), per_chunk):
             chunk = convert.index_chunk(dataset, first, min(first + per_chunk, len(dataset)))
             if first == 0:
+                # No data dir or daemon token: co-located readers get descriptors instead.
                 chunk.dataset_id = dataset.dataset_id
-                chunk.data_dir = os.path.abspath(self.store.config.data_dir)
-                chunk.daemon_token = self.store.token
+                chunk.generation = dataset.generation
                 chunk.samples = len(dataset)
                 if dataset.cluster is not None:
                     chunk.members.extend(dataset.cluster.members)

@@ -24,7 +24,7 @@ from typing import ContextManager, Iterator, Sequence
 import numpy as np
 
 from dlfs import layout, limits
-from dlfs.errors import AlreadyExists, NotFound, Overloaded, Unavailable
+from dlfs.errors import AlreadyExists, NotFound, Overloaded, StaleGeneration, Unavailable
 from dlfs.paths import check_dataset_name
 from dlfs.server import catalog as cat
 from dlfs.server import planning
@@ -55,12 +55,8 @@ class Store:
     """
 
     def __init__(self, config: ServerConfig, dir_lock: DataDirLock, catalog: cat.Catalog,
-                 extents: ExtentStore, directory: SampleDirectory, next_dataset_id: int,
-                 token: str):
+                 extents: ExtentStore, directory: SampleDirectory, next_dataset_id: int):
         self.config = config
-        # Random per start, also in DATA_DIR/daemon-token: a client that reads the
-        # same token there sees this daemon's files and may read extents directly.
-        self.token = token
         self.directory = directory
         self.extents = extents
         self.metrics = Metrics()
@@ -98,12 +94,11 @@ class Store:
             directory, next_dataset_id = restore(catalog, replayed.records, extents)
             del replayed
             release_free_heap()
-            token = layout.write_token(data_dir)
             datasets = directory.all()
             log.info("catalog replayed: %d datasets, %d samples, %d catalog bytes in %.2f s",
                      len(datasets), sum(len(d) for d in datasets), catalog.size,
                      time.monotonic() - started)
-            return cls(config, dir_lock, catalog, extents, directory, next_dataset_id, token)
+            return cls(config, dir_lock, catalog, extents, directory, next_dataset_id)
         except BaseException:
             dir_lock.release()
             raise
@@ -144,18 +139,29 @@ class Store:
                            "the ingest finishes")
         return self.directory.get(name)
 
-    def reading(self, name: str) -> ContextManager[DatasetIndex]:
+    def reading(self, name: str, generation: int = 0) -> ContextManager[DatasetIndex]:
         """The sealed dataset `name`, whose extents stay on disk until the block ends.
 
         A delete or replace that lands meanwhile unpublishes the dataset at
         once but frees its extents only when the last such block ends, so a
         read that resolved the old dataset finishes with the old bytes
-        instead of failing on a vanished extent file (leases.py).  Raises
-        InvalidArgument, NotFound, Unavailable (shutting down).
+        instead of failing on a vanished extent file (leases.py).  With a
+        `generation`, only that version will do: StaleGeneration otherwise.
+        Raises InvalidArgument, NotFound, StaleGeneration, Unavailable
+        (shutting down).
         """
         self.dataset(name)  # raises the NotFound that names a running ingest
         self._check_open()
-        return self._leases.hold(lambda: self.directory.get(name))
+
+        def resolve() -> DatasetIndex:
+            dataset = self.directory.get(name)
+            if generation and dataset.generation != generation:
+                raise StaleGeneration(
+                    f"dataset {name!r} was replaced: version {generation} is no longer "
+                    f"served (the current one is {dataset.generation}); open it again")
+            return dataset
+
+        return self._leases.hold(resolve)
 
     def _free_extents(self, dataset_id: int) -> None:
         self._files.forget_dataset(dataset_id)

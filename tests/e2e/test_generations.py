@@ -1,0 +1,98 @@
+"""Every read names a dataset version: replaced datasets are never read wrongly or mixed."""
+
+from __future__ import annotations
+
+import grpc
+import numpy as np
+import pytest
+
+import dlfs
+from conftest import addresses, write_tree
+from dlfs import Client
+from dlfs.proto import dlfs_pb2 as pb
+from dlfs.proto import dlfs_pb2_grpc
+
+
+def versions(tmp_path, count_1: int = 50, count_2: int = 60, size: int = 100):
+    """Two source trees of the same paths (the second with more), the bytes telling
+    which version they come from."""
+    one = {f"{i:03d}": b"1" * size for i in range(count_1)}
+    two = {f"{i:03d}": b"2" * size for i in range(count_2)}
+    write_tree(tmp_path / "v1", one)
+    write_tree(tmp_path / "v2", two)
+    return tmp_path / "v1", tmp_path / "v2"
+
+
+@pytest.mark.parametrize("data_path", [True, False], ids=["data path", "grpc"])
+def test_a_dataset_reads_the_version_it_names(daemon, tmp_path, data_path):
+    v1, v2 = versions(tmp_path)
+    with Client(daemon.address, data_path=data_path) as reader, \
+            Client(daemon.address) as writer:
+        writer.ingest(str(v1), "ds")
+        ds = reader.dataset("ds")
+        first = ds.info.generation
+        assert first and {bytes(s) for s in ds.get_batch(range(50))} == {b"1" * 100}
+        writer.ingest(str(v2), "ds", replace=True)
+        # The version it was opened at is gone: the next batch comes wholly from the new one.
+        assert {bytes(s) for s in ds.get_batch(range(60))} == {b"2" * 100}
+        assert ds.info.generation != first and len(ds) == 60
+        assert bytes(ds.read(3, 10, 5)) == b"2" * 5
+    # Asked for the old version by number, the daemon refuses on either path.
+    with grpc.insecure_channel(daemon.address) as channel:
+        stub = dlfs_pb2_grpc.DlfsStub(channel)
+        with pytest.raises(grpc.RpcError) as caught:
+            stub.GetSmallBatch(pb.GetBatchRequest(dataset="ds", ids=[0], generation=first),
+                               timeout=10)
+    assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert dict(caught.value.trailing_metadata())["dlfs-error"] == "StaleGeneration"
+    with Client(daemon.address) as client:
+        with pytest.raises(dlfs.StaleGeneration, match="was replaced"):
+            client.transport.data_path().get_batch("ds", np.array([0]), generation=first)
+
+
+def test_a_cluster_client_follows_a_replace_by_another_client(daemon_factory, tmp_path):
+    """The cached placement is of one version: a replace with more files is noticed."""
+    three = [daemon_factory() for _ in range(3)]
+    v1, v2 = versions(tmp_path)
+    with Client(addresses(three)) as reader, Client(addresses(three)) as writer:
+        writer.ingest(str(v1), "stale", replicas=2)
+        assert {bytes(s) for s in reader.get_batch(range(50), dataset="stale")} == {b"1" * 100}
+        writer.ingest(str(v2), "stale", replicas=2, replace=True)
+        assert {bytes(s) for s in reader.get_batch(range(60), dataset="stale")} == {b"2" * 100}
+        # Ids within the old range too: the members refuse the old version's parts.
+        writer.ingest(str(v1), "stale", replicas=2, replace=True)
+        assert {bytes(s) for s in reader.get_batch(range(50), dataset="stale")} == {b"1" * 100}
+
+
+def test_members_that_disagree_never_yield_a_mixed_batch(daemon_factory, tmp_path):
+    """A striped replace that reached one member only (the client died between the
+    commits): every batch is one version, or StaleGeneration."""
+    two = [daemon_factory() for _ in range(2)]
+    v1, v2 = versions(tmp_path, 64, 64)
+    with Client(addresses(two)) as writer:
+        writer.ingest(str(v1), "ds", replicas=1)
+    with Client(two[0].address) as lone:  # the new version lands on member 0 only
+        lone.ingest(str(v2), "ds", replace=True)
+    with Client(addresses(two)) as reader:
+        for _ in range(5):
+            try:
+                batch = {bytes(s) for s in reader.get_batch(range(64), dataset="ds")}
+            except dlfs.StaleGeneration as exc:
+                assert "different versions" in str(exc) or "was replaced" in str(exc)
+                continue
+            assert batch in ({b"1" * 100}, {b"2" * 100})
+
+
+def test_a_direct_reader_follows_a_replace(daemon, tmp_path):
+    v1, v2 = versions(tmp_path)
+    with Client(daemon.address) as writer, Client(daemon.address, direct=True) as reader:
+        writer.ingest(str(v1), "ds")
+        ds = reader.dataset("ds")
+        assert {bytes(s) for s in ds.get_batch(range(50))} == {b"1" * 100}
+        writer.ingest(str(v2), "ds", replace=True)
+        assert {bytes(s) for s in ds.get_batch(range(60))} == {b"2" * 100}
+        old = ds.info.generation
+        writer.ingest(str(v1), "ds", replace=True)
+        with pytest.raises(dlfs.StaleGeneration):
+            reader.transport.get_batch(pb.GetBatchRequest(dataset="ds", ids=[0],
+                                                          generation=old))
