@@ -37,6 +37,14 @@ message_bytes_max = 64 * MiB
 # GetSmallBatch call (falling back to the GetBatch stream when the reply
 # exceeds one message): per-call overhead dominates such batches.
 small_batch_samples_max = 16
+# Bytes a Lookup reply's entry takes besides its name and path (an estimate
+# on the high side: ids, sizes, modes, times, framing), to refuse a reply
+# that would not fit one message before it is built.
+entry_reply_bytes = 64
+# Samples one dataset (one ingest) may hold: the daemon keeps every sample's
+# metadata in memory (about 220 bytes each, so 100 M samples take ~22 GB);
+# larger collections are several datasets.
+dataset_samples_max = 100_000_000
 # Paths per lookup / per page of a listing.
 lookup_items_max = 65536
 list_page_entries_max = 10000
@@ -101,6 +109,18 @@ prefetch_queue_max = 64
 rpcs_concurrent_max_default = 256
 # Threads serving RPCs (gRPC's server executor).
 rpc_threads_default = 32
+# Of those, kept for calls that end quickly (metadata, Status, health): long
+# calls (streamed reads, ingests) may hold the rest, no more, so a daemon
+# whose clients stall still answers probes and lookups.
+rpc_threads_reserved = 8
+# Long calls one client host may hold at once.
+streams_per_client_max_default = 16
+# A long gRPC call that sends or receives nothing for this long is cancelled
+# (the client stopped reading, or an ingest stopped sending): its thread and
+# buffers come back.
+stream_stall_timeout_s_default = 60.0
+# How often the watchdog looks for such calls.
+call_watchdog_interval_s = 1.0
 # Concurrent ingest sessions (each holds one open extent and buffers entries).
 ingests_concurrent_max_default = 8
 # A two-phase ingest (striped datasets) that is prepared but neither

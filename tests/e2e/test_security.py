@@ -64,6 +64,21 @@ def test_read_token_reads_over_tls(secure_daemon, pki):
         assert [bytes(s) for s in c.get_batch(["a", "b/c"], dataset="ds")] == [b"alpha", b"gamma"]
 
 
+def test_only_admin_tokens_are_told_the_data_dir(secure_daemon, pki):
+    with Client(secure_daemon.address, token=READ_TOKEN, tls_ca=str(pki / "ca.pem")) as c:
+        assert c.status().data_dir == ""
+    with Client(secure_daemon.address, token=ADMIN_TOKEN, tls_ca=str(pki / "ca.pem")) as c:
+        assert c.status().data_dir == os.path.abspath(secure_daemon.data_dir)
+
+
+@pytest.mark.parametrize("version, accepted", [("-tls1_1", False), ("-tls1_2", True)])
+def test_tls_below_1_2_is_refused(secure_daemon, version, accepted):
+    port = secure_daemon.address.rpartition(":")[2]
+    done = subprocess.run(["openssl", "s_client", version, "-connect", f"127.0.0.1:{port}",
+                           "-alpn", "h2"], input=b"", capture_output=True, timeout=30)
+    assert (done.returncode == 0) == accepted, done.stderr.decode(errors="replace")
+
+
 def test_read_token_cannot_ingest_or_delete(secure_daemon, pki, tmp_path):
     write_tree(tmp_path / "src", {"x": b"1"})
     with Client(secure_daemon.address, token=READ_TOKEN, tls_ca=str(pki / "ca.pem")) as c:

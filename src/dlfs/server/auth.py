@@ -64,11 +64,7 @@ class Authorizer:
         """Raise Unauthenticated or PermissionDenied unless the call is allowed."""
         if method.startswith(OPEN_PREFIXES):
             return
-        token = ""
-        for key, value in metadata or ():
-            if key == METADATA_KEY and isinstance(value, str) and value.startswith(SCHEME):
-                token = value[len(SCHEME):]
-        role = self.role(token)
+        role = self.role_of(metadata)
         if role is None:
             raise Unauthenticated(
                 "this daemon requires a token: pass --token (or set DLFS_TOKEN) with a token "
@@ -76,6 +72,14 @@ class Authorizer:
         if method in ADMIN_METHODS and role != "admin":
             raise PermissionDenied(f"{method.rsplit('/', 1)[1]} needs an admin token; this "
                                    "token may only read")
+
+    def role_of(self, metadata) -> str | None:
+        """The role of the bearer token in a call's metadata, or None."""
+        token = ""
+        for key, value in metadata or ():
+            if key == METADATA_KEY and isinstance(value, str) and value.startswith(SCHEME):
+                token = value[len(SCHEME):]
+        return self.role(token)
 
     def role(self, token: str) -> str | None:
         """The role of `token`, or None.  Compares with every known token in

@@ -11,6 +11,11 @@ import dataclasses
 from dlfs import limits
 
 
+def long_call_slots(rpc_threads: int) -> int:
+    """RPC threads long calls may hold: all but those kept for quick calls (at least 1)."""
+    return max(1, rpc_threads - min(limits.rpc_threads_reserved, rpc_threads // 2))
+
+
 @dataclasses.dataclass(frozen=True)
 class ServerConfig:
     data_dir: str
@@ -23,6 +28,8 @@ class ServerConfig:
     rpc_threads: int = limits.rpc_threads_default
     rpcs_concurrent_max: int = limits.rpcs_concurrent_max_default
     streams_per_connection_max: int = limits.streams_per_connection_max_default
+    streams_per_client_max: int = limits.streams_per_client_max_default
+    stream_stall_timeout_s: float = limits.stream_stall_timeout_s_default
     inflight_bytes_max: int = limits.inflight_bytes_max_default
     ingests_concurrent_max: int = limits.ingests_concurrent_max_default
     extent_bytes_max: int = limits.extent_bytes_max_default
@@ -64,6 +71,8 @@ class ServerConfig:
              "rpcs_concurrent_max must be at least rpc_threads"),
             (1 <= self.ingests_concurrent_max, "ingests_concurrent_max must be at least 1"),
             (1 <= self.streams_per_connection_max, "streams_per_connection_max must be at least 1"),
+            (1 <= self.streams_per_client_max, "streams_per_client_max must be at least 1"),
+            (0 < self.stream_stall_timeout_s, "stream_stall_timeout_s must be positive"),
             (self.chunk_bytes <= self.inflight_bytes_max,
              "inflight_bytes_max must be at least chunk_bytes"),
             (8192 <= self.extent_bytes_max <= limits.sample_bytes_max,
@@ -98,6 +107,8 @@ SETTINGS_HELP = {
     "rpcs_concurrent_max": "RPCs admitted at once; more get RESOURCE_EXHAUSTED",
     "ingests_concurrent_max": "ingest streams admitted at once",
     "streams_per_connection_max": "concurrent calls one client connection may open",
+    "streams_per_client_max": "streamed reads and ingests one client host may run at once",
+    "stream_stall_timeout_s": "a streamed read or ingest idle this long is cancelled",
     "inflight_bytes_max": "bytes of reads the daemon holds at once; more reads wait",
     "extent_bytes_max": "size at which a new extent file is started",
     "open_extents_max": "extent file descriptors kept open (LRU)",

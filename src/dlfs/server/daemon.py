@@ -13,6 +13,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from dlfs import datawire
 from dlfs.proto import dlfs_pb2_grpc
 from dlfs.server.auth import Authorizer, load_tokens
+from dlfs.server.callguard import CallGuard
+from dlfs.server.config import long_call_slots
 from dlfs.server.datapath import DataPathInfo, DataPathServer
 from dlfs.server.interceptor import ErrorInterceptor, tolerant
 from dlfs.server.service import DlfsServicer
@@ -32,9 +34,13 @@ class Daemon:
         authorizer = Authorizer(load_tokens(config.tokens_file)) if config.tokens_file else None
         self._executor = ThreadPoolExecutor(max_workers=config.rpc_threads,
                                             thread_name_prefix="dlfs-rpc")
+        slots = long_call_slots(config.rpc_threads)
+        self.guard = CallGuard(slots=slots,
+                               per_client=min(config.streams_per_client_max, slots),
+                               stall_timeout_s=config.stream_stall_timeout_s)
         self.server = grpc.server(
             self._executor,
-            interceptors=[ErrorInterceptor(store.metrics, authorizer)],
+            interceptors=[ErrorInterceptor(store.metrics, authorizer, self.guard)],
             maximum_concurrent_rpcs=config.rpcs_concurrent_max,
             options=[
                 ("grpc.max_send_message_length", config.message_bytes_max),
@@ -46,7 +52,7 @@ class Daemon:
         self.authorizer = authorizer
         self.instance = os.urandom(16)  # this start's id: GetDataPath and WELCOME carry it
         self.data_path: DataPathServer | None = None
-        self.servicer = DlfsServicer(store, self.data_path_info)
+        self.servicer = DlfsServicer(store, self.data_path_info, authorizer)
         _add_servicer(self.servicer, self.server)
         self.health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
@@ -107,6 +113,7 @@ class Daemon:
         if self.data_path is not None:
             self.data_path.stop()
         self.server.stop(grace_s).wait()
+        self.guard.close()
         self._executor.shutdown(wait=True, cancel_futures=True)
         self.store.close()
 

@@ -179,6 +179,11 @@ class IngestSession:
         self._count(file.size)
 
     def _count(self, size: int) -> None:
+        if self.samples >= limits.dataset_samples_max:
+            raise InvalidArgument(
+                f"dataset {self.name!r} would hold more than {limits.dataset_samples_max} samples "
+                "(limits.dataset_samples_max: each costs daemon memory); split it into several "
+                "datasets")
         self.samples += 1
         self.bytes += size
         if len(self._pending) >= limits.catalog_samples_per_record:

@@ -23,6 +23,7 @@ from google.protobuf.message import DecodeError
 
 from dlfs import limits, logs
 from dlfs.errors import ERROR_CLASS_METADATA, DlfsError, InvalidArgument
+from dlfs.server.callguard import LONG_METHODS
 from dlfs.server.metrics import OPERATOR_CODES
 
 log = logging.getLogger(__name__)
@@ -54,16 +55,18 @@ def tolerant(deserializer):
 class ErrorInterceptor(grpc.ServerInterceptor):
     """Translates errors to status codes and counts calls in flight and errors by code."""
 
-    def __init__(self, metrics, authorizer=None):
+    def __init__(self, metrics, authorizer=None, guard=None):
         self.metrics = metrics
         self.authorizer = authorizer  # dlfs.server.auth.Authorizer, or None: no tokens
+        self.guard = guard  # dlfs.server.callguard.CallGuard for long calls, or None
 
     def intercept_service(self, continuation, handler_call_details):
         handler = continuation(handler_call_details)
         if handler is None:
             return None
         call = _Call(handler_call_details.method, self.metrics,
-                     logs.request_id_from(handler_call_details.invocation_metadata))
+                     logs.request_id_from(handler_call_details.invocation_metadata),
+                     self.guard if handler_call_details.method in LONG_METHODS else None)
         if self.authorizer is not None:
             try:
                 self.authorizer.check(call.method, handler_call_details.invocation_metadata)
@@ -101,14 +104,16 @@ def _refusing(handler, denial: Exception):
 class _Call:
     """One RPC: its method, request id and, once known, its status code name."""
 
-    __slots__ = ("method", "metrics", "request_id", "code", "started")
+    __slots__ = ("method", "metrics", "request_id", "code", "started", "guard", "ticket")
 
-    def __init__(self, method: str, metrics, request_id: str):
+    def __init__(self, method: str, metrics, request_id: str, guard=None):
         self.method = method
         self.metrics = metrics
         self.request_id = request_id
         self.code = "OK"
         self.started = 0.0
+        self.guard = guard  # set for long calls (callguard.LONG_METHODS)
+        self.ticket = None
 
     def begin(self):
         """Bind the request id to this thread and start the clock; returns the binding."""
@@ -116,7 +121,18 @@ class _Call:
         self.metrics.rpcs_in_flight.inc()
         return logs.bind_request_id(self.request_id)
 
+    def admit(self, context: grpc.ServicerContext) -> None:
+        """Take a ticket for a long call (see callguard).  Raises Overloaded."""
+        if self.guard is not None:
+            self.ticket = self.guard.admit(self.method, context.peer(), context)
+
+    def progress(self) -> None:
+        if self.ticket is not None:
+            self.ticket.progress()
+
     def end(self, binding, context: grpc.ServicerContext) -> None:
+        if self.ticket is not None:
+            self.ticket.release()
         self.metrics.rpcs_in_flight.dec()
         elapsed = time.monotonic() - self.started
         level = logging.WARNING if elapsed >= limits.slow_rpc_log_s else logging.DEBUG
@@ -129,16 +145,17 @@ class _Call:
         logs.unbind_request_id(binding)
 
 
-def _checked(request, streaming: bool):
+def _checked(request, streaming: bool, call: _Call):
     if streaming:
-        return _checked_stream(request)
+        return _checked_stream(request, call)
     if isinstance(request, Undecodable):
         raise _undecodable_error(request)
     return request
 
 
-def _checked_stream(requests):
+def _checked_stream(requests, call: _Call):
     for request in requests:
+        call.progress()
         if isinstance(request, Undecodable):
             raise _undecodable_error(request)
         yield request
@@ -153,7 +170,8 @@ def _wrap_unary(behavior, call: _Call, streaming: bool):
     def wrapped(request, context):
         binding = call.begin()
         try:
-            return behavior(_checked(request, streaming), context)
+            call.admit(context)
+            return behavior(_checked(request, streaming, call), context)
         except Exception as exc:  # noqa: BLE001 - translated, never swallowed
             _abort(context, exc, call)
         finally:
@@ -166,7 +184,10 @@ def _wrap_stream(behavior, call: _Call, streaming: bool):
     def wrapped(request, context):
         binding = call.begin()
         try:
-            yield from behavior(_checked(request, streaming), context)
+            call.admit(context)
+            for reply in behavior(_checked(request, streaming, call), context):
+                yield reply
+                call.progress()  # the reply went out (or at least into the send window)
         except Exception as exc:  # noqa: BLE001 - translated, never swallowed
             _abort(context, exc, call)
         finally:

@@ -6,6 +6,7 @@ them into status codes.  Every handler honours the call's deadline.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 
@@ -30,9 +31,10 @@ def _deadline(context: grpc.ServicerContext) -> float | None:
 class DlfsServicer(dlfs_pb2_grpc.DlfsServicer):
     """`data_path_info()` returns the daemon's `datapath.DataPathInfo` (GetDataPath)."""
 
-    def __init__(self, store: Store, data_path_info):
+    def __init__(self, store: Store, data_path_info, authorizer=None):
         self.store = store
         self.data_path_info = data_path_info
+        self.authorizer = authorizer  # dlfs.server.auth.Authorizer, or None: no tokens
         self.metrics_address = ""  # set by the daemon when it serves /metrics
 
     # --- metadata ----------------------------------------------------------------
@@ -66,8 +68,18 @@ class DlfsServicer(dlfs_pb2_grpc.DlfsServicer):
             ids = dataset.ids_of(list(request.paths))
         else:
             ids = dataset.check_ids(convert.ids_array(request.ids))
-        return pb.LookupReply(entries=[convert.entry(dataset.stat(dataset.path(int(i))))
-                                       for i in ids])
+        entries = []
+        reply_bytes = 0
+        limit = self.store.config.message_bytes_max - limits.MiB
+        for i in ids.tolist():
+            path = dataset.path(i)
+            reply_bytes += len(path.encode()) * 2 + limits.entry_reply_bytes
+            if reply_bytes > limit:  # refuse before building a reply that cannot be sent
+                raise InvalidArgument(
+                    f"the lookup's reply would exceed {limit} bytes (--message-bytes-max less "
+                    f"1 MiB) after {len(entries)} of {len(ids)} items; ask for fewer at once")
+            entries.append(convert.entry(dataset.stat(path)))
+        return pb.LookupReply(entries=entries)
 
     # --- data ----------------------------------------------------------------------
 
@@ -129,7 +141,11 @@ class DlfsServicer(dlfs_pb2_grpc.DlfsServicer):
         return convert.data_path_info(self.data_path_info())
 
     def Status(self, request, context):
-        return convert.status_reply(self.store.status(), __version__, self.metrics_address)
+        status = self.store.status()
+        if self.authorizer is not None and \
+                self.authorizer.role_of(context.invocation_metadata()) != "admin":
+            status = dataclasses.replace(status, data_dir="")  # read tokens need not know it
+        return convert.status_reply(status, __version__, self.metrics_address)
 
     def _stream(self, dataset, plan, verify: bool, context):
         """Send a plan's payload as pre-encoded BatchChunks (see dlfs.wire); the

@@ -1,0 +1,104 @@
+"""Stalled and hostile clients cannot starve the daemon: probes and metadata always answer."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+import dlfs
+from conftest import write_tree
+from dlfs import Client
+from dlfs.proto import dlfs_pb2 as pb
+from dlfs.proto import dlfs_pb2_grpc
+
+MiB = 1024 * 1024
+STALL_S = 3
+
+
+@pytest.fixture
+def busy(daemon_factory, tmp_path):
+    """A daemon with 8 RPC threads (4 for long calls) and a short stall timeout."""
+    write_tree(tmp_path / "src", {f"big{i}": bytes([i]) * (9 * MiB) for i in range(4)})
+    daemon = daemon_factory(extra_args=["--rpc-threads", "8", "--stream-stall-timeout-s",
+                                        str(STALL_S)])
+    with Client(daemon.address) as client:
+        client.ingest(str(tmp_path / "src"), "ds")
+    return daemon
+
+
+def test_stalled_streams_leave_probes_and_metadata_answering(busy):
+    options = [("grpc.max_receive_message_length", 64 * MiB)]
+    channels = [grpc.insecure_channel(busy.address, options=options) for _ in range(6)]
+    try:
+        stalled = []
+        for channel in channels:  # each asks for 36 MB and never reads a byte of it
+            stream = dlfs_pb2_grpc.DlfsStub(channel).GetBatch(
+                pb.GetBatchRequest(dataset="ds", ids=[0, 1, 2, 3]), timeout=120)
+            stalled.append(stream)
+        codes = []
+        for stream in stalled:
+            try:
+                next(stream)
+            except grpc.RpcError as exc:
+                codes.append(exc.code())
+        # Four long calls at most (8 threads less the 4 kept for quick calls): the others
+        # were refused at once, naming the limit.
+        assert codes.count(grpc.StatusCode.RESOURCE_EXHAUSTED) == 2
+        with grpc.insecure_channel(busy.address) as channel:
+            health = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(service=""), timeout=5)
+            assert health.status == health_pb2.HealthCheckResponse.SERVING
+        with Client(busy.address, timeout_s=5) as client:
+            assert client.status().uptime_s > 0
+            assert client.stat("ds", "big1").size == 9 * MiB
+            assert client.datasets() == ["ds"]
+        # The watchdog cancels the streams that stopped moving: their threads come back.
+        give_up = time.monotonic() + STALL_S + 30
+        while True:
+            with Client(busy.address) as client:
+                if client.status().rpcs_in_flight <= 1:
+                    break
+            assert time.monotonic() < give_up, "stalled streams were never cancelled"
+            time.sleep(0.2)
+        assert "made no progress" in busy.log()
+        with Client(busy.address, data_path=False) as client:
+            assert bytes(client.get_batch([2], dataset="ds")[0][:3]) == b"\x02" * 3
+    finally:
+        for channel in channels:
+            channel.close()
+
+
+def test_an_ingest_that_sends_nothing_is_closed(busy):
+    gate = threading.Event()
+
+    def nothing():
+        gate.wait(60)  # the stream opens, and no message ever comes
+        return
+        yield
+
+    with grpc.insecure_channel(busy.address) as channel:
+        started = time.monotonic()
+        with pytest.raises(grpc.RpcError) as caught:
+            dlfs_pb2_grpc.DlfsStub(channel).Ingest(nothing(), timeout=120)
+        gate.set()
+    assert caught.value.code() == grpc.StatusCode.CANCELLED
+    assert time.monotonic() - started < STALL_S + 30  # cancelled, not left to its deadline
+    assert "Ingest" in busy.log() and "made no progress" in busy.log()
+
+
+def test_a_lookup_reply_too_large_for_a_message_is_refused_before_it_is_built(daemon_factory,
+                                                                              tmp_path):
+    long_dir = "d" * 200
+    write_tree(tmp_path / "src", {f"{long_dir}/{'n' * 200}{i:05d}": b"x" for i in range(3000)})
+    daemon = daemon_factory(extra_args=["--message-bytes-max", str(3 * MiB),
+                                        "--chunk-bytes", str(MiB)])
+    with Client(daemon.address) as client:
+        client.ingest(str(tmp_path / "src"), "ds")
+        ds = client.dataset("ds")
+        with pytest.raises(dlfs.InvalidArgument, match="ask for fewer at once"):
+            ds.lookup(range(3000))
+        assert len(ds.lookup(range(100))) == 100
