@@ -124,19 +124,25 @@ def test_a_client_chosen_request_id_reaches_every_daemon_of_a_striped_batch(daem
         with pytest.raises(dlfs.InvalidArgument, match="request id"):
             with dlfs.request_id("two words"):
                 pass
-    untagged = 0
-    for daemon in daemons:  # 64 samples over 2 daemons: each serves a part (p = 1 - 2**-63)
-        def batches():
-            lines = json_lines(daemon.log().split("dlfs-server listening on")[1].split("\n", 1)[1])
-            return [line for line in lines
-                    if "Batch" in line.get("method", "") and "duration_ms" in line]
+    def batches(daemon) -> list[dict]:
+        lines = json_lines(daemon.log().split("dlfs-server listening on")[1].split("\n", 1)[1])
+        return [line for line in lines
+                if "Batch" in line.get("method", "") and "duration_ms" in line]
 
-        # The data path logs a request once its reply is sent: the lines may trail.
-        deadline = time.monotonic() + 10
-        while sum(line["request_id"] == "epoch3-step17" for line in batches()) == 0 and \
-                time.monotonic() < deadline:
-            time.sleep(0.02)
-        batches = batches()
-        assert any(line["request_id"] == "epoch3-step17" for line in batches), batches
-        untagged += sum(line["request_id"] != "epoch3-step17" for line in batches)
+    def tagged_and_untagged() -> tuple[list[bool], int]:
+        per_daemon = [batches(d) for d in daemons]
+        tagged = [any(line["request_id"] == "epoch3-step17" for line in lines)
+                  for lines in per_daemon]
+        untagged = sum(line["request_id"] != "epoch3-step17"
+                       for lines in per_daemon for line in lines)
+        return tagged, untagged
+
+    # The data path logs a request once its reply is sent: the lines may trail the calls.
+    # 64 samples over 2 daemons: each serves a part (p = 1 - 2**-63).
+    deadline = time.monotonic() + 10
+    tagged, untagged = tagged_and_untagged()
+    while not (all(tagged) and untagged >= 1) and time.monotonic() < deadline:
+        time.sleep(0.02)
+        tagged, untagged = tagged_and_untagged()
+    assert all(tagged), [batches(d) for d in daemons]
     assert untagged == 1  # the call outside the block
