@@ -44,10 +44,10 @@ def batch(connection, request: datawire.BatchRequest) -> None:
         if request.hints.size:
             store.hint_ids(dataset, request.hints)
         order = RequestOrder(dataset.extent[ids], dataset.offset[ids], lengths)
-        connection.send(datawire.batch_header(dataset.generation, lengths, dataset.crc[ids],
-                                              datawire.BATCH_CRCS))
-        send_payload(connection, dataset, order)
-    store.count_served("DataBatch", ids.size, payload, started)
+        header = datawire.batch_header(dataset.generation, lengths, dataset.crc[ids],
+                                       datawire.BATCH_CRCS)
+        send_reply(connection, dataset, header, order, lambda: store.count_served(
+            "DataBatch", ids.size, payload, started))
 
 
 def byte_range(connection, request: datawire.RangeRequest) -> None:
@@ -68,11 +68,11 @@ def byte_range(connection, request: datawire.RangeRequest) -> None:
         one = slice(sample_id, sample_id + 1)
         order = RequestOrder(dataset.extent[one], dataset.offset[one] + start,
                              np.array([stop - start]))
-        connection.send(datawire.batch_header(dataset.generation, np.array([stop - start]),
-                                              dataset.crc[one] if whole else np.zeros(1),
-                                              datawire.BATCH_CRCS if whole else 0))
-        send_payload(connection, dataset, order)
-    store.count_served("DataRange", 1, stop - start, started)
+        header = datawire.batch_header(dataset.generation, np.array([stop - start]),
+                                       dataset.crc[one] if whole else np.zeros(1),
+                                       datawire.BATCH_CRCS if whole else 0)
+        send_reply(connection, dataset, header, order, lambda: store.count_served(
+            "DataRange", 1, stop - start, started))
 
 
 def open_dataset(connection, name: str, generation: int) -> None:
@@ -112,14 +112,26 @@ def stat_dataset(connection, name: str) -> None:
                                             summary.bytes)])
 
 
-def send_payload(connection, dataset, order: RequestOrder) -> None:
-    """DATA frames of the payload, window by window, each read into a pooled buffer."""
-    if not order.payload_bytes:
+def send_reply(connection, dataset, header: list, order: RequestOrder, count) -> None:
+    """The BATCH frame `header`, then DATA frames of the payload, window by window, each
+    read into a pooled buffer.
+
+    `count()` records the request as served once every byte was read and
+    before the last frame goes out: a client that asks for the daemon's
+    counters as soon as its reply arrived finds it counted.
+    """
+    windows = order.windows(connection.server.buffers.window_bytes)
+    if not windows:
+        count()
+        connection.send(header)
         return
+    connection.send(header)
     with connection.server.buffers.take() as buffer:
-        for start, stop in order.windows(buffer.size):
+        for k, (start, stop) in enumerate(windows):
             window = buffer[:stop - start]
             connection.store.read_into(dataset, order.pieces(start, stop), window)
+            if k == len(windows) - 1:
+                count()
             connection.send([datawire.data_frame(stop - start), window])
 
 
