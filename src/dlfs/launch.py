@@ -119,10 +119,13 @@ class DaemonProcess(_Launched):
     stderr of every start.  Not thread-safe.
     """
 
-    def __init__(self, data_dir: str, log_path: str, extra_args: list[str] | None = None):
+    def __init__(self, data_dir: str, log_path: str, extra_args: list[str] | None = None,
+                 extra_env: dict[str, str] | None = None):
         self.data_dir = data_dir
         self.log_path = log_path
         self.extra_args = list(extra_args or [])
+        # Environment added to this process's for the next starts (e.g. DLFS_FAULT).
+        self.extra_env = dict(extra_env or {})
         self.process: subprocess.Popen | None = None
         self.address = ""
         self.startup_s = 0.0  # how long the last start took, until the daemon served
@@ -149,7 +152,8 @@ class DaemonProcess(_Launched):
             self.process = subprocess.Popen(
                 [sys.executable, "-m", SERVER_MODULE, "--data-dir", self.data_dir,
                  "--listen", listen, "--address-file", self._address_file, *self.extra_args],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                env={**os.environ, **self.extra_env} if self.extra_env else None)
         try:
             wait_for_file(self._address_file, self.process, "dlfs-server", self.log_path)
         except LaunchError:

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 from conftest import store_ingest as ingest
 from conftest import store_read
-from dlfs import limits
 from dlfs.server.config import ServerConfig
 from dlfs.server.store import Store
 
@@ -16,7 +16,7 @@ def read_all(store, name):
     return store_read(store, dataset, range(len(dataset)))
 
 
-def test_compaction_keeps_live_data_and_drops_dead_records(tmp_path, monkeypatch):
+def test_compaction_keeps_live_data_and_drops_dead_records(tmp_path):
     config = ServerConfig(data_dir=str(tmp_path / "data"))
     catalog = os.path.join(config.data_dir, "catalog.log")
     store = Store.open(config)
@@ -35,7 +35,7 @@ def test_compaction_keeps_live_data_and_drops_dead_records(tmp_path, monkeypatch
     store.close()
     assert os.path.getsize(catalog) == before
 
-    monkeypatch.setattr(limits, "catalog_compact_dead_bytes_min", 0)
+    config = dataclasses.replace(config, catalog_compact_dead_bytes_min=0)
     store = Store.open(config)
     after = os.path.getsize(catalog)
     assert after < before / 5
@@ -52,7 +52,7 @@ def test_compaction_keeps_live_data_and_drops_dead_records(tmp_path, monkeypatch
     store.close()
 
 
-def test_striped_dataset_survives_restart_and_compaction(tmp_path, monkeypatch):
+def test_striped_dataset_survives_restart_and_compaction(tmp_path):
     import crc32c
     import numpy as np
     import pytest
@@ -76,7 +76,7 @@ def test_striped_dataset_survives_restart_and_compaction(tmp_path, monkeypatch):
     store.commit_ingest(session)
     store.close()
 
-    monkeypatch.setattr(limits, "catalog_compact_dead_bytes_min", 0)
+    config = dataclasses.replace(config, catalog_compact_dead_bytes_min=0)
     for _ in range(2):  # a plain restart, then one that compacts
         store = Store.open(config)
         dataset = store.dataset("striped")

@@ -34,6 +34,7 @@ Nothing here imports grpc.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import enum
 import logging
@@ -45,8 +46,9 @@ import crc32c
 import numpy as np
 
 from dlfs import limits
-from dlfs.errors import DlfsError
-from dlfs.server.extents import no_space_error
+from dlfs.errors import DlfsError, FailedPrecondition
+from dlfs.server import faults
+from dlfs.server.extents import fsync_dir, no_space_error
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +83,13 @@ class CatalogCorrupt(DlfsError):
     """A record in the middle of the catalog fails its checks."""
 
     status_code_name = "DATA_LOSS"
+
+
+class CatalogFailed(FailedPrecondition):
+    """The catalog could not be made durable; it takes no records until a restart.
+
+    FAILED_PRECONDITION, not UNAVAILABLE: retrying cannot help until an
+    operator restarts the daemon."""
 
 
 @dataclasses.dataclass
@@ -336,6 +345,7 @@ class Catalog:
         self._fd = fd
         self._size = size
         self._lock = threading.Lock()
+        self.failed = ""  # why the catalog takes no more records, once it does not
 
     @classmethod
     def open(cls, path: str, *, salvage: bool = False) -> tuple["Catalog", ReplayResult]:
@@ -346,24 +356,35 @@ class Catalog:
         """
         if not os.path.exists(path):
             tmp = path + ".new"
+            faults.point("create", tmp)
             with open(tmp, "wb") as f:
                 f.write(_file_header())
                 f.flush()
+                faults.point("fsync", tmp)
                 os.fsync(f.fileno())
+            faults.point("rename", path)
             os.rename(tmp, path)
-            _fsync_parent(path)
+            fsync_dir(os.path.dirname(os.path.abspath(path)))
         result = scan(path, salvage=salvage)
         if result.problem:
             log.warning("%s; cutting the catalog to %d bytes", result.problem, result.valid_bytes)
         fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
-        if result.valid_bytes < FILE_HEADER_BYTES:
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, _file_header(), 0)
-            result.valid_bytes = FILE_HEADER_BYTES
-            os.fsync(fd)
-        elif result.valid_bytes != result.file_bytes:
-            os.ftruncate(fd, result.valid_bytes)
-            os.fsync(fd)
+        try:
+            if result.valid_bytes < FILE_HEADER_BYTES:
+                faults.point("truncate", path)
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, _file_header(), 0)
+                result.valid_bytes = FILE_HEADER_BYTES
+                faults.point("fsync", path)
+                os.fsync(fd)
+            elif result.valid_bytes != result.file_bytes:
+                faults.point("truncate", path)
+                os.ftruncate(fd, result.valid_bytes)
+                faults.point("fsync", path)
+                os.fsync(fd)
+        except BaseException:
+            os.close(fd)
+            raise
         return cls(path, fd, result.valid_bytes), result
 
     @property
@@ -373,62 +394,107 @@ class Catalog:
     def append(self, record_type: RecordType, payload: bytes, *, sync: bool = False) -> None:
         """Append one record; with `sync`, fsync before returning.
 
-        Raises StorageFull when the disk is full; the partial record is cut
-        off again so the log stays well formed.
+        A write that fails is cut off again so the log stays well formed,
+        and raises StorageFull (disk full) or the OSError.  When that cut,
+        or an fsync, fails, what the file holds is no longer known (after a
+        failed fsync Linux may have dropped dirty pages of earlier records
+        too): the catalog then takes no more records (`CatalogFailed`) until
+        the daemon restarts and replays what the disk really holds.
         """
         record = encode_record(record_type, payload)
         with self._lock:
+            self._check_usable()
             try:
+                faults.point("write", self.path)
                 written = os.pwrite(self._fd, record, self._size)
                 if written != len(record):
                     raise OSError(28, "short write to catalog")
-                if sync:
-                    os.fsync(self._fd)
             except OSError as exc:
-                try:
-                    os.ftruncate(self._fd, self._size)
-                except OSError:
-                    log.exception("could not cut a failed append off the catalog")
+                self._cut_back(exc)
                 raise no_space_error(exc, "the catalog") from exc
             self._size += len(record)
+            if sync:
+                self._fsync_or_fail()
+
+    def _cut_back(self, exc: OSError) -> None:
+        """Undo a failed write (caller holds the lock); a cut that fails makes the catalog failed."""
+        try:
+            faults.point("truncate", self.path)
+            os.ftruncate(self._fd, self._size)
+        except OSError as cut_exc:
+            self._fail(f"a write failed ({exc}) and cutting it off failed too ({cut_exc})")
+
+    def _fsync_or_fail(self) -> None:
+        try:
+            faults.point("fsync", self.path)
+            os.fsync(self._fd)
+        except OSError as exc:
+            self._fail(f"fsync failed ({exc})")
+            raise CatalogFailed(self.failed) from exc
+
+    def _fail(self, reason: str) -> None:
+        self.failed = (f"the catalog {self.path} could not be made durable: {reason}; the "
+                       "daemon serves reads but accepts no changes until it is restarted "
+                       "(check the disk: dmesg), after which every dataset is served in the "
+                       "last version the disk holds whole")
+        log.critical("%s", self.failed)
+
+    def _check_usable(self) -> None:
+        if self.failed:
+            raise CatalogFailed(self.failed)
 
     def rewrite(self, records) -> None:
         """Replace the whole log with `records` ((type, payload) pairs), atomically.
 
         Written to a new file, fsync'ed, renamed over the old one: a crash
-        leaves either the old log or the new one.  Used by compaction.
+        leaves either the old log or the new one.  Used by compaction.  A
+        failure before the rename leaves the old log in use and raises; after
+        the rename the new log is in use, and a failed directory fsync raises
+        CatalogFailed (the rename might not survive a power loss, so records
+        appended on might vanish with it).
         """
         tmp = self.path + ".compact"
         with self._lock:
-            with open(tmp, "wb") as f:
-                f.write(_file_header())
-                for record_type, payload in records:
-                    f.write(encode_record(record_type, payload))
-                f.flush()
-                os.fsync(f.fileno())
-                size = f.tell()
-            os.rename(tmp, self.path)
-            _fsync_parent(self.path)
+            self._check_usable()
+            try:
+                faults.point("create", tmp)
+                with open(tmp, "wb") as f:
+                    faults.point("write", tmp)
+                    f.write(_file_header())
+                    for record_type, payload in records:
+                        f.write(encode_record(record_type, payload))
+                    f.flush()
+                    faults.point("fsync", tmp)
+                    os.fsync(f.fileno())
+                    size = f.tell()
+                faults.point("rename", self.path)
+                os.rename(tmp, self.path)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+                raise
             os.close(self._fd)
             self._fd = os.open(self.path, os.O_RDWR | os.O_CLOEXEC)
             self._size = size
+            try:
+                fsync_dir(os.path.dirname(os.path.abspath(self.path)))
+            except OSError as exc:
+                self._fail(f"the compacted catalog's rename could not be synced ({exc})")
+                raise CatalogFailed(self.failed) from exc
 
     def sync(self) -> None:
+        """Make every appended record durable.  Raises CatalogFailed (see `append`)."""
         with self._lock:
-            os.fsync(self._fd)
+            self._check_usable()
+            self._fsync_or_fail()
 
     def close(self) -> None:
         with self._lock:
             if self._fd >= 0:
-                os.fsync(self._fd)
+                if not self.failed:
+                    try:
+                        self._fsync_or_fail()
+                    except CatalogFailed:
+                        pass  # logged; the restart replays what the disk holds
                 os.close(self._fd)
                 self._fd = -1
-
-
-def _fsync_parent(path: str) -> None:
-    fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-

@@ -38,6 +38,7 @@ class ServerConfig:
     # "request": verify CRC32C unless the call opts out; "always"; "never".
     verify: str = "request"
     salvage_catalog: bool = False
+    catalog_compact_dead_bytes_min: int = limits.catalog_compact_dead_bytes_min
     # HOST:PORT for the Prometheus /metrics endpoint; empty: not served.
     metrics_listen: str = ""
     # TLS: server certificate chain and key (PEM); with tls_client_ca, clients
@@ -78,6 +79,8 @@ class ServerConfig:
             (8192 <= self.extent_bytes_max <= limits.sample_bytes_max,
              "extent_bytes_max must be in 8 KiB .. sample_bytes_max"),
             (1 <= self.open_extents_max, "open_extents_max must be at least 1"),
+            (0 <= self.catalog_compact_dead_bytes_min,
+             "catalog_compact_dead_bytes_min must be at least 0"),
             (0 <= self.coalesce_gap_bytes <= limits.range_bytes_max,
              "coalesce_gap_bytes must be in 0..range_bytes_max"),
             (self.verify in ("request", "always", "never"),
@@ -112,6 +115,8 @@ SETTINGS_HELP = {
     "inflight_bytes_max": "bytes of reads the daemon holds at once; more reads wait",
     "extent_bytes_max": "size at which a new extent file is started",
     "open_extents_max": "extent file descriptors kept open (LRU)",
+    "catalog_compact_dead_bytes_min": "compact the catalog at start once records of deleted "
+                                      "datasets exceed the live ones and this many bytes",
     "coalesce_gap_bytes": "merge reads of samples at most this many bytes apart",
     "data_port": "TCP port of the data path on the --listen host (0: any free one, -1: off)",
     "datapath_connections_max": "data path connections served at once; more are refused",

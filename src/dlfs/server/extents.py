@@ -24,6 +24,7 @@ from typing import Iterator
 from dlfs import layout, limits
 from dlfs.errors import DataCorruption, Overloaded, StorageFull
 from dlfs.layout import HEADER_BYTES, check_header, encode_header
+from dlfs.server import faults
 
 WRITE_BUFFER_BYTES = 4 * limits.MiB
 
@@ -49,7 +50,10 @@ class ExtentStore:
     def __init__(self, data_dir: str):
         self.data_dir = data_dir
         self.root = layout.extents_root(data_dir)
-        os.makedirs(self.root, mode=0o700, exist_ok=True)
+        if not os.path.isdir(self.root):
+            faults.point("mkdir", self.root)
+            os.makedirs(self.root, mode=0o700, exist_ok=True)
+            fsync_dir(data_dir)  # the SEALs to come depend on this entry
 
     def dataset_dir(self, dataset_id: int) -> str:
         return layout.dataset_dir(self.data_dir, dataset_id)
@@ -68,9 +72,19 @@ class ExtentStore:
         return sorted(ids)
 
     def remove_dataset(self, dataset_id: int) -> None:
-        """Delete a dataset's extents.  Open descriptors keep working until closed."""
-        shutil.rmtree(self.dataset_dir(dataset_id), ignore_errors=True)
-        _fsync_dir(self.root)
+        """Delete a dataset's extents.  Open descriptors keep working until closed.
+
+        Call it only once the catalog durably says the dataset is gone (or
+        was never sealed): what it removes cannot come back.  Raises OSError
+        when the directory could not be removed; what is left is removed at
+        the next start (replay drops extents no record names).
+        """
+        path = self.dataset_dir(dataset_id)
+        if not os.path.exists(path):
+            return
+        faults.point("unlink", path)
+        shutil.rmtree(path)
+        fsync_dir(self.root)
 
 
 class ExtentWriter:
@@ -95,8 +109,11 @@ class ExtentWriter:
         self._extent_no = -1
         self._end = 0  # bytes in the current extent, header included
         self._remaining = 0
+        self._root_synced = False
         self.extents = 0
-        os.makedirs(store.dataset_dir(dataset_id), mode=0o700, exist_ok=False)
+        path = store.dataset_dir(dataset_id)
+        faults.point("mkdir", path)
+        os.makedirs(path, mode=0o700, exist_ok=False)
 
     def begin_sample(self, size: int) -> tuple[int, int]:
         """Reserve room for a sample of `size` bytes; return (extent no, offset)."""
@@ -113,6 +130,7 @@ class ExtentWriter:
         n = len(chunk)
         assert n <= self._remaining, "sample longer than announced"
         try:
+            faults.point("write", self._label)
             self._file.write(chunk)
         except OSError as exc:
             raise no_space_error(exc, self._label) from exc
@@ -123,15 +141,24 @@ class ExtentWriter:
         assert self._remaining == 0, "sample shorter than announced"
 
     def sync(self) -> None:
-        """Flush and fsync the open extent and the dataset's directory entry list.
+        """Make everything written durable: the open extent's data, the dataset
+        directory's entries (the extent files), and the extents root's entry
+        for the dataset directory.  A SEAL depends on all three: without the
+        last two a power loss can bring back a sealed dataset whose files
+        were never linked into the tree.
 
         Extents finished earlier were synced when the writer moved past them.
         """
         try:
             if self._file is not None:
+                faults.point("write", self._label)
                 self._file.flush()
+                faults.point("fsync", self._label)
                 os.fsync(self._file.fileno())
-            _fsync_dir(self._store.dataset_dir(self._dataset_id))
+            fsync_dir(self._store.dataset_dir(self._dataset_id))
+            if not self._root_synced:
+                fsync_dir(self._store.root)
+                self._root_synced = True
         except OSError as exc:
             raise no_space_error(exc, self._label) from exc
 
@@ -156,6 +183,7 @@ class ExtentWriter:
         self._extent_no += 1
         path = self._store.extent_path(self._dataset_id, self._extent_no)
         try:
+            faults.point("create", path)
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
             self._file = io.BufferedWriter(io.FileIO(fd, "wb"), buffer_size=WRITE_BUFFER_BYTES)
             self._file.write(encode_header(self._dataset_id, self._extent_no, self._created_ns))
@@ -271,7 +299,9 @@ class _Handle:
         self.evicted = False
 
 
-def _fsync_dir(path: str) -> None:
+def fsync_dir(path: str) -> None:
+    """fsync directory `path`: its entries (files created, renamed, removed) become durable."""
+    faults.point("fsync", path)
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)

@@ -230,13 +230,27 @@ class IngestSession:
                             cat.SampleBlock.concat(blocks), self.cluster)
 
     def discard(self) -> None:
-        """Remove what the session wrote: a DELETE record, then its extents.  Never
-        raises for the record (replay discards an unsealed dataset anyway)."""
+        """Remove what the session wrote: a DELETE record, then its extents.  Never raises.
+
+        The extents stay when the catalog has failed (see Catalog.append): a
+        SEAL of this dataset may have reached the disk, and only the restart's
+        replay can tell; it removes them if not.  Extents that cannot be
+        removed now are removed by that replay too.
+        """
         try:
             self._catalog.append(cat.RecordType.DELETE, cat.encode_delete(self.dataset_id))
-        except Exception:  # noqa: BLE001 - the extents go anyway
+        except Exception:  # noqa: BLE001 - replay discards an unsealed dataset anyway
             log.exception("could not record the abort of dataset %r", self.name)
-        self._writer.discard()
+        self._writer.close()
+        if self._catalog.failed:
+            log.warning("keeping the extents of dataset %r for the restart to decide: %s",
+                        self.name, self._catalog.failed)
+            return
+        try:
+            self._writer.discard()
+        except OSError as exc:
+            log.warning("could not remove the extents of the aborted ingest of %r (%s); "
+                        "the next start removes them", self.name, exc)
 
 
 def _regular_mode(path: str, mode: int) -> int:

@@ -22,7 +22,7 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from dlfs import limits, logs
-from dlfs.errors import ERROR_CLASS_METADATA, DlfsError, InvalidArgument
+from dlfs.errors import ERROR_CLASS_METADATA, DlfsError, Internal, InvalidArgument
 from dlfs.server.callguard import LONG_METHODS
 from dlfs.server.metrics import OPERATOR_CODES
 
@@ -200,6 +200,11 @@ def _wrap_stream(behavior, call: _Call, streaming: bool):
 
 def _abort(context: grpc.ServicerContext, exc: Exception, call: _Call):
     method = call.method
+    if isinstance(exc, OSError) and context.is_active():
+        # A disk error is not a bug: say which, and where to look.
+        log.error("%s: disk error", method, exc_info=exc)
+        exc = Internal(f"the daemon's disk failed during {method}: {exc}; what the call "
+                       "changed was undone (check the data dir's device: dmesg), then retry")
     if isinstance(exc, DlfsError):
         code = getattr(grpc.StatusCode, exc.status_code_name, grpc.StatusCode.UNKNOWN)
         call.code = code.name

@@ -108,10 +108,12 @@ def write_address_file(path: str, address: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logs.configure(args.log_level, args.log_format, program="dlfs-server")
+    from dlfs.server import faults
     from dlfs.server.daemon import Daemon
     from dlfs.server.store import Store
 
     try:
+        faults.install_from_env()  # a test hook: DLFS_FAULT=OP:N:ACTION (faults.py)
         config = config_from_args(args)
         store = Store.open(config)
     except (ValueError, RuntimeError, DlfsError, OSError) as exc:
@@ -132,6 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     stop_signals: list[int] = []
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda signum, _frame: stop_signals.append(signum))
+    faults.serving()
     if args.address_file:
         write_address_file(args.address_file, address)
     log.info("serving on %s (data dir %s, %d reader threads)", address,

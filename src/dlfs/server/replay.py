@@ -33,7 +33,9 @@ class ReplayedDataset:
     cluster: Cluster | None = None
 
 
-def restore(catalog: cat.Catalog, records, extents: ExtentStore) -> tuple[SampleDirectory, int]:
+def restore(catalog: cat.Catalog, records, extents: ExtentStore,
+            compact_dead_bytes_min: int = limits.catalog_compact_dead_bytes_min
+            ) -> tuple[SampleDirectory, int]:
     """The sealed datasets of `records` as a directory, and the next free dataset id.
 
     Discards incomplete ingests and orphaned extents (logged), syncs the
@@ -49,7 +51,7 @@ def restore(catalog: cat.Catalog, records, extents: ExtentStore) -> tuple[Sample
             log.warning("discarding incomplete ingest of dataset %r (%d samples arrived "
                         "before the daemon stopped); ingest it again", entry.name, samples)
             catalog.append(cat.RecordType.DELETE, cat.encode_delete(dataset_id))
-            extents.remove_dataset(dataset_id)
+            _remove_quietly(extents, dataset_id)
             continue
         index = DatasetIndex(entry.name, dataset_id, entry.created_ns,
                              cat.SampleBlock.concat(entry.blocks), entry.cluster)
@@ -61,11 +63,20 @@ def restore(catalog: cat.Catalog, records, extents: ExtentStore) -> tuple[Sample
     for dataset_id in extents.dataset_ids_on_disk():
         if dataset_id not in live:
             log.warning("removing orphaned extents of dataset id %x", dataset_id)
-            extents.remove_dataset(dataset_id)
+            _remove_quietly(extents, dataset_id)
         max_id = max(max_id, dataset_id)
     catalog.sync()
-    compact_if_mostly_dead(catalog, replayed, max_id, live)
+    compact_if_mostly_dead(catalog, replayed, max_id, live, compact_dead_bytes_min)
     return directory, max_id + 1
+
+
+def _remove_quietly(extents: ExtentStore, dataset_id: int) -> None:
+    """Remove extents no sealed dataset uses; a failure only costs space until the next start."""
+    try:
+        extents.remove_dataset(dataset_id)
+    except OSError as exc:
+        log.warning("could not remove the extents of dataset id %x (%s); the next start "
+                    "tries again", dataset_id, exc)
 
 
 def replay(records) -> tuple[dict[int, ReplayedDataset], int]:
@@ -108,14 +119,15 @@ def replay(records) -> tuple[dict[int, ReplayedDataset], int]:
 
 
 def compact_if_mostly_dead(catalog: cat.Catalog, replayed: dict[int, ReplayedDataset],
-                           max_id: int, live: set[int]) -> None:
+                           max_id: int, live: set[int],
+                           dead_bytes_min: int = limits.catalog_compact_dead_bytes_min) -> None:
     """Rewrite the catalog with only the live datasets when deleted, replaced and
-    aborted ones make up most of it (keeps restart time proportional to what
-    is stored).  The largest dataset id survives as an empty BEGIN+DELETE
+    aborted ones make up most of it and more than `dead_bytes_min` (keeps
+    restart time proportional to what is stored).  The largest dataset id survives as an empty BEGIN+DELETE
     pair, so ids are never reused."""
     live_bytes = sum(replayed[i].record_bytes for i in live)
     dead_bytes = catalog.size - live_bytes
-    if dead_bytes <= max(live_bytes, limits.catalog_compact_dead_bytes_min):
+    if dead_bytes <= max(live_bytes, dead_bytes_min):
         return
     records = [(cat.RecordType.BEGIN, cat.encode_begin(max_id, 0, "")),
                (cat.RecordType.DELETE, cat.encode_delete(max_id))]
@@ -126,7 +138,13 @@ def compact_if_mostly_dead(catalog: cat.Catalog, replayed: dict[int, ReplayedDat
             records += cat.block_records(dataset_id, block)
         records.append((cat.RecordType.SEAL, cat.encode_seal(dataset_id)))
     before = catalog.size
-    catalog.rewrite(records)
+    try:
+        catalog.rewrite(records)
+    except cat.CatalogFailed:
+        raise
+    except OSError as exc:  # compaction only saves time: go on with the old log
+        log.warning("could not compact the catalog (%s); going on with the old one", exc)
+        return
     log.info("compacted the catalog from %d to %d bytes", before, catalog.size)
 
 

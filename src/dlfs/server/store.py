@@ -31,7 +31,7 @@ from dlfs.server import planning
 from dlfs.server.config import ServerConfig
 from dlfs.server.directory import Cluster, DatasetIndex, SampleDirectory
 from dlfs.server.dirlock import DataDirLock
-from dlfs.server.extents import ExtentFiles, ExtentStore, ExtentWriter
+from dlfs.server.extents import ExtentFiles, ExtentStore, ExtentWriter, fsync_dir
 from dlfs.server.ingest import IngestSession
 from dlfs.server.ingest_registry import IngestRegistry, IngestState
 from dlfs.server.leases import ReadLeases
@@ -84,14 +84,17 @@ class Store:
         the data dir when another daemon holds it.
         """
         data_dir = config.data_dir
-        os.makedirs(data_dir, mode=0o700, exist_ok=True)
+        if not os.path.isdir(data_dir):
+            os.makedirs(data_dir, mode=0o700, exist_ok=True)
+            fsync_dir(os.path.dirname(os.path.abspath(data_dir)))
         dir_lock = DataDirLock.acquire(data_dir)
         try:
             started = time.monotonic()
             catalog, replayed = cat.Catalog.open(os.path.join(data_dir, layout.CATALOG_FILE),
                                                  salvage=config.salvage_catalog)
             extents = ExtentStore(data_dir)
-            directory, next_dataset_id = restore(catalog, replayed.records, extents)
+            directory, next_dataset_id = restore(catalog, replayed.records, extents,
+                                                 config.catalog_compact_dead_bytes_min)
             del replayed
             release_free_heap()
             datasets = directory.all()
@@ -164,8 +167,15 @@ class Store:
         return self._leases.hold(resolve)
 
     def _free_extents(self, dataset_id: int) -> None:
+        """Remove a retired dataset's extents (its end is durable in the catalog).  Never
+        raises: it runs when a delete, a replace or the last read of a retired dataset
+        ends, none of which may fail for it; what stays is removed at the next start."""
         self._files.forget_dataset(dataset_id)
-        self.extents.remove_dataset(dataset_id)
+        try:
+            self.extents.remove_dataset(dataset_id)
+        except OSError as exc:
+            log.warning("could not remove the extents of retired dataset id %x (%s); the "
+                        "next start removes them", dataset_id, exc)
 
     def summaries(self) -> list[DatasetInfo]:
         """Sealed datasets and running ingests, sorted by name."""
@@ -178,14 +188,18 @@ class Store:
     def delete(self, name: str) -> DatasetInfo:
         """Remove a sealed dataset durably, then free its extents (after its last read).
 
-        Raises InvalidArgument, NotFound, Unavailable (shutting down).
+        Raises InvalidArgument, NotFound, Unavailable (shutting down),
+        StorageFull and CatalogFailed (the dataset stays then).
         """
         check_dataset_name(name)
         with self._mutex:
             self._check_open()
-            dataset = self.directory.remove(name)
+            dataset = self.directory.get(name)
+            # Durable first, then gone from listings: a failed append (disk full,
+            # a failed catalog) leaves the dataset listed and whole.
             self._catalog.append(cat.RecordType.DELETE, cat.encode_delete(dataset.dataset_id),
                                  sync=True)
+            self.directory.remove(name)
         self._leases.retire(dataset.dataset_id)
         log.info("deleted dataset %r (%d samples)", name, len(dataset))
         return dataset.summary()

@@ -1,0 +1,206 @@
+"""Whatever disk operation fails, a restart finds one whole version of every dataset.
+
+A randomized loop drives the daemon's fault hook (`dlfs.server.faults`,
+``DLFS_FAULT=OP:N:ACTION``): an errno or a SIGKILL at a random step of an
+ingest, a replace, a delete, or the catalog replay and compaction at start.
+After each fault the daemon is restarted without one and checked: every
+dataset name serves exactly one whole version whose bytes match a source
+it was given (the old one or the new one, the new one if the call
+succeeded), nothing acknowledged is lost, and the extents of deleted,
+replaced and aborted datasets are gone from the disk.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+
+import pytest
+
+import dlfs
+from conftest import write_tree
+from dlfs import Client
+from dlfs.launch import LaunchError
+
+# Injected faults the loop must see fire (each followed by a restart and the checks).
+FAULTS_MIN = int(os.environ.get("DLFS_FAULTS_MIN", "50"))
+ITERATIONS_MAX = 4 * FAULTS_MIN
+# Disk operations one small ingest, replace or delete performs (measured with
+# the hook's counting; a plan past the last call simply does not fire).
+OP_CALLS = {
+    "ingest": {"mkdir": 1, "create": 4, "write": 19, "fsync": 10, "any": 34},
+    "replace": {"mkdir": 1, "create": 4, "write": 19, "fsync": 11, "unlink": 1, "any": 36},
+    "delete": {"write": 1, "fsync": 2, "unlink": 1, "any": 4},
+    "restart": {"create": 2, "write": 2, "fsync": 6, "rename": 2, "unlink": 3, "truncate": 1,
+                "any": 14},
+}
+ACTIONS = ("EIO", "ENOSPC", "EIO", "kill")
+DAEMON_ARGS = ["--extent-bytes-max", "65536", "--catalog-compact-dead-bytes-min", "0"]
+
+
+class Versions:
+    """Source trees handed out, by content, and what each name may serve."""
+
+    def __init__(self, root, rng: random.Random):
+        self.root = root
+        self.rng = rng
+        self.trees: dict[str, dict[str, bytes]] = {}
+        self.allowed: dict[str, set[str]] = {}  # name -> version keys it may serve
+
+    def new(self) -> str:
+        key = f"v{len(self.trees)}"
+        files = {f"d{i % 3}/{key}_{i:02d}.bin": self.rng.randbytes(self.rng.randrange(1, 30000))
+                 for i in range(12)}
+        write_tree(self.root / key, files)
+        self.trees[key] = files
+        return key
+
+    def path(self, key: str) -> str:
+        return str(self.root / key)
+
+
+def read_all(client: Client, name: str) -> dict[str, bytes]:
+    ds = client.dataset(name)
+    return {ds.path(i): bytes(s) for i, s in enumerate(ds.get_batch(range(len(ds))))}
+
+
+def check_whole_versions(daemon, versions: Versions) -> None:
+    """Every name serves one allowed version whole; nothing else exists; no stray extents.
+    Narrows each name's allowed versions to the one it serves."""
+    with Client(daemon.address) as client:
+        served = {info.name for info in client.dataset_infos()}
+        assert served <= set(versions.allowed), f"unexpected datasets {served - set(versions.allowed)}"
+        for name, allowed in list(versions.allowed.items()):
+            if name not in served:
+                assert None in allowed, f"dataset {name!r} was lost (it may only be {allowed})"
+                del versions.allowed[name]
+                continue
+            content = read_all(client, name)
+            matches = [k for k in allowed if k is not None and versions.trees[k] == content]
+            assert matches, (f"dataset {name!r} serves {len(content)} files matching none of "
+                             f"its versions {sorted(k for k in allowed if k)}")
+            versions.allowed[name] = {matches[0]}
+    extent_dirs = os.listdir(os.path.join(daemon.data_dir, "extents"))
+    assert len(extent_dirs) == len(served), (
+        f"{len(extent_dirs)} extent directories for {len(served)} datasets: space not reclaimed")
+
+
+def test_random_faults_always_leave_one_whole_version(daemon_factory, tmp_path):
+    rng = random.Random(int(os.environ.get("DLFS_FAULTS_SEED", "2026")))
+    versions = Versions(tmp_path / "src", rng)
+    daemon = daemon_factory(extra_args=DAEMON_ARGS)
+    with Client(daemon.address) as client:
+        for name in ("keep", "rep", "victim"):
+            key = versions.new()
+            client.ingest(versions.path(key), name)
+            versions.allowed[name] = {key}
+    outcomes: dict[str, int] = {}
+    fired = iterations = 0
+    while fired < FAULTS_MIN and iterations < ITERATIONS_MAX:
+        iterations += 1
+        scenario = rng.choice(("ingest", "replace", "delete", "restart"))
+        op = rng.choice(sorted(OP_CALLS[scenario]))
+        spec = f"{op}:{rng.randint(1, OP_CALLS[scenario][op])}:{rng.choice(ACTIONS)}"
+        if scenario == "restart":
+            spec += ":startup"
+        if "victim" not in versions.allowed:
+            with Client(daemon.address) as client:
+                key = versions.new()
+                client.ingest(versions.path(key), "victim")
+                versions.allowed["victim"] = {key}
+        daemon.stop()
+        before = daemon.log().count("fault injected:")
+        daemon.extra_env = {"DLFS_FAULT": spec}
+        try:
+            daemon.start()
+        except LaunchError:
+            assert scenario == "restart", f"{spec}: the daemon did not start"
+        else:
+            outcome = run_scenario(daemon, scenario, versions, iterations)
+            outcomes[outcome] = outcomes.get(outcome, 0) + 1
+        if rng.random() < 0.5:
+            daemon.kill()
+        else:
+            daemon.stop()
+        now_fired = daemon.log().count("fault injected:")
+        assert now_fired - before <= 1
+        fired += now_fired - before
+        daemon.extra_env = {}
+        daemon.start()
+        check_whole_versions(daemon, versions)
+    print(f"fault loop: {fired} faults fired in {iterations} iterations; outcomes {outcomes}")
+    assert fired >= FAULTS_MIN, f"only {fired} of {iterations} planned faults fired"
+    assert versions.allowed.get("keep"), "the untouched dataset was lost"
+
+
+def run_scenario(daemon, scenario: str, versions: Versions, iteration: int) -> str:
+    """Run one change against a daemon armed with a fault; record what each name may
+    serve now.  Returns "ok" or the error's class name."""
+    name = {"ingest": f"new{iteration}", "replace": "rep", "delete": "victim"}.get(scenario)
+    if name is None:
+        return "restarted"
+    key = versions.new() if scenario != "delete" else None
+    before = versions.allowed.get(name, {None})
+    versions.allowed[name] = before | {key}  # old or new until we know
+    try:
+        with Client(daemon.address, timeout_s=30) as client:
+            if scenario == "delete":
+                client.delete(name)
+            else:
+                client.ingest(versions.path(key), name, replace=scenario == "replace")
+    except (dlfs.DlfsError, OSError) as exc:
+        return type(exc).__name__
+    versions.allowed[name] = {key}  # acknowledged: only the new state will do
+    return "ok"
+
+
+@pytest.mark.parametrize("spec", ["fsync:1:EIO", "write:1:ENOSPC"])
+def test_a_failed_delete_keeps_the_dataset_listed_and_whole(daemon_factory, tmp_path, spec):
+    files = {f"{i}.bin": os.urandom(1000 + i) for i in range(5)}
+    write_tree(tmp_path / "src", files)
+    daemon = daemon_factory()
+    with Client(daemon.address) as client:
+        client.ingest(str(tmp_path / "src"), "ds")
+    daemon.stop()
+    daemon.extra_env = {"DLFS_FAULT": spec}
+    daemon.start()
+    with Client(daemon.address) as client:
+        with pytest.raises(dlfs.DlfsError) as raised:
+            client.delete("ds")
+        assert "restart" in str(raised.value) or "space" in str(raised.value)
+        if spec.startswith("write"):  # the record was cut off cleanly: nothing changed
+            assert read_all(client, "ds") == files
+    daemon.extra_env = {}
+    daemon.restart()
+    with Client(daemon.address) as client:
+        names = [i.name for i in client.dataset_infos()]
+        if "ds" in names:
+            assert read_all(client, "ds") == files
+        assert len(os.listdir(os.path.join(daemon.data_dir, "extents"))) == len(names)
+
+
+def test_a_replace_whose_seal_fsync_fails_keeps_one_whole_version(daemon_factory, tmp_path):
+    old = {f"{i}.bin": os.urandom(2000) for i in range(6)}
+    new = {f"{i}.bin": os.urandom(3000) for i in range(6)}
+    write_tree(tmp_path / "old", old)
+    write_tree(tmp_path / "new", new)
+    daemon = daemon_factory()
+    with Client(daemon.address) as client:
+        client.ingest(str(tmp_path / "old"), "ds")
+    # The ingest's fsyncs: extent, its directory, the extents root, then the
+    # catalog's SEAL fsync (the fourth): fail exactly that one.
+    daemon.stop()
+    daemon.extra_env = {"DLFS_FAULT": "fsync:4:EIO"}
+    daemon.start()
+    with Client(daemon.address) as client:
+        with pytest.raises(dlfs.FailedPrecondition, match="restart"):
+            client.ingest(str(tmp_path / "new"), "ds", replace=True)
+        assert read_all(client, "ds") == old  # still the old one until the restart
+        with pytest.raises(dlfs.FailedPrecondition, match="accepts no changes"):
+            client.delete("ds")
+    assert "fault injected: fsync #4" in daemon.log()
+    daemon.extra_env = {}
+    daemon.restart()
+    with Client(daemon.address) as client:
+        assert read_all(client, "ds") in (old, new)
+    assert len(os.listdir(os.path.join(daemon.data_dir, "extents"))) == 1
