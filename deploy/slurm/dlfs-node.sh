@@ -23,6 +23,8 @@
 #                       :: listen everywhere and publish `hostname`
 #   DLFS_PORT           port (default 0: any free port)
 #   DLFS_SERVER_ARGS    further dlfs-server flags, split on white space
+#   DLFS_INSECURE       1 (default): pass --insecure, so a daemon listening on
+#                       the cluster network without TLS and tokens starts; 0: not
 #   DLFS_START_TIMEOUT_S  seconds the daemon may take to serve (default 120)
 #   DLFS_STOP_TIMEOUT_S   seconds it may take to stop (default 30)
 set -euo pipefail
@@ -44,6 +46,11 @@ listen_host=${DLFS_LISTEN_HOST:-$(hostname)}
 port=${DLFS_PORT:-0}
 server=${DLFS_BIN_DIR:+$DLFS_BIN_DIR/}dlfs-server
 read -r -a extra_args <<<"${DLFS_SERVER_ARGS:-}"
+case "${DLFS_INSECURE:-1}" in
+    1) extra_args+=(--insecure) ;;
+    0) ;;
+    *) die "DLFS_INSECURE must be 0 or 1, not '${DLFS_INSECURE}'" ;;
+esac
 
 command -v "$server" >/dev/null || die "$server not found on $(hostname) (set DLFS_BIN_DIR or PATH)"
 [ -d "$local_root" ] || die "$local_root does not exist on $(hostname): set DLFS_LOCAL_ROOT to the node-local NVMe file system"

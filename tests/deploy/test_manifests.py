@@ -76,12 +76,18 @@ def _only(name: str, kind: str) -> dict:
     return docs[0]
 
 
-def _flags(args: list[str]) -> dict[str, str]:
-    """'--flag value' pairs of a container's args."""
-    assert len(args) % 2 == 0, f"args are not '--flag value' pairs: {args}"
-    pairs = dict(zip(args[::2], args[1::2]))
-    assert all(k.startswith("--") for k in pairs), args
-    return pairs
+def _flags(args: list[str]) -> dict[str, str | bool]:
+    """A container's dlfs-server args as {--flag: value} (True for a switch), after
+    checking that dlfs-server's own parser takes them."""
+    from dlfs.server.main import build_parser
+
+    build_parser().parse_args(args)  # exits (SystemExit) on a flag it does not know
+    flags: dict[str, str | bool] = {}
+    for i, arg in enumerate(args):
+        if arg.startswith("--"):
+            has_value = i + 1 < len(args) and not args[i + 1].startswith("--")
+            flags[arg] = args[i + 1] if has_value else True
+    return flags
 
 
 _QUANTITY_SUFFIXES = {"m": 1e-3, "": 1, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12,

@@ -159,3 +159,28 @@ def test_bad_tokens_file_is_refused_at_start(tmp_path, daemon_factory):
     daemon = daemon_factory(extra_args=["--tokens-file", str(bad)], start=False)
     with pytest.raises(RuntimeError, match="expected 'ROLE TOKEN'"):
         daemon.start()
+
+
+def test_an_exposed_listener_needs_tls_and_tokens_or_insecure(tmp_path, daemon_factory, pki):
+    exposed = daemon_factory(start=False)
+    with pytest.raises(RuntimeError, match="--insecure"):
+        exposed.start("0.0.0.0:0")
+    assert "anyone who reaches it could read, ingest and delete" in exposed.log()
+
+    insecure = daemon_factory(extra_args=["--insecure"], start=False)
+    port = insecure.start("0.0.0.0:0").rpartition(":")[2]
+    with Client(f"127.0.0.1:{port}") as client:
+        assert client.dataset_infos() == []
+    assert "without TLS (--tls-cert, --tls-key) and --tokens-file (--insecure)" in insecure.log()
+
+    secure = daemon_factory(extra_args=[
+        "--tls-cert", str(pki / "server.pem"), "--tls-key", str(pki / "server.key"),
+        "--tokens-file", str(pki / "tokens")], start=False)
+    secure.start("0.0.0.0:0")  # TLS and tokens: no --insecure needed
+    assert "--insecure" not in secure.log()
+
+
+def test_a_metrics_port_alone_listens_on_loopback(daemon_factory):
+    daemon = daemon_factory(extra_args=["--metrics-listen", "0"])
+    with Client(daemon.address) as client:
+        assert client.status().metrics_address.startswith("127.0.0.1:")

@@ -39,8 +39,11 @@ class ServerConfig:
     verify: str = "request"
     salvage_catalog: bool = False
     catalog_compact_dead_bytes_min: int = limits.catalog_compact_dead_bytes_min
-    # HOST:PORT for the Prometheus /metrics endpoint; empty: not served.
+    # [HOST:]PORT for the Prometheus /metrics endpoint (a PORT alone: on
+    # 127.0.0.1); empty: not served.
     metrics_listen: str = ""
+    # Serve on an address other hosts can reach without TLS and tokens.
+    insecure: bool = False
     # TLS: server certificate chain and key (PEM); with tls_client_ca, clients
     # must present a certificate signed by that CA (mutual TLS).
     tls_cert: str = ""

@@ -74,14 +74,26 @@ class Daemon:
             raise RuntimeError(f"cannot listen on {listen}: {exc}") from None
         if bound == 0:
             raise RuntimeError(f"cannot listen on {listen}: address in use or not available here")
-        if not _is_loopback(host) and not (config.tls_cert and config.tokens_file):
-            log.warning("listening on %s without %s: anyone who can reach this address can "
-                        "read%s", listen, " and ".join(
-                            x for x, on in (("TLS", config.tls_cert),
-                                            ("tokens", config.tokens_file)) if not on),
+        exposed = not _is_loopback(host) and not (config.tls_cert and config.tokens_file)
+        if exposed:
+            missing = " and ".join(x for x, on in (("TLS (--tls-cert, --tls-key)", config.tls_cert),
+                                                  ("--tokens-file", config.tokens_file)) if not on)
+            if not config.insecure:
+                self.server.stop(None)
+                raise ValueError(
+                    f"--listen {listen} can be reached from other hosts, but the daemon has no "
+                    f"{missing}: anyone who reaches it could read"
+                    f"{'' if config.tokens_file else ', ingest and delete datasets'}. Configure "
+                    "them, listen on 127.0.0.1, or pass --insecure to accept that (a trusted, "
+                    "job-private network)")
+            log.warning("listening on %s without %s (--insecure): anyone who can reach this "
+                        "address can read%s", listen, missing,
                         "" if config.tokens_file else ", ingest and delete datasets")
-        if self.store.config.metrics_listen:
-            self.servicer.metrics_address = self.store.metrics.serve(self.store.config.metrics_listen)
+        if config.metrics_listen:
+            metrics_host, _, metrics_port = config.metrics_listen.rpartition(":")
+            # A port alone: loopback, unless told otherwise.
+            self.servicer.metrics_address = self.store.metrics.serve(
+                f"{metrics_host or '127.0.0.1'}:{metrics_port}")
         if config.data_port >= 0 and not config.tls_cert:
             self.data_path = DataPathServer(
                 self.store, tcp_host=host, tcp_port=config.data_port,

@@ -44,9 +44,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--salvage-catalog", action="store_true",
                         help="start even if the catalog is damaged mid-log, keeping only the "
                              "records before the damage")
-    parser.add_argument("--metrics-listen", default="", metavar="HOST:PORT",
+    parser.add_argument("--metrics-listen", default="", metavar="[HOST:]PORT",
                         help="serve Prometheus metrics at http://HOST:PORT/metrics (PORT 0 "
-                             "picks one; `dlfs status` shows it); off by default")
+                             "picks one; `dlfs status` shows it); a PORT alone listens on "
+                             "127.0.0.1; off by default")
+    parser.add_argument("--insecure", action="store_true",
+                        help="allow a --listen address other hosts can reach without both TLS "
+                             "and --tokens-file (anyone who reaches it may then read, and "
+                             "without tokens also ingest and delete)")
     parser.add_argument("--tls-cert", default="", metavar="PEM",
                         help="serve TLS with this certificate (chain); needs --tls-key")
     parser.add_argument("--tls-key", default="", metavar="PEM", help="private key of --tls-cert")
