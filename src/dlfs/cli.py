@@ -60,6 +60,8 @@ def cmd_datasets(client: Client, args) -> int:
     for info in client.dataset_infos():
         state = "" if info.sealed else "  (ingest in progress)"
         print(f"{info.name}\t{info.samples} samples\t{_human_bytes(info.bytes)}{state}")
+        if info.disagreement:
+            print(f"  warning: {info.disagreement}")
     return 0
 
 

@@ -126,6 +126,16 @@ ingests_concurrent_max_default = 8
 # A two-phase ingest (striped datasets) that is prepared but neither
 # committed nor aborted by then is discarded.
 prepared_ingest_timeout_s = 300.0
+# A member of a striped dataset left prepared (restarted, or missed by the
+# client's commit) asks the first member for the outcome this often; a
+# GetIngestOutcome call to it may take this long.
+in_doubt_poll_s = 5.0
+decision_call_timeout_s = 10.0
+# A cluster reader whose members serve different versions of a dataset (a
+# striped commit reaching them one after the other, or a member learning the
+# decision late) retries this long, in at most this many attempts.
+striped_settle_s = 2 * in_doubt_poll_s + 1.0
+striped_settle_attempts_max = 40
 # Daemons that hold each sample of a striped dataset, at most.
 replicas_max = 8
 # Generations a striped ingest names are at least this: apart from the dataset

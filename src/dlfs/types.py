@@ -24,6 +24,9 @@ class DatasetInfo:
     # The sealed version described: never reused, new with every replace
     # (0 while an ingest runs).  Reads may name it to refuse a newer one.
     generation: int = 0
+    # Striped datasets listed by a cluster client: how the members that
+    # answered disagree about it, and what to do ("" when they agree).
+    disagreement: str = ""
 
     @property
     def striped(self) -> bool:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import random
+import time
 
 import pytest
 
@@ -204,3 +205,86 @@ def test_a_replace_whose_seal_fsync_fails_keeps_one_whole_version(daemon_factory
     with Client(daemon.address) as client:
         assert read_all(client, "ds") in (old, new)
     assert len(os.listdir(os.path.join(daemon.data_dir, "extents"))) == 1
+
+
+# Members left prepared ask the first member every 0.2 s; a first member with
+# no decision aborts after 2 s (instead of 5 s and 300 s): the loop stays short.
+STRIPED_ARGS = ["--extent-bytes-max", "65536", "--in-doubt-poll-s", "0.2",
+                "--prepared-ingest-timeout-s", "2"]
+STRIPED_FAULTS_MIN = int(os.environ.get("DLFS_STRIPED_FAULTS_MIN", "16"))
+# Faults on one member during a striped replace or a rebalance: the commit step
+# itself, and disk operations of the ingest and its commit.
+STRIPED_FAULTS = [("seal", 1), ("fsync", 8), ("write", 12), ("create", 3), ("mkdir", 1),
+                  ("unlink", 1), ("any", 30)]
+SETTLE_S = 60.0
+
+
+def wait_until_settled(daemons) -> None:
+    """Until no member has a running ingest (every prepared one learned its outcome)."""
+    deadline = time.monotonic() + SETTLE_S
+    while True:
+        running = 0
+        for daemon in daemons:
+            with Client(daemon.address) as client:
+                running += client.status().ingests_running
+        if not running:
+            return
+        assert time.monotonic() < deadline, f"{running} ingests still prepared after {SETTLE_S} s"
+        time.sleep(0.1)
+
+
+def test_random_faults_during_striped_commits_and_rebalances(daemon_factory, tmp_path):
+    rng = random.Random(int(os.environ.get("DLFS_FAULTS_SEED", "2026")) + 1)
+    versions = Versions(tmp_path / "src", rng)
+    daemons = [daemon_factory(extra_args=STRIPED_ARGS) for _ in range(3)]
+    members = [d.address for d in daemons]
+    key = versions.new()
+    with Client(members) as client:
+        client.ingest(versions.path(key), "s", replicas=2)
+    versions.allowed["s"] = {key}
+    fired = iterations = 0
+    outcomes: dict[str, int] = {}
+    while fired < STRIPED_FAULTS_MIN and iterations < 4 * STRIPED_FAULTS_MIN:
+        iterations += 1
+        victim = rng.choice(daemons)
+        op, calls = rng.choice(STRIPED_FAULTS)
+        spec = f"{op}:{rng.randint(1, calls)}:{rng.choice(ACTIONS)}"
+        before = victim.log().count("fault injected:")
+        victim.stop()
+        victim.extra_env = {"DLFS_FAULT": spec}
+        victim.start(f"127.0.0.1:{victim.address.rpartition(':')[2]}")
+        scenario = rng.choice(("replace", "rebalance"))
+        new = versions.new() if scenario == "replace" else None
+        if new is not None:
+            versions.allowed["s"] = versions.allowed["s"] | {new}
+        try:
+            with Client(members, reconnect_timeout_s=1, timeout_s=30) as client:
+                if new is not None:
+                    client.ingest(versions.path(new), "s", replace=True, replicas=2)
+                else:
+                    client.rebalance("s", replicas=rng.choice((1, 2, 3)))
+        except (dlfs.DlfsError, OSError) as exc:
+            outcomes[type(exc).__name__] = outcomes.get(type(exc).__name__, 0) + 1
+        else:
+            outcomes["ok"] = outcomes.get("ok", 0) + 1
+            if new is not None:
+                versions.allowed["s"] = {new}
+        fired += victim.log().count("fault injected:") - before
+        for daemon in daemons:  # the victim may be dead; every member restarts
+            daemon.stop() if rng.random() < 0.5 else daemon.kill()
+            daemon.extra_env = {}
+            daemon.start(f"127.0.0.1:{daemon.address.rpartition(':')[2]}")
+        wait_until_settled(daemons)
+        with Client(members) as client:
+            [info] = client.dataset_infos()
+            assert info.disagreement == "", info.disagreement
+            content = read_all(client, "s")
+        matches = [k for k in versions.allowed["s"] if versions.trees[k] == content]
+        assert matches, f"{spec} on {victim.address} during {scenario}: no whole version"
+        versions.allowed["s"] = {matches[0]}
+        for daemon in daemons:
+            dirs = os.listdir(os.path.join(daemon.data_dir, "extents"))
+            assert len(dirs) == 1, f"{daemon.address} keeps {len(dirs)} extent directories"
+    print(f"striped fault loop: {fired} faults fired in {iterations} iterations; "
+          f"outcomes {outcomes}")
+    assert fired >= STRIPED_FAULTS_MIN

@@ -24,6 +24,7 @@ from typing import Iterable, Iterator, Sequence
 
 from dlfs import limits
 from dlfs.client import convert, metadata
+from dlfs.client.metadata import members_disagree
 from dlfs.client.buffers import BufferPool
 from dlfs.client.cluster import ClusterRouter
 from dlfs.client.convert import DatasetInfo, Entry
@@ -149,12 +150,16 @@ class Client:
         if all(isinstance(r, DlfsError) for r in results.values()):
             raise Unavailable(f"none of the DLFS daemons {self.address} answers")
         found: dict[str, DatasetInfo] = {}
-        for result in results.values():
+        by_member: dict[str, dict[str, DatasetInfo]] = {}
+        for address, result in results.items():
             if isinstance(result, list):
+                by_member[address] = {info.name: info for info in result}
                 for info in result:
                     if info.name not in found or (info.sealed and not found[info.name].sealed):
                         found[info.name] = info
-        return [found[name] for name in sorted(found)]
+        return [dataclasses.replace(found[name],
+                                    disagreement=members_disagree(found[name], by_member))
+                for name in sorted(found)]
 
     def dataset(self, name: str) -> Dataset:
         """Open dataset `name`.  Raises NotFound, InvalidArgument."""

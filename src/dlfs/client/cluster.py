@@ -239,11 +239,13 @@ class ClusterRouter:
 
         The cached placement is for one version; every part names it, so a
         member holding another version refuses its part and no batch mixes
-        versions.  A placement that does not match is learned again once;
-        then StaleGeneration (the dataset was replaced, or its members
-        disagree after a commit that did not reach all of them).
+        versions.  A placement that does not match is learned again; then
+        StaleGeneration (the dataset was replaced, or its members still
+        disagree after `limits.striped_settle_s`: a commit that did not reach
+        all of them).
         """
-        for attempt in range(2):
+        settle_until = None
+        for attempt in range(limits.striped_settle_attempts_max):
             placement = self.placement(dataset, refresh=attempt > 0)
             if generation and placement.generation and placement.generation != generation:
                 if attempt:
@@ -258,16 +260,24 @@ class ClusterRouter:
                     raise InvalidArgument(_out_of_range(dataset, ids, placement)) from None
                 # The cached placement may be of an older, smaller version: learn it again.
             except StaleGeneration as exc:
-                if attempt:
+                # Members disagree while a striped commit reaches them one after
+                # the other, or until a member the commit missed learns the
+                # decision (limits.in_doubt_poll_s): wait that out, then give up.
+                settle_until = settle_until or self.clock() + limits.striped_settle_s
+                if attempt and self.clock() >= settle_until:
                     raise StaleGeneration(
-                        f"the daemons of dataset {dataset!r} serve different versions ({exc}); "
-                        "a striped commit may not have reached all of them: ingest it again "
+                        f"the daemons of dataset {dataset!r} serve different versions ({exc}) "
+                        f"for over {limits.striped_settle_s:.0f} s; a striped commit did not "
+                        "reach all of them: `dlfs datasets` shows which, or ingest it again "
                         "with --replace") from None
+                if attempt:
+                    time.sleep(limits.retry_backoff_s[min(attempt, len(limits.retry_backoff_s)) - 1])
             except (NotFound, FailedPrecondition):
                 if attempt:
                     raise  # the dataset really is gone or damaged
                 # Placement changed (dataset replaced): learn it again once.
-        raise AssertionError("unreachable")
+        raise StaleGeneration(f"the daemons of dataset {dataset!r} kept serving different "
+                              "versions; ingest it again with --replace")
 
     def read_range(self, request: pb.ReadRangeRequest) -> memoryview:
         """A byte range of one sample from a live holder, failing over to replicas."""

@@ -68,3 +68,26 @@ def all_entries(transport, dataset: str, samples: int) -> list[Entry]:
     for start in range(0, samples, step):
         entries.extend(lookup(transport, dataset, range(start, min(start + step, samples))))
     return entries
+
+
+def members_disagree(info: DatasetInfo, listings: dict[str, dict[str, DatasetInfo]]) -> str:
+    """How the members of striped dataset `info` disagree about it, from each
+    answering member's ListDatasets (`listings`: address -> name -> summary),
+    with what to do; "" when they agree (or `info` is not striped)."""
+    problems = []
+    for address in info.members:
+        listing = listings.get(address)
+        if listing is None:
+            continue  # did not answer: the listing says nothing about it
+        other = listing.get(info.name)
+        if other is None:
+            problems.append(f"{address} does not have it")
+        elif not other.sealed:
+            problems.append(f"{address} has not committed it yet")
+        elif other.generation != info.generation:
+            problems.append(f"{address} serves version {other.generation}")
+    if not problems:
+        return ""
+    return (f"members disagree about version {info.generation}: {'; '.join(problems)}. A "
+            "member left prepared commits or aborts by itself within seconds once it reaches "
+            f"{info.members[0]}; if this stays, run `dlfs ingest SOURCE {info.name} --replace`")

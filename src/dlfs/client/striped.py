@@ -3,7 +3,8 @@
 `ingest_striped` reads every file once, streams it to its holders
 (rendezvous placement, `dlfs.client.placement`) and its metadata to every
 other member, with two-phase commit: all members prepare (durable,
-unpublished), then all commit.  `run_two_phase` is that protocol for any
+unpublished), then the first member commits (its SEAL is the decision), then
+the others (see `_commit`).  `run_two_phase` is that protocol for any
 producer; rebalancing (`dlfs.client.rebalance`) uses it too.  `router` is
 the `ClusterRouter` of the members.
 """
@@ -11,6 +12,7 @@ the `ClusterRouter` of the members.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import queue
 import secrets
 import sys
@@ -25,9 +27,11 @@ from dlfs.client import convert
 from dlfs.client.errors import from_rpc_error
 from dlfs.client.ingest import batch_messages, file_pieces
 from dlfs.client.placement import place
-from dlfs.errors import Cancelled, DlfsError, InvalidArgument, Unavailable
+from dlfs.errors import Cancelled, DeadlineExceeded, DlfsError, InvalidArgument, Unavailable
 from dlfs.proto import dlfs_pb2 as pb
 from dlfs.types import DatasetInfo
+
+log = logging.getLogger(__name__)
 _END = object()
 _ABORT = object()
 
@@ -123,14 +127,36 @@ def run_two_phase(router, name: str, members: list[str], replicas: int, *,
         if isinstance(error, DlfsError):
             raise type(error)(f"ingest into {address} failed, nothing was kept: {error.message}")
         raise error
-    results = _finish_all(streams, commit=True)
-    errors = [(a, r) for a, r in results if isinstance(r, Exception)]
-    if errors:
-        committed = [a for a, r in results if not isinstance(r, Exception)]
+    return _commit(streams, name)
+
+
+def _commit(streams, name: str) -> DatasetInfo:
+    """Commit on the first member, whose SEAL is the decision, then on the others.
+
+    A member the commit does not reach (down, restarted) stays prepared and
+    learns the decision from the first member by itself (GetIngestOutcome,
+    server/decisions.py), so once the first member committed, the dataset
+    is committed: the others' failures are logged, not raised.  If the
+    first member refuses, every member aborts; if it does not answer, the
+    outcome is not known yet and the members follow whatever it turns out
+    to be.
+    """
+    first, rest = streams[0], streams[1:]
+    [(address, result)] = _finish_all([first], commit=True)
+    if isinstance(result, Unavailable | DeadlineExceeded):
         raise Unavailable(
-            f"dataset {name!r} was committed on {', '.join(committed) or 'no daemon'} but not on "
-            f"{', '.join(a for a, _ in errors)} ({errors[0][1]}); ingest it again with --replace")
-    return results[0][1]
+            f"the commit of dataset {name!r} on its first member {address} got no answer "
+            f"({result.message}); the other members follow its decision once it answers: "
+            "`dlfs datasets` shows the dataset when it is published")
+    if isinstance(result, Exception):
+        _finish_all(rest, commit=False)
+        raise type(result)(f"dataset {name!r} was not committed: its first member {address} "
+                           f"refused ({result.message}); nothing was kept")
+    for address, other in _finish_all(rest, commit=True):
+        if isinstance(other, Exception):
+            log.warning("dataset %r is committed, but %s did not confirm (%s); it commits by "
+                        "itself once it reaches %s", name, address, other, first.member.address)
+    return result
 
 
 def check_streams(streams) -> None:
@@ -154,8 +180,9 @@ def _finish_all(streams, commit: bool) -> list[tuple[str, object]]:
 
     def finish(stream):
         try:
-            reply = stream.member.call(method, pb.CommitIngestRequest(dataset=stream.name),
-                                       retry=True)
+            request = pb.CommitIngestRequest(dataset=stream.name,
+                                             generation=stream.start.generation)
+            reply = stream.member.call(method, request, retry=True)
             return stream.member.address, convert.dataset_info(reply)
         except DlfsError as exc:
             return stream.member.address, exc

@@ -109,6 +109,11 @@ class DlfsStub:
                 request_serializer=dlfs_dot_proto_dot_dlfs__pb2.CommitIngestRequest.SerializeToString,
                 response_deserializer=dlfs_dot_proto_dot_dlfs__pb2.DatasetInfo.FromString,
                 _registered_method=True)
+        self.GetIngestOutcome = channel.unary_unary(
+                '/dlfs.v1.Dlfs/GetIngestOutcome',
+                request_serializer=dlfs_dot_proto_dot_dlfs__pb2.IngestOutcomeRequest.SerializeToString,
+                response_deserializer=dlfs_dot_proto_dot_dlfs__pb2.IngestOutcome.FromString,
+                _registered_method=True)
         self.DeleteDataset = channel.unary_unary(
                 '/dlfs.v1.Dlfs/DeleteDataset',
                 request_serializer=dlfs_dot_proto_dot_dlfs__pb2.DeleteDatasetRequest.SerializeToString,
@@ -261,8 +266,12 @@ class DlfsServicer:
 
     def CommitIngest(self, request, context):
         """Publish (or discard) a dataset whose Ingest ran with prepare_only.
+        A prepared ingest is durable: it survives a restart of the daemon.
+        CommitIngest with a generation is idempotent: if that generation is
+        already published it answers as if it had just committed it, so a
+        retried commit that had succeeded is not reported as a failure.
         Codes: NOT_FOUND (no prepared ingest of that name: never prepared, or
-        timed out and discarded).
+        discarded: timed out, or its decision was abort).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -270,6 +279,15 @@ class DlfsServicer:
 
     def AbortIngest(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetIngestOutcome(self, request, context):
+        """What became of generation `generation` of a dataset here: how a member
+        left prepared (restarted, or missed by the client's commit) learns the
+        decision from the striped ingest's first member, whose commit decides.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -369,6 +387,11 @@ def add_DlfsServicer_to_server(servicer, server):
                     servicer.AbortIngest,
                     request_deserializer=dlfs_dot_proto_dot_dlfs__pb2.CommitIngestRequest.FromString,
                     response_serializer=dlfs_dot_proto_dot_dlfs__pb2.DatasetInfo.SerializeToString,
+            ),
+            'GetIngestOutcome': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetIngestOutcome,
+                    request_deserializer=dlfs_dot_proto_dot_dlfs__pb2.IngestOutcomeRequest.FromString,
+                    response_serializer=dlfs_dot_proto_dot_dlfs__pb2.IngestOutcome.SerializeToString,
             ),
             'DeleteDataset': grpc.unary_unary_rpc_method_handler(
                     servicer.DeleteDataset,
@@ -786,6 +809,33 @@ class Dlfs:
             '/dlfs.v1.Dlfs/AbortIngest',
             dlfs_dot_proto_dot_dlfs__pb2.CommitIngestRequest.SerializeToString,
             dlfs_dot_proto_dot_dlfs__pb2.DatasetInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetIngestOutcome(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dlfs.v1.Dlfs/GetIngestOutcome',
+            dlfs_dot_proto_dot_dlfs__pb2.IngestOutcomeRequest.SerializeToString,
+            dlfs_dot_proto_dot_dlfs__pb2.IngestOutcome.FromString,
             options,
             channel_credentials,
             insecure,

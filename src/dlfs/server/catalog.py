@@ -20,6 +20,9 @@ Record types and payloads:
     GENERATION dataset id u64 | generation u64: the version id a striped ingest
             named, the same on every member (without it, the generation is the
             dataset id)
+    PREPARE dataset id u64 | flags u32 (bit 0: replaces the dataset of its
+            name): a two-phase ingest is durable and waits for its decision;
+            replay keeps it prepared (not discarded) until a SEAL or DELETE
 
 A dataset becomes visible only with its SEAL record, which is written after
 its extents and SAMPLES records are synced, and the catalog is synced before
@@ -74,6 +77,7 @@ class RecordType(enum.IntEnum):
     CLUSTER = 5
     HOLDERS = 6
     GENERATION = 7
+    PREPARE = 8
 
 
 _RECORD_TYPES = frozenset(t.value for t in RecordType)
@@ -174,6 +178,19 @@ def decode_holders(payload: bytes) -> tuple[int, np.ndarray]:
     dataset_id, n, replicas = _HOLDERS.unpack_from(payload)
     array = np.frombuffer(payload, "<u2", count=n * replicas, offset=_HOLDERS.size)
     return dataset_id, array.reshape(n, replicas).copy()
+
+
+_PREPARE = struct.Struct("<QI")
+PREPARE_REPLACES = 1
+
+
+def encode_prepare(dataset_id: int, replace: bool) -> bytes:
+    return _PREPARE.pack(dataset_id, PREPARE_REPLACES if replace else 0)
+
+
+def decode_prepare(payload: bytes) -> tuple[int, bool]:
+    dataset_id, flags = _PREPARE.unpack_from(payload)
+    return dataset_id, bool(flags & PREPARE_REPLACES)
 
 
 def encode_seal(dataset_id: int, replaces_dataset_id: int = 0) -> bytes:

@@ -32,6 +32,8 @@ class ServerConfig:
     stream_stall_timeout_s: float = limits.stream_stall_timeout_s_default
     inflight_bytes_max: int = limits.inflight_bytes_max_default
     ingests_concurrent_max: int = limits.ingests_concurrent_max_default
+    prepared_ingest_timeout_s: float = limits.prepared_ingest_timeout_s
+    in_doubt_poll_s: float = limits.in_doubt_poll_s
     extent_bytes_max: int = limits.extent_bytes_max_default
     open_extents_max: int = limits.open_extents_max_default
     coalesce_gap_bytes: int = limits.coalesce_gap_bytes_default
@@ -77,6 +79,8 @@ class ServerConfig:
             (1 <= self.streams_per_connection_max, "streams_per_connection_max must be at least 1"),
             (1 <= self.streams_per_client_max, "streams_per_client_max must be at least 1"),
             (0 < self.stream_stall_timeout_s, "stream_stall_timeout_s must be positive"),
+            (0 < self.prepared_ingest_timeout_s and 0 < self.in_doubt_poll_s,
+             "prepared_ingest_timeout_s and in_doubt_poll_s must be positive"),
             (self.chunk_bytes <= self.inflight_bytes_max,
              "inflight_bytes_max must be at least chunk_bytes"),
             (8192 <= self.extent_bytes_max <= limits.sample_bytes_max,
@@ -112,6 +116,10 @@ SETTINGS_HELP = {
     "rpc_threads": "threads serving RPCs",
     "rpcs_concurrent_max": "RPCs admitted at once; more get RESOURCE_EXHAUSTED",
     "ingests_concurrent_max": "ingest streams admitted at once",
+    "prepared_ingest_timeout_s": "a prepared two-phase ingest this daemon decides is aborted "
+                                 "if nobody commits it within this time",
+    "in_doubt_poll_s": "a striped member left prepared asks the first member for the "
+                       "outcome this often",
     "streams_per_connection_max": "concurrent calls one client connection may open",
     "streams_per_client_max": "streamed reads and ingests one client host may run at once",
     "stream_stall_timeout_s": "a streamed read or ingest idle this long is cancelled",

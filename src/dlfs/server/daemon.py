@@ -16,6 +16,7 @@ from dlfs.server.auth import Authorizer, load_tokens
 from dlfs.server.callguard import CallGuard
 from dlfs.server.config import long_call_slots
 from dlfs.server.datapath import DataPathInfo, DataPathServer
+from dlfs.server.decisions import DecisionClient
 from dlfs.server.interceptor import ErrorInterceptor, tolerant
 from dlfs.server.service import DlfsServicer
 from dlfs.server.store import Store
@@ -54,6 +55,8 @@ class Daemon:
         self.data_path: DataPathServer | None = None
         self.servicer = DlfsServicer(store, self.data_path_info, authorizer)
         _add_servicer(self.servicer, self.server)
+        self.decisions = DecisionClient(config)
+        store.decisions = self.decisions
         self.health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         self.address = ""
@@ -128,6 +131,7 @@ class Daemon:
         self.guard.close()
         self._executor.shutdown(wait=True, cancel_futures=True)
         self.store.close()
+        self.decisions.close()
 
 
 class _HandlerCapture:

@@ -33,8 +33,9 @@ ENV_VAR = "DLFS_FAULT"
 
 # create: a new file; mkdir: a new directory; write: file data (extents, catalog);
 # fsync: a file or directory; truncate: cutting a file; rename; unlink: removing
-# files or directories.
-OPS = ("create", "mkdir", "write", "fsync", "truncate", "rename", "unlink")
+# files or directories; seal: a step, not a system call: just before a SEAL
+# record is appended (to crash a member exactly between prepare and commit).
+OPS = ("create", "mkdir", "write", "fsync", "truncate", "rename", "unlink", "seal")
 
 
 class FaultPlan:

@@ -26,7 +26,7 @@ from dlfs.layout import NO_EXTENT
 from dlfs.paths import check_sample_path
 from dlfs.server import catalog as cat
 from dlfs.server.directory import Cluster, DatasetIndex
-from dlfs.server.extents import ExtentWriter
+from dlfs.server.extents import ExtentStore, ExtentWriter
 from dlfs.types import DatasetInfo
 
 log = logging.getLogger(__name__)
@@ -230,27 +230,64 @@ class IngestSession:
                             cat.SampleBlock.concat(blocks), self.cluster)
 
     def discard(self) -> None:
-        """Remove what the session wrote: a DELETE record, then its extents.  Never raises.
-
-        The extents stay when the catalog has failed (see Catalog.append): a
-        SEAL of this dataset may have reached the disk, and only the restart's
-        replay can tell; it removes them if not.  Extents that cannot be
-        removed now are removed by that replay too.
-        """
-        try:
-            self._catalog.append(cat.RecordType.DELETE, cat.encode_delete(self.dataset_id))
-        except Exception:  # noqa: BLE001 - replay discards an unsealed dataset anyway
-            log.exception("could not record the abort of dataset %r", self.name)
+        """Remove what the session wrote: a DELETE record, then its extents.  Never
+        raises (see `discard_dataset`)."""
         self._writer.close()
-        if self._catalog.failed:
-            log.warning("keeping the extents of dataset %r for the restart to decide: %s",
-                        self.name, self._catalog.failed)
-            return
-        try:
-            self._writer.discard()
-        except OSError as exc:
-            log.warning("could not remove the extents of the aborted ingest of %r (%s); "
-                        "the next start removes them", self.name, exc)
+        discard_dataset(self._catalog, self._writer.discard, self.name, self.dataset_id)
+
+
+class RecoveredIngest:
+    """A two-phase ingest that a restart found prepared in the catalog.
+
+    Its data and records are durable; the Store registers it PREPARED with
+    the index replay built, and it then waits for CommitIngest, AbortIngest
+    or the decision of its dataset's first member, as a prepared
+    `IngestSession` does.  `name`, `dataset_id`, `created_ns`, `replace` and
+    `cluster` as there.
+    """
+
+    def __init__(self, index: DatasetIndex, replace: bool, catalog: cat.Catalog,
+                 extents: ExtentStore):
+        self.name = index.name
+        self.dataset_id = index.dataset_id
+        self.created_ns = index.created_ns
+        self.replace = replace
+        self.cluster = index.cluster
+        self._samples = len(index)
+        self._bytes = index.total_bytes
+        self._catalog = catalog
+        self._extents = extents
+
+    def summary(self) -> DatasetInfo:
+        return DatasetInfo(self.name, self._samples, self._bytes, False, self.created_ns, 0)
+
+    def discard(self) -> None:
+        """A DELETE record, then the extents.  Never raises (see `discard_dataset`)."""
+        discard_dataset(self._catalog, lambda: self._extents.remove_dataset(self.dataset_id),
+                        self.name, self.dataset_id)
+
+
+def discard_dataset(catalog: cat.Catalog, remove_extents, name: str, dataset_id: int) -> None:
+    """Record that an unpublished dataset is gone, then remove its extents.  Never raises.
+
+    The extents stay when the catalog has failed (see Catalog.append): a
+    SEAL of this dataset may have reached the disk, and only the restart's
+    replay can tell; it removes them if not.  Extents that cannot be removed
+    now are removed by that replay too.
+    """
+    try:
+        catalog.append(cat.RecordType.DELETE, cat.encode_delete(dataset_id))
+    except Exception:  # noqa: BLE001 - replay discards an unsealed dataset anyway
+        log.exception("could not record the abort of dataset %r", name)
+    if catalog.failed:
+        log.warning("keeping the extents of dataset %r for the restart to decide: %s",
+                    name, catalog.failed)
+        return
+    try:
+        remove_extents()
+    except OSError as exc:
+        log.warning("could not remove the extents of the aborted ingest of %r (%s); "
+                    "the next start removes them", name, exc)
 
 
 def _regular_mode(path: str, mode: int) -> int:

@@ -5,8 +5,9 @@
     RECEIVING or PREPARED -> ABORTED     error, client abort, timeout, shutdown
 
 RECEIVING: files arrive on the Ingest stream.  PREPARED (two-phase ingests
-of striped datasets): everything is durable and checked, the dataset waits
-for CommitIngest or AbortIngest, at most `limits.prepared_ingest_timeout_s`.
+of striped datasets): everything is durable and checked (a restart finds it
+prepared again), the dataset waits for CommitIngest or AbortIngest, or, when
+its timer fires, for what the Store decides (store.py, `_expire`).
 SEALED (published) and ABORTED (discarded) are final: the registry then
 forgets the session, so its name is free for the next ingest.
 
@@ -60,7 +61,7 @@ class IngestRegistry:
 
     Not thread-safe: the Store calls every method under its lock.
     `expire(session)` is called on a timer thread when a prepared ingest
-    has waited `limits.prepared_ingest_timeout_s`; it must take that lock
+    has waited its timeout (`move`, `rearm`); it must take that lock
     and check the state again (a commit may have won the race).
     """
 
@@ -104,16 +105,17 @@ class IngestRegistry:
         entry = self._by_name.get(name)
         if entry is None or entry.state is not IngestState.PREPARED:
             raise NotFound(f"no prepared ingest of dataset {name!r} (never prepared, already "
-                           "finished, or discarded after prepared_ingest_timeout_s)")
+                           "finished, or discarded: timed out or aborted)")
         return entry.session, entry.index
 
     def move(self, session: IngestSession, to: IngestState,
-             index: DatasetIndex | None = None) -> None:
+             index: DatasetIndex | None = None,
+             timeout_s: float = limits.prepared_ingest_timeout_s) -> None:
         """Change the state of a running session to `to` (with its `index` for PREPARED).
 
-        Entering PREPARED starts the expiry timer, leaving it cancels the
-        timer; a final state forgets the session.  Asserts the transition
-        is allowed.  O(1).
+        Entering PREPARED starts the expiry timer (`timeout_s`), leaving it
+        cancels the timer; a final state forgets the session.  Asserts the
+        transition is allowed.  O(1).
         """
         entry = self._by_name[session.name]
         assert entry.session is session, "a stale session of the same name"
@@ -125,12 +127,28 @@ class IngestRegistry:
         entry.state = to
         if to is IngestState.PREPARED:
             entry.index = index
-            entry.timer = threading.Timer(limits.prepared_ingest_timeout_s, self._expire,
-                                          (session,))
-            entry.timer.daemon = True
-            entry.timer.start()
+            self._start_timer(entry, timeout_s)
         elif to in FINAL:
             del self._by_name[session.name]
+
+    def rearm(self, session: IngestSession, timeout_s: float) -> None:
+        """Call `expire(session)` again in `timeout_s` (a PREPARED session still waiting)."""
+        entry = self._by_name[session.name]
+        assert entry.session is session and entry.state is IngestState.PREPARED
+        if entry.timer is not None:
+            entry.timer.cancel()
+        self._start_timer(entry, timeout_s)
+
+    def stop_timers(self) -> None:
+        """Cancel every expiry timer (the Store is closing; prepared ingests stay on disk)."""
+        for entry in self._by_name.values():
+            if entry.timer is not None:
+                entry.timer.cancel()
+
+    def _start_timer(self, entry: _Entry, timeout_s: float) -> None:
+        entry.timer = threading.Timer(timeout_s, self._expire, (entry.session,))
+        entry.timer.daemon = True
+        entry.timer.start()
 
     def check_invariants(self) -> None:
         """Assert every entry is consistent.  O(running ingests); for tests."""

@@ -31,22 +31,35 @@ class ReplayedDataset:
     sealed: bool = False
     record_bytes: int = 0  # SAMPLES and HOLDERS payload bytes in the catalog
     cluster: Cluster | None = None
+    prepared: bool = False  # a two-phase ingest waiting for its decision
+    replace: bool = False  # (prepared) it replaces the dataset of its name
+
+
+@dataclasses.dataclass
+class Restored:
+    """What a data dir holds: the sealed datasets, the prepared two-phase ingests
+    (each with whether it replaces its name's dataset), the next free dataset id."""
+
+    directory: SampleDirectory
+    prepared: list[tuple[DatasetIndex, bool]]
+    next_dataset_id: int
 
 
 def restore(catalog: cat.Catalog, records, extents: ExtentStore,
-            compact_dead_bytes_min: int = limits.catalog_compact_dead_bytes_min
-            ) -> tuple[SampleDirectory, int]:
-    """The sealed datasets of `records` as a directory, and the next free dataset id.
+            compact_dead_bytes_min: int = limits.catalog_compact_dead_bytes_min) -> Restored:
+    """The sealed datasets and prepared ingests of `records`, and the next free id.
 
-    Discards incomplete ingests and orphaned extents (logged), syncs the
-    catalog, and compacts it (see `compact_if_mostly_dead`).  Cost: one
-    pass over the records plus one index build per dataset; the peak is
-    about twice the directory's final size (see `release_free_heap`).
+    Discards incomplete ingests (neither sealed nor prepared) and orphaned
+    extents (logged), syncs the catalog, and compacts it (see
+    `compact_if_mostly_dead`).  Cost: one pass over the records plus one
+    index build per dataset; the peak is about twice the directory's final
+    size (see `release_free_heap`).
     """
     replayed, max_id = replay(records)
     directory = SampleDirectory()
+    prepared: list[tuple[DatasetIndex, bool]] = []
     for dataset_id, entry in replayed.items():
-        if not entry.sealed:
+        if not entry.sealed and not entry.prepared:
             samples = sum(len(b) for b in entry.blocks)
             log.warning("discarding incomplete ingest of dataset %r (%d samples arrived "
                         "before the daemon stopped); ingest it again", entry.name, samples)
@@ -55,11 +68,17 @@ def restore(catalog: cat.Catalog, records, extents: ExtentStore,
             continue
         index = DatasetIndex(entry.name, dataset_id, entry.created_ns,
                              cat.SampleBlock.concat(entry.blocks), entry.cluster)
+        if entry.prepared and not entry.sealed:
+            log.warning("dataset %r (generation %d) was prepared but not yet committed or "
+                        "aborted when the daemon stopped: it waits for its decision",
+                        entry.name, index.generation)
+            prepared.append((index, entry.replace))
+            continue
         replaced = directory.publish(index)
         if replaced is not None:  # cannot happen with a well-formed log
             log.error("catalog holds two sealed datasets named %r; keeping the later",
                       entry.name)
-    live = {d.dataset_id for d in directory.all()}
+    live = {d.dataset_id for d in directory.all()} | {i.dataset_id for i, _ in prepared}
     for dataset_id in extents.dataset_ids_on_disk():
         if dataset_id not in live:
             log.warning("removing orphaned extents of dataset id %x", dataset_id)
@@ -67,7 +86,7 @@ def restore(catalog: cat.Catalog, records, extents: ExtentStore,
         max_id = max(max_id, dataset_id)
     catalog.sync()
     compact_if_mostly_dead(catalog, replayed, max_id, live, compact_dead_bytes_min)
-    return directory, max_id + 1
+    return Restored(directory, prepared, max_id + 1)
 
 
 def _remove_quietly(extents: ExtentStore, dataset_id: int) -> None:
@@ -108,6 +127,11 @@ def replay(records) -> tuple[dict[int, ReplayedDataset], int]:
             if entry is not None and entry.blocks and len(entry.blocks[-1]) == len(holders):
                 entry.blocks[-1].holders = holders
                 entry.record_bytes += len(payload)
+        elif rtype is cat.RecordType.PREPARE:
+            dataset_id, replace = cat.decode_prepare(payload)
+            entry = datasets.get(dataset_id)
+            if entry is not None:
+                entry.prepared, entry.replace = True, replace
         elif rtype is cat.RecordType.SEAL:
             dataset_id, replaces = cat.decode_seal(payload)
             if dataset_id in datasets:
@@ -121,8 +145,8 @@ def replay(records) -> tuple[dict[int, ReplayedDataset], int]:
 def compact_if_mostly_dead(catalog: cat.Catalog, replayed: dict[int, ReplayedDataset],
                            max_id: int, live: set[int],
                            dead_bytes_min: int = limits.catalog_compact_dead_bytes_min) -> None:
-    """Rewrite the catalog with only the live datasets when deleted, replaced and
-    aborted ones make up most of it and more than `dead_bytes_min` (keeps
+    """Rewrite the catalog with only the live datasets (sealed or prepared) when
+    deleted, replaced and aborted ones make up most of it and more than `dead_bytes_min` (keeps
     restart time proportional to what is stored).  The largest dataset id survives as an empty BEGIN+DELETE
     pair, so ids are never reused."""
     live_bytes = sum(replayed[i].record_bytes for i in live)
@@ -136,7 +160,10 @@ def compact_if_mostly_dead(catalog: cat.Catalog, replayed: dict[int, ReplayedDat
         records += cat.start_records(dataset_id, entry.created_ns, entry.name, entry.cluster)
         for block in entry.blocks:
             records += cat.block_records(dataset_id, block)
-        records.append((cat.RecordType.SEAL, cat.encode_seal(dataset_id)))
+        if entry.sealed:
+            records.append((cat.RecordType.SEAL, cat.encode_seal(dataset_id)))
+        else:  # a prepared ingest stays prepared
+            records.append((cat.RecordType.PREPARE, cat.encode_prepare(dataset_id, entry.replace)))
     before = catalog.size
     try:
         catalog.rewrite(records)

@@ -28,6 +28,10 @@ def _deadline(context: grpc.ServicerContext) -> float | None:
     return None if remaining is None else time.monotonic() + remaining
 
 
+_OUTCOME_STATES = {"committed": pb.IngestOutcome.COMMITTED, "pending": pb.IngestOutcome.PENDING,
+                   "aborted": pb.IngestOutcome.ABORTED}
+
+
 class DlfsServicer(dlfs_pb2_grpc.DlfsServicer):
     """`data_path_info()` returns the daemon's `datapath.DataPathInfo` (GetDataPath)."""
 
@@ -253,7 +257,12 @@ class DlfsServicer(dlfs_pb2_grpc.DlfsServicer):
             raise
 
     def CommitIngest(self, request, context):
-        return convert.dataset_info(self.store.commit_prepared(request.dataset))
+        return convert.dataset_info(self.store.commit_prepared(request.dataset,
+                                                               request.generation))
+
+    def GetIngestOutcome(self, request, context):
+        state = self.store.ingest_outcome(request.dataset, request.generation)
+        return pb.IngestOutcome(state=_OUTCOME_STATES[state])
 
     def _copy_kept(self, session, start, piece) -> None:
         """Store `piece`'s sample again from this daemon's copy in the dataset the

@@ -23,16 +23,18 @@ from typing import ContextManager, Iterator, Sequence
 
 import numpy as np
 
-from dlfs import layout, limits
-from dlfs.errors import AlreadyExists, NotFound, Overloaded, StaleGeneration, Unavailable
+from dlfs import layout
+from dlfs.errors import (AlreadyExists, DlfsError, NotFound, Overloaded, StaleGeneration,
+                         Unavailable)
 from dlfs.paths import check_dataset_name
 from dlfs.server import catalog as cat
+from dlfs.server import faults
 from dlfs.server import planning
 from dlfs.server.config import ServerConfig
 from dlfs.server.directory import Cluster, DatasetIndex, SampleDirectory
 from dlfs.server.dirlock import DataDirLock
 from dlfs.server.extents import ExtentFiles, ExtentStore, ExtentWriter, fsync_dir
-from dlfs.server.ingest import IngestSession
+from dlfs.server.ingest import IngestSession, RecoveredIngest
 from dlfs.server.ingest_registry import IngestRegistry, IngestState
 from dlfs.server.leases import ReadLeases
 from dlfs.server.metrics import Metrics
@@ -73,6 +75,10 @@ class Store:
         self._ingests = IngestRegistry(expire=self._expire)
         self._leases = ReadLeases(free=self._free_extents)
         self._closed = False
+        # (name, generation, first member's address) -> "committed", "aborted" or
+        # None (no answer yet): how a member in doubt learns a striped ingest's
+        # outcome.  Set by the daemon (decisions.py); None: it waits for a client.
+        self.decisions = None
 
     # --- lifecycle -------------------------------------------------------------
 
@@ -93,28 +99,41 @@ class Store:
             catalog, replayed = cat.Catalog.open(os.path.join(data_dir, layout.CATALOG_FILE),
                                                  salvage=config.salvage_catalog)
             extents = ExtentStore(data_dir)
-            directory, next_dataset_id = restore(catalog, replayed.records, extents,
-                                                 config.catalog_compact_dead_bytes_min)
+            restored = restore(catalog, replayed.records, extents,
+                               config.catalog_compact_dead_bytes_min)
             del replayed
             release_free_heap()
-            datasets = directory.all()
-            log.info("catalog replayed: %d datasets, %d samples, %d catalog bytes in %.2f s",
-                     len(datasets), sum(len(d) for d in datasets), catalog.size,
-                     time.monotonic() - started)
-            return cls(config, dir_lock, catalog, extents, directory, next_dataset_id)
+            datasets = restored.directory.all()
+            log.info("catalog replayed: %d datasets, %d samples, %d prepared ingests, %d catalog "
+                     "bytes in %.2f s", len(datasets), sum(len(d) for d in datasets),
+                     len(restored.prepared), catalog.size, time.monotonic() - started)
+            store = cls(config, dir_lock, catalog, extents, restored.directory,
+                        restored.next_dataset_id)
+            with store._mutex:
+                for index, replace in restored.prepared:
+                    session = RecoveredIngest(index, replace, catalog, extents)
+                    store._ingests.add(session)
+                    store._ingests.move(session, IngestState.PREPARED, index,
+                                        store._prepared_timeout_s(session))
+            return store
         except BaseException:
             dir_lock.release()
             raise
 
     def close(self) -> None:
-        """Abort running ingests, stop readers, flush and close the catalog.  Idempotent."""
+        """Abort receiving ingests (prepared ones stay prepared on disk), stop readers,
+        flush and close the catalog.  Idempotent."""
         with self._mutex:
             if self._closed:
                 return
             self._closed = True
-            sessions = self._ingests.sessions()
+            # Receiving ingests end here; prepared ones are durable and stay
+            # prepared: the next start finds them and waits for their decision.
+            sessions = [s for s in self._ingests.sessions()
+                        if self._ingests.state(s) is IngestState.RECEIVING]
             for session in sessions:
                 self._ingests.move(session, IngestState.ABORTED)
+            self._ingests.stop_timers()
         for session in sessions:
             self._discard(session, "the daemon is shutting down")
         self._prefetcher.close()
@@ -258,29 +277,65 @@ class Store:
     def prepare_ingest(self, session: IngestSession) -> DatasetInfo:
         """Finish a RECEIVING ingest without publishing it (PREPARED; phase one of two).
 
-        The dataset is durable and checked; it waits for `commit_prepared`
-        or `abort_prepared`, at most `limits.prepared_ingest_timeout_s`,
-        then it is aborted.  Returns its (unsealed) summary.  Raises as
-        `commit_ingest` (but for AlreadyExists, checked at commit).
+        The dataset is durable and checked (a PREPARE record: a restart
+        keeps it prepared); it waits for `commit_prepared` or
+        `abort_prepared`.  Who decides when nobody does (see `_expire`):
+        a striped dataset's first member, or a dataset of one daemon, aborts
+        it after `config.prepared_ingest_timeout_s`; the other members ask
+        the first one for its outcome (`decisions`).  Returns its (unsealed)
+        summary.  Raises as `commit_ingest` (but for AlreadyExists, checked
+        at commit).
         """
         index = self._finish(session)
-        with self._mutex:
-            self._expect(session, IngestState.RECEIVING)  # only a shutdown ends it meanwhile
-            self._ingests.move(session, IngestState.PREPARED, index)
+        try:
+            with self._mutex:
+                self._expect(session, IngestState.RECEIVING)  # only a shutdown ends it meanwhile
+                # Durable before it answers: a restart finds it prepared, not discarded.
+                self._catalog.append(cat.RecordType.PREPARE,
+                                     cat.encode_prepare(session.dataset_id, session.replace),
+                                     sync=True)
+                self._ingests.move(session, IngestState.PREPARED, index,
+                                   self._prepared_timeout_s(session))
+        except BaseException as exc:
+            self.abort_ingest(session, f"prepare failed: {type(exc).__name__}: {exc}")
+            raise
         return session.summary()
 
-    def commit_prepared(self, name: str) -> DatasetInfo:
+    def commit_prepared(self, name: str, generation: int = 0) -> DatasetInfo:
         """Seal and publish the prepared ingest of `name` (CommitIngest).
 
-        Raises NotFound (none prepared), InvalidArgument (bad name), and
-        AlreadyExists, StorageFull, Unavailable as `commit_ingest`; a failed
-        commit aborts the ingest.
+        With a `generation`, only that version is committed, and if it is
+        already published the call answers with its summary (a retried
+        commit that had succeeded).  Raises NotFound (none prepared),
+        InvalidArgument (bad name), and AlreadyExists, StorageFull,
+        Unavailable as `commit_ingest`; a failed commit aborts the ingest.
         """
         check_dataset_name(name)
         with self._mutex:
             self._check_open()
+            published = self.directory.find(name)
+            if generation and published is not None and published.generation == generation:
+                return published.summary()
             session, index = self._ingests.require_prepared(name)
+            if generation and index.generation != generation:
+                raise NotFound(f"dataset {name!r} is prepared in generation {index.generation}, "
+                               f"not {generation}")
         return self._seal(session, IngestState.PREPARED, index)
+
+    def ingest_outcome(self, name: str, generation: int) -> str:
+        """What became of `generation` of dataset `name` here: "committed"
+        (published now), "pending" (receiving or prepared), or "aborted"
+        (anything else: never prepared, aborted, or replaced since).  The
+        answer a striped dataset's first member gives the others."""
+        check_dataset_name(name)
+        with self._mutex:
+            published = self.directory.find(name)
+            if published is not None and published.generation == generation:
+                return "committed"
+            for session in self._ingests.sessions():
+                if session.name == name and _generation(session) == generation:
+                    return "pending"
+        return "aborted"
 
     def abort_prepared(self, name: str) -> DatasetInfo:
         """Discard the prepared ingest of `name` (AbortIngest); return its summary.
@@ -341,6 +396,7 @@ class Store:
                 if previous is not None and not session.replace:
                     raise AlreadyExists(f"dataset {session.name!r} appeared during the ingest")
                 replaces = previous.dataset_id if previous is not None else 0
+                faults.point("seal", session.name)
                 self._catalog.append(cat.RecordType.SEAL,
                                      cat.encode_seal(session.dataset_id, replaces), sync=True)
                 self.directory.publish(index)
@@ -356,13 +412,50 @@ class Store:
                  index.total_bytes, " (replaced the previous one)" if previous else "")
         return index.summary()
 
-    def _expire(self, session: IngestSession) -> None:
-        """Timer thread: abort a prepared ingest nobody committed in time."""
+    def _prepared_timeout_s(self, session) -> float:
+        """How long a prepared ingest waits before `_expire` looks at it."""
+        if _decider(session) is None:
+            return self.config.prepared_ingest_timeout_s
+        return self.config.in_doubt_poll_s
+
+    def _expire(self, session) -> None:
+        """Timer thread: a prepared ingest waited its timeout (see `prepare_ingest`)."""
         with self._mutex:
             if self._ingests.state(session) is not IngestState.PREPARED:
                 return  # committed or aborted meanwhile
-            self._ingests.move(session, IngestState.ABORTED)
-        self._discard(session, f"not committed within {limits.prepared_ingest_timeout_s:.0f} s")
+            decider = _decider(session)
+            if decider is None:  # this daemon decides: nobody committed in time
+                self._ingests.move(session, IngestState.ABORTED)
+        if decider is None:
+            self._discard(session, "not committed within "
+                                   f"{self.config.prepared_ingest_timeout_s:.0f} s "
+                                   "(--prepared-ingest-timeout-s)")
+            return
+        self._learn_outcome(session, decider)
+
+    def _learn_outcome(self, session, decider: str) -> None:
+        """Ask the first member what it decided; follow it, or ask again later."""
+        generation = _generation(session)
+        outcome = self.decisions(session.name, generation, decider) if self.decisions else None
+        try:
+            if outcome == "committed":
+                log.info("dataset %r generation %d: %s committed it; committing here",
+                         session.name, generation, decider)
+                self.commit_prepared(session.name, generation)
+                return
+            if outcome == "aborted":
+                with self._mutex:
+                    if self._ingests.state(session) is not IngestState.PREPARED:
+                        return
+                    self._ingests.move(session, IngestState.ABORTED)
+                self._discard(session, f"{decider} decided to abort generation {generation}")
+                return
+        except DlfsError as exc:
+            log.warning("could not apply %s's decision on dataset %r: %s", decider,
+                        session.name, exc)
+        with self._mutex:
+            if self._ingests.state(session) is IngestState.PREPARED:
+                self._ingests.rearm(session, self.config.in_doubt_poll_s)
 
     def _discard(self, session: IngestSession, reason: str) -> None:
         """What ABORTED means on disk (after the move, outside `_mutex`)."""
@@ -469,3 +562,18 @@ class Store:
         with self._mutex:
             running = len(self._ingests)
         return self.metrics.status(os.path.abspath(self.config.data_dir), running)
+
+
+def _generation(session) -> int:
+    """The generation an ingest will publish (as DatasetIndex.generation)."""
+    cluster = session.cluster
+    return cluster.generation if cluster is not None and cluster.generation else session.dataset_id
+
+
+def _decider(session) -> str | None:
+    """The address of the member whose commit decides a striped ingest, or None
+    when this daemon decides (one daemon's dataset, or this is the first member)."""
+    cluster = session.cluster
+    if cluster is None or cluster.member_index == 0 or not cluster.generation:
+        return None
+    return cluster.members[0]
