@@ -8,7 +8,6 @@ import pytest
 
 from conftest import store_ingest as ingest
 from conftest import store_read as read
-from dlfs import limits
 from dlfs.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from dlfs.server.config import ServerConfig
 from dlfs.server.ingest_registry import IngestState
@@ -66,8 +65,9 @@ def test_abort_prepared_leaves_nothing(store):
         store.abort_prepared("ds")
 
 
-def test_a_prepared_ingest_expires(store, monkeypatch):
-    monkeypatch.setattr(limits, "prepared_ingest_timeout_s", 0.05)
+def test_a_prepared_ingest_expires(tmp_path):
+    store = Store.open(ServerConfig(data_dir=str(tmp_path / "data"),
+                                    prepared_ingest_timeout_s=0.05))
     session = receive(store, "ds", {"a": b"alpha"})
     store.prepare_ingest(session)
     give_up = time.monotonic() + 30
@@ -79,6 +79,7 @@ def test_a_prepared_ingest_expires(store, monkeypatch):
     with pytest.raises(NotFound, match="no prepared ingest"):
         store.commit_prepared("ds")
     assert ingest(store, "ds", {"b": b"beta"}).samples == 1  # the name is free again
+    store.close()
 
 
 def test_a_failed_commit_aborts_the_ingest(store):
@@ -122,7 +123,8 @@ def test_a_closed_store_is_unavailable(tmp_path):
     prepared = receive(store, "two", {"a": b"alpha"})
     store.prepare_ingest(prepared)
     store.close()
-    assert store.ingest_state(receiving) is None and store.ingest_state(prepared) is None
+    assert store.ingest_state(receiving) is None
+    assert store.ingest_state(prepared) is IngestState.PREPARED  # durable: kept for the restart
     with pytest.raises(Unavailable, match="shutting down"):
         store.begin_ingest("other")
     with pytest.raises(Unavailable, match="shutting down"):
@@ -135,5 +137,8 @@ def test_a_closed_store_is_unavailable(tmp_path):
         store.delete("ds")
     store.close()  # idempotent
     store = Store.open(ServerConfig(data_dir=str(tmp_path / "data")))
-    assert store.directory.names() == ["ds"]  # the running ingests were discarded
+    assert store.directory.names() == ["ds"]  # the receiving ingest was discarded,
+    assert [(i.name, i.sealed) for i in store.summaries()] == [("ds", True), ("two", False)]
+    assert store.commit_prepared("two").sealed  # the prepared one waited for its commit
+    assert store.directory.names() == ["ds", "two"]
     store.close()
