@@ -24,7 +24,8 @@ SRC = pathlib.Path(__file__).resolve().parents[1] / "src"
 PACKAGE = "dlfs"
 # dlfs.server modules that translate between the network and the storage core.
 SERVER_NETWORK_MODULES = {"dlfs.server.service", "dlfs.server.daemon", "dlfs.server.interceptor",
-                          "dlfs.server.convert", "dlfs.server.main"}
+                          "dlfs.server.convert", "dlfs.server.main",
+                          "dlfs.server.decisions"}
 NETWORK_PACKAGES = ("grpc", "grpc_health", "google.protobuf", "dlfs.proto")
 
 

@@ -27,7 +27,7 @@ from dlfs.client import convert
 from dlfs.client.errors import from_rpc_error
 from dlfs.client.ingest import batch_messages, file_pieces
 from dlfs.client.placement import place
-from dlfs.errors import Cancelled, DeadlineExceeded, DlfsError, InvalidArgument, Unavailable
+from dlfs.errors import Cancelled, DlfsError, InvalidArgument, Unavailable
 from dlfs.proto import dlfs_pb2 as pb
 from dlfs.types import DatasetInfo
 
@@ -137,21 +137,28 @@ def _commit(streams, name: str) -> DatasetInfo:
     learns the decision from the first member by itself (GetIngestOutcome,
     server/decisions.py), so once the first member committed, the dataset
     is committed: the others' failures are logged, not raised.  If the
-    first member refuses, every member aborts; if it does not answer, the
-    outcome is not known yet and the members follow whatever it turns out
-    to be.
+    first member's commit fails, its outcome is asked: aborted, every
+    member aborts; committed, the others commit; otherwise (no answer, or
+    its catalog failed) the outcome is not known yet and the members follow
+    whatever it turns out to be.
     """
     first, rest = streams[0], streams[1:]
     [(address, result)] = _finish_all([first], commit=True)
-    if isinstance(result, Unavailable | DeadlineExceeded):
-        raise Unavailable(
-            f"the commit of dataset {name!r} on its first member {address} got no answer "
-            f"({result.message}); the other members follow its decision once it answers: "
-            "`dlfs datasets` shows the dataset when it is published")
     if isinstance(result, Exception):
-        _finish_all(rest, commit=False)
-        raise type(result)(f"dataset {name!r} was not committed: its first member {address} "
-                           f"refused ({result.message}); nothing was kept")
+        # An error need not mean "not committed" (its SEAL may be on disk): the
+        # first member's own answer decides whether the others may abort.
+        outcome = _outcome(first)
+        if outcome == pb.IngestOutcome.ABORTED:
+            _finish_all(rest, commit=False)
+            raise type(result)(f"dataset {name!r} was not committed: its first member "
+                               f"{address} refused ({result.message}); nothing was kept")
+        if outcome != pb.IngestOutcome.COMMITTED:
+            raise Unavailable(
+                f"the commit of dataset {name!r} on its first member {address} did not "
+                f"finish ({result.message}); the other members follow its decision once it "
+                "has one: `dlfs datasets` shows the dataset once it is published")
+        result = convert.dataset_info(first.member.call(
+            "GetDataset", pb.GetDatasetRequest(dataset=name)))
     for address, other in _finish_all(rest, commit=True):
         if isinstance(other, Exception):
             log.warning("dataset %r is committed, but %s did not confirm (%s); it commits by "
@@ -164,6 +171,15 @@ def check_streams(streams) -> None:
     failed = next((s for s in streams if s.error is not None), None)
     if failed is not None:  # stop every member: a striped ingest is all or nothing
         raise _MemberFailed(failed)
+
+
+def _outcome(stream) -> int | None:
+    """GetIngestOutcome of the stream's generation on its member; None if it does not answer."""
+    request = pb.IngestOutcomeRequest(dataset=stream.name, generation=stream.start.generation)
+    try:
+        return stream.member.call("GetIngestOutcome", request, retry=True).state
+    except DlfsError:
+        return None
 
 
 def _finish_all(streams, commit: bool) -> list[tuple[str, object]]:

@@ -308,7 +308,7 @@ class Store:
         already published the call answers with its summary (a retried
         commit that had succeeded).  Raises NotFound (none prepared),
         InvalidArgument (bad name), and AlreadyExists, StorageFull,
-        Unavailable as `commit_ingest`; a failed commit aborts the ingest.
+        Unavailable as `commit_ingest`; a failed commit aborts the ingest (see `_seal`).
         """
         check_dataset_name(name)
         with self._mutex:
@@ -325,10 +325,13 @@ class Store:
     def ingest_outcome(self, name: str, generation: int) -> str:
         """What became of `generation` of dataset `name` here: "committed"
         (published now), "pending" (receiving or prepared), or "aborted"
-        (anything else: never prepared, aborted, or replaced since).  The
-        answer a striped dataset's first member gives the others."""
+        (anything else: never prepared, aborted, or replaced since); "pending"
+        too while the catalog has failed (the restart tells).  The answer a
+        striped dataset's first member gives the others."""
         check_dataset_name(name)
         with self._mutex:
+            if self._catalog.failed:
+                return "pending"  # what the disk holds is known after the restart only
             published = self.directory.find(name)
             if published is not None and published.generation == generation:
                 return "committed"
@@ -388,7 +391,13 @@ class Store:
 
     def _seal(self, session: IngestSession, expected: IngestState,
               index: DatasetIndex) -> DatasetInfo:
-        """Durably seal and publish `index` if `session` is still `expected` (-> SEALED)."""
+        """Durably seal and publish `index` if `session` is still `expected` (-> SEALED).
+
+        A failure aborts the ingest, except for a prepared ingest whose first
+        member decides (another member of a striped dataset), or when the
+        catalog failed: that one stays prepared, as two-phase commit requires
+        of a member that voted yes.
+        """
         try:
             with self._mutex:
                 self._expect(session, expected)
@@ -402,6 +411,15 @@ class Store:
                 self.directory.publish(index)
                 self._ingests.move(session, IngestState.SEALED)
         except BaseException as exc:
+            if expected is IngestState.PREPARED and (_decider(session) is not None
+                                                     or self._catalog.failed):
+                # Not ours to abort: the first member may have committed, or (a
+                # failed catalog) our own SEAL may be on disk.  Stay prepared:
+                # commit when asked again, or let the restart's replay decide.
+                log.warning("commit of dataset %r failed (%s: %s); it stays prepared and is "
+                            "committed once %s's decision is applied again", session.name,
+                            type(exc).__name__, exc, _decider(session))
+                raise
             self.abort_ingest(session, f"commit failed: {type(exc).__name__}: {exc}")
             raise
         if previous is not None:
@@ -450,7 +468,7 @@ class Store:
                     self._ingests.move(session, IngestState.ABORTED)
                 self._discard(session, f"{decider} decided to abort generation {generation}")
                 return
-        except DlfsError as exc:
+        except (DlfsError, OSError) as exc:
             log.warning("could not apply %s's decision on dataset %r: %s", decider,
                         session.name, exc)
         with self._mutex:
