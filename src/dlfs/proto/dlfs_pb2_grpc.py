@@ -210,8 +210,12 @@ class DlfsServicer:
         """Read `length` bytes at `offset` of one sample (by id or path); a length
         of 0 means "to the end".  Reading past the end returns fewer bytes (none
         at or past the end).  The reply has the shape of GetBatch's, with one
-        item.  The CRC32C is verified when the range covers the whole sample.
-        Codes: NOT_FOUND, INVALID_ARGUMENT, DATA_LOSS.
+        item.  Unless skip_verify, the daemon verifies every byte before it is
+        sent: the whole sample's CRC32C, or for a part the CRC32C of each 1 MiB
+        block it touches (it reads those blocks whole); parts of samples over
+        1 MiB ingested before block CRCs cannot be verified.  A damaged block
+        ends the stream with DATA_LOSS after the chunks before it.
+        Codes: NOT_FOUND, INVALID_ARGUMENT, DATA_LOSS (naming sample and block).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

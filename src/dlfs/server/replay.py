@@ -29,8 +29,9 @@ class ReplayedDataset:
     created_ns: int
     blocks: list
     sealed: bool = False
-    record_bytes: int = 0  # SAMPLES and HOLDERS payload bytes in the catalog
+    record_bytes: int = 0  # SAMPLES, HOLDERS, BLOCKS and DIRS payload bytes in the catalog
     cluster: Cluster | None = None
+    dirs: list = dataclasses.field(default_factory=list)  # empty directories (DIRS)
 
 
 def restore(catalog: cat.Catalog, records, extents: ExtentStore) -> tuple[SampleDirectory, int]:
@@ -51,8 +52,13 @@ def restore(catalog: cat.Catalog, records, extents: ExtentStore) -> tuple[Sample
             catalog.append(cat.RecordType.DELETE, cat.encode_delete(dataset_id))
             extents.remove_dataset(dataset_id)
             continue
-        index = DatasetIndex(entry.name, dataset_id, entry.created_ns,
-                             cat.SampleBlock.concat(entry.blocks), entry.cluster)
+        block = cat.SampleBlock.concat(entry.blocks)
+        if block.block_crc is None:
+            log.info("dataset %r predates block CRCs: parts of its samples over %d bytes are "
+                     "not verified, whole samples are (ingest it again to verify every read)",
+                     entry.name, block.block_bytes)
+        index = DatasetIndex(entry.name, dataset_id, entry.created_ns, block, entry.cluster,
+                             dirs=entry.dirs)
         replaced = directory.publish(index)
         if replaced is not None:  # cannot happen with a well-formed log
             log.error("catalog holds two sealed datasets named %r; keeping the later",
@@ -97,6 +103,20 @@ def replay(records) -> tuple[dict[int, ReplayedDataset], int]:
             if entry is not None and entry.blocks and len(entry.blocks[-1]) == len(holders):
                 entry.blocks[-1].holders = holders
                 entry.record_bytes += len(payload)
+        elif rtype is cat.RecordType.BLOCKS:
+            dataset_id, block_bytes, crcs = cat.decode_blocks(payload)
+            entry = datasets.get(dataset_id)
+            if entry is not None and entry.blocks and \
+                    entry.blocks[-1].block_crcs_expected(block_bytes) == crcs.size:
+                entry.blocks[-1].block_crc = crcs
+                entry.blocks[-1].block_bytes = block_bytes
+                entry.record_bytes += len(payload)
+        elif rtype is cat.RecordType.DIRS:
+            dataset_id, paths = cat.decode_dirs(payload)
+            entry = datasets.get(dataset_id)
+            if entry is not None:
+                entry.dirs.extend(paths)
+                entry.record_bytes += len(payload)
         elif rtype is cat.RecordType.SEAL:
             dataset_id, replaces = cat.decode_seal(payload)
             if dataset_id in datasets:
@@ -124,6 +144,7 @@ def compact_if_mostly_dead(catalog: cat.Catalog, replayed: dict[int, ReplayedDat
         records += cat.start_records(dataset_id, entry.created_ns, entry.name, entry.cluster)
         for block in entry.blocks:
             records += cat.block_records(dataset_id, block)
+        records += cat.dirs_records(dataset_id, entry.dirs)
         records.append((cat.RecordType.SEAL, cat.encode_seal(dataset_id)))
     before = catalog.size
     catalog.rewrite(records)
