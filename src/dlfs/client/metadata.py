@@ -68,3 +68,20 @@ def all_entries(transport, dataset: str, samples: int) -> list[Entry]:
     for start in range(0, samples, step):
         entries.extend(lookup(transport, dataset, range(start, min(start + step, samples))))
     return entries
+
+
+def empty_dirs(transport, dataset: str) -> list[str]:
+    """Paths of the directories of a dataset that hold nothing, sorted.
+
+    Walks every directory: one ListDir call per page of each directory
+    (about entries / 1,000 calls), so it is for whole-dataset work such as
+    rebalancing, not for reads.
+    """
+    found, pending = [], [""]
+    while pending:
+        path = pending.pop()
+        for entry in listdir(transport, dataset, path, page_size=limits.list_page_entries_max):
+            if entry.is_dir:
+                (pending if entry.children else found).append(entry.path)
+    return sorted(found)
+

@@ -348,7 +348,7 @@ class IngestStart(_message.Message):
     def __init__(self, dataset: _Optional[str] = ..., replace: _Optional[bool] = ..., members: _Optional[_Iterable[str]] = ..., replicas: _Optional[int] = ..., member_index: _Optional[int] = ..., prepare_only: _Optional[bool] = ..., generation: _Optional[int] = ...) -> None: ...
 
 class IngestPiece(_message.Message):
-    __slots__ = ("path", "size", "mode", "mtime_ns", "data", "crc32c", "holders", "remote", "kept")
+    __slots__ = ("path", "size", "mode", "mtime_ns", "data", "crc32c", "holders", "remote", "kept", "directory")
     PATH_FIELD_NUMBER: _ClassVar[int]
     SIZE_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
@@ -358,6 +358,7 @@ class IngestPiece(_message.Message):
     HOLDERS_FIELD_NUMBER: _ClassVar[int]
     REMOTE_FIELD_NUMBER: _ClassVar[int]
     KEPT_FIELD_NUMBER: _ClassVar[int]
+    DIRECTORY_FIELD_NUMBER: _ClassVar[int]
     path: str
     size: int
     mode: int
@@ -367,7 +368,8 @@ class IngestPiece(_message.Message):
     holders: _containers.RepeatedScalarFieldContainer[int]
     remote: bool
     kept: bool
-    def __init__(self, path: _Optional[str] = ..., size: _Optional[int] = ..., mode: _Optional[int] = ..., mtime_ns: _Optional[int] = ..., data: _Optional[bytes] = ..., crc32c: _Optional[int] = ..., holders: _Optional[_Iterable[int]] = ..., remote: _Optional[bool] = ..., kept: _Optional[bool] = ...) -> None: ...
+    directory: bool
+    def __init__(self, path: _Optional[str] = ..., size: _Optional[int] = ..., mode: _Optional[int] = ..., mtime_ns: _Optional[int] = ..., data: _Optional[bytes] = ..., crc32c: _Optional[int] = ..., holders: _Optional[_Iterable[int]] = ..., remote: _Optional[bool] = ..., kept: _Optional[bool] = ..., directory: _Optional[bool] = ...) -> None: ...
 
 class CommitIngestRequest(_message.Message):
     __slots__ = ("dataset",)

@@ -223,6 +223,13 @@ class DlfsServicer(dlfs_pb2_grpc.DlfsServicer):
                 for piece in message.pieces:
                     files += bool(piece.path)
                     data_bytes += len(piece.data)
+                    if piece.directory:
+                        if (piece.data or piece.size or piece.HasField("crc32c") or piece.remote
+                                or piece.kept or piece.holders):
+                            raise InvalidArgument(f"directory piece {piece.path!r} carries "
+                                                  "only its path")
+                        session.add_directory(piece.path)
+                        continue
                     if piece.remote or piece.kept:
                         if (not piece.path or piece.data or not piece.HasField("crc32c")
                                 or piece.remote == piece.kept):
