@@ -78,6 +78,21 @@ catalog_samples_per_record = 16384
 # samples per record).
 catalog_block_crcs_per_record = 1 << 20
 
+# --- warm-up ------------------------------------------------------------------
+# Share of the daemon's memory (the machine's, or its cgroup limit) that
+# dataset warm-ups may fill with page cache together: most of it, since the
+# page cache is what makes the first epoch fast, but not all, so the daemon,
+# the training processes and the kernel keep room.  0 turns warm-ups off.
+warm_memory_share_default = 0.5
+warm_memory_share_max = 0.9
+# One warm-up read: large, so the device sees sequential reads of many MiB.
+warm_read_bytes = 8 * MiB
+# Warm-ups waiting for the warm-up thread; more are refused (`dlfs warm`) or
+# skipped (a first read).
+warm_queue_max = 16
+# How often `dlfs warm` asks for progress while it waits.
+warm_poll_s = 0.5
+
 # --- read engine -------------------------------------------------------------
 # Long-lived reader threads.  The device queue depth comes from WILLNEED
 # advice submitting a whole window's reads at once, not from thread count;
@@ -365,6 +380,7 @@ assert (read_ahead_windows + 1) * chunk_bytes_default <= inflight_bytes_max_defa
 assert ingest_message_bytes + 1 * MiB <= message_bytes_max
 assert list_page_entries_default <= list_page_entries_max
 assert reader_threads_default <= reader_threads_max
+assert 0 <= warm_memory_share_default <= warm_memory_share_max < 1
 assert path_component_bytes_max < path_bytes_max
 assert extent_bytes_max_default <= sample_bytes_max
 # One sample's block CRCs always fit one BLOCKS record.

@@ -16,6 +16,34 @@ ENTRY_KIND_UNSPECIFIED: EntryKind
 FILE: EntryKind
 DIRECTORY: EntryKind
 
+class WarmRequest(_message.Message):
+    __slots__ = ("dataset", "status_only")
+    DATASET_FIELD_NUMBER: _ClassVar[int]
+    STATUS_ONLY_FIELD_NUMBER: _ClassVar[int]
+    dataset: str
+    status_only: bool
+    def __init__(self, dataset: _Optional[str] = ..., status_only: _Optional[bool] = ...) -> None: ...
+
+class WarmReply(_message.Message):
+    __slots__ = ("dataset", "generation", "state", "bytes_total", "bytes_warmed", "budget_bytes", "fits", "message")
+    DATASET_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    BYTES_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    BYTES_WARMED_FIELD_NUMBER: _ClassVar[int]
+    BUDGET_BYTES_FIELD_NUMBER: _ClassVar[int]
+    FITS_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    dataset: str
+    generation: int
+    state: str
+    bytes_total: int
+    bytes_warmed: int
+    budget_bytes: int
+    fits: bool
+    message: str
+    def __init__(self, dataset: _Optional[str] = ..., generation: _Optional[int] = ..., state: _Optional[str] = ..., bytes_total: _Optional[int] = ..., bytes_warmed: _Optional[int] = ..., budget_bytes: _Optional[int] = ..., fits: _Optional[bool] = ..., message: _Optional[str] = ...) -> None: ...
+
 class GetDataPathRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

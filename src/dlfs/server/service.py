@@ -141,6 +141,17 @@ class DlfsServicer(dlfs_pb2_grpc.DlfsServicer):
     def _count(self, method: str, plan, started: float) -> None:
         self.store.count_read(method, plan, time.perf_counter() - started)
 
+    def Warm(self, request, context):
+        store = self.store
+        status = store.warm_status(request.dataset) if request.status_only \
+            else store.warm(request.dataset)
+        if status is None:
+            return pb.WarmReply(dataset=request.dataset, state="none")
+        return pb.WarmReply(dataset=status.dataset, generation=status.generation,
+                            state=status.state, bytes_total=status.bytes_total,
+                            bytes_warmed=status.bytes_warmed, budget_bytes=status.budget_bytes,
+                            fits=status.fits, message=status.message)
+
     def GetDataPath(self, request, context):
         return convert.data_path_info(self.data_path_info())
 

@@ -42,6 +42,7 @@ from dlfs.server.rangeplan import RangeRead
 from dlfs.server.reader import ReadEngine
 from dlfs.server.replay import release_free_heap, restore
 from dlfs.server.scrub import scrub as scrub_dataset
+from dlfs.server.warmup import Warmer, WarmStatus, memory_bytes
 from dlfs.types import DaemonStatus, DatasetInfo
 
 log = logging.getLogger(__name__)
@@ -69,6 +70,8 @@ class Store:
                                   inflight_bytes_max=config.inflight_bytes_max,
                                   metrics=self.metrics)
         self._prefetcher = Prefetcher(self._files)
+        self._warmer = Warmer(config.data_dir, int(config.warm_memory_share * memory_bytes()),
+                              self._is_current)
         self._mutex = threading.Lock()
         self._next_dataset_id = next_dataset_id
         self._ingests = IngestRegistry(expire=self._expire)
@@ -116,6 +119,7 @@ class Store:
         for session in sessions:
             self._discard(session, "the daemon is shutting down")
         self._prefetcher.close()
+        self._warmer.close()
         self._engine.close()
         self._files.close()
         self._catalog.close()
@@ -160,9 +164,27 @@ class Store:
                 raise StaleGeneration(
                     f"dataset {name!r} was replaced: version {generation} is no longer "
                     f"served (the current one is {dataset.generation}); open it again")
+            if self.config.warm_on_first_read:
+                self._warmer.first_read(dataset)
             return dataset
 
         return self._leases.hold(resolve)
+
+    def _is_current(self, name: str, generation: int) -> bool:
+        dataset = self.directory.find(name)
+        return dataset is not None and dataset.generation == generation and not self._closed
+
+    def warm(self, name: str) -> WarmStatus:
+        """Start reading dataset `name` into the page cache in the background (unless a
+        warm-up of this version is running); its status now.  See warmup.py.
+        Raises NotFound, Overloaded (too many warm-ups waiting)."""
+        self._check_open()
+        return self._warmer.warm(self.dataset(name))
+
+    def warm_status(self, name: str) -> WarmStatus | None:
+        """The latest warm-up of dataset `name`, or None if it never had one."""
+        self.dataset(name)
+        return self._warmer.status(name)
 
     def _free_extents(self, dataset_id: int) -> None:
         self._files.forget_dataset(dataset_id)
