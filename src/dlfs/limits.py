@@ -91,7 +91,7 @@ warm_read_bytes = 8 * MiB
 # skipped (a first read).
 warm_queue_max = 16
 # How often `dlfs warm` asks for progress while it waits.
-warm_poll_s = 0.5
+warm_poll_s = 0.1
 
 # --- read engine -------------------------------------------------------------
 # Long-lived reader threads.  The device queue depth comes from WILLNEED
