@@ -59,8 +59,24 @@ def cmd_ingest(client: Client, args) -> int:
 def cmd_datasets(client: Client, args) -> int:
     for info in client.dataset_infos():
         state = "" if info.sealed else "  (ingest in progress)"
+        if info.sealed:
+            state = _warm_state(client, info.name)
         print(f"{info.name}\t{info.samples} samples\t{_human_bytes(info.bytes)}{state}")
     return 0
+
+
+def _warm_state(client: Client, name: str) -> str:
+    """"  (warm)", "  (warming 40%)", ... from the daemons' latest warm-up; "" if none."""
+    try:
+        infos = [i for i in client.warm_status(name) if i.state != "none"]
+    except DlfsError:  # a daemon without warm-ups: nothing to show
+        return ""
+    if not infos:
+        return ""
+    warmed, total = sum(i.bytes_warmed for i in infos), sum(i.bytes_total for i in infos)
+    states = sorted({i.state for i in infos})
+    share = f" {100 * warmed // max(total, 1)}%" if states != ["warm"] else ""
+    return f"  ({'/'.join(states)}{share})"
 
 
 def cmd_warm(client: Client, args) -> int:

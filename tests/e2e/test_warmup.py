@@ -89,6 +89,9 @@ def test_dlfs_warm_reads_the_whole_dataset_into_the_page_cache(daemon_factory, t
     assert info.budget_bytes == int(0.5 * memory_bytes())
     assert all(resident_pages(extent, 0, size))
     assert "dataset 'ds' is warm" in daemon.log()
+    listing = subprocess.run([sys.executable, "-m", "dlfs.cli", "--server", daemon.address,
+                              "datasets"], capture_output=True, text=True, timeout=60)
+    assert listing.stdout.rstrip().endswith("(warm)"), listing.stdout
 
 
 def test_a_dataset_over_the_budget_is_warmed_up_to_it_and_says_so(daemon_factory, tmp_path):
