@@ -16,7 +16,6 @@ import pytest
 import dlfs
 from damage import BAD_BLOCK, BIG, MiB, big_tree, flip_byte
 from dlfs import Client, blockcrc
-from dlfs.server import catalog as cat
 
 
 @pytest.fixture
@@ -91,6 +90,9 @@ def test_block_crcs_survive_a_restart_and_compaction(daemon, tmp_path):
 
 def write_old_format(data_dir: str) -> None:
     """Rewrite a stopped daemon's catalog as format version 1 wrote it: no BLOCKS records."""
+    from dlfs.server import catalog as cat  # here: importing it defines an error class that
+    # tests/fuse/test_errno_map.py would then find among DlfsError's subclasses
+
     path = os.path.join(data_dir, "catalog.log")
     records = [(t, p) for t, p in cat.scan(path).records if t is not cat.RecordType.BLOCKS]
     with open(path, "wb") as f:
@@ -106,6 +108,8 @@ def test_datasets_from_before_block_crcs_still_read(daemon, tmp_path):
     daemon.stop()
     write_old_format(daemon.data_dir)
     daemon.start()
+    from dlfs.server import catalog as cat
+
     with open(os.path.join(daemon.data_dir, "catalog.log"), "rb") as f:
         assert cat.scan(f.name).version == 2  # upgraded on open: older daemons refuse it
     assert "predates block CRCs" in daemon.log()
