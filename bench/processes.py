@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from dlfs.launch import DaemonProcess
 
-# Warnings only: a benchmark measures reads, not the daemon's log.
-DAEMON_ARGS = ["--log-level", "WARNING"]
+# Warnings only: a benchmark measures reads, not the daemon's log.  No
+# warm-up on first read: rows measure the read path they name, cold or warm;
+# bench/warmup.py measures warm-ups (and turns it on where it says so).
+DAEMON_ARGS = ["--log-level", "WARNING", "--warm-on-first-read", "off"]
 
 
 def daemon(data_dir: str, log_path: str, extra_args: list[str] | None = None) -> DaemonProcess:

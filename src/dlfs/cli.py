@@ -59,10 +59,46 @@ def cmd_ingest(client: Client, args) -> int:
 def cmd_datasets(client: Client, args) -> int:
     for info in client.dataset_infos():
         state = "" if info.sealed else "  (ingest in progress)"
+        if info.sealed:
+            state = _warm_state(client, info.name)
         print(f"{info.name}\t{info.samples} samples\t{_human_bytes(info.bytes)}{state}")
         if info.disagreement:
             print(f"  warning: {info.disagreement}")
     return 0
+
+
+def _warm_state(client: Client, name: str) -> str:
+    """"  (warm)", "  (warming 40%)", ... from the daemons' latest warm-up; "" if none."""
+    try:
+        infos = [i for i in client.warm_status(name) if i.state != "none"]
+    except DlfsError:  # a daemon without warm-ups: nothing to show
+        return ""
+    if not infos:
+        return ""
+    warmed, total = sum(i.bytes_warmed for i in infos), sum(i.bytes_total for i in infos)
+    states = sorted({i.state for i in infos})
+    share = f" {100 * warmed // max(total, 1)}%" if states != ["warm"] else ""
+    return f"  ({'/'.join(states)}{share})"
+
+
+def cmd_warm(client: Client, args) -> int:
+    if args.status:
+        infos = client.warm_status(args.name)
+    else:
+        infos = client.warm(args.name)
+        if not args.no_wait:
+            from dlfs.client import warm as warmups
+
+            infos = warmups.wait(client.transport, args.name)
+    for info in infos:
+        where = f" on {info.address}" if len(infos) > 1 else ""
+        print(f"{info.dataset}{where}: {info.state}, {_human_bytes(info.bytes_warmed)} of "
+              f"{_human_bytes(info.bytes_total)} read into the page cache (budget "
+              f"{_human_bytes(info.budget_bytes)})")
+        if info.message:
+            print(f"  {info.message}")
+    return 0 if all(info.state in ("warm", "queued", "warming", "none") for info in infos) \
+        else 1
 
 
 def cmd_ls(client: Client, args) -> int:
@@ -186,6 +222,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(run=cmd_ingest)
     p = sub.add_parser("datasets", help="list datasets")
     p.set_defaults(run=cmd_datasets)
+    p = sub.add_parser("warm", help="read a dataset into the daemons' page cache in the "
+                       "background (within --warm-memory-share); waits unless --no-wait; "
+                       "exit 1 if it did not fit or failed")
+    p.add_argument("name")
+    p.add_argument("--no-wait", action="store_true", help="start it and return")
+    p.add_argument("--status", action="store_true", help="show the latest warm-up only")
+    p.set_defaults(run=cmd_warm)
     p = sub.add_parser("ls", help="list a directory of a dataset")
     p.add_argument("target", metavar="NAME[/DIR]")
     p.add_argument("-l", dest="long", action="store_true", help="long format")

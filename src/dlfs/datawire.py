@@ -41,8 +41,16 @@ FDS = struct.Struct("<I")  # descriptors riding on this frame (SCM_RIGHTS)
 # Bytes of the index arrays per sample: extent u32, offset u64, length u64, CRC32C u32.
 INDEX_BYTES_PER_SAMPLE = 24
 
-# BATCH flags: the reply's CRC32Cs cover whole samples (a partial range has none).
+# BATCH flags: the reply's CRC32Cs cover its items (whole samples, or blocks).
 BATCH_CRCS = 0x1
+# BATCH flag: the items are the blocks (dlfs.blockcrc) around a READ_RANGE's
+# part of a sample; RANGE_TAIL follows the CRCs and says where the range is.
+BATCH_BLOCKS = 0x2
+RANGE_TAIL = struct.Struct("<QQ")  # payload bytes before the range, range bytes
+# READ_RANGE flag: the client verifies block by block; widen a part of a sample
+# with block CRCs to whole blocks and answer with BATCH_BLOCKS.  A daemon that
+# predates it ignores it (and answers as without it).
+RANGE_BLOCKS = 0x1
 
 
 class Kind(enum.IntEnum):
@@ -229,36 +237,48 @@ def parse_welcome(body) -> tuple[int, int, bytes]:
     return version, window_bytes, instance
 
 
-def batch_header(generation: int, lengths: np.ndarray, crcs: np.ndarray, flags: int) -> list:
-    """A BATCH frame (the reply's shape) as buffers to send; the arrays are not copied."""
+def batch_header(generation: int, lengths: np.ndarray, crcs: np.ndarray, flags: int,
+                 tail: tuple[int, int] | None = None) -> list:
+    """A BATCH frame (the reply's shape) as buffers to send; the arrays are not copied.
+    `tail` (skip, length) is the RANGE_TAIL of a BATCH_BLOCKS reply."""
+    assert (tail is not None) == bool(flags & BATCH_BLOCKS)
     lengths = np.ascontiguousarray(lengths, dtype="<u8")
     crcs = np.ascontiguousarray(crcs, dtype="<u4")
     payload = int(lengths.sum())
     fixed = BATCH.pack(generation, payload, lengths.size, flags)
-    body = len(fixed) + lengths.nbytes + crcs.nbytes
+    extra = RANGE_TAIL.pack(*tail) if tail is not None else b""
+    body = len(fixed) + lengths.nbytes + crcs.nbytes + len(extra)
     return [frame(Kind.BATCH, body) + fixed, memoryview(lengths).cast("B"),
-            memoryview(crcs).cast("B")]
+            memoryview(crcs).cast("B"), extra]
 
 
 class BatchReply(NamedTuple):
     generation: int
     payload_bytes: int
-    lengths: np.ndarray  # uint64 per requested sample, request order
+    lengths: np.ndarray  # uint64 per item (requested sample, or block), request order
     crcs: np.ndarray  # uint32
     flags: int
+    skip: int = 0  # BATCH_BLOCKS: payload bytes before the asked range
+    length: int = 0  # BATCH_BLOCKS: bytes of the asked range
 
 
 def parse_batch_header(body) -> BatchReply:
     if len(body) < BATCH.size:
         raise FrameError("a BATCH frame is shorter than its fixed part")
     generation, payload, count, flags = BATCH.unpack_from(body)
-    if len(body) != BATCH.size + 12 * count:
+    tail = RANGE_TAIL.size if flags & BATCH_BLOCKS else 0
+    if len(body) != BATCH.size + 12 * count + tail:
         raise FrameError("a BATCH frame's sample count does not match its body")
     lengths = np.frombuffer(body, "<u8", count, BATCH.size)
     crcs = np.frombuffer(body, "<u4", count, BATCH.size + 8 * count)
     if int(lengths.sum()) != payload:
         raise FrameError("a BATCH frame's lengths do not add up to its payload")
-    return BatchReply(generation, payload, lengths, crcs, flags)
+    if not tail:
+        return BatchReply(generation, payload, lengths, crcs, flags)
+    skip, length = RANGE_TAIL.unpack_from(body, BATCH.size + 12 * count)
+    if skip + length > payload:
+        raise FrameError("a BATCH frame's range lies outside its payload")
+    return BatchReply(generation, payload, lengths, crcs, flags, skip, length)
 
 
 def data_frame(body_bytes: int) -> bytes:

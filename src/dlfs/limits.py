@@ -57,6 +57,12 @@ extent_bytes_max_default = 1 * GiB
 # One sample never spans extents; a sample larger than the extent size gets
 # an extent of its own.  This bounds what one ingested file may be.
 sample_bytes_max = 64 * GiB
+# Samples longer than this get a CRC32C per block of this many bytes (from the
+# sample's start) besides the whole-sample one, so a part of a large sample
+# (a ReadRange, a FUSE read of a large file) is verified without reading the
+# rest.  Equal to the mount's read unit, so every unit it fetches is one block;
+# 4 bytes per MiB of metadata (4 KiB per GiB of large samples).
+crc_block_bytes = 1 * MiB
 # Open extent file handles the daemon keeps cached (LRU).
 open_extents_max_default = 512
 # Catalog record payload ceiling: a torn length field must not make replay
@@ -67,6 +73,25 @@ catalog_record_bytes_max = 64 * MiB
 catalog_compact_dead_bytes_min = 16 * MiB
 # Sample entries buffered before they are appended to the catalog as one record.
 catalog_samples_per_record = 16384
+# Block CRCs buffered before the entries are appended (a BLOCKS record of
+# 4 bytes each must stay far below catalog_record_bytes_max: 1 TiB of large
+# samples per record).
+catalog_block_crcs_per_record = 1 << 20
+
+# --- warm-up ------------------------------------------------------------------
+# Share of the daemon's memory (the machine's, or its cgroup limit) that
+# dataset warm-ups may fill with page cache together: most of it, since the
+# page cache is what makes the first epoch fast, but not all, so the daemon,
+# the training processes and the kernel keep room.  0 turns warm-ups off.
+warm_memory_share_default = 0.5
+warm_memory_share_max = 0.9
+# One warm-up read: large, so the device sees sequential reads of many MiB.
+warm_read_bytes = 8 * MiB
+# Warm-ups waiting for the warm-up thread; more are refused (`dlfs warm`) or
+# skipped (a first read).
+warm_queue_max = 16
+# How often `dlfs warm` asks for progress while it waits.
+warm_poll_s = 0.1
 
 # --- read engine -------------------------------------------------------------
 # Long-lived reader threads.  The device queue depth comes from WILLNEED
@@ -365,8 +390,12 @@ assert (read_ahead_windows + 1) * chunk_bytes_default <= inflight_bytes_max_defa
 assert ingest_message_bytes + 1 * MiB <= message_bytes_max
 assert list_page_entries_default <= list_page_entries_max
 assert reader_threads_default <= reader_threads_max
+assert 0 <= warm_memory_share_default <= warm_memory_share_max < 1
 assert path_component_bytes_max < path_bytes_max
 assert extent_bytes_max_default <= sample_bytes_max
+# One sample's block CRCs always fit one BLOCKS record.
+assert 4 * (catalog_block_crcs_per_record + sample_bytes_max // crc_block_bytes) + 64 \
+    <= catalog_record_bytes_max
 assert mount_rpcs_in_flight_max < mount_fuse_tasks_max
 assert mount_rpcs_in_flight_max <= rpcs_concurrent_max_default
 assert mount_fuse_tasks_idle <= mount_fuse_tasks_max
@@ -374,6 +403,8 @@ assert mount_read_run_bytes_max <= batch_bytes_max_default
 assert mount_whole_sample_bytes_max <= batch_bytes_max_default
 assert mount_read_unit_bytes % (128 * KiB) == 0  # aligned kernel reads never straddle units
 assert mount_read_run_bytes_max % mount_read_unit_bytes == 0
+assert mount_read_unit_bytes % crc_block_bytes == 0  # a unit is whole blocks: verifiable alone
+assert crc_block_bytes <= mount_whole_sample_bytes_max
 assert mount_read_ahead_bytes >= mount_read_run_bytes_max
 assert mount_read_run_bytes_max + mount_read_ahead_bytes <= mount_read_cache_bytes_max
 assert mount_whole_sample_bytes_max <= mount_read_cache_bytes_max

@@ -75,3 +75,23 @@ class Entry:
     @property
     def permissions(self) -> str:
         return stat_module.filemode(self.mode)
+
+
+@dataclasses.dataclass(frozen=True)
+class WarmInfo:
+    """A dataset warm-up on one daemon (see the Warm RPC in dlfs.proto)."""
+
+    address: str  # the daemon
+    dataset: str
+    generation: int
+    state: str  # none, queued, warming, warm, partial, stopped, failed
+    bytes_total: int  # bytes of the dataset stored on that daemon
+    bytes_warmed: int
+    budget_bytes: int
+    fits: bool
+    message: str = ""
+
+    @property
+    def done(self) -> bool:
+        """No longer queued or running."""
+        return self.state not in ("queued", "warming")

@@ -84,6 +84,8 @@ def test_removing_a_daemon_deletes_its_copy_and_keeps_every_sample(four, tree):
 
 def test_a_one_daemon_dataset_is_striped_and_replicated(four, tree):
     source, files = tree
+    for empty in ("valid", "train/c1/empty/deeper"):
+        (source / empty).mkdir(parents=True)
     with Client(four[0].address) as single:
         single.ingest(str(source), "ds")
     with Client(addresses(four[:3])) as client:
@@ -91,6 +93,10 @@ def test_a_one_daemon_dataset_is_striped_and_replicated(four, tree):
         assert report.replicas == 2 and report.copies_moved + report.copies_kept == 2 * len(files)
         assert report.copies_kept == local_samples(four[0].address, "ds")
         assert_reads_back(client, "ds", files)
+        for member in four[:3]:  # the empty directories moved along
+            with Client(member.address) as one:
+                assert one.dataset("ds").stat("valid").children == 0
+                assert one.dataset("ds").stat("train/c1/empty/deeper").is_dir
         four[2].kill()  # replicas 2: any one daemon may go
         assert_reads_back(client, "ds", files)
 

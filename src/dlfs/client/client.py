@@ -24,7 +24,7 @@ from typing import Iterable, Iterator, Sequence
 
 from dlfs import limits
 from dlfs.client import convert, metadata
-from dlfs.client.metadata import members_disagree
+from dlfs.client import warm as warmups
 from dlfs.client.buffers import BufferPool
 from dlfs.client.cluster import ClusterRouter
 from dlfs.client.convert import DatasetInfo, Entry
@@ -32,11 +32,13 @@ from dlfs.client.dataset import Dataset
 from dlfs.client.datatransport import DataPathTransport
 from dlfs.client.direct import DirectTransport
 from dlfs.client.ingest import walk_tree
+from dlfs.client.metadata import members_disagree
 from dlfs.client.requests import SampleKey, batch_request
 from dlfs.client.transport import DaemonTransport
 from dlfs.errors import DlfsError, InvalidArgument, NotFound, Unavailable
 from dlfs.paths import check_dataset_name
 from dlfs.proto import dlfs_pb2 as pb
+from dlfs.types import WarmInfo
 
 
 class Client:
@@ -189,6 +191,26 @@ class Client:
         if not deleted:
             raise NotFound(f"no dataset named {name!r} on {self.address}")
         return deleted[0]
+
+    def warm(self, name: str, *, wait: bool = False, timeout_s: float | None = None
+             ) -> list[WarmInfo]:
+        """Have every daemon holding dataset `name` read it into its page cache in the
+        background (within its --warm-memory-share); one status per daemon.
+
+        With `wait`, returns once every warm-up is done (or `timeout_s`
+        passed).  A status with `fits` False says the dataset is larger than
+        that daemon's budget (it is warmed up to it).  Raises NotFound.
+        """
+        check_dataset_name(name)
+        infos = warmups.warm(self.transport, name)
+        if wait:
+            infos = warmups.wait(self.transport, name, timeout_s=timeout_s)
+        return infos
+
+    def warm_status(self, name: str) -> list[WarmInfo]:
+        """The latest warm-up of dataset `name` on every daemon (state "none": never)."""
+        check_dataset_name(name)
+        return warmups.warm(self.transport, name, status_only=True)
 
     def ingest(self, source_dir: str, name: str, *, replace: bool = False,
                include_hidden: bool = False, follow_symlinks: bool = False,

@@ -105,9 +105,12 @@ class DataConnection:
         """Send a GET_BATCH frame (`request`, from `datawire.get_batch`) and receive its reply."""
         return self._exchange(request, ids, dataset, verify, out, pool)
 
-    def read_range(self, request: bytes, sample_id: int, dataset: str, *, verify: bool,
-                   pool: BufferPool) -> Received:
-        return self._exchange([request], np.array([sample_id]), dataset, verify, None, pool)
+    def read_range(self, request: bytes, sample_id: int, offset: int, dataset: str, *,
+                   verify: bool, pool: BufferPool) -> Received:
+        """Send a READ_RANGE frame (`request`, asking for bytes from `offset`) and receive
+        its reply: one item, the range, verified whole or block by block."""
+        return self._exchange([request], np.array([sample_id]), dataset, verify, None, pool,
+                              offset)
 
     def stat_dataset(self, dataset: str) -> tuple[int, int, int]:
         """(generation, samples, bytes) of the dataset's current version."""
@@ -184,7 +187,7 @@ class DataConnection:
         return fds
 
     def _exchange(self, request: list, ids: np.ndarray, dataset: str, verify: bool, out,
-                  pool: BufferPool) -> Received:
+                  pool: BufferPool, offset: int = 0) -> Received:
         try:
             self._sock.settimeout(self.reply_timeout_s)
             send_all(self._sock, request)
@@ -192,18 +195,27 @@ class DataConnection:
             if kind != datawire.Kind.BATCH:
                 raise self._unexpected(kind, "BATCH")
             reply = datawire.parse_batch_header(body)
+            blocks = bool(reply.flags & datawire.BATCH_BLOCKS)
+            if blocks and (ids.size != 1 or out is not None):
+                raise datawire.FrameError("blocks came in reply to a batch")
             payload = _target(out, reply.payload_bytes, pool)
             view = memoryview(payload).cast("B")
             ends = np.cumsum(reply.lengths, dtype=np.uint64).tolist()
             samples = [view[end - n:end] for end, n in zip(ends, reply.lengths.tolist())]
             checker = None
             if verify and reply.flags & datawire.BATCH_CRCS:
-                checker = _Checker(samples, ends, reply.crcs, ids, dataset, self.endpoint.label)
+                # Blocks are named by the bytes of the sample they hold.
+                first = offset - reply.skip if blocks else None
+                checker = _Checker(samples, ends, reply.crcs,
+                                   np.repeat(ids, len(samples)) if blocks else ids, dataset,
+                                   self.endpoint.label, first)
             self._receive_payload(payload, checker)
         except BaseException as exc:
             raise self._failed(exc) from None
         if checker is not None and checker.failure is not None:
             raise checker.failure
+        if blocks:  # the asked range, cut out of its verified blocks
+            samples = [view[reply.skip:reply.skip + reply.length]]
         return Received(reply.generation, [s.toreadonly() for s in samples] if out is None
                         else samples)
 
@@ -292,7 +304,10 @@ class _Checker:
     """
 
     def __init__(self, samples: list[memoryview], ends: list[int], crcs: np.ndarray,
-                 ids: np.ndarray, dataset: str, label: str):
+                 ids: np.ndarray, dataset: str, label: str, first_byte: int | None = None):
+        # Items are blocks of one sample whose payload starts at `first_byte` of it
+        # (None: items are whole samples).
+        self.first_byte = first_byte
         self.samples = samples
         self.ends = ends
         self.crcs = crcs.tolist()
@@ -313,8 +328,17 @@ class _Checker:
 
     def _mismatch(self, i: int, expected: int, got: int) -> DataCorruption:
         sample_id = int(self.ids[i])
-        error = checksum_mismatch(f"sample {sample_id} of dataset {self.dataset!r}", self.label,
-                                  expected, got)
+        block = None
+        if self.first_byte is not None:
+            hi = self.first_byte + self.ends[i]
+            block = (hi - len(self.samples[i]), hi)
+        error = checksum_mismatch(block_prefix(block) + f"sample {sample_id} of dataset "
+                                  f"{self.dataset!r}", self.label, expected, got)
         error.sample_id, error.expected, error.got = sample_id, expected, got
-        error.endpoint = self.label
+        error.endpoint, error.block = self.label, block
         return error
+
+
+def block_prefix(block: tuple[int, int] | None) -> str:
+    """How a checksum error names a block of a sample ("" for a whole sample)."""
+    return "" if block is None else f"the block at bytes {block[0]}..{block[1]} of "

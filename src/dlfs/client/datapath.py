@@ -112,11 +112,18 @@ class DataPath:
 
     def read_range(self, dataset: str, sample_id: int, offset: int, length: int, *,
                    generation: int = 0, verify: bool = True, request_id: str = "") -> Received:
-        """`length` bytes (0: to the end) at `offset` of one sample; verified when whole."""
+        """`length` bytes (0: to the end) at `offset` of one sample.
+
+        With `verify`, the whole sample is checked against its CRC32C and a
+        part of it against the CRC32Cs of the blocks around it (the daemon
+        sends those whole blocks; at most one block more on each side).
+        Parts of samples ingested before block CRCs cannot be checked.
+        """
         request = datawire.read_range(dataset, sample_id, offset, length, generation=generation,
-                                      request_id=request_id or logs.current_request_id())
+                                      request_id=request_id or logs.current_request_id(),
+                                      flags=datawire.RANGE_BLOCKS if verify else 0)
         with self._connection() as connection:
-            return connection.read_range(request, sample_id, dataset, verify=verify,
+            return connection.read_range(request, sample_id, offset, dataset, verify=verify,
                                          pool=self.pool)
 
     def stat_dataset(self, dataset: str) -> tuple[int, int, int]:

@@ -108,24 +108,31 @@ class Dataset:
              ) -> memoryview:
         """`length` bytes (0: to the end) at `offset` of one sample, clipped to its size.
 
-        One round trip.  The CRC32C is verified when the range is the whole sample.
+        One round trip.  With `verify`, every byte returned was checked: the
+        whole sample against its CRC32C, a part against the CRC32Cs of the
+        1 MiB blocks it touches (dlfs.blockcrc; at most a block more is read
+        on each side).  Parts of samples over 1 MiB of datasets ingested
+        before block CRCs cannot be checked.  Raises DataCorruption naming
+        the sample (and block).
         """
         if offset == 0 and length == 0:  # the whole sample: as a batch of one (unary call)
             return self.get_batch([key], verify=verify)[0]
         return self._current(lambda generation: self._transport.read_range(range_request(
             self.name, key, offset, length, verify=verify, generation=generation)))
 
-    def read_chunks(self, key: SampleKey, offset: int = 0, length: int = 0
-                    ) -> Iterator[tuple[int, memoryview]]:
+    def read_chunks(self, key: SampleKey, offset: int = 0, length: int = 0, *,
+                    verify: bool = True) -> Iterator[tuple[int, memoryview]]:
         """Like `read`, but hands out the reply's pieces as they arrive.
 
         Yields (position from `offset`, bytes) in order; one round trip, no
         reply-sized buffer, so a large range reaches the caller piece by
-        piece.  Not CRC-verified (a partial range cannot be).  UNAVAILABLE
-        before the first piece is retried as every read is; a stream that
-        breaks later raises Unavailable.
+        piece.  With `verify`, the daemon checks each piece before it sends
+        it (the blocks it touches, as `read`); a damaged block ends the
+        stream with DataCorruption.  UNAVAILABLE before the first piece is
+        retried as every read is; a stream that breaks later raises
+        Unavailable.
         """
-        request = range_request(self.name, key, offset, length, verify=False,
+        request = range_request(self.name, key, offset, length, verify=verify,
                                 generation=self.info.generation)
         yield from self._transport.read_chunks(request)
 

@@ -21,7 +21,7 @@ import numpy as np
 
 from dlfs import datawire, limits, logs
 from dlfs.client.buffers import BufferPool
-from dlfs.client.dataconn import checksum_mismatch
+from dlfs.client.dataconn import block_prefix, checksum_mismatch
 from dlfs.client.datapath import DataPath, endpoints
 from dlfs.client.requests import batch_size
 from dlfs.client.retry import call_with_retry
@@ -145,8 +145,11 @@ class DataPathTransport(DaemonTransport):
             sample_id = getattr(exc, "sample_id", None)
             if sample_id is None:
                 raise
-            raise checksum_mismatch(self._describe(dataset, sample_id), exc.endpoint,
-                                    exc.expected, exc.got) from None
+            error = checksum_mismatch(
+                block_prefix(getattr(exc, "block", None)) + self._describe(dataset, sample_id),
+                exc.endpoint, exc.expected, exc.got)
+            log.error("%s", error.message)
+            raise error from None
         except Unavailable as exc:
             if self._worked:
                 raise

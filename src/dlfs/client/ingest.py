@@ -9,8 +9,11 @@ Which files become samples (`walk_tree`):
 - symbolic links are skipped unless `follow_symlinks`; then links to files
   and to directories are followed, and a link back into a directory already
   on the current walk path (a loop) is skipped with a warning;
-- FIFOs, sockets and devices are skipped; empty directories do not appear
-  in the dataset (a dataset holds samples, directories are implied);
+- FIFOs, sockets and devices are skipped;
+- a directory that ends up holding nothing (empty in the source, or only
+  skipped entries) is kept as an empty directory of the dataset, so the
+  dataset's tree is the one walked (DLIO, for one, creates an empty
+  `valid/` folder and fails without it);
 - a name that is not valid UTF-8 stops the ingest before anything is sent.
 
 Files are sent in sorted path order; each file's mode and mtime travel with
@@ -53,6 +56,8 @@ class SourceFile:
 @dataclasses.dataclass
 class WalkReport:
     files: list[SourceFile]
+    # Dataset paths of the directories that hold nothing, sorted.
+    dirs: list[str] = dataclasses.field(default_factory=list)
     bytes: int = 0
     skipped_hidden: int = 0
     skipped_symlinks: int = 0
@@ -73,12 +78,15 @@ def walk_tree(source_dir: str, *, include_hidden: bool = False,
     _walk(source_dir, "", report, include_hidden, follow_symlinks,
           {(root_stat.st_dev, root_stat.st_ino)})
     report.files.sort(key=lambda f: f.path)
+    report.dirs.sort()
     report.bytes = sum(f.size for f in report.files)
     return report
 
 
 def _walk(directory: str, prefix: str, report: WalkReport, include_hidden: bool,
-          follow_symlinks: bool, ancestors: set[tuple[int, int]]) -> None:
+          follow_symlinks: bool, ancestors: set[tuple[int, int]]) -> bool:
+    """Add what `directory` holds to `report`; whether it held anything kept."""
+    kept = False
     with os.scandir(directory) as entries:
         for entry in entries:
             if isinstance(entry.name, bytes) or _has_surrogates(entry.name):
@@ -107,15 +115,20 @@ def _walk(directory: str, prefix: str, report: WalkReport, include_hidden: bool,
                     log.warning("skipping symlink loop at %s", entry.path)
                     report.skipped_loops += 1
                     continue
-                _walk(entry.path, path + "/", report, include_hidden, follow_symlinks,
-                      ancestors | {key})
+                if not _walk(entry.path, path + "/", report, include_hidden, follow_symlinks,
+                             ancestors | {key}):
+                    check_sample_path(path)
+                    report.dirs.append(path)  # empty: kept as such
+                kept = True
             elif stat_module.S_ISREG(st.st_mode):
                 check_sample_path(path)
                 report.files.append(SourceFile(path, entry.path, st.st_size,
                                                stat_module.S_IFREG | stat_module.S_IMODE(st.st_mode),
                                                st.st_mtime_ns))
+                kept = True
             else:
                 report.skipped_special += 1
+    return kept
 
 
 def _has_surrogates(name: str) -> bool:
@@ -129,10 +142,12 @@ def _has_surrogates(name: str) -> bool:
 class _Upload:
     """Generates the ingest stream and remembers a local failure to re-raise it."""
 
-    def __init__(self, name: str, replace: bool, files: list[SourceFile], progress):
+    def __init__(self, name: str, replace: bool, files: list[SourceFile], progress,
+                 dirs: Sequence[str] = ()):
         self.name = name
         self.replace = replace
         self.files = files
+        self.dirs = dirs
         self.progress = progress
         self.error: BaseException | None = None
 
@@ -145,10 +160,17 @@ class _Upload:
             raise
 
     def _pieces(self) -> Iterator[pb.IngestPiece]:
+        yield from dir_pieces(self.dirs)
         for file in self.files:
             yield from file_pieces(file)
             if self.progress is not None:
                 self.progress.update(file.size)
+
+
+def dir_pieces(dirs: Sequence[str]) -> Iterator[pb.IngestPiece]:
+    """One piece per empty directory of the dataset (no data)."""
+    for path in dirs:
+        yield pb.IngestPiece(path=path, directory=True)
 
 
 def file_pieces(file: SourceFile, holders: Sequence[int] = ()) -> Iterator[pb.IngestPiece]:
@@ -249,7 +271,7 @@ def upload(transport, name: str, report: WalkReport, *, replace: bool = False,
 
         bar = tqdm(total=report.bytes, unit="B", unit_scale=True, unit_divisor=1024,
                    desc=f"ingest {name}", file=sys.stderr)
-    stream = _Upload(name, replace, report.files, bar)
+    stream = _Upload(name, replace, report.files, bar, report.dirs)
     try:
         reply = transport.ingest(stream.messages())
     except grpc.RpcError as exc:

@@ -70,6 +70,23 @@ def all_entries(transport, dataset: str, samples: int) -> list[Entry]:
     return entries
 
 
+def empty_dirs(transport, dataset: str) -> list[str]:
+    """Paths of the directories of a dataset that hold nothing, sorted.
+
+    Walks every directory: one ListDir call per page of each directory
+    (about entries / 1,000 calls), so it is for whole-dataset work such as
+    rebalancing, not for reads.
+    """
+    found, pending = [], [""]
+    while pending:
+        path = pending.pop()
+        for entry in listdir(transport, dataset, path, page_size=limits.list_page_entries_max):
+            if entry.is_dir:
+                (pending if entry.children else found).append(entry.path)
+    return sorted(found)
+
+
+
 def members_disagree(info: DatasetInfo, listings: dict[str, dict[str, DatasetInfo]]) -> str:
     """How the members of striped dataset `info` disagree about it, from each
     answering member's ListDatasets (`listings`: address -> name -> summary),

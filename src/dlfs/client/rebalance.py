@@ -10,7 +10,8 @@ daemon changes the holders of replicas/(N+1) of the samples, so:
   nothing on the network);
 - a copy a daemon does not hold is *moved*: the client reads it from a live
   old holder (one get_batch per chunk) and streams it to its new holder;
-- every other member gets the sample's metadata (`remote`).
+- every other member gets the sample's metadata (`remote`);
+- every member gets the dataset's empty directories.
 
 It is one two-phase ingest with `replace` on every new member (see
 `striped.run_two_phase`): until all of them prepared, readers see the old
@@ -30,7 +31,7 @@ import dataclasses
 import numpy as np
 
 from dlfs.client import convert, metadata
-from dlfs.client.ingest import buffer_pieces
+from dlfs.client.ingest import buffer_pieces, dir_pieces
 from dlfs.client.placement import place
 from dlfs.client.striped import check_streams, run_two_phase
 from dlfs.errors import DlfsError
@@ -91,7 +92,12 @@ def rebalance(router, name: str, *, replicas: int | None = None,
         copies_moved=int(moves.sum()), bytes_moved=int((moves.sum(axis=1) * sizes).sum()),
         copies_kept=int((holds & had).sum()))
 
+    dirs = router.call_any(lambda member: metadata.empty_dirs(member, name))
+
     def produce(streams, bar) -> None:
+        for piece in dir_pieces(dirs):  # the tree stays the one ingested
+            for stream in streams:
+                stream.put(piece)
         _produce(router, name, entries, new_holders, holds, moves, sizes, streams, bar)
 
     run_two_phase(router, name, members, replicas, replace=True, produce=produce,

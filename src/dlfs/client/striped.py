@@ -25,7 +25,7 @@ import numpy as np
 from dlfs import limits
 from dlfs.client import convert
 from dlfs.client.errors import from_rpc_error
-from dlfs.client.ingest import batch_messages, file_pieces
+from dlfs.client.ingest import batch_messages, dir_pieces, file_pieces
 from dlfs.client.placement import place
 from dlfs.errors import Cancelled, DlfsError, InvalidArgument, Unavailable
 from dlfs.proto import dlfs_pb2 as pb
@@ -62,7 +62,7 @@ def ingest_striped(router, report, name: str, *, replace: bool, replicas: int,
     holders = place(name, paths, members, replicas)
 
     def produce(streams, bar) -> None:
-        _produce(report.files, holders, streams, bar)
+        _produce(report.files, holders, streams, bar, report.dirs)
 
     info = run_two_phase(router, name, members, replicas, replace=replace, produce=produce,
                          total_bytes=report.bytes, progress=progress,
@@ -210,8 +210,12 @@ def _finish_all(streams, commit: bool) -> list[tuple[str, object]]:
         return list(pool.map(finish, prepared))
 
 
-def _produce(files, holders: np.ndarray, streams, bar) -> None:
-    """Read each file once; its pieces go to its holders, its metadata to the others."""
+def _produce(files, holders: np.ndarray, streams, bar, dirs=()) -> None:
+    """Read each file once; its pieces go to its holders, its metadata to the others.
+    Every member gets the empty directories `dirs`."""
+    for piece in dir_pieces(dirs):
+        for stream in streams:
+            stream.put(piece)
     for file, file_holders in zip(files, holders.tolist()):
         check_streams(streams)
         holding = [streams[h] for h in file_holders]

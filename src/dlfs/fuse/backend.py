@@ -92,11 +92,14 @@ class Backend:
         Calls `deliver(position, chunk)` for each piece as it arrives, in
         order, `position` counted from `offset`: one round trip, no copy into
         a reply-sized buffer (unlike `read`), so a large range costs one RPC
-        and reaches the caller piece by piece.  Not CRC-verified (a partial
-        range cannot be).  UNAVAILABLE before the first piece is retried like
-        every read; a stream that breaks later raises.  Raises what `read` does.
+        and reaches the caller piece by piece.  The daemon verifies every
+        piece before sending it (the CRC32C of each block it touches, see
+        dlfs.blockcrc; for datasets ingested before block CRCs, nothing), so
+        a damaged block ends the stream with DataCorruption after the pieces
+        before it.  UNAVAILABLE before the first piece is retried like every
+        read; a stream that breaks later raises.  Raises what `read` does.
         """
-        request = range_request(dataset, path, offset, length, verify=False,
+        request = range_request(dataset, path, offset, length, verify=True,
                                 generation=generation)
 
         def stream(client: Client) -> int:

@@ -16,6 +16,34 @@ ENTRY_KIND_UNSPECIFIED: EntryKind
 FILE: EntryKind
 DIRECTORY: EntryKind
 
+class WarmRequest(_message.Message):
+    __slots__ = ("dataset", "status_only")
+    DATASET_FIELD_NUMBER: _ClassVar[int]
+    STATUS_ONLY_FIELD_NUMBER: _ClassVar[int]
+    dataset: str
+    status_only: bool
+    def __init__(self, dataset: _Optional[str] = ..., status_only: _Optional[bool] = ...) -> None: ...
+
+class WarmReply(_message.Message):
+    __slots__ = ("dataset", "generation", "state", "bytes_total", "bytes_warmed", "budget_bytes", "fits", "message")
+    DATASET_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    BYTES_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    BYTES_WARMED_FIELD_NUMBER: _ClassVar[int]
+    BUDGET_BYTES_FIELD_NUMBER: _ClassVar[int]
+    FITS_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    dataset: str
+    generation: int
+    state: str
+    bytes_total: int
+    bytes_warmed: int
+    budget_bytes: int
+    fits: bool
+    message: str
+    def __init__(self, dataset: _Optional[str] = ..., generation: _Optional[int] = ..., state: _Optional[str] = ..., bytes_total: _Optional[int] = ..., bytes_warmed: _Optional[int] = ..., budget_bytes: _Optional[int] = ..., fits: _Optional[bool] = ..., message: _Optional[str] = ...) -> None: ...
+
 class GetDataPathRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
@@ -348,7 +376,7 @@ class IngestStart(_message.Message):
     def __init__(self, dataset: _Optional[str] = ..., replace: _Optional[bool] = ..., members: _Optional[_Iterable[str]] = ..., replicas: _Optional[int] = ..., member_index: _Optional[int] = ..., prepare_only: _Optional[bool] = ..., generation: _Optional[int] = ...) -> None: ...
 
 class IngestPiece(_message.Message):
-    __slots__ = ("path", "size", "mode", "mtime_ns", "data", "crc32c", "holders", "remote", "kept")
+    __slots__ = ("path", "size", "mode", "mtime_ns", "data", "crc32c", "holders", "remote", "kept", "directory")
     PATH_FIELD_NUMBER: _ClassVar[int]
     SIZE_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
@@ -358,6 +386,7 @@ class IngestPiece(_message.Message):
     HOLDERS_FIELD_NUMBER: _ClassVar[int]
     REMOTE_FIELD_NUMBER: _ClassVar[int]
     KEPT_FIELD_NUMBER: _ClassVar[int]
+    DIRECTORY_FIELD_NUMBER: _ClassVar[int]
     path: str
     size: int
     mode: int
@@ -367,7 +396,8 @@ class IngestPiece(_message.Message):
     holders: _containers.RepeatedScalarFieldContainer[int]
     remote: bool
     kept: bool
-    def __init__(self, path: _Optional[str] = ..., size: _Optional[int] = ..., mode: _Optional[int] = ..., mtime_ns: _Optional[int] = ..., data: _Optional[bytes] = ..., crc32c: _Optional[int] = ..., holders: _Optional[_Iterable[int]] = ..., remote: _Optional[bool] = ..., kept: _Optional[bool] = ...) -> None: ...
+    directory: bool
+    def __init__(self, path: _Optional[str] = ..., size: _Optional[int] = ..., mode: _Optional[int] = ..., mtime_ns: _Optional[int] = ..., data: _Optional[bytes] = ..., crc32c: _Optional[int] = ..., holders: _Optional[_Iterable[int]] = ..., remote: _Optional[bool] = ..., kept: _Optional[bool] = ..., directory: _Optional[bool] = ...) -> None: ...
 
 class CommitIngestRequest(_message.Message):
     __slots__ = ("dataset", "generation")

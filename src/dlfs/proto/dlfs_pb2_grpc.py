@@ -124,6 +124,11 @@ class DlfsStub:
                 request_serializer=dlfs_dot_proto_dot_dlfs__pb2.GetDataPathRequest.SerializeToString,
                 response_deserializer=dlfs_dot_proto_dot_dlfs__pb2.DataPathInfo.FromString,
                 _registered_method=True)
+        self.Warm = channel.unary_unary(
+                '/dlfs.v1.Dlfs/Warm',
+                request_serializer=dlfs_dot_proto_dot_dlfs__pb2.WarmRequest.SerializeToString,
+                response_deserializer=dlfs_dot_proto_dot_dlfs__pb2.WarmReply.FromString,
+                _registered_method=True)
 
 
 class DlfsServicer:
@@ -215,8 +220,12 @@ class DlfsServicer:
         """Read `length` bytes at `offset` of one sample (by id or path); a length
         of 0 means "to the end".  Reading past the end returns fewer bytes (none
         at or past the end).  The reply has the shape of GetBatch's, with one
-        item.  The CRC32C is verified when the range covers the whole sample.
-        Codes: NOT_FOUND, INVALID_ARGUMENT, DATA_LOSS.
+        item.  Unless skip_verify, the daemon verifies every byte before it is
+        sent: the whole sample's CRC32C, or for a part the CRC32C of each 1 MiB
+        block it touches (it reads those blocks whole); parts of samples over
+        1 MiB ingested before block CRCs cannot be verified.  A damaged block
+        ends the stream with DATA_LOSS after the chunks before it.
+        Codes: NOT_FOUND, INVALID_ARGUMENT, DATA_LOSS (naming sample and block).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -305,6 +314,22 @@ class DlfsServicer:
         Python.  `enabled` is false, with a `reason`, when the daemon serves TLS
         or was started without a data path; clients then read through GetBatch.
         Codes: none beyond the common ones.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Warm(self, request, context):
+        """Warm a dataset: the daemon reads the extents it stores of the dataset,
+        in order, into its page cache on a background thread, at most
+        --warm-memory-share of its memory (shared by all warm-ups; a dataset
+        that does not fit is warmed up to the budget, and `fits` is false with a
+        `message` saying so).  Returns at once with the warm-up's status; a
+        warm-up of the same version that is queued or running is not started
+        again.  With `status_only`, starts nothing and reports the latest
+        warm-up (state "none" if there was none).  The first read of a dataset
+        version starts one too (unless --warm-on-first-read off).
+        Codes: NOT_FOUND, RESOURCE_EXHAUSTED (too many warm-ups waiting).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -402,6 +427,11 @@ def add_DlfsServicer_to_server(servicer, server):
                     servicer.GetDataPath,
                     request_deserializer=dlfs_dot_proto_dot_dlfs__pb2.GetDataPathRequest.FromString,
                     response_serializer=dlfs_dot_proto_dot_dlfs__pb2.DataPathInfo.SerializeToString,
+            ),
+            'Warm': grpc.unary_unary_rpc_method_handler(
+                    servicer.Warm,
+                    request_deserializer=dlfs_dot_proto_dot_dlfs__pb2.WarmRequest.FromString,
+                    response_serializer=dlfs_dot_proto_dot_dlfs__pb2.WarmReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -890,6 +920,33 @@ class Dlfs:
             '/dlfs.v1.Dlfs/GetDataPath',
             dlfs_dot_proto_dot_dlfs__pb2.GetDataPathRequest.SerializeToString,
             dlfs_dot_proto_dot_dlfs__pb2.DataPathInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Warm(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dlfs.v1.Dlfs/Warm',
+            dlfs_dot_proto_dot_dlfs__pb2.WarmRequest.SerializeToString,
+            dlfs_dot_proto_dot_dlfs__pb2.WarmReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -20,9 +20,24 @@ Record types and payloads:
     GENERATION dataset id u64 | generation u64: the version id a striped ingest
             named, the same on every member (without it, the generation is the
             dataset id)
+    BLOCKS  dataset id u64 | block bytes u32 | count u32 | crc u32[count]: the block
+            CRC32Cs (dlfs.blockcrc) of the samples of the SAMPLES record just
+            before it that are stored here and longer than block bytes, in
+            record order, ceil(length / block bytes) each.  Format version 2;
+            a dataset without them (written by version 1) has whole-sample
+            CRCs only.
+    DIRS    dataset id u64 | paths (UTF-8, NUL-separated): directories of the
+            dataset that hold no sample (empty in the ingest source).  Format
+            version 2.
     PREPARE dataset id u64 | flags u32 (bit 0: replaces the dataset of its
             name): a two-phase ingest is durable and waits for its decision;
-            replay keeps it prepared (not discarded) until a SEAL or DELETE
+            replay keeps it prepared (not discarded) until a SEAL or DELETE.
+            Format version 2.
+
+Version 2 added BLOCKS, DIRS and PREPARE; a version 1 catalog is read as it
+is and its header is rewritten to version 2 when opened, so a daemon that
+knows only version 1 refuses it by its version rather than by an unknown
+record.
 
 A dataset becomes visible only with its SEAL record, which is written after
 its extents and SAMPLES records are synced, and the catalog is synced before
@@ -48,15 +63,18 @@ import threading
 import crc32c
 import numpy as np
 
-from dlfs import limits
+from dlfs import blockcrc, limits
 from dlfs.errors import DlfsError, FailedPrecondition
+from dlfs.layout import NO_EXTENT
 from dlfs.server import faults
 from dlfs.server.extents import fsync_dir, no_space_error
 
 log = logging.getLogger(__name__)
 
 FILE_MAGIC = b"DLFSCAT1"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+# Versions this daemon reads: 1 lacks the BLOCKS and DIRS records.
+READABLE_VERSIONS = (1, 2)
 _FILE_HEADER = struct.Struct("<8sI")
 FILE_HEADER_BYTES = _FILE_HEADER.size + 4
 RECORD_MAGIC = 0xD1F5CA7A
@@ -77,7 +95,9 @@ class RecordType(enum.IntEnum):
     CLUSTER = 5
     HOLDERS = 6
     GENERATION = 7
-    PREPARE = 8
+    BLOCKS = 8
+    DIRS = 9
+    PREPARE = 10
 
 
 _RECORD_TYPES = frozenset(t.value for t in RecordType)
@@ -109,14 +129,25 @@ class SampleBlock:
     mtime_ns: np.ndarray  # int64
     # Striped datasets: uint16 (n, replicas) member indices holding each sample.
     holders: np.ndarray | None = None
+    # Block CRC32Cs of the samples stored here that are longer than
+    # `block_bytes` (see the BLOCKS record), or None: none were recorded.
+    block_crc: np.ndarray | None = None  # uint32
+    block_bytes: int = blockcrc.BLOCK_BYTES
 
     def __len__(self) -> int:
         return len(self.paths)
 
+    def block_crcs_expected(self, block_bytes: int | None = None) -> int:
+        """How many block CRCs this block's samples have.  O(n), vectorized."""
+        local = self.extent != NO_EXTENT
+        return int(blockcrc.block_counts(self.length[local],
+                                         block_bytes or self.block_bytes).sum())
+
     @staticmethod
     def concat(blocks: list["SampleBlock"]) -> "SampleBlock":
         if not blocks:
-            return SampleBlock([], *(np.empty(0, dt) for dt in _ARRAY_DTYPES))
+            return SampleBlock([], *(np.empty(0, dt) for dt in _ARRAY_DTYPES),
+                               block_crc=np.empty(0, np.uint32))
         paths: list[str] = []
         for block in blocks:
             paths.extend(block.paths)
@@ -124,7 +155,27 @@ class SampleBlock:
         holders = None
         if any(b.holders is not None for b in blocks):
             holders = np.concatenate([b.holders for b in blocks])
-        return SampleBlock(paths, *arrays, holders=holders)
+        block_crc, block_bytes = _concat_block_crcs(blocks)
+        return SampleBlock(paths, *arrays, holders=holders, block_crc=block_crc,
+                           block_bytes=block_bytes)
+
+
+def _concat_block_crcs(blocks: list[SampleBlock]) -> tuple[np.ndarray | None, int]:
+    """The block CRCs of `blocks` together, or None unless every sample that needs
+    them has them (all of one block size)."""
+    sizes = {b.block_bytes for b in blocks if b.block_crc is not None}
+    if len(sizes) > 1:
+        return None, blockcrc.BLOCK_BYTES
+    block_bytes = sizes.pop() if sizes else blockcrc.BLOCK_BYTES
+    parts = []
+    for block in blocks:
+        if block.block_crc is not None:
+            parts.append(block.block_crc)
+        elif block.block_crcs_expected(block_bytes):
+            return None, block_bytes  # written before block CRCs: whole-sample CRCs only
+    if not parts:
+        return np.empty(0, np.uint32), block_bytes
+    return np.concatenate(parts).astype(np.uint32, copy=False), block_bytes
 
 
 _ARRAY_FIELDS = ("extent", "offset", "length", "crc", "mode", "mtime_ns")
@@ -193,6 +244,47 @@ def decode_prepare(payload: bytes) -> tuple[int, bool]:
     return dataset_id, bool(flags & PREPARE_REPLACES)
 
 
+_BLOCKS = struct.Struct("<QII")
+
+
+def encode_blocks(dataset_id: int, block_bytes: int, crcs: np.ndarray) -> bytes:
+    crcs = np.ascontiguousarray(crcs, "<u4")
+    return _BLOCKS.pack(dataset_id, block_bytes, crcs.size) + crcs.tobytes()
+
+
+def decode_blocks(payload: bytes) -> tuple[int, int, np.ndarray]:
+    """(dataset id, block bytes, block CRCs) of a BLOCKS record."""
+    dataset_id, block_bytes, count = _BLOCKS.unpack_from(payload)
+    if len(payload) != _BLOCKS.size + 4 * count or block_bytes == 0:
+        raise ValueError(f"BLOCKS record of {len(payload)} bytes announces {count} CRCs of "
+                         f"{block_bytes}-byte blocks")
+    return dataset_id, block_bytes, np.frombuffer(payload, "<u4", count, _BLOCKS.size).copy()
+
+
+def encode_dirs(dataset_id: int, paths: list[str]) -> bytes:
+    return _U64.pack(dataset_id) + "\0".join(paths).encode("utf-8")
+
+
+def decode_dirs(payload: bytes) -> tuple[int, list[str]]:
+    """(dataset id, directory paths) of a DIRS record."""
+    text = payload[_U64.size:].decode("utf-8")
+    return _U64.unpack_from(payload)[0], text.split("\0") if text else []
+
+
+def dirs_records(dataset_id: int, paths: list[str]) -> list[tuple[RecordType, bytes]]:
+    """DIRS records naming `paths` (empty directories), split to fit records."""
+    records, part, size = [], [], 0
+    for path in paths:
+        if part and size + len(path) + 1 > limits.catalog_record_bytes_max // 2:
+            records.append((RecordType.DIRS, encode_dirs(dataset_id, part)))
+            part, size = [], 0
+        part.append(path)
+        size += len(path.encode("utf-8")) + 1
+    if part:
+        records.append((RecordType.DIRS, encode_dirs(dataset_id, part)))
+    return records
+
+
 def encode_seal(dataset_id: int, replaces_dataset_id: int = 0) -> bytes:
     return _SEAL.pack(dataset_id, replaces_dataset_id)
 
@@ -220,6 +312,9 @@ def block_records(dataset_id: int, block: SampleBlock) -> list[tuple[RecordType,
     records = [(RecordType.SAMPLES, encode_samples(dataset_id, block))]
     if block.holders is not None:
         records.append((RecordType.HOLDERS, encode_holders(dataset_id, block.holders)))
+    if block.block_crc is not None and block.block_crc.size:
+        records.append((RecordType.BLOCKS, encode_blocks(dataset_id, block.block_bytes,
+                                                         block.block_crc)))
     return records
 
 
@@ -258,8 +353,8 @@ def encode_record(record_type: RecordType, payload: bytes) -> bytes:
     return head + struct.pack("<I", crc) + payload
 
 
-def _file_header() -> bytes:
-    body = _FILE_HEADER.pack(FILE_MAGIC, FORMAT_VERSION)
+def _file_header(version: int = FORMAT_VERSION) -> bytes:
+    body = _FILE_HEADER.pack(FILE_MAGIC, version)
     return body + struct.pack("<I", crc32c.crc32c(body))
 
 
@@ -269,6 +364,7 @@ class ReplayResult:
     valid_bytes: int  # offset just past the last good record
     file_bytes: int
     problem: str = ""  # why replay stopped early, empty when it reached EOF cleanly
+    version: int = FORMAT_VERSION  # format version of the file's header
 
 
 def scan(path: str, *, salvage: bool = False) -> ReplayResult:
@@ -284,15 +380,16 @@ def scan(path: str, *, salvage: bool = False) -> ReplayResult:
         data = f.read()
     size = len(data)
     if size < FILE_HEADER_BYTES:
-        if not _file_header().startswith(data) and not salvage:
+        torn = any(_file_header(v).startswith(data) for v in READABLE_VERSIONS)
+        if not torn and not salvage:
             raise CatalogCorrupt(f"catalog {path} is shorter than its header ({size} bytes)")
         return ReplayResult([], 0, size, "catalog header torn" if size else "")
-    if data[:FILE_HEADER_BYTES] != _file_header():
-        magic, version = _FILE_HEADER.unpack_from(data)
-        if magic == FILE_MAGIC and version != FORMAT_VERSION:
+    magic, version = _FILE_HEADER.unpack_from(data)
+    if version not in READABLE_VERSIONS or data[:FILE_HEADER_BYTES] != _file_header(version):
+        if magic == FILE_MAGIC and version not in READABLE_VERSIONS:
             raise CatalogCorrupt(
-                f"catalog {path} has format version {version}; this daemon reads version "
-                f"{FORMAT_VERSION}"
+                f"catalog {path} has format version {version}; this daemon reads versions "
+                f"{', '.join(map(str, READABLE_VERSIONS))}"
             )
         raise CatalogCorrupt(f"catalog {path} has a damaged header; it is not a DLFS catalog")
     records: list[tuple[RecordType, bytes]] = []
@@ -309,12 +406,12 @@ def scan(path: str, *, salvage: bool = False) -> ReplayResult:
                     "Restore the data dir from a backup, or start once with "
                     "--salvage-catalog to keep only the records before this offset."
                 )
-            return ReplayResult(records, pos, size, message)
+            return ReplayResult(records, pos, size, message, version)
         _magic, rtype, length, _crc = _RECORD_HEADER.unpack_from(view, pos)
         start = pos + RECORD_HEADER_BYTES
         records.append((RecordType(rtype), bytes(view[start:start + length])))
         pos = start + length
-    return ReplayResult(records, pos, size)
+    return ReplayResult(records, pos, size, "", version)
 
 
 def _good_record_after(data: bytes, pos: int, size: int) -> bool:
@@ -399,6 +496,16 @@ class Catalog:
                 os.ftruncate(fd, result.valid_bytes)
                 faults.point("fsync", path)
                 os.fsync(fd)
+            if result.version != FORMAT_VERSION:
+                # Records of the new version may follow: an older daemon must refuse the
+                # file by its version, not stumble over an unknown record.
+                faults.point("write", path)
+                os.pwrite(fd, _file_header(), 0)
+                faults.point("fsync", path)
+                os.fsync(fd)
+                log.info("catalog %s upgraded from format version %d to %d", path,
+                         result.version, FORMAT_VERSION)
+                result.version = FORMAT_VERSION
         except BaseException:
             os.close(fd)
             raise

@@ -63,6 +63,10 @@ class ServerConfig:
     datapath_idle_timeout_s: float = limits.datapath_idle_timeout_s_default
     datapath_stall_timeout_s: float = limits.datapath_stall_timeout_s_default
     datapath_buffer_bytes_max: int = limits.datapath_buffer_bytes_max_default
+    # Dataset warm-ups (warmup.py): the share of the daemon's memory they may
+    # fill (0: none), and whether the first read of a dataset starts one.
+    warm_memory_share: float = limits.warm_memory_share_default
+    warm_on_first_read: bool = True
 
     def __post_init__(self):
         checks = [
@@ -100,6 +104,8 @@ class ServerConfig:
              "the data path timeouts must be positive"),
             (self.chunk_bytes <= self.datapath_buffer_bytes_max,
              "datapath_buffer_bytes_max must be at least chunk_bytes"),
+            (0 <= self.warm_memory_share <= limits.warm_memory_share_max,
+             f"warm_memory_share must be in 0..{limits.warm_memory_share_max} (0: no warm-ups)"),
         ]
         for ok, message in checks:
             if not ok:
@@ -134,4 +140,6 @@ SETTINGS_HELP = {
     "datapath_idle_timeout_s": "a data connection idle this long is closed",
     "datapath_stall_timeout_s": "a reply the client does not read for this long is abandoned",
     "datapath_buffer_bytes_max": "bytes of data path window buffers kept for reuse",
+    "warm_memory_share": "share of the daemon's memory dataset warm-ups may fill with page "
+                         "cache (0: no warm-ups)",
 }

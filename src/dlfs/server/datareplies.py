@@ -20,6 +20,7 @@ import numpy as np
 
 from dlfs import datawire, limits
 from dlfs.errors import InvalidArgument, PermissionDenied
+from dlfs.server import rangeplan
 from dlfs.server.planning import RequestOrder
 
 
@@ -51,28 +52,25 @@ def batch(connection, request: datawire.BatchRequest) -> None:
 
 
 def byte_range(connection, request: datawire.RangeRequest) -> None:
-    """READ_RANGE: BATCH of one item (with its CRC32C when the range is the whole sample)."""
+    """READ_RANGE: BATCH, then the bytes.  The whole sample is one item with its CRC32C;
+    with the RANGE_BLOCKS flag a part of a sample with block CRCs is sent as the
+    whole blocks around it, each with its CRC32C (BATCH_BLOCKS: the client
+    verifies them and cuts the range out); otherwise a part has no CRC."""
     store = connection.store
     started = time.perf_counter()
     with store.reading(request.dataset, request.generation) as dataset:
         sample_id = int(dataset.check_ids(np.array([request.sample_id]))[0])
-        dataset.check_local(np.array([sample_id]))
-        size = int(dataset.length[sample_id])
-        start = min(request.offset, size)
-        stop = size if request.length == 0 else min(size, start + request.length)
-        if stop - start > store.config.batch_bytes_max:
-            raise InvalidArgument(
-                f"a range of {stop - start} bytes is over the limit of "
-                f"{store.config.batch_bytes_max} (--batch-bytes-max); read it in parts")
-        whole = start == 0 and stop == size
-        one = slice(sample_id, sample_id + 1)
-        order = RequestOrder(dataset.extent[one], dataset.offset[one] + start,
-                             np.array([stop - start]))
-        header = datawire.batch_header(dataset.generation, np.array([stop - start]),
-                                       dataset.crc[one] if whole else np.zeros(1),
-                                       datawire.BATCH_CRCS if whole else 0)
+        read = rangeplan.plan_range(dataset, sample_id, request.offset, request.length,
+                                    store.config,
+                                    blocks=bool(request.flags & datawire.RANGE_BLOCKS))
+        flags = (datawire.BATCH_CRCS if read.checkable else 0) | \
+            (datawire.BATCH_BLOCKS if read.blocks else 0)
+        header = datawire.batch_header(dataset.generation, read.lengths, read.crcs, flags,
+                                       (read.skip, read.length) if read.blocks else None)
+        plan = read.plan
+        order = RequestOrder(plan.range_extent, plan.range_file_offset, plan.range_length)
         send_reply(connection, dataset, header, order, lambda: store.count_served(
-            "DataRange", 1, stop - start, started))
+            "DataRange", 1, plan.payload_bytes, started))
 
 
 def open_dataset(connection, name: str, generation: int) -> None:

@@ -30,6 +30,7 @@ from dlfs import limits
 from dlfs.errors import FailedPrecondition, InvalidArgument, NotFound
 from dlfs.layout import NO_EXTENT
 from dlfs.paths import check_sample_path, normalize_dir_path
+from dlfs.server.blockindex import BlockIndex
 from dlfs.server.catalog import SampleBlock
 from dlfs.types import DatasetInfo, Entry
 
@@ -87,13 +88,15 @@ class DirNode:
 class DatasetIndex:
     """A sealed dataset's directory tree and per-id arrays.  Immutable.
 
-    Built from the samples in any order; raises InvalidArgument for a
-    duplicate path or a path that is both a file and a directory's prefix.
-    Build cost: O(n log n) for the sort, O(n) for the tree.
+    Built from the samples in any order, and `dirs`: directories that hold
+    no sample (empty ones of the ingest source), so the tree is exactly the
+    one ingested.  Raises InvalidArgument for a duplicate path or a path
+    that is both a file and a directory.  Build cost: O(n log n) for the
+    sort, O(n) for the tree.
     """
 
     def __init__(self, name: str, dataset_id: int, created_ns: int, block: SampleBlock,
-                 cluster: Cluster | None = None):
+                 cluster: Cluster | None = None, dirs: Sequence[str] = ()):
         self.name = name
         self.dataset_id = dataset_id
         self.created_ns = created_ns
@@ -111,6 +114,7 @@ class DatasetIndex:
         self.mode = block.mode[perm]
         self.mtime_ns = block.mtime_ns[perm]
         self.holders = block.holders[perm] if block.holders is not None else None
+        self.blocks = BlockIndex(block, perm)
         if cluster is not None and self.holders is None and n == 0:
             self.holders = np.empty((0, cluster.replicas), dtype=np.uint16)
         for column in (self.extent, self.offset, self.length, self.crc, self.mode, self.mtime_ns):
@@ -123,7 +127,8 @@ class DatasetIndex:
         self.names: list[str] = [""] * n
         self.parent = np.zeros(n, dtype=np.uint32)
         self.dirs: list[DirNode] = [DirNode("", 0)]
-        self._build_tree(paths[i] for i in order)
+        self.empty_dirs = sorted(set(dirs))
+        self._build_tree((paths[i] for i in order), self.empty_dirs)
 
     def __len__(self) -> int:
         return len(self.names)
@@ -166,7 +171,7 @@ class DatasetIndex:
 
     # --- building ---------------------------------------------------------------
 
-    def _build_tree(self, sorted_paths: Iterable[str]) -> None:
+    def _build_tree(self, sorted_paths: Iterable[str], empty_dirs: Sequence[str]) -> None:
         dirs_by_path = {"": self.root}
         last_dir_path, node = "", self.root
         for sample_id, path in enumerate(sorted_paths):
@@ -181,6 +186,10 @@ class DatasetIndex:
             node.file_ids.append(sample_id)
             self.parent[sample_id] = node.index
             self.names[sample_id] = name
+        for dir_path in empty_dirs:
+            check_sample_path(dir_path)
+            if dir_path not in dirs_by_path:
+                self._make_dirs(dir_path, dirs_by_path)
         for directory in self.dirs:
             children = SortedDict(directory.children)
             # Within one directory, name order is id order (the paths share
@@ -221,6 +230,12 @@ class DatasetIndex:
     def describe_extent(self, extent_no: int) -> str:
         """An extent named for error messages.  O(1)."""
         return f"extent {extent_no} of dataset {self.name!r}"
+
+    def block_crcs(self, sample_id: int) -> np.ndarray | None:
+        """CRC32C of each block of sample `sample_id` (dlfs.blockcrc), or None when
+        its blocks have none (ingested before block CRCs).  O(log n)."""
+        return self.blocks.crcs(sample_id, int(self.length[sample_id]),
+                                int(self.crc[sample_id]))
 
     def size_and_crc(self, sample_id: int) -> tuple[int, int]:
         """(bytes, CRC32C) of sample `sample_id` as stored.  O(1).  Raises InvalidArgument."""
@@ -384,6 +399,9 @@ class DatasetIndex:
                     assert node.sample_id(name) == sample_id
                     seen_ids.append(sample_id)
         assert sorted(seen_ids) == list(range(n)), "tree and id arrays disagree"
+        for dir_path in self.empty_dirs:
+            assert isinstance(self.dir_node(dir_path), DirNode)
+        self.blocks.check_invariants(self.length, self.extent)
 
 
 def child_path(parent: str, name: str) -> str:

@@ -21,6 +21,7 @@ import crc32c
 import numpy as np
 
 from dlfs import limits
+from dlfs.blockcrc import BLOCK_BYTES, BlockHasher
 from dlfs.errors import DataCorruption, InvalidArgument
 from dlfs.layout import NO_EXTENT
 from dlfs.paths import check_sample_path
@@ -44,6 +45,8 @@ class _OpenFile:
     offset: int
     received: int = 0
     crc: int = 0
+    # Block CRCs (dlfs.blockcrc) of a sample longer than one block, else None.
+    blocks: BlockHasher | None = None
 
 
 class IngestSession:
@@ -72,6 +75,8 @@ class IngestSession:
         self._blocks: list[cat.SampleBlock] = []
         # (path, extent, offset, length, crc, mode, mtime, holders)
         self._pending: list[tuple] = []
+        self._pending_block_crcs: list[int] = []  # of the pending samples, in order
+        self._dirs: list[str] = []  # empty directories (add_directory)
         self._holders: tuple = ()  # holders of the file being received
         self._file: _OpenFile | None = None
         self._last: tuple[str, int] | None = None  # (path, crc) of the last finished file
@@ -108,6 +113,20 @@ class IngestSession:
         self._last = (path, crc)
         self._count(size)
 
+    def add_directory(self, path: str) -> None:
+        """Record a directory that holds no sample (an empty one of the source), so the
+        dataset's tree is the one ingested.  Raises InvalidArgument (bad path; a
+        file of the same path fails at `finish`)."""
+        if self._file is not None:
+            raise InvalidArgument(
+                f"file {self._file.path!r} got {self._file.received} of {self._file.size} bytes "
+                f"before directory {path!r}")
+        check_sample_path(path)
+        if len(self._dirs) >= limits.dataset_samples_max:
+            raise InvalidArgument(f"dataset {self.name!r} would hold more than "
+                                  f"{limits.dataset_samples_max} empty directories")
+        self._dirs.append(path)
+
     def _check_holders(self, path: str, holders, remote: bool) -> None:
         cluster = self.cluster
         if cluster is None:
@@ -138,7 +157,8 @@ class IngestSession:
             )
         mode = _regular_mode(path, mode)
         extent_no, offset = self._writer.begin_sample(size)
-        self._file = _OpenFile(path, size, mode, mtime_ns, extent_no, offset)
+        self._file = _OpenFile(path, size, mode, mtime_ns, extent_no, offset,
+                               blocks=BlockHasher() if size > BLOCK_BYTES else None)
         if size == 0:
             self._end_file()
 
@@ -156,6 +176,8 @@ class IngestSession:
         self._writer.write(data)
         file.received += len(data)
         file.crc = crc32c.crc32c(data, file.crc)
+        if file.blocks is not None:
+            file.blocks.update(data)
         if file.received == file.size:
             self._end_file()
 
@@ -175,6 +197,8 @@ class IngestSession:
         self._writer.end_sample()
         self._pending.append((file.path, file.extent_no, file.offset, file.size, file.crc,
                               file.mode, file.mtime_ns, self._holders))
+        if file.blocks is not None:
+            self._pending_block_crcs.extend(file.blocks.finish(file.size))
         self._last = (file.path, file.crc)
         self._count(file.size)
 
@@ -186,7 +210,8 @@ class IngestSession:
                 "datasets")
         self.samples += 1
         self.bytes += size
-        if len(self._pending) >= limits.catalog_samples_per_record:
+        if len(self._pending) >= limits.catalog_samples_per_record or \
+                len(self._pending_block_crcs) >= limits.catalog_block_crcs_per_record:
             self._flush_entries()
 
     def _flush_entries(self) -> None:
@@ -202,7 +227,10 @@ class IngestSession:
             np.array(columns[5], dtype=np.uint32),
             np.array(columns[6], dtype=np.int64),
             holders=np.array(columns[7], dtype=np.uint16) if self.cluster else None,
+            block_crc=np.array(self._pending_block_crcs, dtype=np.uint32),
+            block_bytes=BLOCK_BYTES,
         )
+        self._pending_block_crcs = []
         for record_type, payload in cat.block_records(self.dataset_id, block):
             self._catalog.append(record_type, payload)
         self._blocks.append(block)
@@ -225,9 +253,11 @@ class IngestSession:
         self._writer.sync()
         self._writer.close()
         self._flush_entries()
+        for record_type, payload in cat.dirs_records(self.dataset_id, self._dirs):
+            self._catalog.append(record_type, payload)
         blocks, self._blocks = self._blocks, []
         return DatasetIndex(self.name, self.dataset_id, self.created_ns,
-                            cat.SampleBlock.concat(blocks), self.cluster)
+                            cat.SampleBlock.concat(blocks), self.cluster, dirs=self._dirs)
 
     def discard(self) -> None:
         """Remove what the session wrote: a DELETE record, then its extents.  Never

@@ -70,6 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="Unix socket of the data path for clients on this host: a path, "
                              "@NAME in the abstract namespace, or 'none' (default: @dlfs-PORT "
                              "with the gRPC port)")
+    parser.add_argument("--warm-on-first-read", choices=("on", "off"), default="on",
+                        help="read a dataset's extents into the page cache in the background "
+                             "when it is first read (within --warm-memory-share)")
     defaults = ServerConfig(data_dir=".")
     for field, help_text in SETTINGS_HELP.items():
         default = getattr(defaults, field)
@@ -81,6 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
 def config_from_args(args: argparse.Namespace) -> ServerConfig:
     values = {f.name: getattr(args, f.name) for f in dataclasses.fields(ServerConfig)
               if hasattr(args, f.name)}
+    values["warm_on_first_read"] = getattr(args, "warm_on_first_read", "on") == "on"
     return ServerConfig(**values)
 
 

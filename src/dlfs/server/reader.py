@@ -137,7 +137,8 @@ class ReadEngine:
 
     def stream(self, dataset_id: int, plan: BatchPlan, *, verify: bool,
                describe: Callable[[int], str], deadline: float | None = None,
-               bad: list | None = None) -> Iterator[tuple[int, memoryview]]:
+               bad: list | None = None, window_bytes: int | None = None
+               ) -> Iterator[tuple[int, memoryview]]:
         """Yield (payload offset, bytes) windows of the plan's payload, in order.
 
         Raises DataCorruption naming the sample (via `describe(sample_id)`)
@@ -145,10 +146,12 @@ class ReadEngine:
         when `deadline` (a `time.monotonic()` value) passes between windows.
         With a `bad` list, checksum mismatches are appended to it as
         (sample id, message) instead (scrubbing).  A window's buffer stays
-        valid after the generator moves on.
+        valid after the generator moves on.  Windows are `window_bytes` long
+        (default: the engine's chunk_bytes).
         """
-        bounds = [(a, min(a + self.chunk_bytes, plan.payload_bytes))
-                  for a in range(0, plan.payload_bytes, self.chunk_bytes)]
+        step = window_bytes or self.chunk_bytes
+        bounds = [(a, min(a + step, plan.payload_bytes))
+                  for a in range(0, plan.payload_bytes, step)]
         verifier = _Verifier(plan, describe, bad) if verify else None
         inflight: collections.deque[_Window] = collections.deque()
         handed_out = 0  # bytes of the window the caller holds; released when it comes back

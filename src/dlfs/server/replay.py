@@ -29,8 +29,9 @@ class ReplayedDataset:
     created_ns: int
     blocks: list
     sealed: bool = False
-    record_bytes: int = 0  # SAMPLES and HOLDERS payload bytes in the catalog
+    record_bytes: int = 0  # SAMPLES, HOLDERS, BLOCKS and DIRS payload bytes in the catalog
     cluster: Cluster | None = None
+    dirs: list = dataclasses.field(default_factory=list)  # empty directories (DIRS)
     prepared: bool = False  # a two-phase ingest waiting for its decision
     replace: bool = False  # (prepared) it replaces the dataset of its name
 
@@ -66,8 +67,13 @@ def restore(catalog: cat.Catalog, records, extents: ExtentStore,
             catalog.append(cat.RecordType.DELETE, cat.encode_delete(dataset_id))
             _remove_quietly(extents, dataset_id)
             continue
-        index = DatasetIndex(entry.name, dataset_id, entry.created_ns,
-                             cat.SampleBlock.concat(entry.blocks), entry.cluster)
+        block = cat.SampleBlock.concat(entry.blocks)
+        if block.block_crc is None:
+            log.info("dataset %r predates block CRCs: parts of its samples over %d bytes are "
+                     "not verified, whole samples are (ingest it again to verify every read)",
+                     entry.name, block.block_bytes)
+        index = DatasetIndex(entry.name, dataset_id, entry.created_ns, block, entry.cluster,
+                             dirs=entry.dirs)
         if entry.prepared and not entry.sealed:
             log.warning("dataset %r (generation %d) was prepared but not yet committed or "
                         "aborted when the daemon stopped: it waits for its decision",
@@ -132,6 +138,20 @@ def replay(records) -> tuple[dict[int, ReplayedDataset], int]:
             entry = datasets.get(dataset_id)
             if entry is not None:
                 entry.prepared, entry.replace = True, replace
+        elif rtype is cat.RecordType.BLOCKS:
+            dataset_id, block_bytes, crcs = cat.decode_blocks(payload)
+            entry = datasets.get(dataset_id)
+            if entry is not None and entry.blocks and \
+                    entry.blocks[-1].block_crcs_expected(block_bytes) == crcs.size:
+                entry.blocks[-1].block_crc = crcs
+                entry.blocks[-1].block_bytes = block_bytes
+                entry.record_bytes += len(payload)
+        elif rtype is cat.RecordType.DIRS:
+            dataset_id, paths = cat.decode_dirs(payload)
+            entry = datasets.get(dataset_id)
+            if entry is not None:
+                entry.dirs.extend(paths)
+                entry.record_bytes += len(payload)
         elif rtype is cat.RecordType.SEAL:
             dataset_id, replaces = cat.decode_seal(payload)
             if dataset_id in datasets:
@@ -160,10 +180,12 @@ def compact_if_mostly_dead(catalog: cat.Catalog, replayed: dict[int, ReplayedDat
         records += cat.start_records(dataset_id, entry.created_ns, entry.name, entry.cluster)
         for block in entry.blocks:
             records += cat.block_records(dataset_id, block)
+        records += cat.dirs_records(dataset_id, entry.dirs)
         if entry.sealed:
             records.append((cat.RecordType.SEAL, cat.encode_seal(dataset_id)))
         else:  # a prepared ingest stays prepared
             records.append((cat.RecordType.PREPARE, cat.encode_prepare(dataset_id, entry.replace)))
+
     before = catalog.size
     try:
         catalog.rewrite(records)

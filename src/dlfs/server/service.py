@@ -11,6 +11,7 @@ import logging
 import time
 
 import grpc
+import numpy as np
 
 from dlfs import limits, wire
 from dlfs.errors import Cancelled, InvalidArgument, Overloaded, ReplyTooLarge
@@ -133,13 +134,27 @@ class DlfsServicer(dlfs_pb2_grpc.DlfsServicer):
             raise InvalidArgument("give either a sample id or a path, not both")
         with self.store.reading(request.dataset, request.generation) as dataset:
             sample_id = dataset.id_of(request.path) if request.path else request.id
-            plan, whole = self.store.plan_range(dataset, sample_id, request.offset,
-                                                request.length)
-            yield from self._stream(dataset, plan, whole and not request.skip_verify, context)
-        self._count("ReadRange", plan, started)
+            read = self.store.plan_range(dataset, sample_id, request.offset, request.length)
+            # Verified here: the whole sample, or each block the range touches.
+            windows = self.store.read_range(dataset, read, verify=not request.skip_verify,
+                                            deadline=_deadline(context))
+            one = np.array([read.length], np.uint64)
+            yield from self._send(windows, read.length, one * 0, one, context)
+        self.store.count_served("ReadRange", 1, read.length, started)
 
     def _count(self, method: str, plan, started: float) -> None:
         self.store.count_read(method, plan, time.perf_counter() - started)
+
+    def Warm(self, request, context):
+        store = self.store
+        status = store.warm_status(request.dataset) if request.status_only \
+            else store.warm(request.dataset)
+        if status is None:
+            return pb.WarmReply(dataset=request.dataset, state="none")
+        return pb.WarmReply(dataset=status.dataset, generation=status.generation,
+                            state=status.state, bytes_total=status.bytes_total,
+                            bytes_warmed=status.bytes_warmed, budget_bytes=status.budget_bytes,
+                            fits=status.fits, message=status.message)
 
     def GetDataPath(self, request, context):
         return convert.data_path_info(self.data_path_info())
@@ -155,19 +170,24 @@ class DlfsServicer(dlfs_pb2_grpc.DlfsServicer):
         """Send a plan's payload as pre-encoded BatchChunks (see dlfs.wire); the
         first carries the offsets and lengths."""
         windows = self.store.read(dataset, plan, verify=verify, deadline=_deadline(context))
+        return self._send(windows, plan.payload_bytes, plan.request_offsets,
+                          plan.request_lengths, context)
+
+    def _send(self, windows, payload_bytes: int, offsets, lengths, context):
+        """(payload offset, bytes) windows as BatchChunks; the first carries the
+        payload's size and the items' offsets and lengths."""
         header_sent = False
         for start, window in windows:
             if not context.is_active():
                 raise Cancelled("the client cancelled the read")
             header = pb.BatchChunk(data_offset=start)
             if not header_sent:
-                convert.batch_header(header, plan.payload_bytes, plan.request_offsets,
-                                     plan.request_lengths)
+                convert.batch_header(header, payload_bytes, offsets, lengths)
                 header_sent = True
             yield wire.encode_chunk(header, window)
         if not header_sent:  # empty payload: only the header
             yield wire.encode_chunk(convert.batch_header(
-                pb.BatchChunk(), 0, plan.request_offsets, plan.request_lengths), b"")
+                pb.BatchChunk(), 0, offsets, lengths), b"")
 
     def GetIndex(self, request, context):
         dataset = self.store.dataset(request.dataset)
@@ -218,6 +238,13 @@ class DlfsServicer(dlfs_pb2_grpc.DlfsServicer):
                 for piece in message.pieces:
                     files += bool(piece.path)
                     data_bytes += len(piece.data)
+                    if piece.directory:
+                        if (piece.data or piece.size or piece.HasField("crc32c") or piece.remote
+                                or piece.kept or piece.holders):
+                            raise InvalidArgument(f"directory piece {piece.path!r} carries "
+                                                  "only its path")
+                        session.add_directory(piece.path)
+                        continue
                     if piece.remote or piece.kept:
                         if (not piece.path or piece.data or not piece.HasField("crc32c")
                                 or piece.remote == piece.kept):

@@ -29,7 +29,7 @@ from dlfs.errors import (AlreadyExists, DlfsError, NotFound, Overloaded, StaleGe
 from dlfs.paths import check_dataset_name
 from dlfs.server import catalog as cat
 from dlfs.server import faults
-from dlfs.server import planning
+from dlfs.server import planning, rangeplan
 from dlfs.server.config import ServerConfig
 from dlfs.server.directory import Cluster, DatasetIndex, SampleDirectory
 from dlfs.server.dirlock import DataDirLock
@@ -40,9 +40,11 @@ from dlfs.server.leases import ReadLeases
 from dlfs.server.metrics import Metrics
 from dlfs.server.prefetch import Prefetcher
 from dlfs.server.planning import BatchPlan
+from dlfs.server.rangeplan import RangeRead
 from dlfs.server.reader import ReadEngine
 from dlfs.server.replay import release_free_heap, restore
 from dlfs.server.scrub import scrub as scrub_dataset
+from dlfs.server.warmup import Warmer, WarmStatus, memory_bytes
 from dlfs.types import DaemonStatus, DatasetInfo
 
 log = logging.getLogger(__name__)
@@ -70,6 +72,8 @@ class Store:
                                   inflight_bytes_max=config.inflight_bytes_max,
                                   metrics=self.metrics)
         self._prefetcher = Prefetcher(self._files)
+        self._warmer = Warmer(config.data_dir, int(config.warm_memory_share * memory_bytes()),
+                              self._is_current)
         self._mutex = threading.Lock()
         self._next_dataset_id = next_dataset_id
         self._ingests = IngestRegistry(expire=self._expire)
@@ -137,6 +141,7 @@ class Store:
         for session in sessions:
             self._discard(session, "the daemon is shutting down")
         self._prefetcher.close()
+        self._warmer.close()
         self._engine.close()
         self._files.close()
         self._catalog.close()
@@ -181,9 +186,27 @@ class Store:
                 raise StaleGeneration(
                     f"dataset {name!r} was replaced: version {generation} is no longer "
                     f"served (the current one is {dataset.generation}); open it again")
+            if self.config.warm_on_first_read:
+                self._warmer.first_read(dataset)
             return dataset
 
         return self._leases.hold(resolve)
+
+    def _is_current(self, name: str, generation: int) -> bool:
+        dataset = self.directory.find(name)
+        return dataset is not None and dataset.generation == generation and not self._closed
+
+    def warm(self, name: str) -> WarmStatus:
+        """Start reading dataset `name` into the page cache in the background (unless a
+        warm-up of this version is running); its status now.  See warmup.py.
+        Raises NotFound, Overloaded (too many warm-ups waiting)."""
+        self._check_open()
+        return self._warmer.warm(self.dataset(name))
+
+    def warm_status(self, name: str) -> WarmStatus | None:
+        """The latest warm-up of dataset `name`, or None if it never had one."""
+        self.dataset(name)
+        return self._warmer.status(name)
 
     def _free_extents(self, dataset_id: int) -> None:
         """Remove a retired dataset's extents (its end is durable in the catalog).  Never
@@ -493,31 +516,50 @@ class Store:
         return planning.plan_request(dataset, ids, paths, self.config)
 
     def plan_range(self, dataset: DatasetIndex, sample_id: int, offset: int, length: int
-                   ) -> tuple[BatchPlan, bool]:
-        """Plan a byte range of one sample: (plan, whole).  See planning.plan_range."""
-        return planning.plan_range(dataset, sample_id, offset, length, self.config)
+                   ) -> RangeRead:
+        """Plan a byte range of one sample, in whole blocks when it can be verified so.
+        See rangeplan.plan_range."""
+        return rangeplan.plan_range(dataset, sample_id, offset, length, self.config)
+
+    def read_range(self, dataset: DatasetIndex, read: RangeRead, *, verify: bool = True,
+                   deadline: float | None = None) -> Iterator[tuple[int, memoryview]]:
+        """Stream the asked bytes of a planned range: (offset from its start, bytes).
+
+        Each window is verified (the whole sample, or each block) before it
+        is yielded, when `read.checkable` and `verify`.  Raises DataCorruption
+        naming the sample (and block), DeadlineExceeded.
+        """
+        windows = self.read(dataset, read.plan, verify=verify and read.checkable,
+                            deadline=deadline, describe=rangeplan.describe(dataset, read),
+                            window_bytes=rangeplan.window_bytes(
+                                read, self.config.chunk_bytes, dataset.blocks.block_bytes))
+        return rangeplan.trim(windows, read.skip, read.length)
 
     def read_sample(self, dataset: DatasetIndex, sample_id: int) -> Iterator[memoryview]:
-        """The bytes of one locally stored sample, in windows, CRC32C-checked when whole.
+        """The bytes of one locally stored sample, in windows, CRC32C-checked (whole, or
+        by blocks when it is read in parts).
 
         Raises FailedPrecondition if another member stores it, DataCorruption.
         """
         size = int(dataset.length[sample_id])
         step = self.config.batch_bytes_max
         for offset in range(0, size, step):
-            plan, whole = self.plan_range(dataset, sample_id, offset, step)
-            for _, window in self.read(dataset, plan, verify=whole):
+            read = self.plan_range(dataset, sample_id, offset, step)
+            for _, window in self.read_range(dataset, read):
                 yield window
 
     def read(self, dataset: DatasetIndex, plan: BatchPlan, *, verify: bool = True,
-             deadline: float | None = None) -> Iterator[tuple[int, memoryview]]:
-        """Stream the plan's payload windows (see ReadEngine.stream)."""
+             deadline: float | None = None, describe=None,
+             window_bytes: int | None = None) -> Iterator[tuple[int, memoryview]]:
+        """Stream the plan's payload windows (see ReadEngine.stream); `describe(item)`
+        names an item in errors (default: items are sample ids)."""
         if self.config.verify == "always":
             verify = True
         elif self.config.verify == "never":
             verify = False
         return self._engine.stream(dataset.dataset_id, plan, verify=verify,
-                                   describe=dataset.describe, deadline=deadline)
+                                   describe=describe or dataset.describe, deadline=deadline,
+                                   window_bytes=window_bytes)
 
     def hint(self, dataset: DatasetIndex, plan: BatchPlan) -> None:
         """Queue WILLNEED advice for a plan's ranges (a prefetch hint); returns at once.

@@ -1,0 +1,53 @@
+"""A byte flipped on disk inside a large file: the mount answers EIO for the
+damaged block and keeps serving the others (block CRC32Cs, dlfs.blockcrc)."""
+
+from __future__ import annotations
+
+import errno
+import os
+
+import pytest
+
+from conftest import write_tree
+from damage import BAD_BLOCK, BIG, MiB, big_tree, flip_byte
+from dlfs import Client
+from mounting import mount_factory, requires_fuse  # noqa: F401 (fixture)
+
+pytestmark = requires_fuse
+
+
+def test_a_damaged_block_is_eio_through_the_mount_and_other_blocks_read(
+        daemon, mount_factory, tmp_path):
+    files = big_tree(tmp_path / "src")
+    write_tree(tmp_path / "src", {"mid.bin": files["big.bin"][:6 * MiB]})  # fetched whole
+    with Client(daemon.address) as client:
+        client.ingest(str(tmp_path / "src"), "ds")
+    flip_byte(daemon, "ds", 0, BAD_BLOCK * MiB + 777)  # big.bin
+    flip_byte(daemon, "ds", 1, BAD_BLOCK * MiB + 777)  # mid.bin
+    mount = mount_factory(daemon.address, "--dataset", "ds")
+    good = files["big.bin"]
+    path = os.path.join(mount.mountpoint, "big.bin")
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        assert os.pread(fd, 4096, 2 * MiB) == good[2 * MiB:2 * MiB + 4096]
+        with pytest.raises(OSError) as caught:
+            os.pread(fd, 100, BAD_BLOCK * MiB + 700)
+        assert caught.value.errno == errno.EIO
+        # The blocks after the damaged one, and before it, still read.
+        assert os.pread(fd, 8192, 7 * MiB) == good[7 * MiB:7 * MiB + 8192]
+        assert os.pread(fd, 100, BIG - 100) == good[BIG - 100:]
+        assert os.pread(fd, 4096, 0) == good[:4096]
+    finally:
+        os.close(fd)
+    with open(path, "rb") as f, pytest.raises(OSError) as caught:
+        f.read()
+    assert caught.value.errno == errno.EIO
+    with open(os.path.join(mount.mountpoint, "mid.bin"), "rb") as f, \
+            pytest.raises(OSError) as caught:
+        f.read()
+    assert caught.value.errno == errno.EIO
+    with open(os.path.join(mount.mountpoint, "small.bin"), "rb") as f:
+        assert f.read() == files["small.bin"]
+    # Both the mount and the daemon name the damaged sample in their logs.
+    assert "'big.bin'" in mount.log() and "checksum mismatch" in mount.log()
+    assert "block 5 (bytes 5242880..6291456) of sample 0 'big.bin'" in daemon.log()
