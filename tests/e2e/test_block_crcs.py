@@ -94,7 +94,9 @@ def write_old_format(data_dir: str) -> None:
     # tests/fuse/test_errno_map.py would then find among DlfsError's subclasses
 
     path = os.path.join(data_dir, "catalog.log")
-    records = [(t, p) for t, p in cat.scan(path).records if t is not cat.RecordType.BLOCKS]
+    from dlfs.server.records import RecordType
+
+    records = [(t, p) for t, p in cat.scan(path).records if t is not RecordType.BLOCKS]
     with open(path, "wb") as f:
         f.write(cat._file_header(1))
         for record_type, payload in records:

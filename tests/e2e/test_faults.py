@@ -70,7 +70,8 @@ def check_whole_versions(daemon, versions: Versions) -> None:
     Narrows each name's allowed versions to the one it serves."""
     with Client(daemon.address) as client:
         served = {info.name for info in client.dataset_infos()}
-        assert served <= set(versions.allowed), f"unexpected datasets {served - set(versions.allowed)}"
+        unexpected = served - set(versions.allowed)
+        assert not unexpected, f"unexpected datasets {unexpected}"
         for name, allowed in list(versions.allowed.items()):
             if name not in served:
                 assert None in allowed, f"dataset {name!r} was lost (it may only be {allowed})"

@@ -9,6 +9,7 @@ import pytest
 from dlfs import blockcrc
 from dlfs.errors import InvalidArgument
 from dlfs.server import catalog as cat
+from dlfs.server import records
 from dlfs.server import replay
 from dlfs.server.config import ServerConfig
 from dlfs.server.store import Store
@@ -65,23 +66,23 @@ def test_block_crcs_and_empty_dirs_survive_restart_and_compaction(tmp_path):
     store = open_store(tmp_path / "data")  # replayed from BLOCKS and DIRS records
     try:
         check(store.dataset("ds"))
-        records = cat.scan(str(tmp_path / "data" / "catalog.log")).records
+        found = cat.scan(str(tmp_path / "data" / "catalog.log")).records
     finally:
         store.close()
-    kinds = [t for t, _ in records]
-    assert kinds.count(cat.RecordType.BLOCKS) == 1 and kinds.count(cat.RecordType.DIRS) == 1
+    kinds = [t for t, _ in found]
+    assert kinds.count(records.RecordType.BLOCKS) == 1 and kinds.count(records.RecordType.DIRS) == 1
     # What compaction writes for a live dataset replays to the same dataset.
-    replayed, _ = replay.replay(records)
+    replayed, _ = replay.replay(found)
     [(dataset_id, entry)] = replayed.items()
-    rewritten = cat.start_records(dataset_id, entry.created_ns, entry.name)
+    rewritten = records.start_records(dataset_id, entry.created_ns, entry.name)
     for block in entry.blocks:
-        rewritten += cat.block_records(dataset_id, block)
-    rewritten += cat.dirs_records(dataset_id, entry.dirs)
-    rewritten.append((cat.RecordType.SEAL, cat.encode_seal(dataset_id)))
+        rewritten += records.block_records(dataset_id, block)
+    rewritten += records.dirs_records(dataset_id, entry.dirs)
+    rewritten.append((records.RecordType.SEAL, records.encode_seal(dataset_id)))
     again, _ = replay.replay(rewritten)
     assert again[dataset_id].dirs == entry.dirs
-    block = cat.SampleBlock.concat(again[dataset_id].blocks)
-    assert block.block_crc.tolist() == cat.SampleBlock.concat(entry.blocks).block_crc.tolist()
+    block = records.SampleBlock.concat(again[dataset_id].blocks)
+    assert block.block_crc.tolist() == records.SampleBlock.concat(entry.blocks).block_crc.tolist()
 
 
 def test_a_blocks_record_that_does_not_fit_its_samples_is_ignored(tmp_path):
@@ -89,15 +90,15 @@ def test_a_blocks_record_that_does_not_fit_its_samples_is_ignored(tmp_path):
     ingest(store, "ds", FILES)
     store.close()
     path = str(tmp_path / "data" / "catalog.log")
-    records = []
+    found = []
     for record_type, payload in cat.scan(path).records:
-        if record_type is cat.RecordType.BLOCKS:  # one CRC short
-            dataset_id, block_bytes, crcs = cat.decode_blocks(payload)
-            payload = cat.encode_blocks(dataset_id, block_bytes, crcs[:-1])
-        records.append((record_type, payload))
-    replayed, _ = replay.replay(records)
+        if record_type is records.RecordType.BLOCKS:  # one CRC short
+            dataset_id, block_bytes, crcs = records.decode_blocks(payload)
+            payload = records.encode_blocks(dataset_id, block_bytes, crcs[:-1])
+        found.append((record_type, payload))
+    replayed, _ = replay.replay(found)
     [entry] = replayed.values()
-    block = cat.SampleBlock.concat(entry.blocks)
+    block = records.SampleBlock.concat(entry.blocks)
     assert block.block_crc is None  # whole-sample CRCs only, as for format 1
 
 
@@ -131,4 +132,4 @@ def test_block_records_split_at_the_crc_bound(tmp_path, monkeypatch):
     finally:
         store.close()
     kinds = [t for t, _ in cat.scan(str(tmp_path / "data" / "catalog.log")).records]
-    assert kinds.count(cat.RecordType.BLOCKS) == 3
+    assert kinds.count(records.RecordType.BLOCKS) == 3

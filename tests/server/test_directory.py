@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dlfs.errors import InvalidArgument, NotFound
-from dlfs.server.catalog import SampleBlock
+from dlfs.server.records import SampleBlock
 from dlfs.server.directory import DatasetIndex, SampleDirectory
 
 name_part = st.text(alphabet="ab.-_ü/名", min_size=1, max_size=4).map(

@@ -271,7 +271,8 @@ class ClusterRouter:
                         "reach all of them: `dlfs datasets` shows which, or ingest it again "
                         "with --replace") from None
                 if attempt:
-                    time.sleep(limits.retry_backoff_s[min(attempt, len(limits.retry_backoff_s)) - 1])
+                    backoff = limits.retry_backoff_s
+                    time.sleep(backoff[min(attempt, len(backoff)) - 1])
             except (NotFound, FailedPrecondition):
                 if attempt:
                     raise  # the dataset really is gone or damaged

@@ -14,7 +14,7 @@ import numpy as np
 
 from dlfs import blockcrc
 from dlfs.layout import NO_EXTENT
-from dlfs.server.catalog import SampleBlock
+from dlfs.server.records import SampleBlock
 
 
 class BlockIndex:

@@ -31,7 +31,7 @@ from dlfs.errors import FailedPrecondition, InvalidArgument, NotFound
 from dlfs.layout import NO_EXTENT
 from dlfs.paths import check_sample_path, normalize_dir_path
 from dlfs.server.blockindex import BlockIndex
-from dlfs.server.catalog import SampleBlock
+from dlfs.server.records import SampleBlock
 from dlfs.types import DatasetInfo, Entry
 
 DIR_MODE = stat_module.S_IFDIR | 0o555

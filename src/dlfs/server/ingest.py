@@ -26,6 +26,7 @@ from dlfs.errors import DataCorruption, InvalidArgument
 from dlfs.layout import NO_EXTENT
 from dlfs.paths import check_sample_path
 from dlfs.server import catalog as cat
+from dlfs.server import records
 from dlfs.server.directory import Cluster, DatasetIndex
 from dlfs.server.extents import ExtentStore, ExtentWriter
 from dlfs.types import DatasetInfo
@@ -72,7 +73,7 @@ class IngestSession:
         self.cluster = cluster
         self._catalog = catalog
         self._writer = writer
-        self._blocks: list[cat.SampleBlock] = []
+        self._blocks: list[records.SampleBlock] = []
         # (path, extent, offset, length, crc, mode, mtime, holders)
         self._pending: list[tuple] = []
         self._pending_block_crcs: list[int] = []  # of the pending samples, in order
@@ -218,7 +219,7 @@ class IngestSession:
         if not self._pending:
             return
         columns = list(zip(*self._pending))
-        block = cat.SampleBlock(
+        block = records.SampleBlock(
             list(columns[0]),
             np.array(columns[1], dtype=np.uint32),
             np.array(columns[2], dtype=np.uint64),
@@ -231,7 +232,7 @@ class IngestSession:
             block_bytes=BLOCK_BYTES,
         )
         self._pending_block_crcs = []
-        for record_type, payload in cat.block_records(self.dataset_id, block):
+        for record_type, payload in records.block_records(self.dataset_id, block):
             self._catalog.append(record_type, payload)
         self._blocks.append(block)
         self._pending = []
@@ -253,11 +254,11 @@ class IngestSession:
         self._writer.sync()
         self._writer.close()
         self._flush_entries()
-        for record_type, payload in cat.dirs_records(self.dataset_id, self._dirs):
+        for record_type, payload in records.dirs_records(self.dataset_id, self._dirs):
             self._catalog.append(record_type, payload)
         blocks, self._blocks = self._blocks, []
         return DatasetIndex(self.name, self.dataset_id, self.created_ns,
-                            cat.SampleBlock.concat(blocks), self.cluster, dirs=self._dirs)
+                            records.SampleBlock.concat(blocks), self.cluster, dirs=self._dirs)
 
     def discard(self) -> None:
         """Remove what the session wrote: a DELETE record, then its extents.  Never
@@ -306,7 +307,7 @@ def discard_dataset(catalog: cat.Catalog, remove_extents, name: str, dataset_id:
     now are removed by that replay too.
     """
     try:
-        catalog.append(cat.RecordType.DELETE, cat.encode_delete(dataset_id))
+        catalog.append(records.RecordType.DELETE, records.encode_delete(dataset_id))
     except Exception:  # noqa: BLE001 - replay discards an unsealed dataset anyway
         log.exception("could not record the abort of dataset %r", name)
     if catalog.failed:

@@ -15,6 +15,7 @@ import logging
 
 from dlfs import limits
 from dlfs.server import catalog as cat
+from dlfs.server import records
 from dlfs.server.directory import Cluster, DatasetIndex, SampleDirectory
 from dlfs.server.extents import ExtentStore
 
@@ -46,9 +47,9 @@ class Restored:
     next_dataset_id: int
 
 
-def restore(catalog: cat.Catalog, records, extents: ExtentStore,
+def restore(catalog: cat.Catalog, logged, extents: ExtentStore,
             compact_dead_bytes_min: int = limits.catalog_compact_dead_bytes_min) -> Restored:
-    """The sealed datasets and prepared ingests of `records`, and the next free id.
+    """The sealed datasets and prepared ingests of the `logged` records, and the next free id.
 
     Discards incomplete ingests (neither sealed nor prepared) and orphaned
     extents (logged), syncs the catalog, and compacts it (see
@@ -56,7 +57,7 @@ def restore(catalog: cat.Catalog, records, extents: ExtentStore,
     index build per dataset; the peak is about twice the directory's final
     size (see `release_free_heap`).
     """
-    replayed, max_id = replay(records)
+    replayed, max_id = replay(logged)
     directory = SampleDirectory()
     prepared: list[tuple[DatasetIndex, bool]] = []
     for dataset_id, entry in replayed.items():
@@ -64,10 +65,10 @@ def restore(catalog: cat.Catalog, records, extents: ExtentStore,
             samples = sum(len(b) for b in entry.blocks)
             log.warning("discarding incomplete ingest of dataset %r (%d samples arrived "
                         "before the daemon stopped); ingest it again", entry.name, samples)
-            catalog.append(cat.RecordType.DELETE, cat.encode_delete(dataset_id))
+            catalog.append(records.RecordType.DELETE, records.encode_delete(dataset_id))
             _remove_quietly(extents, dataset_id)
             continue
-        block = cat.SampleBlock.concat(entry.blocks)
+        block = records.SampleBlock.concat(entry.blocks)
         if block.block_crc is None:
             log.info("dataset %r predates block CRCs: parts of its samples over %d bytes are "
                      "not verified, whole samples are (ingest it again to verify every read)",
@@ -104,61 +105,61 @@ def _remove_quietly(extents: ExtentStore, dataset_id: int) -> None:
                     "tries again", dataset_id, exc)
 
 
-def replay(records) -> tuple[dict[int, ReplayedDataset], int]:
+def replay(logged) -> tuple[dict[int, ReplayedDataset], int]:
     """Fold catalog records into datasets by id; return them and the largest id seen."""
     datasets: dict[int, ReplayedDataset] = {}
     max_id = 0
-    for rtype, payload in records:
-        if rtype is cat.RecordType.BEGIN:
-            dataset_id, created_ns, name = cat.decode_begin(payload)
+    for rtype, payload in logged:
+        if rtype is records.RecordType.BEGIN:
+            dataset_id, created_ns, name = records.decode_begin(payload)
             datasets[dataset_id] = ReplayedDataset(name, created_ns, [])
             max_id = max(max_id, dataset_id)
-        elif rtype is cat.RecordType.SAMPLES:
-            dataset_id, block = cat.decode_samples(payload)
+        elif rtype is records.RecordType.SAMPLES:
+            dataset_id, block = records.decode_samples(payload)
             if dataset_id in datasets:
                 datasets[dataset_id].blocks.append(block)
                 datasets[dataset_id].record_bytes += len(payload)
-        elif rtype is cat.RecordType.CLUSTER:
-            dataset_id, replicas, member_index, members = cat.decode_cluster(payload)
+        elif rtype is records.RecordType.CLUSTER:
+            dataset_id, replicas, member_index, members = records.decode_cluster(payload)
             if dataset_id in datasets:
                 datasets[dataset_id].cluster = Cluster(tuple(members), replicas, member_index)
-        elif rtype is cat.RecordType.GENERATION:
-            dataset_id, generation = cat.decode_generation(payload)
+        elif rtype is records.RecordType.GENERATION:
+            dataset_id, generation = records.decode_generation(payload)
             entry = datasets.get(dataset_id)
             if entry is not None and entry.cluster is not None:
                 entry.cluster = dataclasses.replace(entry.cluster, generation=generation)
-        elif rtype is cat.RecordType.HOLDERS:
-            dataset_id, holders = cat.decode_holders(payload)
+        elif rtype is records.RecordType.HOLDERS:
+            dataset_id, holders = records.decode_holders(payload)
             entry = datasets.get(dataset_id)
             if entry is not None and entry.blocks and len(entry.blocks[-1]) == len(holders):
                 entry.blocks[-1].holders = holders
                 entry.record_bytes += len(payload)
-        elif rtype is cat.RecordType.PREPARE:
-            dataset_id, replace = cat.decode_prepare(payload)
+        elif rtype is records.RecordType.PREPARE:
+            dataset_id, replace = records.decode_prepare(payload)
             entry = datasets.get(dataset_id)
             if entry is not None:
                 entry.prepared, entry.replace = True, replace
-        elif rtype is cat.RecordType.BLOCKS:
-            dataset_id, block_bytes, crcs = cat.decode_blocks(payload)
+        elif rtype is records.RecordType.BLOCKS:
+            dataset_id, block_bytes, crcs = records.decode_blocks(payload)
             entry = datasets.get(dataset_id)
             if entry is not None and entry.blocks and \
                     entry.blocks[-1].block_crcs_expected(block_bytes) == crcs.size:
                 entry.blocks[-1].block_crc = crcs
                 entry.blocks[-1].block_bytes = block_bytes
                 entry.record_bytes += len(payload)
-        elif rtype is cat.RecordType.DIRS:
-            dataset_id, paths = cat.decode_dirs(payload)
+        elif rtype is records.RecordType.DIRS:
+            dataset_id, paths = records.decode_dirs(payload)
             entry = datasets.get(dataset_id)
             if entry is not None:
                 entry.dirs.extend(paths)
                 entry.record_bytes += len(payload)
-        elif rtype is cat.RecordType.SEAL:
-            dataset_id, replaces = cat.decode_seal(payload)
+        elif rtype is records.RecordType.SEAL:
+            dataset_id, replaces = records.decode_seal(payload)
             if dataset_id in datasets:
                 datasets[dataset_id].sealed = True
             datasets.pop(replaces, None)
-        elif rtype is cat.RecordType.DELETE:
-            datasets.pop(cat.decode_delete(payload), None)
+        elif rtype is records.RecordType.DELETE:
+            datasets.pop(records.decode_delete(payload), None)
     return datasets, max_id
 
 
@@ -166,29 +167,30 @@ def compact_if_mostly_dead(catalog: cat.Catalog, replayed: dict[int, ReplayedDat
                            max_id: int, live: set[int],
                            dead_bytes_min: int = limits.catalog_compact_dead_bytes_min) -> None:
     """Rewrite the catalog with only the live datasets (sealed or prepared) when
-    deleted, replaced and aborted ones make up most of it and more than `dead_bytes_min` (keeps
-    restart time proportional to what is stored).  The largest dataset id survives as an empty BEGIN+DELETE
-    pair, so ids are never reused."""
+    deleted, replaced and aborted ones make up most of it and more than
+    `dead_bytes_min` (keeps restart time proportional to what is stored).  The
+    largest dataset id survives as an empty BEGIN+DELETE pair, so ids are
+    never reused."""
     live_bytes = sum(replayed[i].record_bytes for i in live)
     dead_bytes = catalog.size - live_bytes
     if dead_bytes <= max(live_bytes, dead_bytes_min):
         return
-    records = [(cat.RecordType.BEGIN, cat.encode_begin(max_id, 0, "")),
-               (cat.RecordType.DELETE, cat.encode_delete(max_id))]
+    kept = [(records.RecordType.BEGIN, records.encode_begin(max_id, 0, "")),
+            (records.RecordType.DELETE, records.encode_delete(max_id))]
     for dataset_id in sorted(live):
         entry = replayed[dataset_id]
-        records += cat.start_records(dataset_id, entry.created_ns, entry.name, entry.cluster)
+        kept += records.start_records(dataset_id, entry.created_ns, entry.name, entry.cluster)
         for block in entry.blocks:
-            records += cat.block_records(dataset_id, block)
-        records += cat.dirs_records(dataset_id, entry.dirs)
+            kept += records.block_records(dataset_id, block)
+        kept += records.dirs_records(dataset_id, entry.dirs)
         if entry.sealed:
-            records.append((cat.RecordType.SEAL, cat.encode_seal(dataset_id)))
+            kept.append((records.RecordType.SEAL, records.encode_seal(dataset_id)))
         else:  # a prepared ingest stays prepared
-            records.append((cat.RecordType.PREPARE, cat.encode_prepare(dataset_id, entry.replace)))
-
+            kept.append((records.RecordType.PREPARE,
+                         records.encode_prepare(dataset_id, entry.replace)))
     before = catalog.size
     try:
-        catalog.rewrite(records)
+        catalog.rewrite(kept)
     except cat.CatalogFailed:
         raise
     except OSError as exc:  # compaction only saves time: go on with the old log

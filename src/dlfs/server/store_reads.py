@@ -1,0 +1,132 @@
+"""The Store's reads: planning, reading, hints, descriptors, scrub, counters.
+
+A part of `Store` (store.py), as the class it inherits from: the methods
+below use the read engine, the extent files, the prefetcher and the
+metrics that `Store.__init__` set up, and take no Store lock.  Nothing
+here imports grpc.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from dlfs import layout
+from dlfs.errors import Overloaded
+from dlfs.server import planning, rangeplan
+from dlfs.server.directory import DatasetIndex
+from dlfs.server.planning import BatchPlan
+from dlfs.server.rangeplan import RangeRead
+from dlfs.server.scrub import scrub as scrub_dataset
+
+
+class StoreReads:
+    """The read half of `Store`; see the module docstring."""
+
+    def plan(self, dataset: DatasetIndex, ids: Sequence[int] | None = None,
+             paths: Sequence[str] | None = None) -> tuple[np.ndarray, BatchPlan]:
+        """Validate a batch and plan its read: (ids, plan).  See planning.plan_request."""
+        return planning.plan_request(dataset, ids, paths, self.config)
+
+    def plan_range(self, dataset: DatasetIndex, sample_id: int, offset: int, length: int
+                   ) -> RangeRead:
+        """Plan a byte range of one sample, in whole blocks when it can be verified so.
+        See rangeplan.plan_range."""
+        return rangeplan.plan_range(dataset, sample_id, offset, length, self.config)
+
+    def read_range(self, dataset: DatasetIndex, read: RangeRead, *, verify: bool = True,
+                   deadline: float | None = None) -> Iterator[tuple[int, memoryview]]:
+        """Stream the asked bytes of a planned range: (offset from its start, bytes).
+
+        Each window is verified (the whole sample, or each block) before it
+        is yielded, when `read.checkable` and `verify`.  Raises DataCorruption
+        naming the sample (and block), DeadlineExceeded.
+        """
+        windows = self.read(dataset, read.plan, verify=verify and read.checkable,
+                            deadline=deadline, describe=rangeplan.describe(dataset, read),
+                            window_bytes=rangeplan.window_bytes(
+                                read, self.config.chunk_bytes, dataset.blocks.block_bytes))
+        return rangeplan.trim(windows, read.skip, read.length)
+
+    def read_sample(self, dataset: DatasetIndex, sample_id: int) -> Iterator[memoryview]:
+        """The bytes of one locally stored sample, in windows, CRC32C-checked (whole, or
+        by blocks when it is read in parts).
+
+        Raises FailedPrecondition if another member stores it, DataCorruption.
+        """
+        size = int(dataset.length[sample_id])
+        step = self.config.batch_bytes_max
+        for offset in range(0, size, step):
+            read = self.plan_range(dataset, sample_id, offset, step)
+            for _, window in self.read_range(dataset, read):
+                yield window
+
+    def read(self, dataset: DatasetIndex, plan: BatchPlan, *, verify: bool = True,
+             deadline: float | None = None, describe=None,
+             window_bytes: int | None = None) -> Iterator[tuple[int, memoryview]]:
+        """Stream the plan's payload windows (see ReadEngine.stream); `describe(item)`
+        names an item in errors (default: items are sample ids)."""
+        if self.config.verify == "always":
+            verify = True
+        elif self.config.verify == "never":
+            verify = False
+        return self._engine.stream(dataset.dataset_id, plan, verify=verify,
+                                   describe=describe or dataset.describe, deadline=deadline,
+                                   window_bytes=window_bytes)
+
+    def hint(self, dataset: DatasetIndex, plan: BatchPlan) -> None:
+        """Queue WILLNEED advice for a plan's ranges (a prefetch hint); returns at once.
+
+        Raises Overloaded when the prefetch queue is full: the hint is
+        dropped (and counted), which only costs speed.
+        """
+        try:
+            self._prefetcher.submit(dataset.dataset_id, plan)
+        except Overloaded:
+            self.metrics.prefetch_hints.labels("dropped").inc()
+            raise
+        self.metrics.prefetch_hints.labels("queued").inc()
+
+    def read_into(self, dataset: DatasetIndex, pieces: list, buffer) -> None:
+        """Fill `buffer` with file pieces of `dataset` (see ReadEngine.read_into)."""
+        self._engine.read_into(dataset.dataset_id, pieces, buffer,
+                               describe_extent=lambda extent: dataset.describe_extent(extent))
+
+    @contextlib.contextmanager
+    def extent_descriptors(self, dataset: DatasetIndex) -> Iterator[list[tuple[int, int]]]:
+        """(extent no, read-only fd) of every extent of `dataset` stored here, held open
+        for the block (to pass them to a co-located client).  Headers are checked."""
+        local = dataset.extent[dataset.extent != layout.NO_EXTENT]
+        with contextlib.ExitStack() as stack:
+            yield [(e, stack.enter_context(self._files.acquire(dataset.dataset_id, e)))
+                   for e in np.unique(local).tolist()]
+
+    def hint_ids(self, dataset: DatasetIndex, ids) -> None:
+        """A prefetch hint for sample ids riding on a read, as GetBatch's prefetch_ids:
+        a bad id fails the read (InvalidArgument), a full prefetch queue drops the
+        hint, and ids other members store are left to them."""
+        ids = dataset.check_ids(np.asarray(ids, dtype=np.int64))
+        if dataset.cluster is not None:
+            ids = ids[dataset.extent[ids] != layout.NO_EXTENT]
+        try:
+            self.hint(dataset, planning.plan_batch(ids, dataset.extent, dataset.offset,
+                                                   dataset.length, dataset.crc))
+        except Overloaded:
+            pass
+
+    def count_read(self, method: str, plan: BatchPlan, seconds: float) -> None:
+        """Count one read call served (see Metrics.count_read)."""
+        self.metrics.count_read(method, plan, seconds)
+
+    def count_served(self, method: str, samples: int, payload_bytes: int,
+                     started: float) -> None:
+        """Count one data path request served since `started` (time.perf_counter)."""
+        self.metrics.count_served(method, samples, payload_bytes,
+                                  time.perf_counter() - started)
+
+    def scrub(self, dataset: DatasetIndex) -> Iterator[tuple[int, int, list[tuple[int, str]]]]:
+        """Verify every locally stored sample of `dataset` (see scrub.scrub)."""
+        return scrub_dataset(self._engine, dataset)
