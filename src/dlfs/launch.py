@@ -18,6 +18,7 @@ process that exits before that, or does not get there within
 
 from __future__ import annotations
 
+import ctypes.util
 import importlib.util
 import os
 import shutil
@@ -189,8 +190,10 @@ class DaemonProcess(_Launched):
 
 def fuse_unavailable() -> str:
     """"" when `dlfs-mount` can run here, else why not."""
-    if importlib.util.find_spec("pyfuse3") is None:
-        return "pyfuse3 is not installed (pip install 'dlfs[fuse]')"
+    if importlib.util.find_spec("trio") is None:
+        return "trio is not installed (pip install 'dlfs[fuse]')"
+    if ctypes.util.find_library("fuse3") is None:
+        return "libfuse3 is not installed (the fuse3 package)"
     if not os.path.exists("/dev/fuse"):
         return "no /dev/fuse (load the fuse kernel module)"
     if shutil.which("fusermount3") is None:

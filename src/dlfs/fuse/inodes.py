@@ -24,7 +24,7 @@ import collections
 import dataclasses
 from typing import Callable
 
-import pyfuse3
+from dlfs.fuse.lowlevel import ROOT_INODE
 
 Key = tuple[str, int, str]
 ROOT_KEY: Key = ("", 0, "")
@@ -66,7 +66,7 @@ class Attrs:
 class InodeTable:
     """Inode number <-> node, with lookup counts and a bounded set of idle nodes.
 
-    All operations are O(1).  The root node (inode `pyfuse3.ROOT_INODE`) is
+    All operations are O(1).  The root node (inode `ROOT_INODE`) is
     pinned: never idle, never forgotten.
     """
 
@@ -77,8 +77,8 @@ class InodeTable:
         self._by_key: dict[Key, Node] = {}
         # Idle nodes in least-recently-used order (oldest first).
         self._idle: collections.OrderedDict[int, Node] = collections.OrderedDict()
-        self._next_inode = pyfuse3.ROOT_INODE + 1
-        self.root = self._add(pyfuse3.ROOT_INODE, root_key, root_attrs)
+        self._next_inode = ROOT_INODE + 1
+        self.root = self._add(ROOT_INODE, root_key, root_attrs)
         self.root.lookups = 1  # pinned
 
     def __len__(self) -> int:
@@ -154,7 +154,7 @@ class InodeTable:
 
     def check_invariants(self) -> None:
         """Assert the structure is consistent.  O(n); for tests."""
-        assert self._by_inode[pyfuse3.ROOT_INODE] is self.root and self.root.lookups >= 1
+        assert self._by_inode[ROOT_INODE] is self.root and self.root.lookups >= 1
         assert len(self._by_inode) == len(self._by_key)
         for inode, node in self._by_inode.items():
             assert node.inode == inode and self._by_key[node.key] is node
