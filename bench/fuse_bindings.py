@@ -5,8 +5,9 @@ libfuse's low-level API").  Every candidate serves the same in-memory tree
 of N 4 KiB files (no daemon, no network: only the binding and the kernel's
 round trips are measured) in a subprocess, and this process reads every
 file with Python's ``open(path, "rb").read()`` (as PIL and DLIO do; in
-Python 3.11 that includes an isatty ioctl), once to warm the caches and
-then in timed passes.  ext4 reads the same files from /var/tmp in the same
+Python 3.11 that includes an isatty ioctl, which the kernel forwards to the
+file system) and with ``open(path, "rb", buffering=0)`` (no ioctl), once to
+warm the caches and then in timed passes.  ext4 reads the same files from /var/tmp in the same
 run.  Candidates:
 
 - ``lowlevel``: `dlfs.fuse.session` (our ctypes binding of libfuse's
@@ -22,7 +23,7 @@ run.  Candidates:
 
 A candidate whose package is not installed is reported as such.  Prints
 a markdown table: files/s (median of the passes, min..max) and the ratio
-to ext4.
+to ext4, for each way of opening.
 """
 
 from __future__ import annotations
@@ -219,19 +220,22 @@ def serve_mfusepy(tree: Tree, mountpoint: str) -> None:
 
 # --- the measurement ------------------------------------------------------------------------
 
-def read_all(root: str, paths: list[str]) -> None:
+def read_all(root: str, paths: list[str], buffering: int) -> None:
     for rel in paths:
-        with open(os.path.join(root, rel), "rb") as f:
+        with open(os.path.join(root, rel), "rb", buffering=buffering) as f:
             f.read()
 
 
-def files_per_s(root: str, paths: list[str], passes: int) -> list[float]:
-    read_all(root, paths)  # warm: names, attributes and pages cached
-    rates = []
+def files_per_s(root: str, paths: list[str], passes: int) -> dict[int, list[float]]:
+    """Files/s of each pass, by `buffering` (-1: Python's default, which asks
+    isatty: one ioctl per file; 0: unbuffered, no ioctl)."""
+    read_all(root, paths, -1)  # warm: names, attributes and pages cached
+    rates: dict[int, list[float]] = {-1: [], 0: []}
     for _ in range(passes):
-        started = time.perf_counter()
-        read_all(root, paths)
-        rates.append(len(paths) / (time.perf_counter() - started))
+        for buffering in rates:
+            started = time.perf_counter()
+            read_all(root, paths, buffering)
+            rates[buffering].append(len(paths) / (time.perf_counter() - started))
     return rates
 
 
@@ -242,7 +246,7 @@ def available(candidate: str) -> str:
     return "" if importlib.util.find_spec(module) else f"{module} is not installed"
 
 
-def measure(candidate: str, files: int, passes: int, workdir: str) -> list[float]:
+def measure(candidate: str, files: int, passes: int, workdir: str) -> dict[int, list[float]]:
     mountpoint = os.path.join(workdir, candidate)
     os.mkdir(mountpoint)
     server = subprocess.Popen([sys.executable, "-m", "bench.fuse_bindings", "--serve", candidate,
@@ -291,18 +295,22 @@ def main(argv: list[str] | None = None) -> int:
         for candidate in args.candidates.split(","):
             why = available(candidate)
             results[candidate] = why or measure(candidate, args.files, args.passes, workdir)
-        base = statistics.median(results["ext4"])
-        print(f"\nwarm {FILE_BYTES}-byte files, open(path, 'rb').read(), 1 thread, "
-              f"{args.files} files, {args.passes} passes, Python {sys.version.split()[0]}, "
-              f"kernel {os.uname().release}\n")
-        print("| binding | files/s (median) | min..max | x ext4 |\n| --- | ---: | --- | ---: |")
+        print(f"\nwarm {FILE_BYTES}-byte files, open(path, 'rb'[, buffering=0]).read(), 1 "
+              f"thread, {args.files} files, {args.passes} passes, Python "
+              f"{sys.version.split()[0]}, kernel {os.uname().release}\n")
+        print("| binding | open(): files/s (median) | min..max | x ext4 | buffering=0: "
+              "files/s | min..max | x ext4 |\n| --- | ---: | --- | ---: | ---: | --- | ---: |")
         for name, rates in results.items():
             if isinstance(rates, str):
-                print(f"| {name} | not available: {rates} | | |")
+                print(f"| {name} | not available: {rates} | | | | | |")
                 continue
-            median = statistics.median(rates)
-            print(f"| {name} | {median:,.0f} | {min(rates):,.0f}..{max(rates):,.0f} | "
-                  f"{median / base:.2f}x |")
+            cells = []
+            for buffering, values in rates.items():
+                median = statistics.median(values)
+                base = statistics.median(results["ext4"][buffering])
+                cells.append(f"{median:,.0f} | {min(values):,.0f}..{max(values):,.0f} | "
+                             f"{median / base:.2f}x")
+            print(f"| {name} | {' | '.join(cells)} |")
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     return 0

@@ -53,20 +53,20 @@ import functools
 import inspect
 import logging
 import os
-import stat
-import time
 from typing import Any, Callable
 
 import trio
 
 from dlfs import errors
-from dlfs.client.convert import DatasetInfo, Entry
 from dlfs.fuse import errno_map
 from dlfs import limits as fuse_limits
 from dlfs.fuse import lowlevel as ll
+from dlfs.fuse.attributes import (dataset_attrs, dataset_key, entry_attrs, entry_of,
+                                  read_generation, stat_of)
 from dlfs.fuse.backend import Backend
 from dlfs.fuse.dirlist import Child, DirStream
 from dlfs.fuse.errno_map import FuseError
+from dlfs.fuse.failurelog import FailureLog
 from dlfs.fuse.inodes import ROOT_KEY, Attrs, InodeTable, Key, Node
 from dlfs.fuse.readcache import ReadCache
 from dlfs.fuse.session import Session, inline
@@ -74,48 +74,7 @@ from dlfs.paths import check_dataset_name, check_sample_path
 
 log = logging.getLogger(__name__)
 
-DIR_MODE = stat.S_IFDIR | 0o555
 _STATFS_FRAGMENT_BYTES = 4096  # unit of f_blocks in statfs
-_NS = 1_000_000_000
-
-
-def dataset_attrs(info: DatasetInfo) -> Attrs:
-    return Attrs(True, 0, DIR_MODE, info.created_ns)
-
-
-def dataset_key(info: DatasetInfo) -> Key:
-    """The key of a dataset's root: its name and version.  The version is its
-    generation, or, for a striped dataset from before generations (0), minus
-    its creation time: a replaced dataset gets new nodes either way."""
-    return (info.name, info.generation or -info.created_ns, "")
-
-
-def read_generation(node: Node) -> int:
-    """The generation reads of `node` name (0, "any", when its dataset has none)."""
-    return max(node.key[1], 0)
-
-
-def entry_attrs(entry: Entry) -> Attrs:
-    return Attrs(entry.is_dir, entry.size, entry.mode, entry.mtime_ns)
-
-
-class _FailureLog:
-    """Logs failures at most once per `interval_s` per kind, with a count of
-    the ones held back, so a dead daemon gives a few lines, not one per read."""
-
-    def __init__(self, interval_s: float = fuse_limits.mount_error_log_interval_s):
-        self.interval_s = interval_s
-        self._last: dict[str, tuple[float, int]] = {}
-
-    def __call__(self, level: int, kind: str, message: str) -> None:
-        now = time.monotonic()
-        last, held = self._last.get(kind, (-self.interval_s, 0))
-        if now - last < self.interval_s:
-            self._last[kind] = (last, held + 1)
-            return
-        self._last[kind] = (now, 0)
-        suffix = f" ({held} more like it in the last {now - last:.0f} s)" if held else ""
-        log.log(level, "%s%s", message, suffix)
 
 
 def _handler(*, on_handle: bool = False) -> Callable:
@@ -179,7 +138,7 @@ class DlfsOperations:
         self._cache: ReadCache | None = None
         self._session: Session | None = None
         self._statfs_last: tuple[int, int] = (0, 0)
-        self._report_failure = _FailureLog()
+        self._report_failure = FailureLog()
 
     def start(self, nursery: trio.Nursery, session: Session) -> None:
         """Bind to the session that answers and the nursery that runs read-ahead."""
@@ -195,6 +154,43 @@ class DlfsOperations:
     def session(self) -> Session:
         assert self._session is not None, "call start(nursery, session) before serving"
         return self._session
+
+    async def follow_root_version(self) -> None:
+        """With one dataset mounted (`--dataset`): every `dataset_entry_timeout_s`
+        ask the daemon for the dataset's current version; once it was
+        replaced, make the root the new version's and tell the kernel to
+        forget the names, attributes and listing it cached under the root, so
+        that new lookups find the new version (open files keep the old one:
+        ESTALE).  Returns at once for a mount of every dataset, whose dataset
+        directories are re-checked by the kernel instead.  Runs until cancelled.
+        """
+        if self.multi:
+            return
+        name = self.table.root.dataset
+        while True:
+            await trio.sleep(self.dataset_entry_timeout_s)
+            try:
+                info = await self._thread(self.backend.dataset, name)
+            except errors.DlfsError as exc:  # deleted, or the daemon away: keep serving
+                self._report("version check", exc, errno_map.errno_for(exc))
+                continue
+            key = dataset_key(info)
+            if key == self.table.root.key:
+                continue
+            old = read_generation(self.table.root)
+            children = self.table.rekey_root(key, dataset_attrs(info))
+            log.warning("dataset %r was replaced (version %d -> %d): the mount shows the new "
+                        "version; files open since before read ESTALE", name, old,
+                        read_generation(self.table.root))
+            # In a worker thread: the kernel may wait for this loop to answer a
+            # lookup under the root before it can drop the root's entries.
+            await trio.to_thread.run_sync(self._forget_root_entries,
+                                          [c.path.encode() for c in children])
+
+    def _forget_root_entries(self, names: list[bytes]) -> None:
+        for name in names:
+            self.session.notify_inval_entry(ll.ROOT_INODE, name)
+        self.session.notify_inval_inode(ll.ROOT_INODE)
 
     # --- metadata --------------------------------------------------------------------
 
@@ -215,7 +211,10 @@ class DlfsOperations:
         node = await (self._parent(parent) if text == ".." else self._child(parent, text))
         if node is None:  # cached by the kernel as a negative entry
             entry = ll.EntryParam()
-            entry.entry_timeout = self.cache_timeout_s
+            # Under a --dataset root, names can appear with a new version (and
+            # negative entries cannot be invalidated one by one: unknown).
+            entry.entry_timeout = (self.dataset_entry_timeout_s if parent is self.table.root
+                                   else self.cache_timeout_s)
             self.session.reply_entry(req, entry)
             return
         self._reply_node(req, node)
@@ -445,29 +444,13 @@ class DlfsOperations:
         return parent
 
     def _stat(self, node: Node) -> ll.Stat:
-        attr = ll.Stat()
-        attr.st_ino = node.inode
-        attr.st_mode = node.mode
-        attr.st_nlink = 1  # directories too: "count unknown", so find never prunes
-        attr.st_uid = self.uid
-        attr.st_gid = self.gid
-        attr.st_size = node.size
-        attr.st_blksize = fuse_limits.mount_block_bytes
-        attr.st_blocks = -(-node.size // 512)
-        seconds, nanoseconds = divmod(node.mtime_ns, _NS)
-        for field in (attr.st_atim, attr.st_mtim, attr.st_ctim):
-            field.tv_sec, field.tv_nsec = seconds, nanoseconds
-        return attr
+        return stat_of(node, self.uid, self.gid)
 
     def _entry(self, node: Node) -> ll.EntryParam:
-        entry = ll.EntryParam()
-        entry.ino = node.inode
-        entry.attr = self._stat(node)
-        entry.attr_timeout = self.cache_timeout_s
-        entry.entry_timeout = (self.dataset_entry_timeout_s
-                               if self.multi and node.is_dir and not node.path
-                               else self.cache_timeout_s)
-        return entry
+        entry_timeout_s = (self.dataset_entry_timeout_s
+                           if self.multi and node.is_dir and not node.path
+                           else self.cache_timeout_s)
+        return entry_of(node, self.uid, self.gid, self.cache_timeout_s, entry_timeout_s)
 
     def _report(self, handler: str, exc: errors.DlfsError, number: int) -> None:
         if isinstance(exc, errors.NotFound) and number == errno.ENOENT:

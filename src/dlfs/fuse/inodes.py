@@ -132,6 +132,26 @@ class InodeTable:
             self._idle[inode] = node
             self._evict()
 
+    def rekey_root(self, key: Key, attrs: Attrs) -> list[Node]:
+        """Make the root the root of another dataset version: `key`, `attrs`.
+
+        Returns the nodes that were the root's children (the kernel may have
+        cached their names under the root).  They stay in the table as nodes
+        of the old version (reads of them name it).  O(nodes).
+        """
+        root = self.root
+        assert key not in self._by_key, key
+        old_dataset, old_generation, _ = root.key
+        children = [n for n in self._by_inode.values() if n is not root and
+                    n.key[:2] == (old_dataset, old_generation) and n.path and
+                    "/" not in n.path]
+        del self._by_key[root.key]
+        root.key = key
+        self._by_key[key] = root
+        root.is_dir, root.size, root.mode, root.mtime_ns = (attrs.is_dir, attrs.size,
+                                                            attrs.mode, attrs.mtime_ns)
+        return children
+
     def drop_idle(self) -> None:
         """Drop every idle node (e.g. after the daemon's datasets changed)."""
         while self._idle:

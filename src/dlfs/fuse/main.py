@@ -31,7 +31,8 @@ from dlfs import errors, logs
 from dlfs import limits as fuse_limits
 from dlfs.fuse import lowlevel
 from dlfs.fuse.backend import Backend
-from dlfs.fuse.fs import DIR_MODE, DlfsOperations, dataset_attrs, dataset_key
+from dlfs.fuse.attributes import DIR_MODE, dataset_attrs, dataset_key
+from dlfs.fuse.fs import DlfsOperations
 from dlfs.fuse.inodes import ROOT_KEY, Attrs
 from dlfs.fuse.session import MountFailed, Session
 
@@ -272,6 +273,7 @@ async def _serve(session: Session, operations: DlfsOperations, args: argparse.Na
         nursery.start_soon(run_fuse)
         nursery.start_soon(_stop_on_signal, session, nursery)
         nursery.start_soon(_counts_on_signal, session)
+        nursery.start_soon(operations.follow_root_version)
         try:
             # A stat of the root goes through this very loop: once it answers,
             # the mount is usable.

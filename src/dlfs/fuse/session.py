@@ -335,6 +335,14 @@ class Session:
             raise OSError(-result, f"notify_inval_entry: {os.strerror(-result)}")
 
 
+    def notify_inval_inode(self, inode: int) -> None:
+        """Drop the kernel's cached attributes, pages and listing of `inode`
+        (same rule as `notify_inval_entry`)."""
+        result = self._lib.fuse_lowlevel_notify_inval_inode(self._se, inode, 0, 0)
+        if result < 0 and result != -errno.ENOENT:
+            raise OSError(-result, f"notify_inval_inode: {os.strerror(-result)}")
+
+
 class DirectoryBuffer:
     """The reply to one READDIRPLUS: entries packed until `size` bytes are used."""
 
