@@ -85,7 +85,7 @@ def _handler(*, on_handle: bool = False) -> Callable:
     """
 
     def wrap(method: Callable) -> Callable:
-        name = method.__name__
+        name = method.__name__.lstrip("_")  # _read does the work of read
 
         def translate(self: "DlfsOperations", exc: errors.DlfsError) -> FuseError:
             number = errno_map.errno_for(exc, on_handle=on_handle)
