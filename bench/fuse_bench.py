@@ -159,17 +159,22 @@ def small_files(base: str, rels: list[str], cold: bool, threads: int, runs: int,
 def requests_per_open(mount: MountProcess, base: str, rels: list[str], cold: bool
                       ) -> dict[str, float]:
     """Requests the mount answered per file during one pass (after drop_caches
-    if `cold`, else after a warm-up pass), by kind."""
+    if `cold`, else after a warm-up pass), by kind, and the calls it made to
+    the daemon ("daemon stat", "daemon read", ...)."""
     paths = [os.path.join(base, rel) for rel in rels]
     if cold:
         drop_caches()
     else:
         timed_pass(paths, 1)
-    before = mount.request_counts()
+    before = {**mount.request_counts(), **prefixed(mount.request_counts(label="daemon calls"))}
     timed_pass(paths, 1)
-    after = mount.request_counts()
+    after = {**mount.request_counts(), **prefixed(mount.request_counts(label="daemon calls"))}
     return {kind: (after[kind] - before.get(kind, 0)) / len(paths) for kind in after
             if after[kind] != before.get(kind, 0)}
+
+
+def prefixed(calls: dict[str, int]) -> dict[str, int]:
+    return {f"daemon {kind}": count for kind, count in calls.items()}
 
 
 def sequential_read(path: str) -> float:
@@ -344,7 +349,7 @@ def report(cfg: dict, small: dict, large: dict, per_open: dict, cold_ok: bool,
         lines.append(f"| {label} | {cache} | {value:,.0f} | {spread(large[key])} | "
                      f"{ratio(value, median(large[versus])) if versus else ''} | "
                      f"{ratio(value, get_batch) if key in ('mount', 'naive') else ''} |")
-    lines += ["", "| DLFS mount, 1 thread | cache | requests per open() (by kind) |",
+    lines += ["", "| DLFS mount, 1 thread | cache | requests and daemon calls per open() (by kind) |",
               "|---|---|---|"]
     for (workload, cache), kinds in per_open.items():
         text = ", ".join(f"{kind} {value:.2f}" for kind, value in sorted(kinds.items()))

@@ -269,16 +269,19 @@ class MountProcess(_Launched):
         assert is_mounted(self.mountpoint), f"{self.module} is ready but nothing is mounted"
         return self
 
-    def request_counts(self, timeout_s: float = STARTUP_TIMEOUT_S) -> dict[str, int]:
+    def request_counts(self, timeout_s: float = STARTUP_TIMEOUT_S, *,
+                       label: str = "requests") -> dict[str, int]:
         """The requests the mount's Python code has answered so far, by kind
-        (``{"read": 12, "lookup": 3, ...}``): SIGUSR1 makes `dlfs-mount` log
-        them as a ``requests: {...}`` line.  Raises LaunchError if no new
-        line comes within `timeout_s`."""
+        (``{"read": 12, "lookup": 3, ...}``), or with ``label="daemon calls"``
+        the calls it made to the daemon (``{"stat": 2, "read": 12, ...}``):
+        SIGUSR1 makes `dlfs-mount` log both as ``LABEL: {...}`` lines.
+        Raises LaunchError if no new line comes within `timeout_s`."""
         assert self.alive(), "the mount is not running"
+        marker = f"{label}: {{"
 
         def lines() -> list[str]:
             with open(self.log_path, errors="replace") as f:
-                return [line for line in f if "requests: {" in line]
+                return [line for line in f if marker in line]
 
         before = len(lines())
         self.process.send_signal(signal.SIGUSR1)
@@ -288,7 +291,7 @@ class MountProcess(_Launched):
                 raise _failure(f"{self.module} logged no request counts after SIGUSR1",
                                self.log_path)
             time.sleep(POLL_INTERVAL_S)
-        return json.loads(found[-1].split("requests: ", 1)[1])
+        return json.loads(found[-1].split(f"{label}: ", 1)[1])
 
     def unmount(self, timeout_s: float = STOP_GRACE_S) -> int:
         """`fusermount3 -u` (lazily if busy), then wait for the process; its

@@ -282,6 +282,9 @@ mount_dir_page_entries = 2000
 # beyond this are dropped).  They make re-lookups after cache eviction free and
 # keep inode numbers stable while cached; ~200 bytes each.
 mount_idle_inodes_max = 262144
+# Directories whose first lookup listed them into the inode table, remembered
+# so they are not listed again (a key each, ~100 bytes).
+mount_listed_dirs_max = 4096
 # Kernel entry and attribute cache time for everything inside a dataset.
 # Sealed datasets are immutable, so this can be long; a dataset deleted or
 # replaced while mounted may be seen stale this long (README, fs.py).

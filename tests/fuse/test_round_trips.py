@@ -79,3 +79,18 @@ def test_reads_name_the_inode_without_open(small_dataset, mount_factory):
     after = m.request_counts()
     assert after.get("read", 0) > before.get("read", 0)
     assert after.get("open", 0) == before.get("open", 0) <= 1
+
+
+def test_paths_opened_without_a_listing_cost_one_listing_per_directory(small_dataset,
+                                                                       mount_factory):
+    """A reader that knows its paths (a file list) and never lists: the first
+    lookup in a directory lists it, the others are answered from memory."""
+    address, name, tree = small_dataset
+    m = mount_factory(address, "--dataset", name)
+    for rel in sorted(tree):
+        with open(os.path.join(m.mountpoint, *rel.split("/")), "rb") as f:
+            assert f.read() == tree[rel]
+    calls = m.request_counts(label="daemon calls")
+    assert calls.get("stat", 0) == 0, calls  # every name came with its directory
+    assert calls["list_page"] == 2, calls  # the root and sub/
+    assert calls["read"] == len(tree), calls  # one whole-sample read per file

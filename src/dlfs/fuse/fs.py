@@ -10,7 +10,10 @@ What each request costs (requests reach this process only when the kernel
 has no answer cached):
 
 - lookup: nothing if the node is in the inode table (every entry a listing
-  returned is), else one Stat RPC; names under the root one GetDataset RPC.
+  returned is); else, the first time in a directory, one ListDir page that
+  brings the whole directory into the table if it fits (`siblings`), and
+  one Stat RPC if the name is still unknown; names under the root one
+  GetDataset RPC.
 - getattr: nothing (attributes live in the inode table).
 - open: answered ENOSYS, which tells the kernel (FUSE no-open support) to
   stop sending OPEN, FLUSH and RELEASE for files altogether: an `open()`
@@ -70,6 +73,7 @@ from dlfs.fuse.failurelog import FailureLog
 from dlfs.fuse.inodes import ROOT_KEY, Attrs, InodeTable, Key, Node
 from dlfs.fuse.readcache import ReadCache
 from dlfs.fuse.session import Session, inline
+from dlfs.fuse.siblings import SiblingNames
 from dlfs.paths import check_dataset_name, check_sample_path
 
 log = logging.getLogger(__name__)
@@ -135,6 +139,9 @@ class DlfsOperations:
         self._next_handle = 1
         self._datasets: dict[str, Key] = {}  # name -> key of its latest generation seen
         self._dirs: dict[int, DirStream] = {}
+        self._siblings = SiblingNames(self.table, self._fetch_children,
+                                      page_entries=fuse_limits.mount_dir_page_entries,
+                                      dirs_max=fuse_limits.mount_listed_dirs_max)
         self._cache: ReadCache | None = None
         self._session: Session | None = None
         self._statfs_last: tuple[int, int] = (0, 0)
@@ -422,6 +429,10 @@ class DlfsOperations:
             if len(name.encode()) > 255 or len(key[2].encode()) > 4096:
                 raise FuseError(errno.ENAMETOOLONG) from None
             return None
+        await self._siblings.learn(parent)  # one ListDir may answer this and its siblings
+        node = self.table.find(key)
+        if node is not None:
+            return node
         try:
             entry = await self._thread(self.backend.stat, parent.dataset, key[2])
         except errors.NotFound:

@@ -239,7 +239,7 @@ def run_foreground(args: argparse.Namespace) -> int:
             # Also after `fusermount3 -u` (then it is a no-op): never leave a
             # dead mount behind, whatever ended the loop.
             session.close()
-            _log_counts(session)
+            _log_counts(session, backend)
         log.info("unmounted %s", args.mountpoint)
         return 0
     finally:
@@ -272,7 +272,7 @@ async def _serve(session: Session, operations: DlfsOperations, args: argparse.Na
 
         nursery.start_soon(run_fuse)
         nursery.start_soon(_stop_on_signal, session, nursery)
-        nursery.start_soon(_counts_on_signal, session)
+        nursery.start_soon(_counts_on_signal, session, operations.backend)
         nursery.start_soon(operations.follow_root_version)
         try:
             # A stat of the root goes through this very loop: once it answers,
@@ -313,16 +313,17 @@ async def _stop_on_signal(session: Session, nursery: trio.Nursery) -> None:
             return
 
 
-async def _counts_on_signal(session: Session) -> None:
+async def _counts_on_signal(session: Session, backend: Backend) -> None:
     with trio.open_signal_receiver(signal.SIGUSR1) as signals:
         async for _ in signals:
-            _log_counts(session)
+            _log_counts(session, backend)
 
 
-def _log_counts(session: Session) -> None:
-    """One line: the requests the kernel sent, by kind (the bench parses it)."""
-    log.info("requests: %s", json.dumps(dict(sorted(session.counts.items()))),
-             extra={"requests": dict(session.counts)})
+def _log_counts(session: Session, backend: Backend) -> None:
+    """Two lines: the requests the kernel sent and the calls made to the
+    daemon, by kind (`dlfs.launch.MountProcess.request_counts` parses them)."""
+    log.info("daemon calls: %s", json.dumps(dict(sorted(backend.calls.items()))))
+    log.info("requests: %s", json.dumps(dict(sorted(session.counts.items()))))
 
 
 def _keep_freed_memory() -> None:
