@@ -291,7 +291,10 @@ class MountProcess(_Launched):
                 raise _failure(f"{self.module} logged no request counts after SIGUSR1",
                                self.log_path)
             time.sleep(POLL_INTERVAL_S)
-        return json.loads(found[-1].split(f"{label}: ", 1)[1])
+        line = found[-1]
+        if line.lstrip().startswith("{"):  # --log-format json: the counts are in "message"
+            line = json.loads(line)["message"]
+        return json.loads(line.split(f"{label}: ", 1)[1])
 
     def unmount(self, timeout_s: float = STOP_GRACE_S) -> int:
         """`fusermount3 -u` (lazily if busy), then wait for the process; its
