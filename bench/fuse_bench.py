@@ -14,7 +14,10 @@ and measures, 1 and 4 reader threads:
   and warm (a second pass over the same files: a second epoch);
 - sequential 1 MiB reads of large files: ext4 cold and warm; the mount with
   its page cache empty (fresh mount) but the daemon warm, and warm; the
-  daemon's own get_batch bandwidth for the same file from this process.
+  daemon's own get_batch bandwidth for the same file from this process;
+- requests per `open()`: what the mount's process was asked (its request
+  counts, logged on SIGUSR1) during one more pass of each small-file row,
+  divided by the files opened.
 
 Prints a markdown table: median of the timed runs with min..max, and ratios
 against ext4 in the same cache state and against the naive mount.  Cold
@@ -153,6 +156,27 @@ def small_files(base: str, rels: list[str], cold: bool, threads: int, runs: int,
             for _ in range(runs)]
 
 
+def requests_per_open(mount: MountProcess, base: str, rels: list[str], cold: bool
+                      ) -> dict[str, float]:
+    """Requests the mount answered per file during one pass (after drop_caches
+    if `cold`, else after a warm-up pass), by kind, and the calls it made to
+    the daemon ("daemon stat", "daemon read", ...)."""
+    paths = [os.path.join(base, rel) for rel in rels]
+    if cold:
+        drop_caches()
+    else:
+        timed_pass(paths, 1)
+    before = {**mount.request_counts(), **prefixed(mount.request_counts(label="daemon calls"))}
+    timed_pass(paths, 1)
+    after = {**mount.request_counts(), **prefixed(mount.request_counts(label="daemon calls"))}
+    return {kind: (after[kind] - before.get(kind, 0)) / len(paths) for kind in after
+            if after[kind] != before.get(kind, 0)}
+
+
+def prefixed(calls: dict[str, int]) -> dict[str, int]:
+    return {f"daemon {kind}": count for kind, count in calls.items()}
+
+
 def sequential_read(path: str) -> float:
     """MB/s of reading `path` in 1 MiB reads."""
     started = time.perf_counter()
@@ -177,16 +201,17 @@ def main(argv: list[str] | None = None) -> int:
     root = tempfile.mkdtemp(prefix="dlfs-fuse-bench-", dir=args.tmp)
     started = time.monotonic()
     try:
-        small, large = run(cfg, root, cold_ok)
+        small, large, per_open = run(cfg, root, cold_ok)
     finally:
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)
-    print(report(cfg, small, large, cold_ok, time.monotonic() - started, args.quick))
+    print(report(cfg, small, large, per_open, cold_ok, time.monotonic() - started, args.quick))
     return 0
 
 
-def run(cfg: dict, root: str, cold_ok: bool) -> tuple[dict, dict]:
-    """Measure everything; (small-file rates, large-file MB/s), keyed by row."""
+def run(cfg: dict, root: str, cold_ok: bool) -> tuple[dict, dict, dict]:
+    """Measure everything; (small-file rates, large-file MB/s, requests per
+    open of the DLFS mount), keyed by row."""
     rng = np.random.default_rng(1)
     pick = random.Random(2)
     src = os.path.join(root, "src")
@@ -200,6 +225,7 @@ def run(cfg: dict, root: str, cold_ok: bool) -> tuple[dict, dict]:
                 f.write(rng.bytes(4 * MiB))
     caches = ["cold", "warm"] if cold_ok else ["warm"]
     small: dict[tuple, list[float]] = {}
+    per_open: dict[tuple, dict[str, float]] = {}
     with processes.daemon(os.path.join(root, "daemon"), os.path.join(root, "daemon.log")) as daemon:
         with Client(daemon.address) as client:
             for name in ("s4k", "s110k", "large"):
@@ -207,21 +233,25 @@ def run(cfg: dict, root: str, cold_ok: bool) -> tuple[dict, dict]:
         with dlfs_mount(daemon.address, root, "dlfs") as dlfs, \
                 naive_mount(daemon.address, root) as naive:
             readers = {"ext4": src, "DLFS mount": dlfs.mountpoint,
-                       "naive pyfuse3": naive.mountpoint}
+                       "naive FUSE": naive.mountpoint}
             for workload in SIZES:
                 rels = pick.sample(trees[workload], cfg["pass_" + workload])
                 for threads in (1, 4):
                     for cache in caches:
                         for reader, mountpoint in readers.items():
-                            if reader == "naive pyfuse3" and threads > 1:
+                            if reader == "naive FUSE" and threads > 1:
                                 continue
-                            runs = 1 if reader == "naive pyfuse3" else cfg["runs"]
+                            runs = 1 if reader == "naive FUSE" else cfg["runs"]
                             small[(workload, reader, threads, cache)] = small_files(
                                 os.path.join(mountpoint, "s" + workload), rels, cache == "cold",
                                 threads, runs, pick)
+                for cache in caches:
+                    per_open[(workload, cache)] = requests_per_open(
+                        dlfs, os.path.join(dlfs.mountpoint, "s" + workload), rels,
+                        cache == "cold")
             large_results = measure_large(cfg, root, daemon.address, src, large[0], caches,
                                           naive.mountpoint)
-    return small, large_results
+    return small, large_results, per_open
 
 
 def measure_large(cfg: dict, root: str, address: str, src: str, name: str, caches: list[str],
@@ -271,8 +301,8 @@ def git_revision() -> str:
         return "unknown"
 
 
-def report(cfg: dict, small: dict, large: dict, cold_ok: bool, elapsed_s: float,
-           quick: bool) -> str:
+def report(cfg: dict, small: dict, large: dict, per_open: dict, cold_ok: bool,
+           elapsed_s: float, quick: bool) -> str:
     median = statistics.median
 
     def spread(values: list[float]) -> str:
@@ -298,7 +328,7 @@ def report(cfg: dict, small: dict, large: dict, cold_ok: bool, elapsed_s: float,
     for (workload, reader, threads, cache), values in small.items():
         rate = median(values)
         ext4 = median(small[(workload, "ext4", threads, cache)])
-        naive = small.get((workload, "naive pyfuse3", 1, cache))
+        naive = small.get((workload, "naive FUSE", 1, cache))
         versus_naive = ratio(rate, median(naive)) if naive and reader == "DLFS mount" else ""
         lines.append(
             f"| {workload} files | {reader} | {threads} | {cache} | {rate:,.0f} files/s | "
@@ -311,7 +341,7 @@ def report(cfg: dict, small: dict, large: dict, cold_ok: bool, elapsed_s: float,
             ("daemon get_batch, in-process client", "daemon warm", "get_batch", None),
             ("DLFS mount", "mount cold, daemon warm", "mount", None),
             ("DLFS mount", "warm (second read)", "mount warm", "ext4 warm"),
-            ("naive pyfuse3", "mount cold, daemon warm", "naive", None)]
+            ("naive FUSE", "mount cold, daemon warm", "naive", None)]
     for label, cache, key, versus in rows:
         if key not in large:
             continue
@@ -319,7 +349,15 @@ def report(cfg: dict, small: dict, large: dict, cold_ok: bool, elapsed_s: float,
         lines.append(f"| {label} | {cache} | {value:,.0f} | {spread(large[key])} | "
                      f"{ratio(value, median(large[versus])) if versus else ''} | "
                      f"{ratio(value, get_batch) if key in ('mount', 'naive') else ''} |")
-    lines += ["", "cold: the page caches of ext4, of the mount and of the daemon's extent "
+    lines += ["", "| DLFS mount, 1 thread | cache | requests and daemon calls per open() (by kind) |",
+              "|---|---|---|"]
+    for (workload, cache), kinds in per_open.items():
+        text = ", ".join(f"{kind} {value:.2f}" for kind, value in sorted(kinds.items()))
+        lines.append(f"| {workload} files | {cache} | {text or 'none'} |")
+    lines += ["", "Requests per open() count what reached the mount's Python code; Python "
+              "3.11's buffered open() also sends one ioctl (isatty) per file, which libfuse "
+              "answers in C (dlfs/fuse/fs.py).",
+              "", "cold: the page caches of ext4, of the mount and of the daemon's extent "
               "files are dropped before each timed pass; warm: a second pass over the same "
               "files (the second epoch).  The mount keeps names and attributes of files the "
               "kernel forgot (idle inodes), so a cold pass needs one RPC per file, for its bytes."]

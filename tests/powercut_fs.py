@@ -23,32 +23,39 @@ from __future__ import annotations
 
 import argparse
 import errno
-import itertools
 import os
-import signal
 import stat
 import sys
 
-import pyfuse3
-import trio
+import mfusepy
 
 
-class PowercutFs(pyfuse3.Operations):
-    """Pass-through to `backing` plus the model of what is durable (see module doc)."""
+def _errors(method):
+    """Turn an OSError of the backing directory into the same errno for the kernel."""
+    def wrapped(*args, **kwargs):
+        try:
+            return method(*args, **kwargs)
+        except OSError as exc:
+            raise mfusepy.FuseOSError(exc.errno or errno.EIO) from None
+    return wrapped
+
+
+class PowercutFs(mfusepy.Operations):
+    """Pass-through to `backing` plus the model of what is durable (see module doc).
+
+    Files are known by their backing inode number, so renames and open
+    handles keep their identity.  One thread (nothreads): no locking.
+    """
+
+    use_ns = True
 
     def __init__(self, backing: str):
-        super().__init__()
         self.backing = os.path.abspath(backing)
         self.root_ino = os.lstat(self.backing).st_ino
-        self.paths: dict[int, str] = {self.root_ino: self.backing}
-        self.files: dict[int, tuple[int, int]] = {}  # fh -> (fd, backing inode)
-        self.dirs: dict[int, tuple[int, list]] = {}  # fh -> (backing inode, entries)
-        self.handles = itertools.count(1)
         self.synced_data: dict[int, bytes] = {}
         self.synced_entries: dict[int, dict[str, tuple[int, bool]]] = {}
-        for top, dirnames, filenames in os.walk(self.backing):
-            ino = os.lstat(top).st_ino
-            self.synced_entries[ino] = self._entries(top)
+        for top, _dirnames, filenames in os.walk(self.backing):
+            self.synced_entries[os.lstat(top).st_ino] = self._entries(top)
             for name in filenames:
                 path = os.path.join(top, name)
                 with open(path, "rb") as f:
@@ -75,183 +82,108 @@ class PowercutFs(pyfuse3.Operations):
                 with open(path, "wb") as f:
                     f.write(self.synced_data.get(child, b""))
 
-    # --- inodes and attributes ------------------------------------------------------
+    # --- operations: pass-through, and fsync/fsyncdir record what is durable -----------
 
-    def _fuse_ino(self, ino: int) -> int:
-        return pyfuse3.ROOT_INODE if ino == self.root_ino else ino
+    def _real(self, path: str) -> str:
+        return self.backing + path
 
-    def _backing_ino(self, inode: int) -> int:
-        return self.root_ino if inode == pyfuse3.ROOT_INODE else inode
+    @_errors
+    def getattr(self, path, fh=None):
+        st = os.lstat(self._real(path))
+        return {key: getattr(st, key) for key in (
+            "st_mode", "st_nlink", "st_uid", "st_gid", "st_size", "st_ino",
+            "st_atime_ns", "st_mtime_ns", "st_ctime_ns")}
 
-    def _path(self, inode: int) -> str:
-        try:
-            return self.paths[self._backing_ino(inode)]
-        except KeyError:
-            raise pyfuse3.FUSEError(errno.ENOENT) from None
+    @_errors
+    def readdir(self, path, fh):
+        return [".", "..", *sorted(os.listdir(self._real(path)))]
 
-    def _attributes(self, path: str) -> pyfuse3.EntryAttributes:
-        try:
-            st = os.lstat(path)
-        except OSError as exc:
-            raise pyfuse3.FUSEError(exc.errno) from None
-        self.paths[st.st_ino] = path
-        attributes = pyfuse3.EntryAttributes()
-        for field in ("st_mode", "st_nlink", "st_uid", "st_gid", "st_rdev", "st_size",
-                      "st_blksize", "st_blocks", "st_atime_ns", "st_mtime_ns", "st_ctime_ns"):
-            setattr(attributes, field, getattr(st, field))
-        attributes.st_ino = self._fuse_ino(st.st_ino)
-        attributes.entry_timeout = 0
-        attributes.attr_timeout = 0
-        return attributes
+    @_errors
+    def opendir(self, path):
+        return 0
 
-    def _child(self, parent_inode: int, name: bytes) -> str:
-        return os.path.join(self._path(parent_inode), os.fsdecode(name))
+    @_errors
+    def fsyncdir(self, path, datasync, fh):
+        real = self._real(path)
+        self.synced_entries[os.lstat(real).st_ino] = self._entries(real)
+        return 0
 
-    # --- operations -------------------------------------------------------------------
+    @_errors
+    def mkdir(self, path, mode):
+        os.mkdir(self._real(path), stat.S_IMODE(mode))
+        return 0
 
-    async def lookup(self, parent_inode, name, ctx=None):
-        return self._attributes(self._child(parent_inode, name))
+    @_errors
+    def rmdir(self, path):
+        os.rmdir(self._real(path))
+        return 0
 
-    async def getattr(self, inode, ctx=None):
-        return self._attributes(self._path(inode))
+    @_errors
+    def unlink(self, path):
+        os.unlink(self._real(path))
+        return 0
 
-    async def setattr(self, inode, attr, fields, fh, ctx):
-        path = self._path(inode)
-        try:
-            if fields.update_size:
-                if fh is not None and fh in self.files:
-                    os.ftruncate(self.files[fh][0], attr.st_size)
-                else:
-                    os.truncate(path, attr.st_size)
-            if fields.update_mode:
-                os.chmod(path, stat.S_IMODE(attr.st_mode))
-            if fields.update_mtime or fields.update_atime:
-                st = os.lstat(path)
-                os.utime(path, ns=(attr.st_atime_ns if fields.update_atime else st.st_atime_ns,
-                                   attr.st_mtime_ns if fields.update_mtime else st.st_mtime_ns))
-        except OSError as exc:
-            raise pyfuse3.FUSEError(exc.errno) from None
-        return self._attributes(path)
+    @_errors
+    def rename(self, old, new):
+        os.rename(self._real(old), self._real(new))
+        return 0
 
-    async def opendir(self, inode, ctx):
-        path = self._path(inode)
-        fh = next(self.handles)
-        entries = sorted(os.listdir(path))
-        self.dirs[fh] = (self._backing_ino(inode), [os.path.join(path, n) for n in entries])
-        return fh
+    @_errors
+    def chmod(self, path, mode):
+        os.chmod(self._real(path), stat.S_IMODE(mode))
+        return 0
 
-    async def readdir(self, fh, start_id, token):
-        _ino, entries = self.dirs[fh]
-        for index in range(start_id, len(entries)):
-            path = entries[index]
-            try:
-                attributes = self._attributes(path)
-            except pyfuse3.FUSEError:
-                continue  # removed since opendir
-            if not pyfuse3.readdir_reply(token, os.fsencode(os.path.basename(path)), attributes,
-                                         index + 1):
-                return
+    @_errors
+    def utimens(self, path, times=None):
+        os.utime(self._real(path), ns=times)
+        return 0
 
-    async def releasedir(self, fh):
-        self.dirs.pop(fh, None)
+    @_errors
+    def truncate(self, path, length, fh=None):
+        if fh:
+            os.ftruncate(fh, length)
+        else:
+            os.truncate(self._real(path), length)
+        return 0
 
-    async def fsyncdir(self, fh, datasync):
-        ino, _entries = self.dirs[fh]
-        self.synced_entries[ino] = self._entries(self.paths[ino])
+    @_errors
+    def open(self, path, flags):
+        return os.open(self._real(path), flags & ~os.O_APPEND)
 
-    async def mkdir(self, parent_inode, name, mode, ctx):
-        path = self._child(parent_inode, name)
-        try:
-            os.mkdir(path, stat.S_IMODE(mode))
-        except OSError as exc:
-            raise pyfuse3.FUSEError(exc.errno) from None
-        return self._attributes(path)
+    @_errors
+    def create(self, path, mode, fi=None):
+        return os.open(self._real(path), os.O_WRONLY | os.O_CREAT | os.O_EXCL,
+                       stat.S_IMODE(mode))
 
-    async def rmdir(self, parent_inode, name, ctx):
-        try:
-            os.rmdir(self._child(parent_inode, name))
-        except OSError as exc:
-            raise pyfuse3.FUSEError(exc.errno) from None
+    @_errors
+    def read(self, path, size, offset, fh):
+        return os.pread(fh, size, offset)
 
-    async def unlink(self, parent_inode, name, ctx):
-        try:
-            os.unlink(self._child(parent_inode, name))
-        except OSError as exc:
-            raise pyfuse3.FUSEError(exc.errno) from None
+    @_errors
+    def write(self, path, data, offset, fh):
+        return os.pwrite(fh, data, offset)
 
-    async def rename(self, parent_inode_old, name_old, parent_inode_new, name_new, flags, ctx):
-        if flags:
-            raise pyfuse3.FUSEError(errno.EINVAL)
-        old = self._child(parent_inode_old, name_old)
-        new = self._child(parent_inode_new, name_new)
-        try:
-            ino = os.lstat(old).st_ino
-            os.rename(old, new)
-        except OSError as exc:
-            raise pyfuse3.FUSEError(exc.errno) from None
-        prefix = old + os.sep
-        self.paths[ino] = new
-        for other, path in list(self.paths.items()):
-            if path.startswith(prefix):
-                self.paths[other] = new + path[len(old):]
-
-    async def open(self, inode, flags, ctx):
-        return self._open(self._path(inode), flags & ~os.O_CREAT)
-
-    async def create(self, parent_inode, name, mode, flags, ctx):
-        path = self._child(parent_inode, name)
-        info = self._open(path, flags | os.O_CREAT, stat.S_IMODE(mode))
-        return info, self._attributes(path)
-
-    def _open(self, path: str, flags: int, mode: int = 0o600) -> pyfuse3.FileInfo:
-        try:
-            fd = os.open(path, flags & ~os.O_APPEND, mode)
-        except OSError as exc:
-            raise pyfuse3.FUSEError(exc.errno) from None
-        fh = next(self.handles)
-        self.files[fh] = (fd, os.fstat(fd).st_ino)
-        return pyfuse3.FileInfo(fh=fh, keep_cache=False)
-
-    async def read(self, fh, offset, size):
-        return os.pread(self.files[fh][0], size, offset)
-
-    async def write(self, fh, offset, buf):
-        return os.pwrite(self.files[fh][0], buf, offset)
-
-    async def fsync(self, fh, datasync):
-        fd, ino = self.files[fh]
+    @_errors
+    def fsync(self, path, datasync, fh):
         # The handle may be write-only: read the same file through /proc.
-        with open(f"/proc/self/fd/{fd}", "rb") as f:
-            self.synced_data[ino] = f.read()
+        with open(f"/proc/self/fd/{fh}", "rb") as f:
+            self.synced_data[os.fstat(fh).st_ino] = f.read()
+        return 0
 
-    async def flush(self, fh):
-        pass
+    def flush(self, path, fh):
+        return 0
 
-    async def release(self, fh):
-        fd, _ino = self.files.pop(fh)
-        os.close(fd)
+    @_errors
+    def release(self, path, fh):
+        os.close(fh)
+        return 0
 
-    async def statfs(self, ctx):
+    @_errors
+    def statfs(self, path):
         st = os.statvfs(self.backing)
-        data = pyfuse3.StatvfsData()
-        for field in ("f_bsize", "f_frsize", "f_blocks", "f_bfree", "f_bavail", "f_files",
-                      "f_ffree", "f_favail", "f_namemax"):
-            setattr(data, field, getattr(st, field))
-        return data
-
-
-async def serve(fs: PowercutFs, mountpoint: str, image: str, ready_file: str | None) -> None:
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(pyfuse3.main)
-        await trio.to_thread.run_sync(os.stat, mountpoint)
-        if ready_file:
-            with open(ready_file, "w") as f:
-                f.write(f"{os.getpid()}\n")
-        with trio.open_signal_receiver(signal.SIGTERM) as signals:
-            async for _ in signals:
-                fs.write_image(image)  # between two operations: a consistent cut
-                nursery.cancel_scope.cancel()
-                return
+        return {key: getattr(st, key) for key in (
+            "f_bsize", "f_frsize", "f_blocks", "f_bfree", "f_bavail", "f_files", "f_ffree",
+            "f_favail", "f_namemax")}
 
 
 def main(argv: list[str]) -> int:
@@ -263,11 +195,26 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--ready-file", help="written once the mount answers")
     args = parser.parse_args(argv)
     fs = PowercutFs(args.backing)
-    pyfuse3.init(fs, args.mountpoint, set(pyfuse3.default_options) | {"fsname=powercut"})
+
+    mounted = []
+
+    def ready(*_args):
+        mounted.append(True)
+        if args.ready_file:
+            with open(args.ready_file, "w") as f:
+                f.write(f"{os.getpid()}\n")
+
+    fs.init = ready  # libfuse calls init once the mount is up
+    # Serves until SIGTERM (libfuse's handler ends the loop and unmounts);
+    # the loop has stopped by then, so the image is a cut between operations.
     try:
-        trio.run(serve, fs, args.mountpoint, args.image, args.ready_file)
-    finally:
-        pyfuse3.close(unmount=True)
+        mfusepy.FUSE(fs, args.mountpoint, foreground=True, nothreads=True, fsname="powercut",
+                     entry_timeout=0, attr_timeout=0, negative_timeout=0)
+    except RuntimeError as exc:  # libfuse reports the loop ended by a signal as an error
+        if not mounted:
+            raise
+        print(f"powercut_fs: the loop ended ({exc})", file=sys.stderr)
+    fs.write_image(args.image)
     return 0
 
 

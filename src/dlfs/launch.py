@@ -18,7 +18,9 @@ process that exits before that, or does not get there within
 
 from __future__ import annotations
 
+import ctypes.util
 import importlib.util
+import json
 import os
 import shutil
 import signal
@@ -193,8 +195,10 @@ class DaemonProcess(_Launched):
 
 def fuse_unavailable() -> str:
     """"" when `dlfs-mount` can run here, else why not."""
-    if importlib.util.find_spec("pyfuse3") is None:
-        return "pyfuse3 is not installed (pip install 'dlfs[fuse]')"
+    if importlib.util.find_spec("trio") is None:
+        return "trio is not installed (pip install 'dlfs[fuse]')"
+    if ctypes.util.find_library("fuse3") is None:
+        return "libfuse3 is not installed (the fuse3 package)"
     if not os.path.exists("/dev/fuse"):
         return "no /dev/fuse (load the fuse kernel module)"
     if shutil.which("fusermount3") is None:
@@ -268,6 +272,33 @@ class MountProcess(_Launched):
         os.unlink(self._ready_file)
         assert is_mounted(self.mountpoint), f"{self.module} is ready but nothing is mounted"
         return self
+
+    def request_counts(self, timeout_s: float = STARTUP_TIMEOUT_S, *,
+                       label: str = "requests") -> dict[str, int]:
+        """The requests the mount's Python code has answered so far, by kind
+        (``{"read": 12, "lookup": 3, ...}``), or with ``label="daemon calls"``
+        the calls it made to the daemon (``{"stat": 2, "read": 12, ...}``):
+        SIGUSR1 makes `dlfs-mount` log both as ``LABEL: {...}`` lines.
+        Raises LaunchError if no new line comes within `timeout_s`."""
+        assert self.alive(), "the mount is not running"
+        marker = f"{label}: {{"
+
+        def lines() -> list[str]:
+            with open(self.log_path, errors="replace") as f:
+                return [line for line in f if marker in line]
+
+        before = len(lines())
+        self.process.send_signal(signal.SIGUSR1)
+        deadline = time.monotonic() + timeout_s
+        while len(found := lines()) == before:
+            if time.monotonic() > deadline or not self.alive():
+                raise _failure(f"{self.module} logged no request counts after SIGUSR1",
+                               self.log_path)
+            time.sleep(POLL_INTERVAL_S)
+        line = found[-1]
+        if line.lstrip().startswith("{"):  # --log-format json: the counts are in "message"
+            line = json.loads(line)["message"]
+        return json.loads(line.split(f"{label}: ", 1)[1])
 
     def unmount(self, timeout_s: float = STOP_GRACE_S) -> int:
         """`fusermount3 -u` (lazily if busy), then wait for the process; its

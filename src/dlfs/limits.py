@@ -261,12 +261,15 @@ mount_rpcs_in_flight_max = 64
 # Page-cache pushes (notify_store) running in threads at once: each is a
 # memory copy in the kernel, so a few keep both cores busy.
 mount_stores_in_flight_max = 4
-# pyfuse3 worker tasks, i.e. kernel requests being handled at once.  Above
-# mount_rpcs_in_flight_max so requests served from memory (getattr, cached reads,
-# release) are not queued behind requests waiting for a thread.
-mount_fuse_tasks_max = 160
-# Idle worker tasks kept waiting on /dev/fuse (pyfuse3 min_tasks).
-mount_fuse_tasks_idle = 4
+# Asynchronous requests (read-ahead of several files and readers) the kernel
+# keeps in flight to the mount (FUSE max_background; the kernel's default is
+# 12).  Synchronous reads are not counted; each request waiting for the
+# daemon is a trio task, so many in flight cost little.
+mount_background_requests_max = 64
+# libfuse worker threads reading /dev/fuse.  They answer requests that need
+# no Python (ioctl, flush) in C and hand the rest to the trio thread, so a
+# few keep a reader from waiting while one of them waits for the GIL.
+mount_fuse_threads_max = 8
 
 # --- FUSE mount: data --------------------------------------------------------
 # Samples up to this size are fetched whole, with their CRC32C verified, on the
@@ -314,6 +317,9 @@ mount_dir_page_entries = 2000
 # beyond this are dropped).  They make re-lookups after cache eviction free and
 # keep inode numbers stable while cached; ~200 bytes each.
 mount_idle_inodes_max = 262144
+# Directories whose first lookup listed them into the inode table, remembered
+# so they are not listed again (a key each, ~100 bytes).
+mount_listed_dirs_max = 4096
 # Kernel entry and attribute cache time for everything inside a dataset.
 # Sealed datasets are immutable, so this can be long; a dataset deleted or
 # replaced while mounted may be seen stale this long (README, fs.py).
@@ -396,9 +402,7 @@ assert extent_bytes_max_default <= sample_bytes_max
 # One sample's block CRCs always fit one BLOCKS record.
 assert 4 * (catalog_block_crcs_per_record + sample_bytes_max // crc_block_bytes) + 64 \
     <= catalog_record_bytes_max
-assert mount_rpcs_in_flight_max < mount_fuse_tasks_max
 assert mount_rpcs_in_flight_max <= rpcs_concurrent_max_default
-assert mount_fuse_tasks_idle <= mount_fuse_tasks_max
 assert mount_read_run_bytes_max <= batch_bytes_max_default
 assert mount_whole_sample_bytes_max <= batch_bytes_max_default
 assert mount_read_unit_bytes % (128 * KiB) == 0  # aligned kernel reads never straddle units

@@ -14,7 +14,7 @@ from dlfs import Client
 from dlfs import limits as fuse_limits
 from dlfs.fuse.backend import Backend
 from dlfs.fuse.dirlist import Child, DirStream
-from dlfs.fuse.fs import entry_attrs
+from dlfs.fuse.attributes import entry_attrs
 from mounting import mount_factory, requires_fuse  # noqa: F401 (fixture)
 
 ENTRIES = 100_000

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import errno
 
-import pyfuse3
 import pytest
 
 from dlfs import errors
-from dlfs.fuse.errno_map import Stale, errno_for, fuse_error
+from dlfs.fuse.errno_map import FuseError, Stale, errno_for, fuse_error
 
 EXPECTED = {
     errors.NotFound: errno.ENOENT,
@@ -44,7 +43,7 @@ def test_every_error_class_has_its_errno(cls):
     assert cls in EXPECTED, f"{cls.__name__} is new: decide its errno in errno_map and here"
     assert errno_for(cls("message")) == EXPECTED[cls]
     error = fuse_error(cls("message"))
-    assert isinstance(error, pyfuse3.FUSEError) and error.errno == EXPECTED[cls]
+    assert isinstance(error, FuseError) and error.errno == EXPECTED[cls]
 
 
 def test_not_found_on_an_open_handle_is_stale():

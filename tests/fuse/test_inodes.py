@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import pyfuse3
 import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from dlfs.fuse.inodes import ROOT_KEY, Attrs, InodeTable
+from dlfs.fuse.lowlevel import ROOT_INODE
 
 IDLE_MAX = 3
 KEYS = [("ds", 1, p) for p in ("", "a", "a/b", "a/c", "d", "e", "f")] + [("other", 2, "")]
@@ -64,7 +64,7 @@ class InodeTableMachine(RuleBasedStateMachine):
         before = {k: self.table.find(k).lookups for k, n in self.lookups.items() if n}
         self.table.forget(inode, count)
         assert {k: self.table.find(k).lookups for k in before} == before
-        assert self.table.get(pyfuse3.ROOT_INODE) is self.table.root
+        assert self.table.get(ROOT_INODE) is self.table.root
 
     @invariant()
     def consistent(self):

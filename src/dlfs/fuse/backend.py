@@ -7,7 +7,8 @@ call is one round trip with the client's deadline and UNAVAILABLE retry
 `dlfs.Unavailable` after that long, never a hang.
 
 The backend also notices when the daemon goes away and comes back and logs
-one line for each transition, naming the daemon's address.
+one line for each transition, naming the daemon's address.  `calls` counts
+the calls made, by method (the mount logs them with its request counts).
 
 Reconnecting after a long outage is prompt because `Client` caps gRPC's
 reconnect backoff (`limits.reconnect_backoff_max_s`).
@@ -15,6 +16,7 @@ reconnect backoff (`limits.reconnect_backoff_max_s`).
 
 from __future__ import annotations
 
+import collections
 import logging
 import threading
 import time
@@ -44,6 +46,7 @@ class Backend:
         self.address = self.client.address
         self._lock = threading.Lock()
         self._down_since: float | None = None
+        self.calls: collections.Counter[str] = collections.Counter()
 
     def close(self) -> None:
         self.client.close()
@@ -52,26 +55,27 @@ class Backend:
 
     def sealed_datasets(self) -> list[DatasetInfo]:
         """Summaries of the sealed datasets, sorted by name."""
-        return [i for i in self._run(lambda c: c.dataset_infos()) if i.sealed]
+        return [i for i in self._run("datasets", lambda c: c.dataset_infos()) if i.sealed]
 
     def dataset(self, name: str) -> DatasetInfo:
         """Summary of dataset `name`.  Raises NotFound (also while it is being
         ingested: an unsealed dataset cannot be read)."""
-        info = self._run(lambda c: c.dataset(name)).info
+        info = self._run("dataset", lambda c: c.dataset(name)).info
         if not info.sealed:
             raise errors.NotFound(f"dataset {name!r} is still being ingested")
         return info
 
     def stat(self, dataset: str, path: str) -> Entry:
         """Entry of a file or directory of `dataset` ("" is its root).  Raises NotFound."""
-        return self._run(lambda c: c.stat(dataset, path))
+        return self._run("stat", lambda c: c.stat(dataset, path))
 
     def list_page(self, dataset: str, path: str, start_after: str, page_size: int
                   ) -> tuple[list[Entry], bool]:
         """Entries of a directory after name `start_after`, at most `page_size`
         of them, in name order; and whether more follow.  Raises NotFound,
         InvalidArgument (not a directory)."""
-        return self._run(lambda c: c.list_page(dataset, path, start_after, page_size))
+        return self._run("list_page", lambda c: c.list_page(dataset, path, start_after,
+                                                          page_size))
 
     def read(self, dataset: str, path: str, offset: int, length: int,
              generation: int = 0) -> memoryview:
@@ -80,10 +84,10 @@ class Backend:
         current one).  Raises NotFound, DataCorruption, StaleGeneration."""
         if offset == 0 and length == 0:
             request = batch_request(dataset, [path], verify=True, generation=generation)
-            return self._run(lambda c: c.transport.get_batch(request)[0])
+            return self._run("read", lambda c: c.transport.get_batch(request)[0])
         request = range_request(dataset, path, offset, length, verify=True,
                                 generation=generation)
-        return self._run(lambda c: c.transport.read_range(request))
+        return self._run("read", lambda c: c.transport.read_range(request))
 
     def read_chunks(self, dataset: str, path: str, offset: int, length: int,
                     deliver: Callable[[int, memoryview], None], generation: int = 0) -> int:
@@ -109,11 +113,13 @@ class Backend:
                 received = position + len(chunk)
             return received
 
-        return self._run(stream)
+        return self._run("read_chunks", stream)
 
     # --- internals ---------------------------------------------------------------------
 
-    def _run(self, call: Callable[[Client], T]) -> T:
+    def _run(self, kind: str, call: Callable[[Client], T]) -> T:
+        with self._lock:
+            self.calls[kind] += 1
         try:
             result = call(self.client)
         except DAEMON_DOWN as exc:

@@ -7,10 +7,17 @@ so the errno a reader sees for a given daemon error is decided here only.
 from __future__ import annotations
 
 import errno
-
-import pyfuse3
+import os
 
 from dlfs import errors
+
+
+class FuseError(Exception):
+    """Answer the request with `errno` (the only exception a handler lets out)."""
+
+    def __init__(self, number: int):
+        super().__init__(number, os.strerror(number))
+        self.errno = number
 
 
 class Stale(errors.DlfsError):
@@ -63,6 +70,6 @@ def errno_for(exc: errors.DlfsError, *, on_handle: bool = False) -> int:
     raise AssertionError(f"{type(exc).__name__} is not a DlfsError")  # table ends with the base
 
 
-def fuse_error(exc: errors.DlfsError, *, on_handle: bool = False) -> pyfuse3.FUSEError:
-    """`pyfuse3.FUSEError` carrying `errno_for(exc)`, chained to `exc` by the caller."""
-    return pyfuse3.FUSEError(errno_for(exc, on_handle=on_handle))
+def fuse_error(exc: errors.DlfsError, *, on_handle: bool = False) -> FuseError:
+    """`FuseError` carrying `errno_for(exc)`, chained to `exc` by the caller."""
+    return FuseError(errno_for(exc, on_handle=on_handle))

@@ -24,7 +24,7 @@ import collections
 import dataclasses
 from typing import Callable
 
-import pyfuse3
+from dlfs.fuse.lowlevel import ROOT_INODE
 
 Key = tuple[str, int, str]
 ROOT_KEY: Key = ("", 0, "")
@@ -66,7 +66,7 @@ class Attrs:
 class InodeTable:
     """Inode number <-> node, with lookup counts and a bounded set of idle nodes.
 
-    All operations are O(1).  The root node (inode `pyfuse3.ROOT_INODE`) is
+    All operations are O(1).  The root node (inode `ROOT_INODE`) is
     pinned: never idle, never forgotten.
     """
 
@@ -77,8 +77,8 @@ class InodeTable:
         self._by_key: dict[Key, Node] = {}
         # Idle nodes in least-recently-used order (oldest first).
         self._idle: collections.OrderedDict[int, Node] = collections.OrderedDict()
-        self._next_inode = pyfuse3.ROOT_INODE + 1
-        self.root = self._add(pyfuse3.ROOT_INODE, root_key, root_attrs)
+        self._next_inode = ROOT_INODE + 1
+        self.root = self._add(ROOT_INODE, root_key, root_attrs)
         self.root.lookups = 1  # pinned
 
     def __len__(self) -> int:
@@ -132,6 +132,26 @@ class InodeTable:
             self._idle[inode] = node
             self._evict()
 
+    def rekey_root(self, key: Key, attrs: Attrs) -> list[Node]:
+        """Make the root the root of another dataset version: `key`, `attrs`.
+
+        Returns the nodes that were the root's children (the kernel may have
+        cached their names under the root).  They stay in the table as nodes
+        of the old version (reads of them name it).  O(nodes).
+        """
+        root = self.root
+        assert key not in self._by_key, key
+        old_dataset, old_generation, _ = root.key
+        children = [n for n in self._by_inode.values() if n is not root and
+                    n.key[:2] == (old_dataset, old_generation) and n.path and
+                    "/" not in n.path]
+        del self._by_key[root.key]
+        root.key = key
+        self._by_key[key] = root
+        root.is_dir, root.size, root.mode, root.mtime_ns = (attrs.is_dir, attrs.size,
+                                                            attrs.mode, attrs.mtime_ns)
+        return children
+
     def drop_idle(self) -> None:
         """Drop every idle node (e.g. after the daemon's datasets changed)."""
         while self._idle:
@@ -154,7 +174,7 @@ class InodeTable:
 
     def check_invariants(self) -> None:
         """Assert the structure is consistent.  O(n); for tests."""
-        assert self._by_inode[pyfuse3.ROOT_INODE] is self.root and self.root.lookups >= 1
+        assert self._by_inode[ROOT_INODE] is self.root and self.root.lookups >= 1
         assert len(self._by_inode) == len(self._by_key)
         for inode, node in self._by_inode.items():
             assert node.inode == inode and self._by_key[node.key] is node

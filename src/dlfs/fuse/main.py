@@ -7,13 +7,15 @@ rather than forks because gRPC must not be initialised before a fork.
 
 With ``--foreground`` (systemd, Slurm) it serves until the file system is
 unmounted (``fusermount3 -u MOUNTPOINT``) or it gets SIGTERM, SIGINT or
-SIGHUP; then it unmounts cleanly and exits 0.
+SIGHUP; then it unmounts cleanly and exits 0.  SIGUSR1 logs how many
+requests of each kind the kernel sent so far (also logged at exit).
 """
 
 from __future__ import annotations
 
 import argparse
 import ctypes
+import json
 import logging
 import os
 import re
@@ -23,14 +25,16 @@ import subprocess
 import sys
 import time
 
-import pyfuse3
 import trio
 
 from dlfs import errors, logs
 from dlfs import limits as fuse_limits
+from dlfs.fuse import lowlevel
 from dlfs.fuse.backend import Backend
-from dlfs.fuse.fs import DIR_MODE, DlfsOperations, dataset_attrs, dataset_key
+from dlfs.fuse.attributes import DIR_MODE, dataset_attrs, dataset_key
+from dlfs.fuse.fs import DlfsOperations
 from dlfs.fuse.inodes import ROOT_KEY, Attrs
+from dlfs.fuse.session import MountFailed, Session
 
 log = logging.getLogger("dlfs.fuse")
 
@@ -216,23 +220,26 @@ def run_foreground(args: argparse.Namespace) -> int:
         root_key, root_attrs, what = _resolve_root(backend, args.dataset)
         operations = DlfsOperations(backend, root_key, root_attrs,
                                     cache_timeout_s=args.cache_timeout)
-        options = set(pyfuse3.default_options) | {
-            "ro", "subtype=dlfs", "fsname=dlfs@" + re.sub(r"[^\w.:\-\[\]@]", "_", args.address)}
+        options = ["ro", "default_permissions", "subtype=dlfs",
+                   "fsname=dlfs@" + re.sub(r"[^\w.:\-\[\]@]", "_", args.address)]
         if args.allow_other:
-            options.add("allow_other")
-        if args.debug:
-            options.add("debug")
+            options.append("allow_other")
         try:
-            pyfuse3.init(operations, args.mountpoint, options)
-        except RuntimeError as exc:
-            raise MountError(f"mounting {args.mountpoint} failed ({exc}); see the libfuse "
-                             "message above") from None
+            session = Session(operations, args.mountpoint, options, debug=args.debug,
+                              want=lowlevel.CAP_READDIRPLUS | lowlevel.CAP_ASYNC_READ,
+                              # Always READDIRPLUS: every listed name comes with its
+                              # attributes, so a reader's stat or open needs no lookup.
+                              unwant=lowlevel.CAP_READDIRPLUS_AUTO,
+                              max_background=fuse_limits.mount_background_requests_max)
+        except (MountFailed, lowlevel.LibfuseMissing) as exc:
+            raise MountError(f"{exc}; see the libfuse message above") from None
         try:
-            trio.run(_serve, operations, args, what)
+            trio.run(_serve, session, operations, args, what)
         finally:
             # Also after `fusermount3 -u` (then it is a no-op): never leave a
             # dead mount behind, whatever ended the loop.
-            pyfuse3.close(unmount=True)
+            session.close()
+            _log_counts(session, backend)
         log.info("unmounted %s", args.mountpoint)
         return 0
     finally:
@@ -254,16 +261,19 @@ def _resolve_root(backend: Backend, dataset: str | None) -> tuple:
     return ROOT_KEY, Attrs(True, 0, DIR_MODE, time.time_ns()), f"{count} datasets"
 
 
-async def _serve(operations: DlfsOperations, args: argparse.Namespace, what: str) -> None:
+async def _serve(session: Session, operations: DlfsOperations, args: argparse.Namespace,
+                 what: str) -> None:
     async with trio.open_nursery() as nursery:
-        operations.start(nursery)
+        operations.start(nursery, session)
 
         async def run_fuse() -> None:
-            await pyfuse3.main(fuse_limits.mount_fuse_tasks_idle, fuse_limits.mount_fuse_tasks_max)
+            await session.serve(nursery, threads_max=fuse_limits.mount_fuse_threads_max)
             nursery.cancel_scope.cancel()  # unmounted: stop signal watch and read-ahead
 
         nursery.start_soon(run_fuse)
-        nursery.start_soon(_stop_on_signal, nursery)
+        nursery.start_soon(_stop_on_signal, session, nursery)
+        nursery.start_soon(_counts_on_signal, session, operations.backend)
+        nursery.start_soon(operations.follow_root_version)
         try:
             # A stat of the root goes through this very loop: once it answers,
             # the mount is usable.
@@ -272,8 +282,11 @@ async def _serve(operations: DlfsOperations, args: argparse.Namespace, what: str
             log.error("the new mount at %s does not answer (%s); unmounting", args.mountpoint, exc)
             if args.ready_fd is not None:
                 _send(args.ready_fd, ERROR_PREFIX + f"mount does not answer: {exc}".encode())
-            pyfuse3.terminate()
+            session.exit()
             return
+        if not session.capable & lowlevel.CAP_NO_OPEN_SUPPORT:
+            log.warning("this kernel cannot skip OPEN for files (FUSE no-open support, Linux "
+                        "4.18+): every open() costs a round trip to this process")
         if args.ready_file:
             _write_ready_file(args.ready_file)
         log.info("serving %s of the DLFS daemon at %s at %s (read-only)", what,
@@ -289,15 +302,28 @@ def _write_ready_file(path: str) -> None:
     os.replace(tmp, path)  # waiters never see a half-written pid
 
 
-async def _stop_on_signal(nursery: trio.Nursery) -> None:
+async def _stop_on_signal(session: Session, nursery: trio.Nursery) -> None:
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
         async for number in signals:
             log.info("%s: unmounting", signal.Signals(number).name)
-            pyfuse3.terminate()
+            session.exit()
             # Requests waiting for the daemon get a grace period, then are abandoned.
             await trio.sleep(fuse_limits.mount_shutdown_grace_s)
             nursery.cancel_scope.cancel()
             return
+
+
+async def _counts_on_signal(session: Session, backend: Backend) -> None:
+    with trio.open_signal_receiver(signal.SIGUSR1) as signals:
+        async for _ in signals:
+            _log_counts(session, backend)
+
+
+def _log_counts(session: Session, backend: Backend) -> None:
+    """Two lines: the requests the kernel sent and the calls made to the
+    daemon, by kind (`dlfs.launch.MountProcess.request_counts` parses them)."""
+    log.info("daemon calls: %s", json.dumps(dict(sorted(backend.calls.items()))))
+    log.info("requests: %s", json.dumps(dict(sorted(session.counts.items()))))
 
 
 def _keep_freed_memory() -> None:

@@ -1,0 +1,96 @@
+"""What reaches the mount's process per open(): nothing, once names and bytes are cached.
+
+The mount answers OPEN with ENOSYS (FUSE no-open), so the kernel opens,
+flushes and releases files without asking; names come with attributes in
+READDIRPLUS; entries and attributes are cached for the life of a dataset
+version.  The counts are the mount's own (`MountProcess.request_counts`).
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from conftest import unique_name, write_tree
+from dlfs import Client
+from mounting import mount_factory, requires_fuse  # noqa: F401 (fixture)
+
+pytestmark = requires_fuse
+
+OPENS_PER_FILE = 20
+
+
+@pytest.fixture(scope="module")
+def small_dataset(shared_daemon, tmp_path_factory):
+    rng = np.random.default_rng(9)
+    tree = {f"{i:03d}.bin": rng.bytes(4096 if i % 2 else 110 * 1024) for i in range(30)}
+    tree["sub/deeper.bin"] = rng.bytes(5000)
+    source = tmp_path_factory.mktemp("roundtrips")
+    write_tree(source, tree)
+    name = unique_name("rt")
+    with Client(shared_daemon.address) as client:
+        client.ingest(str(source), name, progress=False)
+    return shared_daemon.address, name, tree
+
+
+def test_warm_opens_reach_the_mount_not_at_all(small_dataset, mount_factory):
+    address, name, tree = small_dataset
+    m = mount_factory(address, "--dataset", name)
+    flat = sorted(rel for rel in tree if "/" not in rel)
+    assert sorted(os.listdir(m.mountpoint)) == sorted(flat + ["sub"])
+    for rel in flat:  # first epoch: the bytes come from the daemon
+        with open(os.path.join(m.mountpoint, rel), "rb") as f:
+            assert f.read() == tree[rel]
+    first = m.request_counts()
+    assert first.get("lookup", 0) == 0, first  # the listing carried every name's attributes
+    assert first.get("open", 0) <= 1, first  # answered ENOSYS: the kernel stops asking
+    assert first.get("release", 0) == 0, first
+    assert first.get("read", 0) >= len(flat), first
+
+    for _ in range(OPENS_PER_FILE):  # later epochs: buffered and unbuffered, stat and mmap
+        for rel in flat:
+            path = os.path.join(m.mountpoint, rel)
+            with open(path, "rb") as f:
+                assert f.read() == tree[rel]
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                assert os.fstat(fd).st_size == len(tree[rel])
+                assert os.pread(fd, 100, 1000) == tree[rel][1000:1100]
+            finally:
+                os.close(fd)
+    later = m.request_counts()
+    assert later == first, {k: later.get(k, 0) - first.get(k, 0) for k in later}
+
+
+def test_reads_name_the_inode_without_open(small_dataset, mount_factory):
+    """With the page cache dropped, a file opened without OPEN is read again
+    from the daemon: reads are served by inode alone."""
+    address, name, tree = small_dataset
+    m = mount_factory(address, "--dataset", name)
+    path = os.path.join(m.mountpoint, "sub", "deeper.bin")
+    with open(path, "rb") as f:
+        assert f.read() == tree["sub/deeper.bin"]
+    before = m.request_counts()
+    with open(path, "rb") as f:
+        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)  # evict its pages
+        assert f.read() == tree["sub/deeper.bin"]
+    after = m.request_counts()
+    assert after.get("read", 0) > before.get("read", 0)
+    assert after.get("open", 0) == before.get("open", 0) <= 1
+
+
+def test_paths_opened_without_a_listing_cost_one_listing_per_directory(small_dataset,
+                                                                       mount_factory):
+    """A reader that knows its paths (a file list) and never lists: the first
+    lookup in a directory lists it, the others are answered from memory."""
+    address, name, tree = small_dataset
+    m = mount_factory(address, "--dataset", name)
+    for rel in sorted(tree):
+        with open(os.path.join(m.mountpoint, *rel.split("/")), "rb") as f:
+            assert f.read() == tree[rel]
+    calls = m.request_counts(label="daemon calls")
+    assert calls.get("stat", 0) == 0, calls  # every name came with its directory
+    assert calls["list_page"] == 2, calls  # the root and sub/
+    assert calls["read"] == len(tree), calls  # one whole-sample read per file
