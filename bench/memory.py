@@ -48,7 +48,7 @@ def _child_build(n: int) -> dict:
     """Runs in a fresh process: RSS before and after building an n-sample index."""
     import numpy as np
 
-    from dlfs.server.catalog import SampleBlock
+    from dlfs.server.records import SampleBlock
     from dlfs.server.directory import DatasetIndex
 
     gc.collect()

@@ -18,7 +18,7 @@ maps any window of that payload to its pieces, sorted by (extent, file
 offset) so reads go to the device in storage order, with buffer offsets in
 request order.
 
-`plan_request` and `plan_range` check a request against the dataset and
+`plan_request` checks a request against the dataset and
 the configured bounds first.  Vectorized throughout: no Python loop per
 sample.  Nothing here reads a file or imports grpc.
 """
@@ -210,27 +210,3 @@ def plan_request(dataset: DatasetIndex, ids: Sequence[int] | None, paths: Sequen
             f"{config.batch_bytes_max} (--batch-bytes-max); split it into smaller batches"
         )
     return checked, plan
-
-
-def plan_range(dataset: DatasetIndex, sample_id: int, offset: int, length: int,
-               config: ServerConfig) -> tuple[BatchPlan, bool]:
-    """Plan the read of `length` bytes (0: to the end) at `offset` of one sample.
-
-    The range is clipped to the sample.  Returns (plan, whole) where
-    `whole` says the range covers the entire sample (only then can its
-    CRC32C be verified).  Raises InvalidArgument (bad id, past
-    batch_bytes_max), FailedPrecondition (stored by other members).
-    """
-    dataset.check_local(dataset.check_ids([sample_id]))
-    size = int(dataset.length[sample_id])
-    start = min(offset, size)
-    stop = size if length == 0 else min(size, start + length)
-    if stop - start > config.batch_bytes_max:
-        raise InvalidArgument(
-            f"a range of {stop - start} bytes is over the limit of "
-            f"{config.batch_bytes_max} (--batch-bytes-max); read it in parts")
-    one = slice(sample_id, sample_id + 1)
-    plan = plan_batch(np.zeros(1, np.int64), dataset.extent[one], dataset.offset[one] + start,
-                      np.array([stop - start], np.uint64), dataset.crc[one])
-    plan.sample_ids = np.array([sample_id], np.int64)
-    return plan, (start == 0 and stop == size)
