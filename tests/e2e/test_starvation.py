@@ -16,7 +16,10 @@ from dlfs.proto import dlfs_pb2 as pb
 from dlfs.proto import dlfs_pb2_grpc
 
 MiB = 1024 * 1024
-STALL_S = 3
+# Long enough that all six calls below are admitted or refused before the watchdog
+# cancels the first stalled one, even on a loaded 2-core machine (at 3 s a slow
+# start let a cancelled stream's slot go to a fifth call now and then).
+STALL_S = 15
 
 
 @pytest.fixture
