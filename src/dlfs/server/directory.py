@@ -85,6 +85,12 @@ class DirNode:
         return int(self.file_ids[self.children.index(name)])
 
 
+def generation_of(cluster: "Cluster | None", dataset_id: int) -> int:
+    """The version number of a dataset with this `cluster` (None: one daemon's) and
+    id: the striped ingest's generation, or the dataset id (see DatasetIndex.generation)."""
+    return cluster.generation if cluster is not None else dataset_id
+
+
 class DatasetIndex:
     """A sealed dataset's directory tree and per-id arrays.  Immutable.
 
@@ -146,9 +152,7 @@ class DatasetIndex:
         members' dataset ids differ, so there is no common number; reads of
         it cannot tell versions apart (ingest it again to get one).
         """
-        if self.cluster is not None:
-            return self.cluster.generation
-        return self.dataset_id
+        return generation_of(self.cluster, self.dataset_id)
 
     def summary(self) -> DatasetInfo:
         cluster = self.cluster

@@ -29,7 +29,6 @@ from dlfs.server.config import ServerConfig
 from dlfs.server.directory import DatasetIndex, SampleDirectory
 from dlfs.server.dirlock import DataDirLock
 from dlfs.server.extents import ExtentFiles, ExtentStore, fsync_dir
-from dlfs.server.ingest import RecoveredIngest
 from dlfs.server.ingest_registry import IngestRegistry, IngestState
 from dlfs.server.leases import ReadLeases
 from dlfs.server.metrics import Metrics
@@ -107,12 +106,7 @@ class Store(StoreIngests, StoreReads):
                      len(restored.prepared), catalog.size, time.monotonic() - started)
             store = cls(config, dir_lock, catalog, extents, restored.directory,
                         restored.next_dataset_id)
-            with store._mutex:
-                for index, replace in restored.prepared:
-                    session = RecoveredIngest(index, replace, catalog, extents)
-                    store._ingests.add(session)
-                    store._ingests.move(session, IngestState.PREPARED, index,
-                                        store._prepared_timeout_s(session))
+            store._recover_prepared(restored.prepared)
             return store
         except BaseException:
             dir_lock.release()

@@ -22,9 +22,9 @@ import time
 from dlfs.errors import AlreadyExists, DlfsError, NotFound, Overloaded
 from dlfs.paths import check_dataset_name
 from dlfs.server import faults, records
-from dlfs.server.directory import Cluster, DatasetIndex
+from dlfs.server.directory import Cluster, DatasetIndex, generation_of
 from dlfs.server.extents import ExtentWriter
-from dlfs.server.ingest import IngestSession
+from dlfs.server.ingest import IngestSession, RecoveredIngest
 from dlfs.server.ingest_registry import IngestState
 from dlfs.types import DatasetInfo
 
@@ -146,7 +146,8 @@ class StoreIngests:
             if published is not None and published.generation == generation:
                 return "committed"
             for session in self._ingests.sessions():
-                if session.name == name and generation_of(session) == generation:
+                if session.name == name and generation_of(session.cluster,
+                                                              session.dataset_id) == generation:
                     return "pending"
         return "aborted"
 
@@ -221,14 +222,16 @@ class StoreIngests:
                 self.directory.publish(index)
                 self._ingests.move(session, IngestState.SEALED)
         except BaseException as exc:
-            if expected is IngestState.PREPARED and (decider_of(session) is not None
+            decider = decider_of(session)
+            if expected is IngestState.PREPARED and (decider is not None
                                                      or self._catalog.failed):
                 # Not ours to abort: the first member may have committed, or (a
                 # failed catalog) our own SEAL may be on disk.  Stay prepared:
                 # commit when asked again, or let the restart's replay decide.
-                log.warning("commit of dataset %r failed (%s: %s); it stays prepared and is "
-                            "committed once %s's decision is applied again", session.name,
-                            type(exc).__name__, exc, decider_of(session))
+                log.warning("commit of dataset %r failed (%s: %s); it stays prepared until %s",
+                            session.name, type(exc).__name__, exc,
+                            f"{decider}'s decision is applied again" if decider
+                            else "the daemon restarts")
                 raise
             self.abort_ingest(session, f"commit failed: {type(exc).__name__}: {exc}")
             raise
@@ -239,6 +242,16 @@ class StoreIngests:
         log.info("sealed dataset %r: %d samples, %d bytes%s", index.name, len(index),
                  index.total_bytes, " (replaced the previous one)" if previous else "")
         return index.summary()
+
+    def _recover_prepared(self, prepared: list[tuple[DatasetIndex, bool]]) -> None:
+        """Register the prepared ingests replay found ((index, replaces) pairs) as
+        PREPARED again, each waiting for its decision as before the restart."""
+        with self._mutex:
+            for index, replace in prepared:
+                session = RecoveredIngest(index, replace, self._catalog, self.extents)
+                self._ingests.add(session)
+                self._ingests.move(session, IngestState.PREPARED, index,
+                                   self._prepared_timeout_s(session))
 
     def _prepared_timeout_s(self, session) -> float:
         """How long a prepared ingest waits before `_expire` looks at it."""
@@ -263,7 +276,7 @@ class StoreIngests:
 
     def _learn_outcome(self, session, decider: str) -> None:
         """Ask the first member what it decided; follow it, or ask again later."""
-        generation = generation_of(session)
+        generation = generation_of(session.cluster, session.dataset_id)
         outcome = self.decisions(session.name, generation, decider) if self.decisions else None
         try:
             if outcome == "committed":
@@ -272,11 +285,7 @@ class StoreIngests:
                 self.commit_prepared(session.name, generation)
                 return
             if outcome == "aborted":
-                with self._mutex:
-                    if self._ingests.state(session) is not IngestState.PREPARED:
-                        return
-                    self._ingests.move(session, IngestState.ABORTED)
-                self._discard(session, f"{decider} decided to abort generation {generation}")
+                self.abort_ingest(session, f"{decider} decided to abort generation {generation}")
                 return
         except (DlfsError, OSError) as exc:
             log.warning("could not apply %s's decision on dataset %r: %s", decider,
@@ -294,12 +303,6 @@ class StoreIngests:
         """Raise unless `session` is in `state` (caller holds `_mutex`)."""
         self._check_open()  # closing aborts every ingest: Unavailable says why
         self._ingests.require(session, state)
-
-
-def generation_of(session) -> int:
-    """The generation an ingest will publish (as DatasetIndex.generation)."""
-    cluster = session.cluster
-    return cluster.generation if cluster is not None and cluster.generation else session.dataset_id
 
 
 def decider_of(session) -> str | None:
