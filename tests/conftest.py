@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 import uuid
 
 import pytest
@@ -71,6 +72,21 @@ def write_tree(root, files: dict[str, bytes]) -> None:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path, "wb") as f:
             f.write(data)
+
+
+def read_dataset(client, name: str) -> dict[str, bytes]:
+    """Every sample of dataset `name` as path -> bytes, in one get_batch."""
+    ds = client.dataset(name)
+    return {ds.path(i): bytes(s) for i, s in enumerate(ds.get_batch(range(len(ds))))}
+
+
+def wait_until(condition, what: str, timeout_s: float) -> None:
+    """Poll `condition()` until it holds; fail naming `what` after `timeout_s` (a bound
+    for a hang on a loaded machine, not a speed target)."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"never happened within {timeout_s:g} s: {what}"
+        time.sleep(0.1)
 
 
 def unique_name(prefix: str = "ds") -> str:

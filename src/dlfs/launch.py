@@ -187,9 +187,13 @@ class DaemonProcess(_Launched):
 
     def restart(self) -> str:
         """Stop cleanly and start again on the same port and data dir; the address."""
-        port = self.address.rpartition(":")[2]
         self.stop()
-        return self.start(f"127.0.0.1:{port}")
+        return self.start_again()
+
+    def start_again(self) -> str:
+        """Start (after `stop` or `kill`) on 127.0.0.1 and the port of the last start,
+        so clients and cluster member lists that name it reach it again."""
+        return self.start(f"127.0.0.1:{self.address.rpartition(':')[2]}")
 
 
 

@@ -109,7 +109,7 @@ def test_failover_to_replicas_when_a_daemon_is_killed(three, tree):
         assert isinstance(statuses[victim.address], dlfs.Unavailable)
         assert not any(isinstance(statuses[d.address], Exception) for d in (three[0], three[2]))
         # The daemon comes back: after its down mark expires it serves its share again.
-        victim.start(f"127.0.0.1:{victim.address.rpartition(':')[2]}")
+        victim.start_again()
         assert client.transport.is_down(victim.address)
         clock.advance(limits.member_down_s)  # its down mark expires
         assert not client.transport.is_down(victim.address)

@@ -12,15 +12,10 @@ import numpy as np
 import pytest
 
 import dlfs
-from conftest import write_tree
+from conftest import read_dataset, write_tree
 from dlfs import Client
 
 KILL_POINTS = int(os.environ.get("DLFS_CRASH_KILL_POINTS", "20"))
-
-
-def read_all(client, name):
-    ds = client.dataset(name)
-    return {ds.path(i): bytes(s) for i, s in enumerate(ds.get_batch(range(len(ds))))}
 
 
 def test_kill_9_mid_ingest_then_restart(daemon, tmp_path):
@@ -51,15 +46,15 @@ def test_kill_9_mid_ingest_then_restart(daemon, tmp_path):
             time.sleep(chooser.uniform(0.0, duration * 1.2))
         daemon.kill()
         out, err = ingest.communicate(timeout=60)
-        daemon.start(f"127.0.0.1:{daemon.address.rpartition(':')[2]}")
+        daemon.start_again()
         with Client(daemon.address) as client:
-            assert read_all(client, "sealed") == sealed_tree
+            assert read_dataset(client, "sealed") == sealed_tree
             infos = {i.name: i for i in client.dataset_infos()}
             if name in infos:
                 # The kill came after the seal: then the dataset is complete.
                 assert ingest.returncode == 0 or b"Unavailable" in err
                 assert infos[name].sealed
-                assert read_all(client, name) == big_tree
+                assert read_dataset(client, name) == big_tree
                 outcomes.append("sealed")
                 client.delete(name)
             else:

@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import os
 import random
-import time
 
 import pytest
 
 import dlfs
-from conftest import write_tree
+from conftest import read_dataset, wait_until, write_tree
 from dlfs import Client
 from dlfs.launch import LaunchError
 
@@ -60,11 +59,6 @@ class Versions:
         return str(self.root / key)
 
 
-def read_all(client: Client, name: str) -> dict[str, bytes]:
-    ds = client.dataset(name)
-    return {ds.path(i): bytes(s) for i, s in enumerate(ds.get_batch(range(len(ds))))}
-
-
 def check_whole_versions(daemon, versions: Versions) -> None:
     """Every name serves one allowed version whole; nothing else exists; no stray extents.
     Narrows each name's allowed versions to the one it serves."""
@@ -77,7 +71,7 @@ def check_whole_versions(daemon, versions: Versions) -> None:
                 assert None in allowed, f"dataset {name!r} was lost (it may only be {allowed})"
                 del versions.allowed[name]
                 continue
-            content = read_all(client, name)
+            content = read_dataset(client, name)
             matches = [k for k in allowed if k is not None and versions.trees[k] == content]
             assert matches, (f"dataset {name!r} serves {len(content)} files matching none of "
                              f"its versions {sorted(k for k in allowed if k)}")
@@ -171,13 +165,13 @@ def test_a_failed_delete_keeps_the_dataset_listed_and_whole(daemon_factory, tmp_
             client.delete("ds")
         assert "restart" in str(raised.value) or "space" in str(raised.value)
         if spec.startswith("write"):  # the record was cut off cleanly: nothing changed
-            assert read_all(client, "ds") == files
+            assert read_dataset(client, "ds") == files
     daemon.extra_env = {}
     daemon.restart()
     with Client(daemon.address) as client:
         names = [i.name for i in client.dataset_infos()]
         if "ds" in names:
-            assert read_all(client, "ds") == files
+            assert read_dataset(client, "ds") == files
         assert len(os.listdir(os.path.join(daemon.data_dir, "extents"))) == len(names)
 
 
@@ -197,14 +191,14 @@ def test_a_replace_whose_seal_fsync_fails_keeps_one_whole_version(daemon_factory
     with Client(daemon.address) as client:
         with pytest.raises(dlfs.FailedPrecondition, match="restart"):
             client.ingest(str(tmp_path / "new"), "ds", replace=True)
-        assert read_all(client, "ds") == old  # still the old one until the restart
+        assert read_dataset(client, "ds") == old  # still the old one until the restart
         with pytest.raises(dlfs.FailedPrecondition, match="accepts no changes"):
             client.delete("ds")
     assert "fault injected: fsync #4" in daemon.log()
     daemon.extra_env = {}
     daemon.restart()
     with Client(daemon.address) as client:
-        assert read_all(client, "ds") in (old, new)
+        assert read_dataset(client, "ds") in (old, new)
     assert len(os.listdir(os.path.join(daemon.data_dir, "extents"))) == 1
 
 
@@ -220,18 +214,13 @@ STRIPED_FAULTS = [("seal", 1), ("fsync", 8), ("write", 12), ("create", 3), ("mkd
 SETTLE_S = 60.0
 
 
-def wait_until_settled(daemons) -> None:
-    """Until no member has a running ingest (every prepared one learned its outcome)."""
-    deadline = time.monotonic() + SETTLE_S
-    while True:
-        running = 0
-        for daemon in daemons:
-            with Client(daemon.address) as client:
-                running += client.status().ingests_running
-        if not running:
-            return
-        assert time.monotonic() < deadline, f"{running} ingests still prepared after {SETTLE_S} s"
-        time.sleep(0.1)
+def ingests_running(daemons) -> int:
+    """Ingests running (receiving or prepared) on all of `daemons`."""
+    running = 0
+    for daemon in daemons:
+        with Client(daemon.address) as client:
+            running += client.status().ingests_running
+    return running
 
 
 def test_random_faults_during_striped_commits_and_rebalances(daemon_factory, tmp_path):
@@ -253,7 +242,7 @@ def test_random_faults_during_striped_commits_and_rebalances(daemon_factory, tmp
         before = victim.log().count("fault injected:")
         victim.stop()
         victim.extra_env = {"DLFS_FAULT": spec}
-        victim.start(f"127.0.0.1:{victim.address.rpartition(':')[2]}")
+        victim.start_again()
         scenario = rng.choice(("replace", "rebalance"))
         new = versions.new() if scenario == "replace" else None
         if new is not None:
@@ -274,12 +263,13 @@ def test_random_faults_during_striped_commits_and_rebalances(daemon_factory, tmp
         for daemon in daemons:  # the victim may be dead; every member restarts
             daemon.stop() if rng.random() < 0.5 else daemon.kill()
             daemon.extra_env = {}
-            daemon.start(f"127.0.0.1:{daemon.address.rpartition(':')[2]}")
-        wait_until_settled(daemons)
+            daemon.start_again()
+        wait_until(lambda: ingests_running(daemons) == 0,
+                   "every prepared ingest to learn its outcome", SETTLE_S)
         with Client(members) as client:
             [info] = client.dataset_infos()
             assert info.disagreement == "", info.disagreement
-            content = read_all(client, "s")
+            content = read_dataset(client, "s")
         matches = [k for k in versions.allowed["s"] if versions.trees[k] == content]
         assert matches, f"{spec} on {victim.address} during {scenario}: no whole version"
         versions.allowed["s"] = {matches[0]}

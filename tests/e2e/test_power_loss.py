@@ -8,17 +8,12 @@ import signal
 import subprocess
 import sys
 
-from conftest import requires_fuse, write_tree
+from conftest import read_dataset, requires_fuse, write_tree
 from dlfs import Client
 from dlfs.launch import DaemonProcess, wait_for_file
 
 POWERCUT_FS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                            "powercut_fs.py")
-
-
-def read_all(client, name):
-    ds = client.dataset(name)
-    return {ds.path(i): bytes(s) for i, s in enumerate(ds.get_batch(range(len(ds))))}
 
 
 class PowercutMount:
@@ -81,7 +76,7 @@ def test_acknowledged_changes_survive_a_power_cut(tmp_path):
     with restarted:
         with Client(restarted.address) as client:
             assert sorted(i.name for i in client.dataset_infos()) == ["keep", "last", "rep"]
-            assert read_all(client, "keep") == trees["keep"]
-            assert read_all(client, "rep") == trees["new"]
-            assert read_all(client, "last") == trees["last"]
+            assert read_dataset(client, "keep") == trees["keep"]
+            assert read_dataset(client, "rep") == trees["new"]
+            assert read_dataset(client, "last") == trees["last"]
     assert len(os.listdir(os.path.join(image, "data", "extents"))) == 3

@@ -4,14 +4,13 @@ member's commit decides, members left prepared learn the decision, retried commi
 from __future__ import annotations
 
 import os
-import time
 
 import crc32c
 import grpc
 import numpy as np
 import pytest
 
-from conftest import addresses, write_tree
+from conftest import addresses, read_dataset, wait_until, write_tree
 from dlfs import Client, cli
 from dlfs.proto import dlfs_pb2 as pb
 from dlfs.proto import dlfs_pb2_grpc
@@ -35,23 +34,6 @@ def prepared_stream(name: str, address: str, files: dict[str, bytes]):
         files=len(files), bytes=sum(map(len, files.values()))))
 
 
-def read_all(client: Client, name: str) -> dict[str, bytes]:
-    ds = client.dataset(name)
-    return {ds.path(i): bytes(s) for i, s in enumerate(ds.get_batch(range(len(ds))))}
-
-
-def wait_until(predicate, what: str, timeout_s: float = SETTLE_S) -> None:
-    """Poll `predicate` until it holds; fail naming `what` after `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
-
-
-def restart_on_same_port(daemon) -> None:
-    daemon.start(f"127.0.0.1:{daemon.address.rpartition(':')[2]}")
-
-
 def sealed_generation(address: str, name: str) -> int:
     """The generation `address` publishes `name` in; 0 if none (or not yet committed)."""
     with Client(address) as client:
@@ -68,7 +50,7 @@ def test_a_prepared_ingest_survives_a_restart_and_a_retried_commit_succeeds(daem
             prepared_stream("ds", daemon.address, files), timeout=30)
         assert not prepared.sealed
     daemon.kill()  # no clean shutdown: only what is durable counts
-    restart_on_same_port(daemon)
+    daemon.start_again()
     assert "was prepared but not yet committed" in daemon.log()
     with Client(daemon.address) as client:
         [info] = client.dataset_infos()
@@ -87,7 +69,7 @@ def test_a_prepared_ingest_survives_a_restart_and_a_retried_commit_succeeds(daem
                                                                 generation=GENERATION))
         assert outcome.state == pb.IngestOutcome.COMMITTED
     with Client(daemon.address) as client:
-        assert read_all(client, "ds") == files
+        assert read_dataset(client, "ds") == files
 
 
 @pytest.fixture
@@ -110,7 +92,7 @@ def test_a_member_that_dies_at_commit_commits_after_its_restart(daemon_factory, 
     victim = three[2]
     victim.stop()
     victim.extra_env = {"DLFS_FAULT": "seal:1:kill"}
-    restart_on_same_port(victim)
+    victim.start_again()
     with Client(members, reconnect_timeout_s=1) as client:
         info = client.ingest(str(root / "new"), "ds", replace=True)  # the first member decided
     assert "fault injected: seal #1" in victim.log()
@@ -120,7 +102,7 @@ def test_a_member_that_dies_at_commit_commits_after_its_restart(daemon_factory, 
     # Back, but not asking the first member yet: the listing says who disagrees.
     victim.extra_env = {}
     victim.extra_args = ["--in-doubt-poll-s", "3600"]
-    restart_on_same_port(victim)
+    victim.start_again()
     capsys.readouterr()
     assert cli.main(["--server", ",".join(members), "datasets"]) == 0
     listing = capsys.readouterr().out
@@ -128,12 +110,12 @@ def test_a_member_that_dies_at_commit_commits_after_its_restart(daemon_factory, 
     assert f"once it reaches {members[0]}" in listing
     victim.stop()
     victim.extra_args = FAST_2PC
-    restart_on_same_port(victim)  # prepared again after replay: it asks the first member
+    victim.start_again()  # prepared again after replay: it asks the first member
     wait_until(lambda: sealed_generation(members[2], "ds") == new_generation,
-               "the restarted member to learn the commit")
+               "the restarted member to learn the commit", SETTLE_S)
     assert "committed it; committing here" in victim.log()
     with Client(members) as client:
-        assert read_all(client, "ds") == new
+        assert read_dataset(client, "ds") == new
         assert not client.dataset_infos()[0].disagreement
 
 
@@ -147,7 +129,7 @@ def test_the_first_member_dying_at_commit_aborts_everywhere_and_keeps_the_old_ve
     decider = three[0]
     decider.stop()
     decider.extra_env = {"DLFS_FAULT": "seal:1:kill"}
-    restart_on_same_port(decider)
+    decider.start_again()
     with Client(members, reconnect_timeout_s=1) as client:
         with pytest.raises(Exception, match="first member"):
             client.ingest(str(root / "new"), "ds", replace=True)
@@ -155,15 +137,15 @@ def test_the_first_member_dying_at_commit_aborts_everywhere_and_keeps_the_old_ve
     for address in members[1:]:
         assert sealed_generation(address, "ds") == first.generation
     decider.extra_env = {}
-    restart_on_same_port(decider)  # prepared again; nobody commits: it aborts in 3 s
+    decider.start_again()  # prepared again; nobody commits: it aborts in 3 s
 
     def settled() -> bool:  # the new version's extents are gone everywhere
         return all(len(os.listdir(os.path.join(d.data_dir, "extents"))) == 1 for d in three)
 
-    wait_until(settled, "every member to abort the new version")
+    wait_until(settled, "every member to abort the new version", SETTLE_S)
     assert "decided to abort generation" in three[1].log()
     assert "decided to abort generation" in three[2].log()
     with Client(members) as client:
-        assert read_all(client, "ds") == old
+        assert read_dataset(client, "ds") == old
         assert [(i.name, i.generation, i.disagreement) for i in client.dataset_infos()] == [
             ("ds", first.generation, "")]

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import errno
 import os
-import time
 
-from conftest import write_tree
+from conftest import wait_until, write_tree
 from dlfs import Client
 from mounting import mount_factory, requires_fuse  # noqa: F401 (fixture)
 
@@ -15,13 +14,6 @@ pytestmark = requires_fuse
 # The mount checks the version every few seconds (limits.mount_dataset_entry_timeout_s);
 # this bounds a hang on a loaded machine, it is not a speed target.
 NOTICE_TIMEOUT_S = 120.0
-
-
-def wait_until(condition, what: str) -> None:
-    deadline = time.monotonic() + NOTICE_TIMEOUT_S
-    while not condition():
-        assert time.monotonic() < deadline, f"never happened: {what}"
-        time.sleep(0.1)
 
 
 def test_a_dataset_mount_follows_a_replacement(daemon, tmp_path, mount_factory):
@@ -40,7 +32,8 @@ def test_a_dataset_mount_follows_a_replacement(daemon, tmp_path, mount_factory):
         client.ingest(str(tmp_path / "v2"), "ds", replace=True, progress=False)
 
     wait_until(lambda: sorted(os.listdir(root)) == ["a.bin", "d", "only-v2.txt"] and
-               os.path.exists(os.path.join(root, "only-v2.txt")), "the listing shows v2")
+               os.path.exists(os.path.join(root, "only-v2.txt")), "the listing shows v2",
+               NOTICE_TIMEOUT_S)
     assert os.stat(os.path.join(root, "a.bin")).st_size == 3000
     with open(os.path.join(root, "a.bin"), "rb") as f:
         assert f.read() == b"2" * 3000
