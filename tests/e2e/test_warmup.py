@@ -59,12 +59,21 @@ def cache_drops() -> int:
         return next(int(line.split()[1]) for line in f if line.startswith("drop_pagecache "))
 
 
+# Share of probed pages that must still be cached after a warm-up.  Not all
+# of them: the kernel may reclaim a few idle pages before the test probes
+# (proactive reclaim runs on the shared CI machines), while a warm-up that did
+# not read the range leaves none of it cached after `drop_cache`.
+RESIDENT_SHARE_MIN = 0.75
+
+
 def assert_resident(path: str, start: int, stop: int, drops_before: int) -> None:
-    """Every page of [start, stop) of `path` is cached, unless some other process on
-    this shared machine dropped the whole page cache meanwhile (then it says nothing)."""
+    """Nearly every page of [start, stop) of `path` is cached, unless some other
+    process on this shared machine dropped the whole page cache meanwhile (then
+    it says nothing)."""
     pages = resident_pages(path, start, stop)
     if cache_drops() == drops_before:
-        assert all(pages)
+        assert sum(pages) >= RESIDENT_SHARE_MIN * len(pages), \
+            f"{sum(pages)} of {len(pages)} probed pages cached"
 
 
 def make_dataset(daemon, tmp_path, total_mib: int) -> None:
