@@ -24,6 +24,9 @@ class DatasetInfo:
     # The sealed version described: never reused, new with every replace
     # (0 while an ingest runs).  Reads may name it to refuse a newer one.
     generation: int = 0
+    # Unsealed: "receiving", "prepared" or "parked" (a resumable ingest that
+    # broke off); "" when sealed.
+    ingest_state: str = ""
 
     @property
     def striped(self) -> bool:

@@ -20,6 +20,9 @@ Record types and payloads:
     GENERATION dataset id u64 | generation u64: the version id a striped ingest
             named, the same on every member (without it, the generation is the
             dataset id)
+    CHECKPOINT a resumable ingest's durable point (payload and meaning in
+            dlfs.server.resumable): the dataset's first N samples recorded so
+            far are durable, records of further samples before it are void
 
 A dataset becomes visible only with its SEAL record, which is written after
 its extents and SAMPLES records are synced, and the catalog is synced before
@@ -72,6 +75,7 @@ class RecordType(enum.IntEnum):
     CLUSTER = 5
     HOLDERS = 6
     GENERATION = 7
+    CHECKPOINT = 8
 
 
 _RECORD_TYPES = frozenset(t.value for t in RecordType)

@@ -3,12 +3,19 @@
     RECEIVING -> PREPARED -> SEALED      two-phase commit (striped datasets)
     RECEIVING -> SEALED                  one-phase commit
     RECEIVING or PREPARED -> ABORTED     error, client abort, timeout, shutdown
+    RECEIVING -> PARKED                  a resumable ingest's stream broke off
+    PREPARED -> PARKED                   a resumable ingest was not committed in time
+    PARKED or PREPARED -> RECEIVING      resumed (IngestStart.resume)
+    PARKED -> ABORTED                    not resumed in time, DeleteDataset
 
 RECEIVING: files arrive on the Ingest stream.  PREPARED (two-phase ingests
 of striped datasets): everything is durable and checked, the dataset waits
 for CommitIngest or AbortIngest, at most `limits.prepared_ingest_timeout_s`.
-SEALED (published) and ABORTED (discarded) are final: the registry then
-forgets the session, so its name is free for the next ingest.
+PARKED (resumable ingests, resumable.py): what arrived is durable up to a
+checkpoint, the dataset stays invisible and waits for a resume, at most
+the daemon's --resumable-ingest-timeout-s.  SEALED (published) and ABORTED
+(discarded) are final: the registry then forgets the session, so its name
+is free for the next ingest.
 
 `IngestRegistry.move` is the only code that changes a state.  The Store
 calls it under its own lock and performs what a transition means (catalog
@@ -22,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import threading
+import time
 from typing import Callable
 
 from dlfs import limits
@@ -33,14 +41,17 @@ from dlfs.server.ingest import IngestSession
 class IngestState(enum.Enum):
     RECEIVING = "receiving"
     PREPARED = "prepared"
+    PARKED = "parked"
     SEALED = "sealed"
     ABORTED = "aborted"
 
 
 _ALLOWED = {
     IngestState.RECEIVING: frozenset({IngestState.PREPARED, IngestState.SEALED,
-                                      IngestState.ABORTED}),
-    IngestState.PREPARED: frozenset({IngestState.SEALED, IngestState.ABORTED}),
+                                      IngestState.ABORTED, IngestState.PARKED}),
+    IngestState.PREPARED: frozenset({IngestState.SEALED, IngestState.ABORTED,
+                                     IngestState.PARKED, IngestState.RECEIVING}),
+    IngestState.PARKED: frozenset({IngestState.RECEIVING, IngestState.ABORTED}),
     IngestState.SEALED: frozenset(),
     IngestState.ABORTED: frozenset(),
 }
@@ -52,7 +63,9 @@ class _Entry:
     session: IngestSession
     state: IngestState
     index: DatasetIndex | None = None  # built when the ingest was prepared
-    timer: threading.Timer | None = None  # expires a prepared ingest
+    timer: threading.Timer | None = None  # expires a prepared or parked ingest
+    parked_ns: int = 0  # wall clock when it was parked
+    expires_at: float = 0.0  # time.monotonic() when its timer fires
 
 
 class IngestRegistry:
@@ -60,16 +73,42 @@ class IngestRegistry:
 
     Not thread-safe: the Store calls every method under its lock.
     `expire(session)` is called on a timer thread when a prepared ingest
-    has waited `limits.prepared_ingest_timeout_s`; it must take that lock
-    and check the state again (a commit may have won the race).
+    has waited `limits.prepared_ingest_timeout_s`, or a parked one
+    `parked_timeout_s`; it must take that lock and check the state again (a
+    commit or a resume may have won the race).
     """
 
-    def __init__(self, expire: Callable[[IngestSession], None]):
+    def __init__(self, expire: Callable[[IngestSession], None],
+                 parked_timeout_s: float = limits.resumable_ingest_timeout_s_default):
         self._expire = expire
+        self._parked_timeout_s = parked_timeout_s
         self._by_name: dict[str, _Entry] = {}
 
     def __len__(self) -> int:
         return len(self._by_name)
+
+    def active_count(self) -> int:
+        """Ingests that hold an open stream or a prepared index (not the parked ones)."""
+        return sum(entry.state is not IngestState.PARKED for entry in self._by_name.values())
+
+    def find(self, name: str) -> tuple[IngestSession, IngestState] | None:
+        """The running, prepared or parked ingest of `name` and its state."""
+        entry = self._by_name.get(name)
+        return None if entry is None else (entry.session, entry.state)
+
+    def parked_times(self, session: IngestSession) -> tuple[int, float]:
+        """(wall clock ns when parked, seconds left before it expires); (0, 0) unless parked."""
+        entry = self._by_name.get(session.name)
+        if entry is None or entry.session is not session or entry.state is not IngestState.PARKED:
+            return 0, 0.0
+        return entry.parked_ns, max(0.0, entry.expires_at - time.monotonic())
+
+    def add_parked(self, session: IngestSession, parked_ns: int, timeout_s: float) -> None:
+        """Register a session restored at start as PARKED, expiring in `timeout_s`."""
+        assert session.name not in self._by_name, "replay keeps one ingest per name"
+        entry = self._by_name[session.name] = _Entry(session, IngestState.PARKED)
+        self._start_timer(entry, max(0.0, timeout_s))
+        entry.parked_ns = parked_ns
 
     def is_running(self, name: str) -> bool:
         return name in self._by_name
@@ -123,14 +162,20 @@ class IngestRegistry:
             entry.timer.cancel()
             entry.timer = None
         entry.state = to
+        entry.index = index
         if to is IngestState.PREPARED:
-            entry.index = index
-            entry.timer = threading.Timer(limits.prepared_ingest_timeout_s, self._expire,
-                                          (session,))
-            entry.timer.daemon = True
-            entry.timer.start()
+            self._start_timer(entry, limits.prepared_ingest_timeout_s)
+        elif to is IngestState.PARKED:
+            self._start_timer(entry, self._parked_timeout_s)
+            entry.parked_ns = time.time_ns()
         elif to in FINAL:
             del self._by_name[session.name]
+
+    def _start_timer(self, entry: _Entry, seconds: float) -> None:
+        entry.timer = threading.Timer(seconds, self._expire, (entry.session,))
+        entry.timer.daemon = True
+        entry.expires_at = time.monotonic() + seconds
+        entry.timer.start()
 
     def check_invariants(self) -> None:
         """Assert every entry is consistent.  O(running ingests); for tests."""
@@ -140,7 +185,8 @@ class IngestRegistry:
             assert entry.state not in FINAL, "final states are forgotten"
             prepared = entry.state is IngestState.PREPARED
             assert (entry.index is not None) == prepared
-            assert (entry.timer is not None) == prepared
+            assert (entry.timer is not None) == (prepared or entry.state is IngestState.PARKED)
+            assert entry.state is not IngestState.PARKED or entry.session.resumable
             assert not prepared or entry.index.dataset_id == entry.session.dataset_id
             ids.add(entry.session.dataset_id)
         assert len(ids) == len(self._by_name), "two running ingests share a dataset id"

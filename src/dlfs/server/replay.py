@@ -1,9 +1,10 @@
 """Catalog replay at start: rebuild the sample directory, drop leftovers, compact.
 
 `restore` folds the catalog's records into datasets by id, publishes the
-sealed ones, discards interrupted ingests (a DELETE record and their
-extents) and extent directories no record names, and rewrites the catalog
-when dead records make up most of it.  It runs once, before the daemon
+sealed ones, brings back resumable ingests that broke off as parked ones
+(resumable.py), discards other interrupted ingests (a DELETE record and
+their extents) and extent directories no record names, and rewrites the
+catalog when dead records make up most of it.  It runs once, before the daemon
 serves anything.  Nothing here imports grpc.
 """
 
@@ -17,6 +18,8 @@ from dlfs import limits
 from dlfs.server import catalog as cat
 from dlfs.server.directory import Cluster, DatasetIndex, SampleDirectory
 from dlfs.server.extents import ExtentStore
+from dlfs.server.resumable import (Checkpoint, ParkedIngest, decode_checkpoint, encode_checkpoint,
+                                   truncate_blocks)
 
 log = logging.getLogger(__name__)
 
@@ -31,19 +34,33 @@ class ReplayedDataset:
     sealed: bool = False
     record_bytes: int = 0  # SAMPLES and HOLDERS payload bytes in the catalog
     cluster: Cluster | None = None
+    checkpoint: Checkpoint | None = None  # the last one of a resumable ingest
 
 
-def restore(catalog: cat.Catalog, records, extents: ExtentStore) -> tuple[SampleDirectory, int]:
-    """The sealed datasets of `records` as a directory, and the next free dataset id.
+def restore(catalog: cat.Catalog, records, extents: ExtentStore
+            ) -> tuple[SampleDirectory, int, list[ParkedIngest]]:
+    """The sealed datasets of `records` as a directory, the next free dataset id, and
+    the resumable ingests that broke off (to be parked).
 
-    Discards incomplete ingests and orphaned extents (logged), syncs the
-    catalog, and compacts it (see `compact_if_mostly_dead`).  Cost: one
+    Discards other incomplete ingests and orphaned extents (logged), syncs
+    the catalog, and compacts it (see `compact_if_mostly_dead`).  Cost: one
     pass over the records plus one index build per dataset; the peak is
     about twice the directory's final size (see `release_free_heap`).
     """
     replayed, max_id = replay(records)
     directory = SampleDirectory()
+    parked: list[ParkedIngest] = []
     for dataset_id, entry in replayed.items():
+        if not entry.sealed and entry.checkpoint is not None:
+            checkpoint = entry.checkpoint
+            entry.blocks = truncate_blocks(entry.blocks, checkpoint.samples)
+            if any(p.name == entry.name for p in parked):  # cannot happen with a sound log
+                log.error("catalog holds two parked ingests named %r; discarding the earlier",
+                          entry.name)
+                parked = [p for p in parked if p.name != entry.name]
+            parked.append(ParkedIngest(dataset_id, entry.name, entry.created_ns, entry.blocks,
+                                       checkpoint, entry.cluster))
+            continue
         if not entry.sealed:
             samples = sum(len(b) for b in entry.blocks)
             log.warning("discarding incomplete ingest of dataset %r (%d samples arrived "
@@ -57,15 +74,18 @@ def restore(catalog: cat.Catalog, records, extents: ExtentStore) -> tuple[Sample
         if replaced is not None:  # cannot happen with a well-formed log
             log.error("catalog holds two sealed datasets named %r; keeping the later",
                       entry.name)
-    live = {d.dataset_id for d in directory.all()}
+    live = {d.dataset_id for d in directory.all()} | {p.dataset_id for p in parked}
     for dataset_id in extents.dataset_ids_on_disk():
         if dataset_id not in live:
             log.warning("removing orphaned extents of dataset id %x", dataset_id)
             extents.remove_dataset(dataset_id)
         max_id = max(max_id, dataset_id)
+    for entry in parked:
+        if not any(entry.dataset_id == i for i in extents.dataset_ids_on_disk()):
+            log.warning("the parked ingest of dataset %r has no extents on disk", entry.name)
     catalog.sync()
     compact_if_mostly_dead(catalog, replayed, max_id, live)
-    return directory, max_id + 1
+    return directory, max_id + 1, parked
 
 
 def replay(records) -> tuple[dict[int, ReplayedDataset], int]:
@@ -104,6 +124,12 @@ def replay(records) -> tuple[dict[int, ReplayedDataset], int]:
             datasets.pop(replaces, None)
         elif rtype is cat.RecordType.DELETE:
             datasets.pop(cat.decode_delete(payload), None)
+        elif rtype is cat.RecordType.CHECKPOINT:
+            dataset_id, checkpoint = decode_checkpoint(payload)
+            entry = datasets.get(dataset_id)
+            if entry is not None:  # records of samples past it are void (resumable.py)
+                entry.blocks = truncate_blocks(entry.blocks, checkpoint.samples)
+                entry.checkpoint = checkpoint
     return datasets, max_id
 
 
@@ -124,7 +150,11 @@ def compact_if_mostly_dead(catalog: cat.Catalog, replayed: dict[int, ReplayedDat
         records += cat.start_records(dataset_id, entry.created_ns, entry.name, entry.cluster)
         for block in entry.blocks:
             records += cat.block_records(dataset_id, block)
-        records.append((cat.RecordType.SEAL, cat.encode_seal(dataset_id)))
+        if entry.sealed:
+            records.append((cat.RecordType.SEAL, cat.encode_seal(dataset_id)))
+        else:  # a parked resumable ingest: its blocks were cut at its last checkpoint
+            records.append((cat.RecordType.CHECKPOINT,
+                            encode_checkpoint(dataset_id, entry.checkpoint)))
     before = catalog.size
     catalog.rewrite(records)
     log.info("compacted the catalog from %d to %d bytes", before, catalog.size)

@@ -15,6 +15,7 @@ The data dir layout is in `dlfs.layout`.  Nothing here imports grpc.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import threading
@@ -24,7 +25,8 @@ from typing import ContextManager, Iterator, Sequence
 import numpy as np
 
 from dlfs import layout, limits
-from dlfs.errors import AlreadyExists, NotFound, Overloaded, StaleGeneration, Unavailable
+from dlfs.errors import (AlreadyExists, FailedPrecondition, NotFound, Overloaded,
+                         ResumeConflict, StaleGeneration, Unavailable)
 from dlfs.paths import check_dataset_name
 from dlfs.server import catalog as cat
 from dlfs.server import planning
@@ -40,6 +42,7 @@ from dlfs.server.prefetch import Prefetcher
 from dlfs.server.planning import BatchPlan
 from dlfs.server.reader import ReadEngine
 from dlfs.server.replay import release_free_heap, restore
+from dlfs.server.resumable import ParkedIngest, ProgressInfo
 from dlfs.server.scrub import scrub as scrub_dataset
 from dlfs.types import DaemonStatus, DatasetInfo
 
@@ -55,7 +58,8 @@ class Store:
     """
 
     def __init__(self, config: ServerConfig, dir_lock: DataDirLock, catalog: cat.Catalog,
-                 extents: ExtentStore, directory: SampleDirectory, next_dataset_id: int):
+                 extents: ExtentStore, directory: SampleDirectory, next_dataset_id: int,
+                 parked: Sequence[ParkedIngest] = ()):
         self.config = config
         self.directory = directory
         self.extents = extents
@@ -70,9 +74,22 @@ class Store:
         self._prefetcher = Prefetcher(self._files)
         self._mutex = threading.Lock()
         self._next_dataset_id = next_dataset_id
-        self._ingests = IngestRegistry(expire=self._expire)
+        self._ingests = IngestRegistry(expire=self._expire,
+                                       parked_timeout_s=config.resumable_ingest_timeout_s)
         self._leases = ReadLeases(free=self._free_extents)
         self._closed = False
+        for entry in parked:  # resumable ingests that broke off before the restart
+            session = IngestSession.restored(entry.name, entry.dataset_id, entry.created_ns,
+                                             catalog, entry.blocks, entry.checkpoint,
+                                             entry.cluster)
+            session.checkpoint_bytes = config.ingest_checkpoint_bytes
+            session.checkpoint_interval_s = config.ingest_checkpoint_interval_s
+            waited_s = max(0.0, (time.time_ns() - entry.checkpoint.time_ns) / 1e9)
+            self._ingests.add_parked(session, entry.checkpoint.time_ns,
+                                     config.resumable_ingest_timeout_s - waited_s)
+            log.warning("ingest of dataset %r is parked with %d files durable (it broke off "
+                        "when the daemon stopped); `dlfs ingest --resume` continues it",
+                        entry.name, entry.checkpoint.samples)
 
     # --- lifecycle -------------------------------------------------------------
 
@@ -91,20 +108,24 @@ class Store:
             catalog, replayed = cat.Catalog.open(os.path.join(data_dir, layout.CATALOG_FILE),
                                                  salvage=config.salvage_catalog)
             extents = ExtentStore(data_dir)
-            directory, next_dataset_id = restore(catalog, replayed.records, extents)
+            directory, next_dataset_id, parked = restore(catalog, replayed.records, extents)
             del replayed
             release_free_heap()
             datasets = directory.all()
             log.info("catalog replayed: %d datasets, %d samples, %d catalog bytes in %.2f s",
                      len(datasets), sum(len(d) for d in datasets), catalog.size,
                      time.monotonic() - started)
-            return cls(config, dir_lock, catalog, extents, directory, next_dataset_id)
+            return cls(config, dir_lock, catalog, extents, directory, next_dataset_id, parked)
         except BaseException:
             dir_lock.release()
             raise
 
     def close(self) -> None:
-        """Abort running ingests, stop readers, flush and close the catalog.  Idempotent."""
+        """Abort running ingests, stop readers, flush and close the catalog.  Idempotent.
+
+        Resumable ingests are left as their last checkpoint recorded them: the
+        next start brings them back parked.
+        """
         with self._mutex:
             if self._closed:
                 return
@@ -113,7 +134,8 @@ class Store:
             for session in sessions:
                 self._ingests.move(session, IngestState.ABORTED)
         for session in sessions:
-            self._discard(session, "the daemon is shutting down")
+            if not session.resumable:
+                self._discard(session, "the daemon is shutting down")
         self._prefetcher.close()
         self._engine.close()
         self._files.close()
@@ -133,8 +155,11 @@ class Store:
         if found is not None:
             return found
         with self._mutex:
-            ingesting = self._ingests.is_running(name)
-        if ingesting:
+            found = self._ingests.find(name)
+        if found is not None and found[1] is IngestState.PARKED:
+            raise NotFound(f"dataset {name!r} is an ingest that broke off (parked); it can be "
+                           "read once `dlfs ingest --resume` finishes it")
+        if found is not None:
             raise NotFound(f"dataset {name!r} is still being ingested; it can be read once "
                            "the ingest finishes")
         return self.directory.get(name)
@@ -172,20 +197,40 @@ class Store:
         result = {d.name: d.summary() for d in self.directory.all()}
         with self._mutex:
             for session in self._ingests.sessions():
-                result.setdefault(session.name, session.summary())
+                state = self._ingests.state(session)
+                result.setdefault(session.name, dataclasses.replace(
+                    session.summary(), ingest_state=state.value if state else ""))
         return [result[name] for name in sorted(result)]
 
     def delete(self, name: str) -> DatasetInfo:
         """Remove a sealed dataset durably, then free its extents (after its last read).
 
-        Raises InvalidArgument, NotFound, Unavailable (shutting down).
+        A parked ingest of `name` is discarded too (its summary is returned
+        when there is no sealed dataset).  Raises InvalidArgument, NotFound,
+        FailedPrecondition (only an ingest in progress has that name),
+        Unavailable (shutting down).
         """
         check_dataset_name(name)
+        parked = None
         with self._mutex:
             self._check_open()
-            dataset = self.directory.remove(name)
-            self._catalog.append(cat.RecordType.DELETE, cat.encode_delete(dataset.dataset_id),
-                                 sync=True)
+            found = self._ingests.find(name)
+            if found is not None and found[1] is IngestState.PARKED:
+                parked = found[0]
+                self._ingests.move(parked, IngestState.ABORTED)
+            elif found is not None and self.directory.find(name) is None:
+                raise FailedPrecondition(
+                    f"dataset {name!r} is being ingested ({found[1].value}); stop that ingest "
+                    "first (it can be removed once it is sealed or has broken off)")
+            dataset = None
+            if parked is None or self.directory.find(name) is not None:
+                dataset = self.directory.remove(name)
+                self._catalog.append(cat.RecordType.DELETE,
+                                     cat.encode_delete(dataset.dataset_id), sync=True)
+        if parked is not None:
+            self._discard(parked, "removed by DeleteDataset")
+        if dataset is None:
+            return parked.summary()
         self._leases.retire(dataset.dataset_id)
         log.info("deleted dataset %r (%d samples)", name, len(dataset))
         return dataset.summary()
@@ -193,28 +238,31 @@ class Store:
     # --- ingest: every state change of ingest_registry happens below --------------
 
     def begin_ingest(self, name: str, replace: bool = False,
-                     cluster: Cluster | None = None) -> IngestSession:
-        """Start an ingest of dataset `name` (RECEIVING): a BEGIN record, an extent directory.
+                     cluster: Cluster | None = None, resumable: bool = False) -> IngestSession:
+        """Start an ingest of dataset `name` (RECEIVING): a BEGIN record, an extent directory;
+        `resumable`: and a first CHECKPOINT (resumable.py).
 
-        Raises AlreadyExists (name taken without `replace`, or being
-        ingested), Overloaded (too many ingests), Unavailable (shutting
-        down), InvalidArgument (bad name).
+        Raises AlreadyExists (name taken without `replace`, being ingested,
+        or a parked ingest of that name), Overloaded (too many ingests),
+        Unavailable (shutting down), InvalidArgument (bad name).
         """
         check_dataset_name(name)
         with self._mutex:
             self._check_open()
-            if self._ingests.is_running(name):
+            found = self._ingests.find(name)
+            if found is not None and found[1] is IngestState.PARKED:
+                raise AlreadyExists(
+                    f"an ingest of dataset {name!r} broke off and is parked with "
+                    f"{found[0].samples} files durable: continue it with `dlfs ingest --resume` "
+                    f"(same sources and options), or discard it with `dlfs rm {name}`")
+            if found is not None:
                 raise AlreadyExists(f"dataset {name!r} is being ingested by another client")
             if not replace and self.directory.find(name) is not None:
                 raise AlreadyExists(
                     f"dataset {name!r} exists; pass --replace (replace=True) to replace it, or "
                     "choose another name"
                 )
-            if len(self._ingests) >= self.config.ingests_concurrent_max:
-                raise Overloaded(
-                    f"{len(self._ingests)} ingests are running, the limit "
-                    f"(--ingests-concurrent-max) is {self.config.ingests_concurrent_max}; retry later"
-                )
+            self._check_ingest_slots()
             dataset_id = self._next_dataset_id
             self._next_dataset_id += 1
             created_ns = time.time_ns()
@@ -223,9 +271,114 @@ class Store:
             for record_type, payload in cat.start_records(dataset_id, created_ns, name, cluster):
                 self._catalog.append(record_type, payload)
             session = IngestSession(name, dataset_id, created_ns, self._catalog, writer,
-                                    replace, cluster)
+                                    replace, cluster, resumable=resumable,
+                                    checkpoint_bytes=self.config.ingest_checkpoint_bytes,
+                                    checkpoint_interval_s=self.config.ingest_checkpoint_interval_s)
             self._ingests.add(session)
-            return session
+        if resumable:
+            try:
+                session.take_checkpoint()
+            except BaseException as exc:
+                self.abort_ingest(session, f"{type(exc).__name__}: {exc}")
+                raise
+        return session
+
+    def _check_ingest_slots(self) -> None:
+        """Raise Overloaded when ingests_concurrent_max streams run (caller holds `_mutex`)."""
+        running = self._ingests.active_count()
+        if running >= self.config.ingests_concurrent_max:
+            raise Overloaded(
+                f"{running} ingests are running, the limit (--ingests-concurrent-max) is "
+                f"{self.config.ingests_concurrent_max}; retry later")
+
+    def resume_ingest(self, name: str, resume_from: int, replace: bool = False,
+                      cluster: Cluster | None = None) -> IngestSession:
+        """Continue the parked (or prepared) resumable ingest of `name` (-> RECEIVING).
+
+        `resume_from` is the number of files the client skips: it must be
+        what the daemon holds, and `replace` and `cluster` must be the
+        ingest's own.  The extent the last checkpoint ends in is cut there
+        and new data goes to a new extent.  Raises NotFound (nothing to
+        resume), ResumeConflict, Overloaded, Unavailable, StorageFull.
+        """
+        check_dataset_name(name)
+        with self._mutex:
+            self._check_open()
+            found = self._ingests.find(name)
+            if found is None or not found[0].resumable:
+                raise NotFound(f"no ingest of dataset {name!r} to resume (never started, sealed, "
+                               "removed, or not resumed within --resumable-ingest-timeout-s)")
+            session, state = found
+            if state is IngestState.RECEIVING:
+                raise ResumeConflict(f"the ingest of dataset {name!r} is still receiving from "
+                                     "another client; resume it once that stream has ended")
+            if resume_from != session.samples:
+                raise ResumeConflict(
+                    f"the ingest of dataset {name!r} holds {session.samples} files durably, the "
+                    f"resume assumed {resume_from}; ask again (GetIngestProgress)")
+            if replace != session.replace or cluster != session.cluster:
+                raise ResumeConflict(
+                    f"the ingest of dataset {name!r} was started with other options (replace "
+                    f"{session.replace}, striping {session.cluster}); resume it with the same")
+            self._check_ingest_slots()
+            position = session.checkpoint
+            self._ingests.move(session, IngestState.RECEIVING)
+        try:
+            writer = ExtentWriter(self.extents, session.dataset_id, session.created_ns,
+                                  self.config.extent_bytes_max, label=f"dataset {name!r}",
+                                  resume_after=(position.extent_no, position.extent_end))
+            session.resume(writer)
+        except BaseException as exc:
+            self.break_off(session, f"the resume failed: {type(exc).__name__}: {exc}")
+            raise
+        log.info("resuming the ingest of dataset %r after %d files", name, resume_from)
+        return session
+
+    def break_off(self, session: IngestSession, reason: str) -> None:
+        """The ingest's stream failed: park a resumable RECEIVING ingest (checkpoint,
+        then PARKED), abort any other.  Never raises."""
+        with self._mutex:
+            state = self._ingests.state(session)
+            if state is None:
+                return
+            park = session.resumable and state is IngestState.RECEIVING and not self._closed
+        if not park:
+            self.abort_ingest(session, reason)
+            return
+        try:
+            checkpoint = session.park()
+        except Exception as exc:  # noqa: BLE001 - then nothing can be trusted: discard
+            self.abort_ingest(session, f"{reason}; parking it failed too: {exc}")
+            return
+        with self._mutex:
+            if self._ingests.state(session) is not IngestState.RECEIVING:
+                return
+            self._ingests.move(session, IngestState.PARKED)
+        log.warning("ingest of dataset %r broke off (%s); parked with %d files durable, kept "
+                    "%.0f s for a resume", session.name, reason, checkpoint.samples,
+                    self.config.resumable_ingest_timeout_s)
+
+    def ingest_progress(self, name: str) -> ProgressInfo:
+        """What the unsealed ingest of `name` holds durably (GetIngestProgress).
+
+        Raises NotFound (no unsealed ingest of that name), InvalidArgument.
+        """
+        check_dataset_name(name)
+        with self._mutex:
+            found = self._ingests.find(name)
+            if found is None:
+                raise NotFound(f"no unsealed ingest of dataset {name!r} (never started, sealed, "
+                               "removed, or not resumed within --resumable-ingest-timeout-s)")
+            session, state = found
+            parked_ns, expires_in_s = self._ingests.parked_times(session)
+            checkpoint = session.checkpoint
+        if checkpoint is None:  # not resumable: nothing of it survives a break
+            samples, size, digest = 0, 0, b""
+        else:
+            samples, size, digest = checkpoint.samples, checkpoint.bytes, checkpoint.digest
+        last_path = session.last_path if samples == session.samples else ""
+        return ProgressInfo(name, state.value, samples, size, digest, last_path, session.replace,
+                            session.cluster, parked_ns, expires_in_s)
 
     def commit_ingest(self, session: IngestSession) -> DatasetInfo:
         """Finish a RECEIVING ingest, then seal and publish it (one-phase commit).
@@ -250,6 +403,12 @@ class Store:
         `commit_ingest` (but for AlreadyExists, checked at commit).
         """
         index = self._finish(session)
+        if session.resumable:
+            try:
+                session.take_checkpoint()  # a restart or a timeout then parks it, complete
+            except BaseException as exc:
+                self.abort_ingest(session, f"{type(exc).__name__}: {exc}")
+                raise
         with self._mutex:
             self._expect(session, IngestState.RECEIVING)  # only a shutdown ends it meanwhile
             self._ingests.move(session, IngestState.PREPARED, index)
@@ -343,17 +502,30 @@ class Store:
         return index.summary()
 
     def _expire(self, session: IngestSession) -> None:
-        """Timer thread: abort a prepared ingest nobody committed in time."""
+        """Timer thread: abort a prepared ingest nobody committed in time (park it if
+        resumable), and a parked one nobody resumed in time."""
         with self._mutex:
-            if self._ingests.state(session) is not IngestState.PREPARED:
-                return  # committed or aborted meanwhile
+            state = self._ingests.state(session)
+            if state is IngestState.PREPARED and session.resumable and not self._closed:
+                self._ingests.move(session, IngestState.PARKED)
+                log.warning("prepared ingest of dataset %r was not committed within %.0f s; "
+                            "parked for a resume", session.name, limits.prepared_ingest_timeout_s)
+                return
+            if state not in (IngestState.PREPARED, IngestState.PARKED):
+                return  # committed, resumed or aborted meanwhile
             self._ingests.move(session, IngestState.ABORTED)
-        self._discard(session, f"not committed within {limits.prepared_ingest_timeout_s:.0f} s")
+        if state is IngestState.PREPARED:
+            self._discard(session, f"not committed within {limits.prepared_ingest_timeout_s:.0f} s")
+        else:
+            self._discard(session, f"not resumed within "
+                                   f"{self.config.resumable_ingest_timeout_s:.0f} s")
 
     def _discard(self, session: IngestSession, reason: str) -> None:
         """What ABORTED means on disk (after the move, outside `_mutex`)."""
         log.warning("ingest of dataset %r aborted: %s", session.name, reason)
         session.discard()
+        if session.resumable:  # a parked session has no writer to remove its extents
+            self.extents.remove_dataset(session.dataset_id)
 
     def _expect(self, session: IngestSession, state: IngestState) -> None:
         """Raise unless `session` is in `state` (caller holds `_mutex`)."""
@@ -453,5 +625,5 @@ class Store:
         self.metrics.set_stored(self.directory.all(), self._catalog.size,
                                 self._files.open_count())
         with self._mutex:
-            running = len(self._ingests)
+            running = self._ingests.active_count()
         return self.metrics.status(os.path.abspath(self.config.data_dir), running)
