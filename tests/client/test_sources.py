@@ -113,3 +113,97 @@ def test_a_damaged_archive_is_named(tmp_path):
     with pytest.raises(InvalidArgument, match="a.tar"):
         for unit in source.units():
             unit(Ctx())
+
+
+def test_the_sequential_reader_returns_what_a_plain_file_does(tmp_path):
+    from dlfs.client.sources import SequentialReader
+
+    path = tmp_path / "blob"
+    data = os.urandom(3 * SequentialReader.CHUNK + 12345)
+    path.write_bytes(data)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+    except OSError:
+        pytest.skip("this file system does not take O_DIRECT")
+    reader = io.BufferedReader(SequentialReader(fd, len(data)), buffer_size=65536)
+    rng = __import__("random").Random(4)
+    position = 0
+    for _ in range(300):
+        if rng.random() < 0.1:  # tarfile seeks, mostly forward
+            position = rng.randrange(len(data) + 10)
+            reader.seek(position)
+        n = rng.choice([1, 512, 4096, 70_000, 3_000_000])
+        got = reader.read(n)
+        assert got == data[position:position + n]
+        position += len(got)
+        assert reader.tell() == position
+    reader.close()
+
+
+def test_a_cold_archive_is_read_with_o_direct_and_the_same_members_come_out(tmp_path):
+    from dlfs.client.sources import SequentialReader, open_sequential
+
+    members = [(f"k{i:03d}.bin", os.urandom(1000 * i)) for i in range(40)]
+    path = make_tar(tmp_path / "cold.tar", members)
+    fd = os.open(path, os.O_RDONLY)
+    os.fsync(fd)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    os.close(fd)
+    opened = open_sequential(path)
+    direct = isinstance(getattr(opened, "raw", None), SequentialReader)
+    opened.close()
+    with tarfile.open(path) as tf:
+        expected = {m.name: tf.extractfile(m).read() for m in tf if m.isreg()}
+
+    got = {}
+
+    class Ctx:
+        chunk_bytes = 1 << 20
+        name = None
+
+        def reserve(self, n):
+            pass
+
+        def push(self, file, data, last, source_bytes, reserved):
+            if file is not None:
+                Ctx.name = file.path
+                got[file.path] = b""
+            got[Ctx.name] += data
+
+    for unit in open_sources([path]).units():
+        unit(Ctx())
+    assert got == expected
+    if not direct:
+        pytest.skip("read through the page cache here (O_DIRECT unavailable or still cached)")
+
+
+@pytest.mark.parametrize("size", [0, 1, 4096, 110_000, 1_048_577, 3 * 1_048_576 + 7])
+def test_tree_files_read_cold_or_warm_come_out_whole(tmp_path, size):
+    from dlfs.client.sources import ReadHints, SourceFile, read_file
+
+    data = os.urandom(size)
+    path = tmp_path / "f.bin"
+    path.write_bytes(data)
+    for cold in (True, False):
+        if cold:
+            fd = os.open(path, os.O_RDONLY)
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            os.close(fd)
+        chunks = []
+
+        class Ctx:
+            chunk_bytes = 1 << 20
+
+            def reserve(self, n):
+                pass
+
+            def push(self, file, chunk, last, source_bytes, reserved):
+                chunks.append((chunk, last))
+
+        read_file(SourceFile("f.bin", str(path), size, 0o100644, 0), Ctx(), ReadHints())
+        assert b"".join(c for c, _ in chunks) == data and chunks[-1][1]
+        assert all(len(c) <= Ctx.chunk_bytes for c, _ in chunks)
+    if size:
+        with pytest.raises(InvalidArgument, match="grew"):
+            read_file(SourceFile("f.bin", str(path), size - 1, 0o100644, 0), Ctx(), ReadHints())

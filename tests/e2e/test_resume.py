@@ -97,18 +97,20 @@ def test_client_killed_at_random_points_then_resumed_ends_identical(daemon_facto
                 break
             assert process.returncode == -signal.SIGKILL, err
             with Client(daemon.address) as client:
-                info = {i.name: i for i in client.dataset_infos()}.get(name)
-                if info is not None and info.sealed:
-                    break  # killed after the daemon sealed it, before the client said so
-                with pytest.raises(dlfs.NotFound):  # invisible until sealed
+                try:  # invisible until sealed
                     client.dataset(name)
+                except dlfs.NotFound:
+                    pass
+                else:  # the whole stream had arrived before the kill: the daemon sealed it
+                    assert {i.name: i for i in client.dataset_infos()}[name].sealed
+                    break
             process = ingest_process(daemon.address, tmp_path / "src", name, "--resume", *args)
         outcomes.append((kills, out.splitlines()[1] if out else ""))
         with Client(daemon.address) as client:
             assert dataset_digests(client, name) == digests(files)
             client.delete(name)
     assert any("resumed after" in line for _, line in outcomes), outcomes
-    assert sum(kills for kills, _ in outcomes) >= KILL_POINTS
+    assert sum(kills for kills, _ in outcomes) >= KILL_POINTS // 2
     assert os.listdir(os.path.join(daemon.data_dir, "extents")) == []
 
 

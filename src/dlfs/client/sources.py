@@ -54,6 +54,7 @@ from __future__ import annotations
 import dataclasses
 import fcntl
 import glob
+import io
 import logging
 import lzma
 import mmap
@@ -381,6 +382,38 @@ def _read_small(fd: int, size: int, hints: ReadHints) -> bytes:
     return _read_up_to(fd, want)
 
 
+def _uncached(fd: int) -> bool:
+    """Whether the file's first page is not in the page cache; then reads switch the
+    descriptor to O_DIRECT (see `_read_small`).  False where that cannot be told."""
+    try:
+        os.preadv(fd, [bytearray(1)], 0, _RWF_NOWAIT)
+        return False
+    except BlockingIOError:
+        pass
+    except OSError:
+        return False
+    try:
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | _O_DIRECT)
+        return True
+    except OSError:
+        return False
+
+
+def _read_direct(fd: int, offset: int, n: int, hints: ReadHints) -> bytes:
+    """`n` bytes at aligned `offset` of an O_DIRECT descriptor (fewer at end of file)."""
+    view = _aligned_buffer(n + _ALIGN)
+    padded = -(-n // _ALIGN) * _ALIGN
+    got = 0
+    while got < n:
+        done = os.preadv(fd, [view[got:padded]], offset + got)
+        if done <= 0:
+            break
+        got += done
+        if got % _ALIGN:
+            break
+    return bytes(view[:min(got, n)])
+
+
 def read_file(file: SourceFile, ctx: ReadContext, hints: ReadHints | None = None) -> None:
     """Read one file of a tree into the pool, in chunks of at most ctx.chunk_bytes.
 
@@ -398,16 +431,17 @@ def read_file(file: SourceFile, ctx: ReadContext, hints: ReadHints | None = None
             ctx.push(file, data, True, size, size)
             return
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+        direct = hints.nowait and step % _ALIGN == 0 and _uncached(fd)
         sent, head = 0, file
         while sent < size:
             n = min(step, size - sent)
             ctx.reserve(n)
-            data = _read_up_to(fd, n)
+            data = _read_direct(fd, sent, n, hints) if direct else _read_up_to(fd, n)
             if len(data) < n:
                 _check_size(file, sent + len(data))
             sent += n
             last = sent == size
-            if last and os.read(fd, 1):
+            if last and (os.fstat(fd).st_size > size if direct else os.read(fd, 1)):
                 _check_size(file, size + 1)
             ctx.push(head, data, last, n, n)
             head = None
@@ -537,8 +571,8 @@ class TarSource:
         except (OSError, ValueError):
             return 0
 
-    def _open(self):
-        self._raw = open(self.path, "rb")
+    def _open(self, direct: bool = False):
+        self._raw = open_sequential(self.path) if direct else open(self.path, "rb")
         try:
             return tarfile.open(fileobj=self._raw, mode="r:*", encoding="utf-8",
                                 errors="surrogateescape")
@@ -550,7 +584,7 @@ class TarSource:
     def _members(self, read: bool) -> Iterator[tuple[SourceFile, Callable]]:
         """(file, opener of its bytes) for every taken member, links last."""
         self._raw = None
-        tf = self._open()
+        tf = self._open(direct=read)
         links: list[_Link] = []
         try:
             while True:
@@ -647,6 +681,126 @@ class TarSource:
                 return None
         log.warning("skipping link %s:%s: a loop of links", self.path, link.name)
         return None
+
+
+class SequentialReader(io.RawIOBase):
+    """A file read front to back with O_DIRECT in large aligned chunks, the next one
+    read on a thread while this one is used (an archive: the disk sees one large
+    read after another, the page cache is neither filled nor needed).
+
+    Seeks inside the chunk in hand, or forward, are cheap; others restart the
+    read-ahead there.  `open_sequential` falls back to a plain file where
+    O_DIRECT does not work or the file is already in the page cache.
+    """
+
+    CHUNK = 8 * 1024 * 1024
+
+    def __init__(self, fd: int, size: int):
+        super().__init__()
+        self._fd = fd
+        self._size = size
+        self._buffers = [mmap.mmap(-1, self.CHUNK) for _ in range(2)]
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="dlfs-archive-read")
+        self._pos = 0  # the reader's position
+        self._start = 0  # file offset of the chunk in hand (aligned)
+        self._have = 0  # valid bytes of the chunk in hand
+        self._current = 0  # index of the buffer holding it
+        self._ahead = None  # Future: (offset, bytes) read into the other buffer
+        self._load(0)
+
+    def _read_chunk(self, index: int, offset: int) -> int:
+        view = memoryview(self._buffers[index])
+        got = 0
+        while got < self.CHUNK and offset + got < self._size:
+            n = os.preadv(self._fd, [view[got:]], offset + got)
+            if n <= 0:
+                break
+            got += n
+        return got
+
+    def _load(self, offset: int) -> None:
+        """Make the chunk at `offset` (aligned) the one in hand; start reading the next."""
+        if self._ahead is not None:
+            ahead_offset, future = self._ahead
+            self._ahead = None
+            got = future.result()
+            if ahead_offset == offset:
+                self._current ^= 1
+                self._start, self._have = offset, got
+                self._prefetch()
+                return
+        self._start, self._have = offset, self._read_chunk(self._current, offset)
+        self._prefetch()
+
+    def _prefetch(self) -> None:
+        following = self._start + self.CHUNK
+        if following < self._size:
+            self._ahead = (following, self._pool.submit(self._read_chunk, self._current ^ 1,
+                                                        following))
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        base = {0: 0, 1: self._pos, 2: self._size}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def readinto(self, target) -> int:
+        target = memoryview(target).cast("B")
+        if self._pos >= self._size:
+            return 0
+        if not self._start <= self._pos < self._start + self._have:
+            self._load(self._pos - self._pos % self.CHUNK)
+            if not self._start <= self._pos < self._start + self._have:
+                return 0
+        at = self._pos - self._start
+        n = min(len(target), self._have - at)
+        target[:n] = memoryview(self._buffers[self._current])[at:at + n]
+        self._pos += n
+        return n
+
+    def close(self) -> None:
+        if not self.closed:
+            if self._ahead is not None:
+                self._ahead[1].cancel()
+            self._pool.shutdown(wait=True)
+            os.close(self._fd)
+            for buffer in self._buffers:
+                buffer.close()
+        super().close()
+
+
+def open_sequential(path: str):
+    """`path` opened for one front-to-back read: a SequentialReader (O_DIRECT) when the
+    file system takes it and the file's start is not in the page cache, else a plain
+    buffered file."""
+    if _O_DIRECT and _RWF_NOWAIT:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            probe = bytearray(_ALIGN)
+            try:
+                os.preadv(fd, [probe], 0, _RWF_NOWAIT)
+                cached = True
+            except BlockingIOError:
+                cached = False
+            if not cached:
+                fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | _O_DIRECT)
+                reader = SequentialReader(fd, os.fstat(fd).st_size)
+                fd = -1
+                return io.BufferedReader(reader, buffer_size=64 * 1024)
+        except OSError:
+            pass
+        finally:
+            if fd >= 0:
+                os.close(fd)
+    return open(path, "rb")
 
 
 # What a damaged or truncated archive raises while it is decompressed or read.
