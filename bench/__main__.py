@@ -3,11 +3,13 @@
     ./dev bench                      # full run: about 10 minutes on 2 cores (+ first-time data)
     ./dev bench --quick              # tiny sizes, under a minute (what CI runs)
     ./dev bench --workloads 4k --caches cold --contenders ext4-1,dlfs-grpc-1,fio
+    ./dev bench --workloads ingest   # only the staging rows (dlfs ingest vs cp -r, tar -x, ...)
 
 Prints the markdown table and writes results.json, results.md and
 results.png to --out.  Generated data is cached in --data-dir.  Besides the
 rows: the scaling experiment (1 vs 4 client processes, warm 110 KB, over
-TCP; --no-scaling skips it) and the memory experiment (--no-memory).
+TCP; --no-scaling skips it), the memory experiment (--no-memory) and the
+staging rows (workload "ingest": bench/ingest_bench.py).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import os
 import sys
 import time
 
-from bench import datagen, memory, processes, report, runner, scaling
+from bench import datagen, ingest_bench, memory, processes, report, runner, scaling
 from bench.contenders import BenchEnv, all_contenders
 from bench.measure import CacheControl, proc_status_kib
 from dlfs.launch import MountProcess, fuse_unavailable
@@ -35,8 +37,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="where generated data, the DLFS data dir and logs live (cached)")
     parser.add_argument("--out", default=os.path.join(REPO, "bench", "results"),
                         help="directory for results.json, results.md, results.png")
-    parser.add_argument("--workloads", default="4k,110k,140m",
-                        help="comma-separated subset of 4k,110k,140m")
+    parser.add_argument("--workloads", default="4k,110k,140m,ingest",
+                        help="comma-separated subset of 4k,110k,140m (read rows) and ingest "
+                             "(the staging rows: dlfs ingest vs cp -r, tar -x and one file at "
+                             "a time; they use the 110k workload's files)")
     parser.add_argument("--caches", default="warm,cold", help="comma-separated: warm,cold")
     parser.add_argument("--contenders", default="",
                         help="comma-separated subset of contender keys (default: all; ext4-1 is "
@@ -64,6 +68,15 @@ def main(argv: list[str] | None = None) -> int:
         print(message, file=sys.stderr, flush=True)
 
     wanted = set(args.workloads.split(","))
+    unknown = wanted - {"4k", "110k", "140m", "ingest"}
+    if unknown:
+        parser_error = f"unknown workloads: {', '.join(sorted(unknown))}"
+        print(f"python -m bench: {parser_error}", file=sys.stderr)
+        return 2
+    staging = "ingest" in wanted
+    reads = wanted - {"ingest"}
+    if staging:
+        wanted.add("110k")  # the staging rows ingest its tree
     workloads = [w for w in (datagen.quick_workloads() if args.quick else datagen.full_workloads())
                  if w.name in wanted]
     caches = [c for c in args.caches.split(",") if c in ("warm", "cold")]
@@ -76,10 +89,54 @@ def main(argv: list[str] | None = None) -> int:
     scaling_window_s = 0.5 if args.quick else 3.0
     data_dir = os.path.abspath(args.data_dir)
     prepared = datagen.prepare_all(workloads, data_dir, log=progress)
+    staging_tree = next((p.files_dir for p in prepared if p.workload.name == "110k"), None)
+    prepared = [p for p in prepared if p.workload.name in reads]
+    if not reads:
+        args.no_memory = args.no_scaling = True
     cache_control = CacheControl()
     daemon_args = ["--reader-threads", str(args.reader_threads)] if args.reader_threads else []
     daemon_args += args.daemon_arg
     daemon_info: dict = {}
+    measurements, contenders, scaling_results = [], [], None
+    if reads:
+        measurements, contenders, scaling_results = run_reads(
+            args, prepared, data_dir, daemon_args, daemon_info, settings, caches, cache_control,
+            scaling_window_s, progress)
+    staging_results = None
+    if staging:
+        try:
+            staging_results = ingest_bench.run(
+                staging_tree, os.path.join(data_dir, "ingest"), runs=settings.runs,
+                quick=args.quick, cache=cache_control, log=progress)
+        except Exception as exc:  # noqa: BLE001 - reported in the results, the run goes on
+            logging.getLogger("bench").exception("staging rows failed")
+            staging_results = {"skipped": f"failed: {type(exc).__name__}: {exc}"[:300]}
+    memory_results = None
+    if not args.no_memory:
+        sizes = [2_000, 20_000] if args.quick else [100_000, 1_000_000]
+        restart = None if (args.quick or args.no_restart) else 1_000_000
+        memory_results = memory.run(sizes, restart, data_dir, log=progress)
+    results = report.build_results(
+        prepared=prepared, measurements=measurements, contenders=contenders,
+        memory=memory_results, scaling=scaling_results, daemon=daemon_info,
+        ingest=staging_results,
+        settings={"runs": settings.runs, "cold_budget_s": settings.cold_budget_s,
+                  "warm_budget_s": settings.warm_budget_s,
+                  "fio_runtime_s": settings.fio_runtime_s, "caches": caches,
+                  "scaling_window_s": None if args.no_scaling else scaling_window_s,
+                  "reader_threads": args.reader_threads, "daemon_args": daemon_args},
+        cache_method=cache_control.method, quick=args.quick, data_dir=data_dir, repo=REPO,
+        elapsed_s=time.monotonic() - started)
+    # A run of the staging rows alone does not overwrite a full run's results.
+    paths = report.write(results, args.out, "results" if reads else "ingest")
+    print(report.markdown(results))
+    progress(f"bench: wrote {', '.join(paths.values())} in {time.monotonic() - started:.0f} s")
+    return 0
+
+
+def run_reads(args, prepared, data_dir, daemon_args, daemon_info, settings, caches,
+              cache_control, scaling_window_s, progress):
+    """The read rows and the scaling experiment: (measurements, contenders, scaling)."""
     measurements = []
     scaling_results = None
     with processes.daemon(os.path.join(data_dir, "dlfs"), os.path.join(data_dir, "daemon.log"),
@@ -118,25 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             if fuse is not None:
                 fuse.unmount()
-    memory_results = None
-    if not args.no_memory:
-        sizes = [2_000, 20_000] if args.quick else [100_000, 1_000_000]
-        restart = None if (args.quick or args.no_restart) else 1_000_000
-        memory_results = memory.run(sizes, restart, data_dir, log=progress)
-    results = report.build_results(
-        prepared=prepared, measurements=measurements, contenders=contenders,
-        memory=memory_results, scaling=scaling_results, daemon=daemon_info,
-        settings={"runs": settings.runs, "cold_budget_s": settings.cold_budget_s,
-                  "warm_budget_s": settings.warm_budget_s,
-                  "fio_runtime_s": settings.fio_runtime_s, "caches": caches,
-                  "scaling_window_s": None if args.no_scaling else scaling_window_s,
-                  "reader_threads": args.reader_threads, "daemon_args": daemon_args},
-        cache_method=cache_control.method, quick=args.quick, data_dir=data_dir, repo=REPO,
-        elapsed_s=time.monotonic() - started)
-    paths = report.write(results, args.out)
-    print(report.markdown(results))
-    progress(f"bench: wrote {', '.join(paths.values())} in {time.monotonic() - started:.0f} s")
-    return 0
+    return measurements, contenders, scaling_results
 
 
 def run_scaling(prepared: list, daemon, runs: int, window_s: float, progress) -> dict:

@@ -18,6 +18,7 @@ import shutil
 import subprocess
 import sys
 
+from bench import ingest_bench
 from bench.contenders import Contender
 from bench.datagen import Prepared
 from bench.measure import Measurement, git_info
@@ -129,7 +130,7 @@ def _disk_info(path: str) -> dict:
 
 def build_results(*, prepared: list[Prepared], measurements: list[Measurement],
                   contenders: list[Contender], memory: dict | None, scaling: dict | None,
-                  daemon: dict,
+                  daemon: dict, ingest: dict | None = None,
                   settings: dict, cache_method: str, quick: bool, data_dir: str,
                   repo: str, elapsed_s: float) -> dict:
     labels = {c.key: c.label for c in contenders}
@@ -166,6 +167,7 @@ def build_results(*, prepared: list[Prepared], measurements: list[Measurement],
         "daemon": daemon,
         "memory": memory,
         "scaling": scaling,
+        "ingest": ingest,
     }
     results["targets"] = check_targets(results)
     return results
@@ -213,6 +215,10 @@ def check_targets(results: dict) -> list[dict]:
     def mbs(row: dict) -> str:
         return f"{row['contender']}: {row['mb_per_s']:,.0f} MB/s"
 
+    if not results["rows"]:  # a run of the staging rows alone
+        for name, value, goal, detail in ingest_bench.targets(results.get("ingest")):
+            add(name, value, goal, detail)
+        return targets
     cold4 = _best(results, "4k", "cold", NETWORK_ROWS)
     ext = _row(results, "4k", "cold", BASELINE)
     fio = _row(results, "4k", "cold", "fio")
@@ -278,6 +284,8 @@ def check_targets(results: dict) -> list[dict]:
                     add(f"p99 < 4x p50: {key} {workload} {cache}", row["p99_ms"] / row["p50_ms"],
                         4.0, f"p50 {row['p50_ms']:.2f} ms, p99 {row['p99_ms']:.2f} ms",
                         compare="<")
+    for name, value, goal, detail in ingest_bench.targets(results.get("ingest")):
+        add(name, value, goal, detail)
     memory = results.get("memory") or {}
     restart = memory.get("daemon_restart")
     builds = memory.get("index_build") or []
@@ -390,6 +398,7 @@ def markdown(results: dict) -> str:
                 f"{restart['full_startup_s']:.1f} s (empty: {restart['empty_startup_s']:.1f} s).")
         lines.append("")
     lines += _scaling_markdown(results.get("scaling"))
+    lines += ingest_bench.markdown(results.get("ingest"))
     lines.append("## Targets")
     lines.append("")
     lines.append("| target | measured | goal | status | detail |")
@@ -447,6 +456,8 @@ def chart(results: dict, path: str) -> str:
               for cache in ("cold", "warm")]
     groups = [g for g in groups if any(r["workload"] == g[0] and r["cache"] == g[2]
                                        for r in results["rows"])]
+    if not groups:
+        return "no read rows: no PNG chart"
     fig, axes = plt.subplots(len(groups), 1, figsize=(9, 2.2 + 1.9 * len(groups)), squeeze=False)
     for ax, (name, title, cache) in zip(axes[:, 0], groups):
         rows = [r for r in results["rows"] if r["workload"] == name and r["cache"] == cache]
@@ -469,11 +480,11 @@ def chart(results: dict, path: str) -> str:
     return ""
 
 
-def write(results: dict, out_dir: str) -> dict[str, str]:
+def write(results: dict, out_dir: str, stem: str = "results") -> dict[str, str]:
     os.makedirs(out_dir, exist_ok=True)
-    paths = {"json": os.path.join(out_dir, "results.json"),
-             "markdown": os.path.join(out_dir, "results.md"),
-             "png": os.path.join(out_dir, "results.png")}
+    paths = {"json": os.path.join(out_dir, f"{stem}.json"),
+             "markdown": os.path.join(out_dir, f"{stem}.md"),
+             "png": os.path.join(out_dir, f"{stem}.png")}
     text = markdown(results)
     with open(paths["markdown"], "w") as f:
         f.write(text)

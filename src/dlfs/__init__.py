@@ -31,6 +31,7 @@ from dlfs.errors import (  # noqa: E402
     NotFound,
     Overloaded,
     PermissionDenied,
+    ResumeConflict,
     StaleGeneration,
     StorageFull,
     Unauthenticated,
@@ -47,8 +48,8 @@ __all__ = [
     "AlreadyExists", "Cancelled", "Client", "DataCorruption", "Dataset", "DatasetInfo",
     "DatasetTicket",
     "DeadlineExceeded", "DlfsError", "Entry", "FailedPrecondition", "Internal",
-    "InvalidArgument", "NotFound", "Overloaded", "PermissionDenied", "StaleGeneration",
-    "StorageFull",
+    "InvalidArgument", "NotFound", "Overloaded", "PermissionDenied", "ResumeConflict",
+    "StaleGeneration", "StorageFull",
     "Unauthenticated", "Unavailable", "request_id",
 ]
 

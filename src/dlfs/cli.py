@@ -1,7 +1,9 @@
 """`dlfs`: the command-line client.
 
-    dlfs [--server HOST:PORT[,HOST:PORT...]] ingest SRC_DIR NAME [--replace] [--replicas N]
-         [--include-hidden] [--follow-symlinks]
+    dlfs [--server HOST:PORT[,HOST:PORT...]] ingest SOURCE [SOURCE...] NAME [--replace]
+         [--replicas N] [--include-hidden] [--follow-symlinks] [--archives] [--readers N]
+         [--resume] [--no-resumable] [--dry-run] [--progress auto|bar|log|none]
+         [--via auto|datapath|grpc]
     dlfs [--server HOST:PORT] datasets
     dlfs [--server HOST:PORT] ls NAME[/DIR] [-l]
     dlfs [--server HOST:PORT] stat NAME/PATH
@@ -22,20 +24,13 @@ import os
 import sys
 
 from dlfs.client import Client
-from dlfs.client.ingest import walk_tree
+from dlfs.client.progress import IngestStats, human_bytes
+from dlfs.client.readpool import READERS_DEFAULT
+from dlfs.client.sources import SKIP_KINDS, SourceSet, open_sources
 from dlfs.errors import DlfsError, InvalidArgument
 from dlfs.paths import split_dataset_path
 
 DEFAULT_SERVER = "127.0.0.1:7010"
-
-
-def _human_bytes(n: int) -> str:
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if value < 1024 or unit == "TiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")
 
 
 def _mtime(ns: int) -> str:
@@ -43,25 +38,67 @@ def _mtime(ns: int) -> str:
 
 
 def cmd_ingest(client: Client, args) -> int:
-    report = walk_tree(args.source, include_hidden=args.include_hidden,
-                       follow_symlinks=args.follow_symlinks)
-    info = client.upload(report, args.name, replace=args.replace, replicas=args.replicas)
+    if len(args.paths) < 2:
+        raise InvalidArgument("give at least one SOURCE and the dataset NAME")
+    *paths, name = args.paths
+    sources = open_sources(paths, archives=args.archives, include_hidden=args.include_hidden,
+                           follow_symlinks=args.follow_symlinks)
+    if args.dry_run:
+        return _dry_run(sources, name)
+    stats = IngestStats()
+    info = client.upload(sources, name, replace=args.replace, replicas=args.replicas,
+                         readers=args.readers, resumable=not args.no_resumable,
+                         resume=args.resume, progress=None if args.progress == "auto"
+                         else args.progress, via=args.via, stats=stats)
     print(f"ingested {info.name}: {info.samples} samples, {info.bytes} bytes "
-          f"({_human_bytes(info.bytes)})")
-    skipped = [(report.skipped_hidden, "hidden"), (report.skipped_symlinks, "symlinks"),
-               (report.skipped_special, "special files"), (report.skipped_loops, "symlink loops")]
-    notes = ", ".join(f"{n} {what}" for n, what in skipped if n)
+          f"({human_bytes(info.bytes)})")
+    print(stats.rate_line())
+    notes = sources.skipped().summary()
     if notes:
         print(f"skipped: {notes}")
     return 0
 
 
+def _dry_run(sources: SourceSet, name: str) -> int:
+    """List what an ingest of `sources` would take and skip, without a daemon."""
+    from dlfs.client.ingest import Duplicates
+
+    sources.scan()
+    duplicates = Duplicates() if sources.needs_duplicate_check else None
+    files = total = 0
+    out = sys.stdout
+    for file in sources.entries():
+        if duplicates is not None:
+            duplicates.check(file)
+        files += 1
+        total += file.size
+        out.write(f"take\t{file.path}\t{file.size}\n")
+    skipped = sources.skipped()
+    for entry in skipped.entries:
+        detail = f"\t{entry.detail}" if entry.detail else ""
+        out.write(f"skip\t{entry.kind}\t{entry.where}{detail}\n")
+    listed = len(skipped.entries)
+    hidden = sum(skipped.counts.values()) - listed
+    if hidden > 0:
+        out.write(f"skip\t...\t{hidden} more not listed\n")
+    kinds = {"tree": 0, "tar": 0}
+    for source in sources.sources:
+        kinds[source.kind] += 1
+    origin = ", ".join(f"{n} {'tree' if kind == 'tree' else 'archive'}{'s' if n != 1 else ''}"
+                       for kind, n in kinds.items() if n)
+    counts = ", ".join(f"{skipped.counts[kind]} {label}" for kind, label in SKIP_KINDS.items())
+    print(f"would ingest {name}: {files} files, {total} bytes ({human_bytes(total)}) from "
+          f"{origin}; skipped: {counts}")
+    return 0
+
+
 def cmd_datasets(client: Client, args) -> int:
     for info in client.dataset_infos():
-        state = "" if info.sealed else "  (ingest in progress)"
+        state = "" if info.sealed else _INGEST_STATES.get(info.ingest_state,
+                                                          "  (ingest in progress)")
         if info.sealed:
             state = _warm_state(client, info.name)
-        print(f"{info.name}\t{info.samples} samples\t{_human_bytes(info.bytes)}{state}")
+        print(f"{info.name}\t{info.samples} samples\t{human_bytes(info.bytes)}{state}")
         if info.disagreement:
             print(f"  warning: {info.disagreement}")
     return 0
@@ -92,13 +129,17 @@ def cmd_warm(client: Client, args) -> int:
             infos = warmups.wait(client.transport, args.name)
     for info in infos:
         where = f" on {info.address}" if len(infos) > 1 else ""
-        print(f"{info.dataset}{where}: {info.state}, {_human_bytes(info.bytes_warmed)} of "
-              f"{_human_bytes(info.bytes_total)} read into the page cache (budget "
-              f"{_human_bytes(info.budget_bytes)})")
+        print(f"{info.dataset}{where}: {info.state}, {human_bytes(info.bytes_warmed)} of "
+              f"{human_bytes(info.bytes_total)} read into the page cache (budget "
+              f"{human_bytes(info.budget_bytes)})")
         if info.message:
             print(f"  {info.message}")
     return 0 if all(info.state in ("warm", "queued", "warming", "none") for info in infos) \
         else 1
+_INGEST_STATES = {
+    "parked": "  (ingest broke off: `dlfs ingest --resume` continues it, `dlfs rm` discards it)",
+    "prepared": "  (ingest prepared, waiting for its commit)",
+}
 
 
 def cmd_ls(client: Client, args) -> int:
@@ -145,7 +186,7 @@ def cmd_scrub(client: Client, args) -> int:
     report = client.scrub(args.name)
     for entry, reason in report.damaged:
         print(f"DAMAGED {args.name}/{entry.path}: {reason}")
-    print(f"scrubbed {args.name}: {report.samples} samples, {_human_bytes(report.bytes)}, "
+    print(f"scrubbed {args.name}: {report.samples} samples, {human_bytes(report.bytes)}, "
           f"{len(report.damaged)} damaged")
     return 1 if report.damaged else 0
 
@@ -167,11 +208,11 @@ def _print_status(st) -> None:
     errors = ", ".join(f"{code} {n}" for code, n in sorted(st.errors.items())) or "none"
     print(f"daemon {st.address}: up {datetime.timedelta(seconds=int(st.uptime_s))}, "
           f"dlfs {st.version}")
-    print(f"  data dir: {st.data_dir} (catalog {_human_bytes(st.catalog_bytes)})")
-    print(f"  datasets: {st.datasets}, {st.samples} samples, {_human_bytes(st.bytes)}"
+    print(f"  data dir: {st.data_dir} (catalog {human_bytes(st.catalog_bytes)})")
+    print(f"  datasets: {st.datasets}, {st.samples} samples, {human_bytes(st.bytes)}"
           f"{f', {st.ingests_running} ingest(s) running' if st.ingests_running else ''}")
     print(f"  served: {st.batches_served} reads, {st.samples_served} samples, "
-          f"{_human_bytes(st.bytes_served)}; page-cache hits {hit_rate} of probed ranges")
+          f"{human_bytes(st.bytes_served)}; page-cache hits {hit_rate} of probed ranges")
     print(f"  calls in flight: {st.rpcs_in_flight}; data connections: {st.data_connections}; "
           f"errors: {errors}")
     print(f"  metrics: {'http://' + st.metrics_address + '/metrics' if st.metrics_address else 'not served (--metrics-listen)'}")
@@ -181,7 +222,7 @@ def cmd_rebalance(client: Client, args) -> int:
     report = client.rebalance(args.name, replicas=args.replicas)
     print(f"rebalanced {report.dataset} onto {len(report.members)} daemons ({report.replicas}x): "
           f"{report.samples} samples; moved {report.copies_moved} copies "
-          f"({_human_bytes(report.bytes_moved)}), kept {report.copies_kept} in place")
+          f"({human_bytes(report.bytes_moved)}), kept {report.copies_kept} in place")
     if report.removed_from:
         print(f"removed from {', '.join(report.removed_from)}")
     if report.not_removed:
@@ -194,7 +235,7 @@ def cmd_rebalance(client: Client, args) -> int:
 
 def cmd_rm(client: Client, args) -> int:
     info = client.delete(args.name)
-    print(f"removed {info.name}: {info.samples} samples, {_human_bytes(info.bytes)} freed")
+    print(f"removed {info.name}: {info.samples} samples, {human_bytes(info.bytes)} freed")
     return 0
 
 
@@ -209,10 +250,37 @@ def build_parser() -> argparse.ArgumentParser:
                         help="CA of the daemon's TLS certificate; turns TLS on "
                              "(default: $DLFS_TLS_CA)")
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("ingest", help="upload a directory tree as a dataset")
-    p.add_argument("source", help="directory whose regular files become samples")
-    p.add_argument("name", help="dataset name")
+    p = sub.add_parser("ingest", help="upload directory trees or tar archives as a dataset",
+                       description="Upload SOURCEs as dataset NAME.  A SOURCE is a directory "
+                       "tree (its regular files become samples), a tar archive (plain, .gz, "
+                       ".bz2, .xz; its members become samples, named by their paths in the "
+                       "archive: WebDataset shards work as they are), or a glob of archives "
+                       "in quotes ('shards/*.tar').  Several SOURCEs make one dataset.")
+    p.add_argument("paths", nargs="+", metavar="SOURCE... NAME",
+                   help="directories, archives or quoted globs, then the dataset name")
     p.add_argument("--replace", action="store_true", help="replace an existing dataset")
+    p.add_argument("--archives", action="store_true",
+                   help="a directory SOURCE holds archives (every *.tar, *.tar.gz, *.tgz, "
+                        "*.tar.bz2, *.tar.xz in it, sorted) rather than being a tree")
+    p.add_argument("--readers", type=int, default=READERS_DEFAULT,
+                   help="files (or archives) read at once; raise it for sources with a high "
+                        "latency per open, such as parallel file systems (default %(default)s)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue an ingest of NAME that broke off, sending only what the "
+                        "daemon does not hold durably yet (starts a new ingest if nothing is "
+                        "parked); give the same SOURCEs and options")
+    p.add_argument("--no-resumable", action="store_true",
+                   help="if the ingest breaks off, discard what arrived at once instead of "
+                        "keeping it for --resume")
+    p.add_argument("--via", choices=("auto", "datapath", "grpc"), default="auto",
+                   help="how the bytes travel to one daemon: its data path (Unix socket on the "
+                        "same host, else TCP; far less CPU) when it has one, else gRPC "
+                        "(default auto; striped ingests use gRPC)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="list what would be taken and what skipped (with counts); send nothing")
+    p.add_argument("--progress", choices=("auto", "bar", "log", "none"), default="auto",
+                   help="bar: one live line; log: a line every 10 s (batch jobs); auto: a bar "
+                        "on a terminal, else nothing (default)")
     p.add_argument("--include-hidden", action="store_true",
                    help="include files and directories whose name starts with '.'")
     p.add_argument("--follow-symlinks", action="store_true",
@@ -250,14 +318,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--replicas", type=int, default=None,
                    help="copies of each sample (default: as it is now)")
     p.set_defaults(run=cmd_rebalance)
-    p = sub.add_parser("rm", help="remove a dataset")
+    p = sub.add_parser("rm", help="remove a dataset (and a parked ingest of that name)")
     p.add_argument("name")
     p.set_defaults(run=cmd_rm)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # `ingest SRC --archives NAME`: positionals after an option
+        if args.command != "ingest" or any(e.startswith("-") for e in extra):
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        args.paths += extra
     try:
         with Client(args.server, reconnect_timeout_s=2.0, token=args.token,
                     tls_ca=args.tls_ca) as client:

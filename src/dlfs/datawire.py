@@ -38,6 +38,21 @@ ERROR = struct.Struct("<HHIHH")  # status code, class name bytes, message bytes,
 DATASET = struct.Struct("<QQQ")  # generation, samples, bytes
 INDEX = struct.Struct("<QQII")  # generation, samples, extents, reserved
 FDS = struct.Struct("<I")  # descriptors riding on this frame (SCM_RIGHTS)
+INGEST_START = struct.Struct("<QIHBB")  # resume from (files), flags, name bytes,
+#                                         request id bytes, reserved
+PIECE = struct.Struct("<BBHIQIIq")  # flags, reserved, path bytes, CRC32C, size, mode,
+#                                     reserved, mtime ns; then path, then data (rest of body)
+INGEST_END = struct.Struct("<QQ")  # files, data bytes the stream carried
+INGEST_READY = struct.Struct("<Q")  # files the daemon already holds (a resume's start)
+INGESTED = struct.Struct("<QQQqIHH")  # generation, samples, bytes, created ns, extents,
+#                                       name bytes, reserved
+# INGEST_START flags
+INGEST_REPLACE, INGEST_RESUMABLE, INGEST_RESUME = 0x1, 0x2, 0x4
+# PIECE flags: the piece starts a file (path, size, mode, mtime valid); it ends one
+# (CRC32C valid: of the whole file, as the client read it).
+PIECE_FIRST, PIECE_LAST = 0x1, 0x2
+# PIECE flag (with PIECE_FIRST, no data): the path is an empty directory of the dataset.
+PIECE_DIRECTORY = 0x4
 # Bytes of the index arrays per sample: extent u32, offset u64, length u64, CRC32C u32.
 INDEX_BYTES_PER_SAMPLE = 24
 
@@ -60,6 +75,9 @@ class Kind(enum.IntEnum):
     READ_RANGE = 3
     STAT_DATASET = 4
     OPEN_DATASET = 5
+    INGEST_START = 6
+    PIECE = 7
+    INGEST_END = 8
     # daemon -> client
     WELCOME = 64
     ERROR = 65
@@ -68,6 +86,8 @@ class Kind(enum.IntEnum):
     DATASET = 68
     INDEX = 69
     FDS = 70
+    INGEST_READY = 71
+    INGESTED = 72
 
 
 # gRPC's numeric status codes, so both paths report failures the same way.
@@ -222,7 +242,105 @@ def parse_open_dataset(body) -> tuple[str, int, str]:
             _text(body[at + name_bytes:], "request id"))
 
 
+class IngestStartRequest(NamedTuple):
+    dataset: str
+    flags: int
+    resume_from: int
+    request_id: str
+
+
+def ingest_start(dataset: str, *, replace: bool = False, resumable: bool = False,
+                 resume_from: int | None = None, request_id: str = "") -> bytes:
+    """INGEST_START: the connection carries one dataset's ingest until INGESTED or ERROR."""
+    flags = ((INGEST_REPLACE if replace else 0) | (INGEST_RESUMABLE if resumable else 0)
+             | (INGEST_RESUME if resume_from is not None else 0))
+    name, rid = dataset.encode(), request_id.encode()
+    body = INGEST_START.pack(resume_from or 0, flags, len(name), len(rid), 0) + name + rid
+    return frame(Kind.INGEST_START, len(body)) + body
+
+
+def parse_ingest_start(body) -> IngestStartRequest:
+    if len(body) < INGEST_START.size:
+        raise FrameError("an INGEST_START frame is shorter than its fixed part")
+    resume_from, flags, name_bytes, rid_bytes, _ = INGEST_START.unpack_from(body)
+    at = INGEST_START.size
+    if len(body) != at + name_bytes + rid_bytes:
+        raise FrameError("an INGEST_START frame's lengths do not match its body")
+    return IngestStartRequest(_text(body[at:at + name_bytes], "dataset name"), flags,
+                              resume_from, _text(body[at + name_bytes:], "request id"))
+
+
+def piece(path: bytes, data_bytes: int, *, first: bool, last: bool, size: int = 0,
+          mode: int = 0, mtime_ns: int = 0, crc: int = 0, directory: bool = False) -> bytes:
+    """A PIECE frame's header and path; its `data_bytes` of data follow it on the wire.
+    `path` (UTF-8) on a file's first piece only; `directory`: an empty directory's
+    piece (first, no data)."""
+    flags = (PIECE_FIRST if first else 0) | (PIECE_LAST if last else 0) | \
+        (PIECE_DIRECTORY if directory else 0)
+    fixed = PIECE.pack(flags, 0, len(path), crc, size, mode, 0, mtime_ns)
+    return frame(Kind.PIECE, len(fixed) + len(path) + data_bytes) + fixed + path
+
+
+class Piece(NamedTuple):
+    flags: int
+    path: str
+    crc: int
+    size: int
+    mode: int
+    mtime_ns: int
+    data: memoryview
+
+
+def parse_piece(body: memoryview) -> Piece:
+    if len(body) < PIECE.size:
+        raise FrameError("a PIECE frame is shorter than its fixed part")
+    flags, _, path_bytes, crc, size, mode, _, mtime_ns = PIECE.unpack_from(body)
+    at = PIECE.size + path_bytes
+    if len(body) < at or bool(path_bytes) != bool(flags & PIECE_FIRST):
+        raise FrameError("a PIECE frame's path does not match its flags or body")
+    path = _text(body[PIECE.size:at], "sample path") if path_bytes else ""
+    return Piece(flags, path, crc, size, mode, mtime_ns, body[at:])
+
+
+def ingest_end(files: int, data_bytes: int) -> bytes:
+    return frame(Kind.INGEST_END, INGEST_END.size) + INGEST_END.pack(files, data_bytes)
+
+
+def parse_ingest_end(body) -> tuple[int, int]:
+    if len(body) != INGEST_END.size:
+        raise FrameError("an INGEST_END frame has the wrong size")
+    return INGEST_END.unpack(body)
+
+
 # --- daemon -> client ---------------------------------------------------------------------
+
+def ingest_ready(files_held: int) -> bytes:
+    return frame(Kind.INGEST_READY, INGEST_READY.size) + INGEST_READY.pack(files_held)
+
+
+def parse_ingest_ready(body) -> int:
+    if len(body) != INGEST_READY.size:
+        raise FrameError("an INGEST_READY frame has the wrong size")
+    return INGEST_READY.unpack(body)[0]
+
+
+def ingested(name: str, generation: int, samples: int, total_bytes: int, created_ns: int,
+             extents: int) -> bytes:
+    raw = name.encode()
+    body = INGESTED.pack(generation, samples, total_bytes, created_ns, extents, len(raw), 0) + raw
+    return frame(Kind.INGESTED, len(body)) + body
+
+
+def parse_ingested(body) -> tuple[str, int, int, int, int, int]:
+    """(name, generation, samples, bytes, created ns, extents) of an INGESTED body."""
+    if len(body) < INGESTED.size:
+        raise FrameError("an INGESTED frame is shorter than its fixed part")
+    generation, samples, total, created, extents, name_bytes, _ = INGESTED.unpack_from(body)
+    if len(body) != INGESTED.size + name_bytes:
+        raise FrameError("an INGESTED frame's lengths do not match its body")
+    return (_text(body[INGESTED.size:], "dataset name"), generation, samples, total, created,
+            extents)
+
 
 def welcome(version: int, window_bytes: int, instance: bytes) -> bytes:
     body = WELCOME.pack(version, 0, window_bytes, instance)

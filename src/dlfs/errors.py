@@ -59,6 +59,13 @@ class StaleGeneration(FailedPrecondition):
     an open file of the mount reads as ESTALE."""
 
 
+class ResumeConflict(FailedPrecondition):
+    """An ingest cannot be resumed as asked: the daemon holds a different
+    number of files than the client assumed, the resume's options differ from
+    the broken-off ingest's, another client is still sending it, or the
+    source no longer starts with the files the daemon holds."""
+
+
 class ReplyTooLarge(FailedPrecondition):
     """A GetSmallBatch reply would not fit in one message; GetBatch streams it."""
 

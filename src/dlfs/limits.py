@@ -149,7 +149,7 @@ call_watchdog_interval_s = 1.0
 # Concurrent ingest sessions (each holds one open extent and buffers entries).
 ingests_concurrent_max_default = 8
 # A two-phase ingest (striped datasets) that is prepared but neither
-# committed nor aborted by then is discarded.
+# committed nor aborted by then is discarded (a resumable one is parked).
 prepared_ingest_timeout_s = 300.0
 # A member of a striped dataset left prepared (restarted, or missed by the
 # client's commit) asks the first member for the outcome this often; a
@@ -161,6 +161,20 @@ decision_call_timeout_s = 10.0
 # decision late) retries this long, in at most this many attempts.
 striped_settle_s = 2 * in_doubt_poll_s + 1.0
 striped_settle_attempts_max = 40
+# Resumable ingests (IngestStart.resumable): a running one checkpoints (its
+# extents fsync'ed, then a CHECKPOINT catalog record, synced) after this many
+# bytes or seconds, whichever comes first: what a daemon killed mid-ingest
+# keeps.  A stream that breaks off while the daemon runs checkpoints at once.
+# Daemon settings --ingest-checkpoint-bytes and --ingest-checkpoint-interval-s.
+ingest_checkpoint_bytes = 256 * MiB
+ingest_checkpoint_interval_s = 10.0
+# A parked ingest (resumable, broke off) not resumed within this is discarded
+# (daemon setting --resumable-ingest-timeout-s); `dlfs rm NAME` discards it sooner.
+resumable_ingest_timeout_s_default = 24 * 3600.0
+# An ingest asks the kernel to start writing its extent back after this many
+# bytes (sync_file_range), so the fsync of a checkpoint or of the seal finds
+# little left to write and dirty pages never pile up.
+ingest_writeback_bytes = 32 * MiB
 # Daemons that hold each sample of a striped dataset, at most.
 replicas_max = 8
 # Generations a striped ingest names are at least this: apart from the dataset

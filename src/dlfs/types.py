@@ -27,6 +27,9 @@ class DatasetInfo:
     # Striped datasets listed by a cluster client: how the members that
     # answered disagree about it, and what to do ("" when they agree).
     disagreement: str = ""
+    # Unsealed: "receiving", "prepared" or "parked" (a resumable ingest that
+    # broke off); "" when sealed.
+    ingest_state: str = ""
 
     @property
     def striped(self) -> bool:

@@ -15,7 +15,8 @@ from dlfs.proto import dlfs_pb2 as pb
 _DATA_TAG = 0x0A  # field 1, wire type 2 (length-delimited)
 
 
-def _varint(value: int) -> bytes:
+def varint(value: int) -> bytes:
+    """`value` as a protobuf base-128 varint."""
     out = bytearray()
     while True:
         low = value & 0x7F
@@ -33,7 +34,7 @@ def encode_chunk(header: pb.BatchChunk, data) -> bytes:
     One copy of `data` (into the returned bytes); `header.data` must be empty.
     """
     assert not header.data
-    return b"".join((bytes((_DATA_TAG,)), _varint(len(data)), data, header.SerializeToString()))
+    return b"".join((bytes((_DATA_TAG,)), varint(len(data)), data, header.SerializeToString()))
 
 
 def decode_chunk(raw: bytes) -> tuple[pb.BatchChunk, memoryview]:

@@ -45,7 +45,7 @@ def test_quick_benchmark_runs_and_writes_results(tmp_path):
     out = tmp_path / "out"
     proc = subprocess.run(
         [sys.executable, "-m", "bench", "--quick", "--data-dir", str(tmp_path / "data"),
-         "--out", str(out)],
+         "--out", str(out), "--workloads", "4k,110k,140m"],  # staging: its own test below
         cwd=REPO, capture_output=True, text=True, timeout=110)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "| contender | samples/s |" in proc.stdout and COLUMNS in proc.stdout
@@ -122,6 +122,35 @@ def _check_cpu(row: dict, server_side: bool) -> None:
             assert isinstance(per_gb, float) and per_gb >= 0, (where, side, per_gb)
         else:
             assert total is None and per_gb is None, (where, side)
+
+
+@pytest.mark.timeout(120)
+def test_quick_staging_rows_run_alone(tmp_path):
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench", "--quick", "--workloads", "ingest", "--data-dir",
+         str(tmp_path / "data"), "--out", str(out)],
+        cwd=REPO, capture_output=True, text=True, timeout=110)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "## Staging: `dlfs ingest` against cp, tar and one file at a time" in proc.stdout
+    assert not (out / "results.json").exists()  # a staging run leaves a full run's results be
+    with open(out / "ingest.json") as f:
+        results = json.load(f)
+    assert results["rows"] == []
+    staging = results["ingest"]
+    rows = {row["row"]: row for row in staging["rows"]}
+    assert set(rows) >= {"tree", "tar"}
+    for kind in ("tree", "tar"):
+        row = rows[kind]
+        assert row["available"] and row["ratio"] > 0 and row["dlfs_median_s"] > 0
+        assert row["baseline_median_s"] > 0 and row["files"] == 300
+    latency = [row for row in staging["rows"] if row["row"].startswith("latency")]
+    assert len(latency) == 2
+    for row in latency:
+        assert row["available"] and row["ratio"] > 0 or row["note"].startswith("not available")
+    targets = {t["target"]: t for t in results["targets"]}
+    assert sum(name.startswith(("cold 110 KB tree", "cold tar", "1 ms per open"))
+               for name in targets) == 4
 
 
 @pytest.mark.timeout(120)

@@ -38,7 +38,7 @@ def test_kill_9_mid_ingest_then_restart(daemon, tmp_path):
         name = f"crash{attempt}"
         ingest = subprocess.Popen(
             [sys.executable, "-m", "dlfs.cli", "--server", daemon.address, "ingest",
-             str(tmp_path / "big"), name],
+             str(tmp_path / "big"), name, "--no-resumable"],  # test_resume.py: resumable ones
             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         if attempt == 0:
             wait_for_new_extents(daemon.data_dir, ingest)  # surely mid-stream

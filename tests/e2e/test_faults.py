@@ -2,7 +2,8 @@
 
 A randomized loop drives the daemon's fault hook (`dlfs.server.faults`,
 ``DLFS_FAULT=OP:N:ACTION``): an errno or a SIGKILL at a random step of an
-ingest, a replace, a delete, or the catalog replay and compaction at start.
+ingest, a resumable ingest (then resumed), a replace, a delete, or the
+catalog replay and compaction at start.
 After each fault the daemon is restarted without one and checked: every
 dataset name serves exactly one whole version whose bytes match a source
 it was given (the old one or the new one, the new one if the call
@@ -29,13 +30,15 @@ ITERATIONS_MAX = 4 * FAULTS_MIN
 # the hook's counting; a plan past the last call simply does not fire).
 OP_CALLS = {
     "ingest": {"mkdir": 1, "create": 4, "write": 19, "fsync": 10, "any": 34},
+    "resumable": {"mkdir": 1, "create": 4, "write": 30, "fsync": 24, "any": 60},
     "replace": {"mkdir": 1, "create": 4, "write": 19, "fsync": 11, "unlink": 1, "any": 36},
     "delete": {"write": 1, "fsync": 2, "unlink": 1, "any": 4},
     "restart": {"create": 2, "write": 2, "fsync": 6, "rename": 2, "unlink": 3, "truncate": 1,
                 "any": 14},
 }
 ACTIONS = ("EIO", "ENOSPC", "EIO", "kill")
-DAEMON_ARGS = ["--extent-bytes-max", "65536", "--catalog-compact-dead-bytes-min", "0"]
+DAEMON_ARGS = ["--extent-bytes-max", "65536", "--catalog-compact-dead-bytes-min", "0",
+               "--ingest-checkpoint-bytes", "60000"]  # several checkpoints per ingest
 
 
 class Versions:
@@ -46,6 +49,7 @@ class Versions:
         self.rng = rng
         self.trees: dict[str, dict[str, bytes]] = {}
         self.allowed: dict[str, set[str]] = {}  # name -> version keys it may serve
+        self.to_resume: dict[str, str] = {}  # name -> key of a resumable ingest that failed
 
     def new(self) -> str:
         key = f"v{len(self.trees)}"
@@ -57,6 +61,19 @@ class Versions:
 
     def path(self, key: str) -> str:
         return str(self.root / key)
+
+
+def finish_resumes(daemon, versions: Versions) -> None:
+    """`--resume` every resumable ingest that failed: each must end sealed and whole
+    (from what it kept durably, or from the start if nothing was kept)."""
+    with Client(daemon.address, timeout_s=60) as client:
+        for name, key in sorted(versions.to_resume.items()):
+            try:
+                client.ingest(versions.path(key), name, resume=True)
+            except dlfs.AlreadyExists:  # it had sealed before the fault: checked below
+                continue
+            versions.allowed[name] = {key}
+    versions.to_resume.clear()
 
 
 def check_whole_versions(daemon, versions: Versions) -> None:
@@ -94,7 +111,7 @@ def test_random_faults_always_leave_one_whole_version(daemon_factory, tmp_path):
     fired = iterations = 0
     while fired < FAULTS_MIN and iterations < ITERATIONS_MAX:
         iterations += 1
-        scenario = rng.choice(("ingest", "replace", "delete", "restart"))
+        scenario = rng.choice(("ingest", "resumable", "replace", "delete", "restart"))
         op = rng.choice(sorted(OP_CALLS[scenario]))
         spec = f"{op}:{rng.randint(1, OP_CALLS[scenario][op])}:{rng.choice(ACTIONS)}"
         if scenario == "restart":
@@ -123,6 +140,7 @@ def test_random_faults_always_leave_one_whole_version(daemon_factory, tmp_path):
         fired += now_fired - before
         daemon.extra_env = {}
         daemon.start()
+        finish_resumes(daemon, versions)
         check_whole_versions(daemon, versions)
     print(f"fault loop: {fired} faults fired in {iterations} iterations; outcomes {outcomes}")
     assert fired >= FAULTS_MIN, f"only {fired} of {iterations} planned faults fired"
@@ -132,7 +150,8 @@ def test_random_faults_always_leave_one_whole_version(daemon_factory, tmp_path):
 def run_scenario(daemon, scenario: str, versions: Versions, iteration: int) -> str:
     """Run one change against a daemon armed with a fault; record what each name may
     serve now.  Returns "ok" or the error's class name."""
-    name = {"ingest": f"new{iteration}", "replace": "rep", "delete": "victim"}.get(scenario)
+    name = {"ingest": f"new{iteration}", "resumable": f"res{iteration}", "replace": "rep",
+            "delete": "victim"}.get(scenario)
     if name is None:
         return "restarted"
     key = versions.new() if scenario != "delete" else None
@@ -143,8 +162,11 @@ def run_scenario(daemon, scenario: str, versions: Versions, iteration: int) -> s
             if scenario == "delete":
                 client.delete(name)
             else:
-                client.ingest(versions.path(key), name, replace=scenario == "replace")
+                client.ingest(versions.path(key), name, replace=scenario == "replace",
+                              resumable=scenario == "resumable")
     except (dlfs.DlfsError, OSError) as exc:
+        if scenario == "resumable":
+            versions.to_resume[name] = key
         return type(exc).__name__
     versions.allowed[name] = {key}  # acknowledged: only the new state will do
     return "ok"

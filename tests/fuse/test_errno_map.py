@@ -15,6 +15,7 @@ EXPECTED = {
     errors.AlreadyExists: errno.EEXIST,
     errors.FailedPrecondition: errno.EIO,
     errors.ReplyTooLarge: errno.EIO,  # never reaches a reader: the client streams instead
+    errors.ResumeConflict: errno.EIO,  # never reaches a reader: only ingests raise it
     errors.StaleGeneration: errno.ESTALE,  # the file's version was replaced
     errors.DataCorruption: errno.EIO,
     errors.Overloaded: errno.EAGAIN,

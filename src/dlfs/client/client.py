@@ -19,6 +19,7 @@ depends on which.
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 from typing import Iterable, Iterator, Sequence
 
@@ -31,8 +32,10 @@ from dlfs.client.convert import DatasetInfo, Entry
 from dlfs.client.dataset import Dataset
 from dlfs.client.datatransport import DataPathTransport
 from dlfs.client.direct import DirectTransport
-from dlfs.client.ingest import walk_tree
 from dlfs.client.metadata import members_disagree
+from dlfs.client.progress import IngestStats
+from dlfs.client.readpool import READERS_DEFAULT
+from dlfs.client.sources import open_sources
 from dlfs.client.requests import SampleKey, batch_request
 from dlfs.client.transport import DaemonTransport
 from dlfs.errors import DlfsError, InvalidArgument, NotFound, Unavailable
@@ -212,28 +215,40 @@ class Client:
         check_dataset_name(name)
         return warmups.warm(self.transport, name, status_only=True)
 
-    def ingest(self, source_dir: str, name: str, *, replace: bool = False,
+    def ingest(self, source, name: str, *, replace: bool = False,
                include_hidden: bool = False, follow_symlinks: bool = False,
-               progress: bool | None = None, replicas: int = 1) -> DatasetInfo:
-        """Upload every regular file below `source_dir` as dataset `name`.
+               progress: bool | str | None = None, replicas: int = 1, archives: bool = False,
+               readers: int = READERS_DEFAULT, resumable: bool = False, resume: bool = False,
+               via: str = "auto", stats: IngestStats | None = None) -> DatasetInfo:
+        """Upload `source` as dataset `name`: a directory tree, a tar archive (plain or
+        compressed; WebDataset shards too), a glob of archives, or a list of these.
 
-        See `dlfs.client.ingest` for the file selection rules, and `upload`.
+        `archives`: directories name directories of archives.  `readers`:
+        files read at once.  `resumable`: a broken-off ingest is kept on the
+        daemon for `resume=True`.  See `dlfs.client.sources` for the file
+        selection rules, and `upload`.
         """
         check_dataset_name(name)
-        report = walk_tree(source_dir, include_hidden=include_hidden,
-                           follow_symlinks=follow_symlinks)
-        return self.upload(report, name, replace=replace, progress=progress, replicas=replicas)
+        paths = [source] if isinstance(source, (str, os.PathLike)) else list(source)
+        sources = open_sources([os.fspath(p) for p in paths], archives=archives,
+                               include_hidden=include_hidden, follow_symlinks=follow_symlinks)
+        return self.upload(sources, name, replace=replace, progress=progress, replicas=replicas,
+                           readers=readers, resumable=resumable, resume=resume, via=via,
+                           stats=stats)
 
-    def upload(self, report, name: str, *, replace: bool = False, progress: bool | None = None,
-               replicas: int = 1) -> DatasetInfo:
-        """Upload the files of a `walk_tree` report as dataset `name`.
+    def upload(self, source, name: str, *, replace: bool = False,
+               progress: bool | str | None = None, replicas: int = 1,
+               readers: int = READERS_DEFAULT, resumable: bool = False, resume: bool = False,
+               via: str = "auto", stats: IngestStats | None = None) -> DatasetInfo:
+        """Upload a `walk_tree` report or a `dlfs.client.sources.SourceSet` as dataset `name`.
 
         Several daemons: the dataset is striped over all of them, each sample
         stored on `replicas` of them (docs/cluster.md).
         """
         check_dataset_name(name)
-        return self.transport.upload(report, name, replace=replace, progress=progress,
-                                     replicas=replicas)
+        return self.transport.upload(source, name, replace=replace, progress=progress,
+                                     replicas=replicas, readers=readers, resumable=resumable,
+                                     resume=resume, via=via, stats=stats)
 
     def rebalance(self, name: str, *, replicas: int | None = None,
                   progress: bool | None = None):

@@ -157,14 +157,13 @@ class ClusterRouter:
                 results[address] = exc
         return results
 
-    def upload(self, report, name: str, *, replace: bool, progress: bool | None,
-               replicas: int):
-        """Stripe the files of a `walk_tree` report over every member (see `striped`)."""
+    def upload(self, source, name: str, *, replace: bool, progress, replicas: int, **options):
+        """Stripe `source` over every member (see `striped.ingest_striped`)."""
         from dlfs.client.striped import ingest_striped
 
         try:
-            return ingest_striped(self, report, name, replace=replace, replicas=replicas,
-                                  progress=progress)
+            return ingest_striped(self, source, name, replace=replace, replicas=replicas,
+                                  progress=progress, **options)
         finally:
             self.forget(name)
 

@@ -11,7 +11,8 @@ from dlfs.types import DaemonStatus, DatasetInfo, Entry
 def dataset_info(message: pb.DatasetInfo) -> DatasetInfo:
     return DatasetInfo(message.name, message.samples, message.bytes, message.sealed,
                        message.created_unix_ns, message.extents, tuple(message.members),
-                       message.replicas, message.member_index, message.generation)
+                       message.replicas, message.member_index, message.generation,
+                       ingest_state=message.ingest_state)
 
 
 def entry(message: pb.Entry) -> Entry:

@@ -155,6 +155,70 @@ class DataConnection:
             arrays[:4 * n].view("<u4"), arrays[4 * n:12 * n].view("<u8"),
             arrays[12 * n:20 * n].view("<u8"), arrays[20 * n:].view("<u4"))
 
+    # --- ingest (dlfs.client.dataingest) ------------------------------------------------
+
+    def start_ingest(self, start: bytes, timeout_s: float) -> int:
+        """Send INGEST_START; return the files the daemon already holds (INGEST_READY)."""
+        try:
+            self._sock.settimeout(timeout_s)
+            self._sock.sendall(start)
+            kind, body = self._frame(datawire.INGEST_READY.size)
+        except BaseException as exc:
+            raise self._failed(exc) from None
+        if kind != datawire.Kind.INGEST_READY:
+            raise self._unexpected(kind, "INGEST_READY")
+        return datawire.parse_ingest_ready(body)
+
+    def widen_send_buffer(self, size: int) -> None:
+        """Let `size` bytes be in flight (capped by net.core.wmem_max): a long one-way
+        stream (an ingest) then needs far fewer wake-ups of either side."""
+        try:
+            self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, size)
+        except OSError:
+            pass
+
+    def send_frames(self, buffers: list) -> None:
+        """Send frames of an ingest; raises the daemon's ERROR if it answered one."""
+        try:
+            send_all(self._sock, buffers)
+        except OSError as exc:
+            self.raise_pending(wait_s=1.0)  # the daemon may have said why it stopped reading
+            raise self._failed(exc) from None
+
+    def raise_pending(self, wait_s: float = 0.0) -> None:
+        """Raise the daemon's ERROR frame if one has arrived (within `wait_s`); an ingest
+        hears nothing else before its end."""
+        try:
+            self._sock.settimeout(wait_s)
+            waiting = self._sock.recv(1, socket.MSG_PEEK | (socket.MSG_DONTWAIT if not wait_s
+                                                            else 0))
+        except (BlockingIOError, socket.timeout, InterruptedError):
+            return
+        except OSError:
+            return
+        finally:
+            self._sock.settimeout(self.reply_timeout_s)
+        if not waiting:
+            self.broken = True
+            raise Unavailable(f"DLFS daemon's data path at {self.endpoint.label} closed the "
+                              "connection in the middle of an ingest")
+        try:
+            kind, _body = self._frame(limits.datapath_reply_header_bytes_max)
+        except BaseException as exc:
+            raise self._failed(exc) from None
+        raise self._unexpected(kind, "nothing")
+
+    def finish_ingest(self, timeout_s: float) -> tuple:
+        """Wait for INGESTED: (name, generation, samples, bytes, created ns, extents)."""
+        try:
+            self._sock.settimeout(timeout_s)
+            kind, body = self._frame(datawire.INGESTED.size + 1024)
+        except BaseException as exc:
+            raise self._failed(exc) from None
+        if kind != datawire.Kind.INGESTED:
+            raise self._unexpected(kind, "INGESTED")
+        return datawire.parse_ingested(body)
+
     def _receive_fds(self) -> list[int]:
         """One FDS frame: its descriptors, which ride on its first byte (SCM_RIGHTS)."""
         size = datawire.FRAME.size + datawire.FDS.size

@@ -136,6 +136,11 @@ class DataPath:
         with self._connection() as connection:
             return connection.open_dataset(dataset, generation)
 
+    def dedicated(self) -> DataConnection:
+        """A new connection outside the pool, for a long conversation (an ingest); the
+        caller closes it."""
+        return self._connect()
+
     def _connection(self) -> "_Borrowed":
         return _Borrowed(self)
 

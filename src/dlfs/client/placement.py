@@ -77,3 +77,28 @@ def place(dataset: str, paths: Sequence[str], members: Sequence[str], replicas: 
             order = np.argsort(top_scores, axis=1)[:, ::-1]
             holders[start:start + rows] = np.take_along_axis(top, order, axis=1)
     return holders
+
+
+_MASK64 = (1 << 64) - 1
+
+
+def _mix_int(x: int) -> int:
+    """`_mix` on one Python int."""
+    x ^= x >> 30
+    x = (x * 0xBF58476D1CE4E5B9) & _MASK64
+    x ^= x >> 27
+    x = (x * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def member_hashes(members: Sequence[str]) -> list[int]:
+    """The per-member hashes `place_one` takes (compute once per ingest)."""
+    return [_hash64(m) for m in members]
+
+
+def place_one(dataset: str, path: str, hashes: Sequence[int], replicas: int) -> list[int]:
+    """Holders of one sample, as row `place` gives for it, without numpy: for
+    samples whose paths are not known up front (archives).  O(members)."""
+    h = _hash64(f"{dataset}\0{path}")
+    scores = sorted(((_mix_int(h ^ m), index) for index, m in enumerate(hashes)), reverse=True)
+    return [index for _, index in scores[:replicas]]

@@ -1,17 +1,21 @@
 """Striped ingest: one dataset over several daemons, all of them or none.
 
-`ingest_striped` reads every file once, streams it to its holders
-(rendezvous placement, `dlfs.client.placement`) and its metadata to every
-other member, with two-phase commit: all members prepare (durable,
-unpublished), then the first member commits (its SEAL is the decision), then
-the others (see `_commit`).  `run_two_phase` is that protocol for any
-producer; rebalancing (`dlfs.client.rebalance`) uses it too.  `router` is
-the `ClusterRouter` of the members.
+`ingest_striped` reads every file once (with the reader pool of
+`dlfs.client.ingest`: many files in flight, bounded memory), streams it to
+its holders (rendezvous placement, `dlfs.client.placement`) and its
+metadata to every other member, with two-phase commit: all members prepare
+(durable, unpublished), then the first member commits (its SEAL is the
+decision), then the others (see `_commit`).  `run_two_phase` is that protocol
+for any producer; rebalancing (`dlfs.client.rebalance`) uses it too.
+`router` is the `ClusterRouter` of the members.
+
+Resumable striped ingests: each member parks its part when its stream
+breaks off; a resume asks every member what it holds (each may hold a
+different number of files) and sends each member the files after its own.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import queue
 import secrets
@@ -20,14 +24,17 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
-import numpy as np
 
 from dlfs import limits
 from dlfs.client import convert
 from dlfs.client.errors import from_rpc_error
-from dlfs.client.ingest import batch_messages, dir_pieces, file_pieces
-from dlfs.client.placement import place
-from dlfs.errors import Cancelled, DlfsError, InvalidArgument, Unavailable
+from dlfs.client.ingest import (Duplicates, as_source_set, batch_messages, check_prefix,
+                                check_resumable, dir_pieces, get_progress, ordered_files,
+                                pool_for, resume_hint, resume_prefix)
+from dlfs.client.placement import member_hashes, place, place_one
+from dlfs.client.progress import IngestProgress, IngestStats, progress_mode
+from dlfs.client.readpool import READERS_DEFAULT
+from dlfs.errors import Cancelled, DlfsError, InvalidArgument, ResumeConflict, Unavailable
 from dlfs.proto import dlfs_pb2 as pb
 from dlfs.types import DatasetInfo
 
@@ -48,31 +55,115 @@ class _MemberFailed(Exception):
         self.stream = stream
 
 
-def ingest_striped(router, report, name: str, *, replace: bool, replicas: int,
-                   progress: bool | None) -> DatasetInfo:
-    """Stripe the walked files over all members with `replicas` copies each.
+def ingest_striped(router, source, name: str, *, replace: bool, replicas: int,
+                   progress: bool | str | None, readers: int = READERS_DEFAULT,
+                   resumable: bool = False, resume: bool = False, via: str = "auto",
+                   stats: IngestStats | None = None) -> DatasetInfo:
+    """Stripe `source` (see `dlfs.client.ingest.upload`) over all members with
+    `replicas` copies each.
 
     Every member gets the whole directory (metadata of every sample) and the
     bytes of the samples it holds.  Two-phase: each member's stream ends with
     its data durable but unpublished; only when all succeeded are they told
-    to commit.  On any failure every member aborts and nothing is kept.
+    to commit.  On any failure every member aborts and nothing is kept,
+    unless `resumable`: then each member that was receiving parks what it
+    holds durably, and `resume=True` continues them; members found prepared
+    get no stream and join the commit (first member first).  Members are fed
+    over gRPC whatever `via` says.
     """
     members = list(router.members)
-    paths = [f.path for f in report.files]
-    holders = place(name, paths, members, replicas)
+    sources = as_source_set(source)
+    duplicates = Duplicates() if sources.needs_duplicate_check else None
+    resumable = resumable or resume
+    skips = [0] * len(members)
+    fields = [{"resumable": resumable} for _ in members]
+    generation = None
+    if resume:
+        generation = _resume_points(router, members, replicas, replace, name, sources,
+                                    duplicates, skips, fields)
+    skip = min(skips)
+    if sources.known_files is not None:
+        paths = [f.path for f in sources.entries()]
+        table = place(name, paths, members, replicas).tolist()
+        del paths
 
-    def produce(streams, bar) -> None:
-        _produce(report.files, holders, streams, bar, report.dirs)
+        def holders_of(index, _file):
+            return table[index]
+    else:
+        hashes = member_hashes(members)
 
-    info = run_two_phase(router, name, members, replicas, replace=replace, produce=produce,
-                         total_bytes=report.bytes, progress=progress,
-                         desc=f"ingest {name} ({len(members)} daemons, {replicas}x)")
-    return dataclasses.replace(info, samples=len(paths), bytes=report.bytes)
+        def holders_of(_index, file):
+            return place_one(name, file.path, hashes, replicas)
+
+    meter = IngestProgress(f"ingest {name} ({len(members)} daemons, {replicas}x)",
+                           sources.total_bytes, mode=progress_mode(progress),
+                           known_files=None if sources.known_files is None
+                           else sources.known_files - skip)
+    with pool_for(sources, skip, readers) as pool:
+        def produce(streams, _bar) -> None:
+            _produce(ordered_files(pool, meter, duplicates), skip, skips, holders_of, streams,
+                     sources.dirs)
+
+        try:
+            info = run_two_phase(router, name, members, replicas, replace=replace,
+                                 produce=produce, total_bytes=0, progress=False, desc="",
+                                 generation=generation, start_fields=fields,
+                                 keep_on_failure=resumable)
+        except DlfsError as exc:
+            if resumable:
+                raise resume_hint(exc, [router.member(a) for a in members], name) from None
+            raise
+        finally:
+            elapsed = meter.close()
+    if stats is not None:
+        stats.files, stats.data_bytes = meter.files, meter.data_bytes
+        stats.source_bytes, stats.elapsed_s, stats.readers = meter.source_bytes, elapsed, readers
+        stats.resumed_files = skip
+    return info
+
+
+def _resume_points(router, members, replicas, replace, name, sources, duplicates, skips,
+                   fields) -> int | None:
+    """Ask every member what it holds; fill `skips` and `fields`; return the generation
+    to reuse (None when nothing is parked anywhere)."""
+    results = router.each(lambda member: get_progress(member, name))
+    states = []
+    for index, address in enumerate(members):
+        state = results.get(address)
+        if isinstance(state, Exception):
+            raise state
+        if state is None:
+            continue
+        check_resumable(state, name, address)
+        if (list(state.members) != members or state.replicas != replicas
+                or state.member_index != index or state.replace != replace):
+            raise ResumeConflict(
+                f"the broken-off ingest of {name!r} on {address} was started over "
+                f"{', '.join(state.members) or 'that daemon alone'} with {state.replicas} "
+                f"replicas{' and --replace' if state.replace else ''}; resume it with the same "
+                "--server list (same order), --replicas and --replace")
+        states.append((index, state))
+    if not states:
+        return None
+    generations = {state.generation for _, state in states}
+    if len(generations) != 1:
+        raise ResumeConflict(f"the members hold different versions of the broken-off ingest of "
+                             f"{name!r}; remove it (`dlfs rm {name}`) and ingest again")
+    prefixes = resume_prefix(sources, [state.samples for _, state in states], duplicates)
+    for index, state in states:
+        skips[index] = state.samples
+        if state.state == "prepared":  # holds all its files: it only waits for the commit
+            fields[index] = {"prepared_already": True}
+            continue
+        check_prefix(state, prefixes[state.samples], name, members[index])
+        fields[index].update(resume=True, resume_from=state.samples)
+    return generations.pop()  # members that hold nothing start from the beginning
 
 
 def run_two_phase(router, name: str, members: list[str], replicas: int, *,
                   replace: bool, produce, total_bytes: int, progress: bool | None,
-                  desc: str) -> DatasetInfo:
+                  desc: str, generation: int | None = None, start_fields=None,
+                  keep_on_failure: bool = False) -> DatasetInfo:
     """One prepared Ingest stream per member, fed by `produce(streams, bar)`, then commit.
 
     `produce` puts pieces on each member's stream (`stream.put`) and calls
@@ -80,13 +171,18 @@ def run_two_phase(router, name: str, members: list[str], replicas: int, *,
     `total_bytes`) is its to update.  If it raises, or any member fails,
     every member aborts and nothing is kept; OSError from the producer
     becomes InvalidArgument (the source could not be read).  Returns the
-    first member's DatasetInfo after all committed.
+    first member's DatasetInfo after all committed.  `generation`: the
+    version to name (a resume repeats the broken-off ingest's); default a new
+    one.  `start_fields`: per member, more IngestStart fields (resuming).
+    `keep_on_failure`: a failure aborts no prepared member (resumable
+    ingests: they are parked and can be resumed).
     """
     # The new version's number, the same on every member (above the dataset ids
     # daemons hand out), so readers can tell it from the one it replaces.
-    generation = limits.cluster_generation_min | secrets.randbits(62)
+    if generation is None:
+        generation = limits.cluster_generation_min | secrets.randbits(62)
     streams = [_MemberStream(router.member(address), name, replace, members, replicas, index,
-                             generation)
+                             generation, **(start_fields[index] if start_fields else {}))
                for index, address in enumerate(members)]
     bar = None
     if progress if progress is not None else sys.stderr.isatty():
@@ -105,7 +201,8 @@ def run_two_phase(router, name: str, members: list[str], replicas: int, *,
             stream.put(_ABORT)  # the member's call is cancelled: it keeps nothing
         for thread in threads:
             thread.join()
-        _finish_all(streams, commit=False)
+        if not keep_on_failure:
+            _finish_all(streams, commit=False)
         if isinstance(exc, OSError):
             raise InvalidArgument(f"cannot read the source: {exc}") from None
         if not isinstance(exc, _MemberFailed):
@@ -122,7 +219,8 @@ def run_two_phase(router, name: str, members: list[str], replicas: int, *,
     # The member that failed first, not those the client then cancelled.
     failures.sort(key=lambda failure: isinstance(failure[1], (Cancelled, _Aborted)))
     if failures:
-        _finish_all(streams, commit=False)
+        if not keep_on_failure:
+            _finish_all(streams, commit=False)
         address, error = failures[0]
         if isinstance(error, DlfsError):
             raise type(error)(f"ingest into {address} failed, nothing was kept: {error.message}")
@@ -210,45 +308,63 @@ def _finish_all(streams, commit: bool) -> list[tuple[str, object]]:
         return list(pool.map(finish, prepared))
 
 
-def _produce(files, holders: np.ndarray, streams, bar, dirs=()) -> None:
-    """Read each file once; its pieces go to its holders, its metadata to the others.
-    Every member gets the empty directories `dirs`."""
+def _produce(chunks, skip: int, skips: list[int], holders_of, streams, dirs=()) -> None:
+    """Each file's pieces to its holders, its metadata to the other members; a member
+    gets only the files after those it already holds (`skips`, resuming).  Every
+    member's stream starts with the empty directories `dirs` (a resumed one too)."""
     for piece in dir_pieces(dirs):
         for stream in streams:
             stream.put(piece)
-    for file, file_holders in zip(files, holders.tolist()):
-        check_streams(streams)
-        holding = [streams[h] for h in file_holders]
-        for piece in file_pieces(file, file_holders):
-            for stream in holding:
-                stream.put(piece)
-        remote = pb.IngestPiece(path=file.path, size=file.size, mode=file.mode,
-                                mtime_ns=file.mtime_ns, holders=file_holders,
-                                crc32c=piece.crc32c, remote=True)
-        for index, stream in enumerate(streams):
-            if index not in file_holders:
-                stream.put(remote)
-        if bar is not None:
-            bar.update(file.size)
+    index = skip - 1
+    holders: list[int] = []
+    holding: list = []
+    current = None
+    for file, data, last, crc in chunks:
+        if file is not None:
+            check_streams(streams)
+            index += 1
+            current = file
+            holders = holders_of(index, file)
+            holding = [streams[h] for h in holders if index >= skips[h]]
+            piece = pb.IngestPiece(path=file.path, size=file.size, mode=file.mode,
+                                   mtime_ns=file.mtime_ns, holders=holders, data=data)
+        else:
+            piece = pb.IngestPiece(data=data)
+        if last:
+            piece.crc32c = crc
+        for stream in holding:
+            stream.put(piece)
+        if last:
+            remote = pb.IngestPiece(path=current.path, size=current.size, mode=current.mode,
+                                    mtime_ns=current.mtime_ns, holders=holders, crc32c=crc,
+                                    remote=True)
+            for member, stream in enumerate(streams):
+                if member not in holders and index >= skips[member]:
+                    stream.put(remote)
 
 
 class _MemberStream:
     """One member's Ingest call, fed piece by piece through a bounded queue."""
 
     def __init__(self, member, name: str, replace: bool, members: list[str], replicas: int,
-                 index: int, generation: int):
+                 index: int, generation: int, prepared_already: bool = False, **start_fields):
+        """`prepared_already`: the member holds its part prepared (a resumed ingest that
+        broke off before its commit): no stream, it joins the commit."""
         self.member = member
+        self.prepared_already = prepared_already
         self.name = name
         self.index = index
         self.start = pb.IngestStart(dataset=name, replace=replace, members=members,
                                     replicas=replicas, member_index=index, prepare_only=True,
-                                    generation=generation)
+                                    generation=generation, **start_fields)
         self._queue: queue.Queue = queue.Queue(maxsize=limits.ingest_queue_pieces_max)
         self.error: BaseException | None = None
         self.prepared = False
         self.aborted = False  # the client cancelled this member's call itself
 
     def put(self, piece) -> None:
+        if self.prepared_already:
+            return
         while self.error is None:
             try:
                 self._queue.put(piece, timeout=0.1)
@@ -268,6 +384,9 @@ class _MemberStream:
             yield piece
 
     def run(self) -> None:
+        if self.prepared_already:
+            self.prepared = True
+            return
         try:
             self.member.ingest(self._messages())
             self.prepared = True

@@ -38,6 +38,10 @@ T = TypeVar("T")
 _READ_REQUEST_TYPES = {"GetBatch": pb.GetBatchRequest, "ReadRange": pb.ReadRangeRequest}
 
 
+def _serialized(message) -> bytes:
+    return message if isinstance(message, bytes) else message.SerializeToString()
+
+
 class _NoUnaryReads(Exception):
     """The daemon predates GetSmallBatch (it answered UNIMPLEMENTED)."""
 
@@ -131,13 +135,17 @@ class DaemonTransport:
         return call_with_retry(attempt, address=self.address, timeout_s=self.reconnect_timeout_s)
 
     def ingest(self, messages) -> pb.DatasetInfo:
-        """One Ingest call fed by the iterator `messages`; never retried.
+        """One Ingest call fed by the iterator `messages` (IngestMessages, or their
+        serialized bytes: `dlfs.client.ingest.raw_messages`); never retried.
 
         Raises the daemon's DlfsError, or grpc.RpcError when the failure
         came from `messages` itself (the caller knows the cause then).
         """
-        return self._stub.Ingest(messages, timeout=limits.ingest_timeout_s_default,
-                                 metadata=logs.outgoing_metadata())
+        call = self._channel.stream_unary("/dlfs.v1.Dlfs/Ingest",
+                                          request_serializer=_serialized,
+                                          response_deserializer=pb.DatasetInfo.FromString)
+        return call(messages, timeout=limits.ingest_timeout_s_default,
+                    metadata=logs.outgoing_metadata())
 
     def scrub(self, dataset: str) -> Iterator[pb.ScrubProgress]:
         """The Scrub stream of `dataset`; failures raise typed errors."""
@@ -148,14 +156,13 @@ class DaemonTransport:
         except grpc.RpcError as exc:
             raise from_rpc_error(exc, self.address) from None
 
-    def upload(self, report, name: str, *, replace: bool, progress: bool | None,
-               replicas: int):
-        """Ingest the files of a `walk_tree` report as dataset `name` (one stream)."""
+    def upload(self, source, name: str, *, replace: bool, progress, replicas: int, **options):
+        """Ingest `source` as dataset `name` (one stream; see `dlfs.client.ingest.upload`)."""
         from dlfs.client.ingest import upload
 
         if replicas != 1:
             raise InvalidArgument(f"--replicas {replicas} needs as many daemons; one was given")
-        return upload(self, name, report, replace=replace, progress=progress)
+        return upload(self, name, source, replace=replace, progress=progress, **options)
 
     def rebalance(self, name: str, *, replicas: int | None, progress: bool | None):
         raise InvalidArgument("rebalance places a dataset on several daemons: give the new "

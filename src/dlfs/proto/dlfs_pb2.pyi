@@ -81,7 +81,7 @@ class GetDatasetRequest(_message.Message):
     def __init__(self, dataset: _Optional[str] = ...) -> None: ...
 
 class DatasetInfo(_message.Message):
-    __slots__ = ("name", "samples", "bytes", "sealed", "created_unix_ns", "extents", "members", "replicas", "member_index", "generation")
+    __slots__ = ("name", "samples", "bytes", "sealed", "created_unix_ns", "extents", "members", "replicas", "member_index", "generation", "ingest_state")
     NAME_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_FIELD_NUMBER: _ClassVar[int]
     BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -92,6 +92,7 @@ class DatasetInfo(_message.Message):
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
     MEMBER_INDEX_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
+    INGEST_STATE_FIELD_NUMBER: _ClassVar[int]
     name: str
     samples: int
     bytes: int
@@ -102,7 +103,8 @@ class DatasetInfo(_message.Message):
     replicas: int
     member_index: int
     generation: int
-    def __init__(self, name: _Optional[str] = ..., samples: _Optional[int] = ..., bytes: _Optional[int] = ..., sealed: _Optional[bool] = ..., created_unix_ns: _Optional[int] = ..., extents: _Optional[int] = ..., members: _Optional[_Iterable[str]] = ..., replicas: _Optional[int] = ..., member_index: _Optional[int] = ..., generation: _Optional[int] = ...) -> None: ...
+    ingest_state: str
+    def __init__(self, name: _Optional[str] = ..., samples: _Optional[int] = ..., bytes: _Optional[int] = ..., sealed: _Optional[bool] = ..., created_unix_ns: _Optional[int] = ..., extents: _Optional[int] = ..., members: _Optional[_Iterable[str]] = ..., replicas: _Optional[int] = ..., member_index: _Optional[int] = ..., generation: _Optional[int] = ..., ingest_state: _Optional[str] = ...) -> None: ...
 
 class Entry(_message.Message):
     __slots__ = ("name", "path", "kind", "size", "mode", "mtime_ns", "id", "crc32c", "children")
@@ -358,7 +360,7 @@ class IngestEnd(_message.Message):
     def __init__(self, files: _Optional[int] = ..., bytes: _Optional[int] = ...) -> None: ...
 
 class IngestStart(_message.Message):
-    __slots__ = ("dataset", "replace", "members", "replicas", "member_index", "prepare_only", "generation")
+    __slots__ = ("dataset", "replace", "members", "replicas", "member_index", "prepare_only", "generation", "resumable", "resume", "resume_from")
     DATASET_FIELD_NUMBER: _ClassVar[int]
     REPLACE_FIELD_NUMBER: _ClassVar[int]
     MEMBERS_FIELD_NUMBER: _ClassVar[int]
@@ -366,6 +368,9 @@ class IngestStart(_message.Message):
     MEMBER_INDEX_FIELD_NUMBER: _ClassVar[int]
     PREPARE_ONLY_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
+    RESUMABLE_FIELD_NUMBER: _ClassVar[int]
+    RESUME_FIELD_NUMBER: _ClassVar[int]
+    RESUME_FROM_FIELD_NUMBER: _ClassVar[int]
     dataset: str
     replace: bool
     members: _containers.RepeatedScalarFieldContainer[str]
@@ -373,7 +378,46 @@ class IngestStart(_message.Message):
     member_index: int
     prepare_only: bool
     generation: int
-    def __init__(self, dataset: _Optional[str] = ..., replace: _Optional[bool] = ..., members: _Optional[_Iterable[str]] = ..., replicas: _Optional[int] = ..., member_index: _Optional[int] = ..., prepare_only: _Optional[bool] = ..., generation: _Optional[int] = ...) -> None: ...
+    resumable: bool
+    resume: bool
+    resume_from: int
+    def __init__(self, dataset: _Optional[str] = ..., replace: _Optional[bool] = ..., members: _Optional[_Iterable[str]] = ..., replicas: _Optional[int] = ..., member_index: _Optional[int] = ..., prepare_only: _Optional[bool] = ..., generation: _Optional[int] = ..., resumable: _Optional[bool] = ..., resume: _Optional[bool] = ..., resume_from: _Optional[int] = ...) -> None: ...
+
+class GetIngestProgressRequest(_message.Message):
+    __slots__ = ("dataset",)
+    DATASET_FIELD_NUMBER: _ClassVar[int]
+    dataset: str
+    def __init__(self, dataset: _Optional[str] = ...) -> None: ...
+
+class IngestProgress(_message.Message):
+    __slots__ = ("dataset", "state", "samples", "bytes", "digest", "last_path", "replace", "members", "replicas", "member_index", "generation", "parked_unix_ns", "expires_in_s")
+    DATASET_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
+    LAST_PATH_FIELD_NUMBER: _ClassVar[int]
+    REPLACE_FIELD_NUMBER: _ClassVar[int]
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_INDEX_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    PARKED_UNIX_NS_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_IN_S_FIELD_NUMBER: _ClassVar[int]
+    dataset: str
+    state: str
+    samples: int
+    bytes: int
+    digest: bytes
+    last_path: str
+    replace: bool
+    members: _containers.RepeatedScalarFieldContainer[str]
+    replicas: int
+    member_index: int
+    generation: int
+    parked_unix_ns: int
+    expires_in_s: float
+    def __init__(self, dataset: _Optional[str] = ..., state: _Optional[str] = ..., samples: _Optional[int] = ..., bytes: _Optional[int] = ..., digest: _Optional[bytes] = ..., last_path: _Optional[str] = ..., replace: _Optional[bool] = ..., members: _Optional[_Iterable[str]] = ..., replicas: _Optional[int] = ..., member_index: _Optional[int] = ..., generation: _Optional[int] = ..., parked_unix_ns: _Optional[int] = ..., expires_in_s: _Optional[float] = ...) -> None: ...
 
 class IngestPiece(_message.Message):
     __slots__ = ("path", "size", "mode", "mtime_ns", "data", "crc32c", "holders", "remote", "kept", "directory")

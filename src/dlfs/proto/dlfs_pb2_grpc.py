@@ -114,6 +114,11 @@ class DlfsStub:
                 request_serializer=dlfs_dot_proto_dot_dlfs__pb2.IngestOutcomeRequest.SerializeToString,
                 response_deserializer=dlfs_dot_proto_dot_dlfs__pb2.IngestOutcome.FromString,
                 _registered_method=True)
+        self.GetIngestProgress = channel.unary_unary(
+                '/dlfs.v1.Dlfs/GetIngestProgress',
+                request_serializer=dlfs_dot_proto_dot_dlfs__pb2.GetIngestProgressRequest.SerializeToString,
+                response_deserializer=dlfs_dot_proto_dot_dlfs__pb2.IngestProgress.FromString,
+                _registered_method=True)
         self.DeleteDataset = channel.unary_unary(
                 '/dlfs.v1.Dlfs/DeleteDataset',
                 request_serializer=dlfs_dot_proto_dot_dlfs__pb2.DeleteDatasetRequest.SerializeToString,
@@ -301,8 +306,19 @@ class DlfsServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetIngestProgress(self, request, context):
+        """What an unsealed ingest of `dataset` holds durably, so that a client can
+        continue it after it broke off (IngestStart.resume).  Codes: NOT_FOUND
+        (no unsealed ingest of that name: never started, sealed, removed, or not
+        resumed within the daemon's --resumable-ingest-timeout-s).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def DeleteDataset(self, request, context):
-        """Remove a sealed dataset and free its extents.  Codes: NOT_FOUND.
+        """Remove a sealed dataset and free its extents; a parked (broken-off,
+        resumable) ingest of that name is discarded too.  Codes: NOT_FOUND.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -417,6 +433,11 @@ def add_DlfsServicer_to_server(servicer, server):
                     servicer.GetIngestOutcome,
                     request_deserializer=dlfs_dot_proto_dot_dlfs__pb2.IngestOutcomeRequest.FromString,
                     response_serializer=dlfs_dot_proto_dot_dlfs__pb2.IngestOutcome.SerializeToString,
+            ),
+            'GetIngestProgress': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetIngestProgress,
+                    request_deserializer=dlfs_dot_proto_dot_dlfs__pb2.GetIngestProgressRequest.FromString,
+                    response_serializer=dlfs_dot_proto_dot_dlfs__pb2.IngestProgress.SerializeToString,
             ),
             'DeleteDataset': grpc.unary_unary_rpc_method_handler(
                     servicer.DeleteDataset,
@@ -866,6 +887,33 @@ class Dlfs:
             '/dlfs.v1.Dlfs/GetIngestOutcome',
             dlfs_dot_proto_dot_dlfs__pb2.IngestOutcomeRequest.SerializeToString,
             dlfs_dot_proto_dot_dlfs__pb2.IngestOutcome.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetIngestProgress(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dlfs.v1.Dlfs/GetIngestProgress',
+            dlfs_dot_proto_dot_dlfs__pb2.GetIngestProgressRequest.SerializeToString,
+            dlfs_dot_proto_dot_dlfs__pb2.IngestProgress.FromString,
             options,
             channel_credentials,
             insecure,

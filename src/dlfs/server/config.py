@@ -34,6 +34,9 @@ class ServerConfig:
     ingests_concurrent_max: int = limits.ingests_concurrent_max_default
     prepared_ingest_timeout_s: float = limits.prepared_ingest_timeout_s
     in_doubt_poll_s: float = limits.in_doubt_poll_s
+    resumable_ingest_timeout_s: float = limits.resumable_ingest_timeout_s_default
+    ingest_checkpoint_bytes: int = limits.ingest_checkpoint_bytes
+    ingest_checkpoint_interval_s: float = limits.ingest_checkpoint_interval_s
     extent_bytes_max: int = limits.extent_bytes_max_default
     open_extents_max: int = limits.open_extents_max_default
     coalesce_gap_bytes: int = limits.coalesce_gap_bytes_default
@@ -80,6 +83,9 @@ class ServerConfig:
             (self.rpc_threads <= self.rpcs_concurrent_max,
              "rpcs_concurrent_max must be at least rpc_threads"),
             (1 <= self.ingests_concurrent_max, "ingests_concurrent_max must be at least 1"),
+            (0 < self.resumable_ingest_timeout_s, "resumable_ingest_timeout_s must be positive"),
+            (0 < self.ingest_checkpoint_bytes and 0 < self.ingest_checkpoint_interval_s,
+             "the ingest checkpoint bytes and interval must be positive"),
             (1 <= self.streams_per_connection_max, "streams_per_connection_max must be at least 1"),
             (1 <= self.streams_per_client_max, "streams_per_client_max must be at least 1"),
             (0 < self.stream_stall_timeout_s, "stream_stall_timeout_s must be positive"),
@@ -126,6 +132,11 @@ SETTINGS_HELP = {
                                  "if nobody commits it within this time",
     "in_doubt_poll_s": "a striped member left prepared asks the first member for the "
                        "outcome this often",
+    "resumable_ingest_timeout_s": "a resumable ingest that broke off is kept this long for a "
+                                  "resume, then discarded",
+    "ingest_checkpoint_bytes": "a resumable ingest makes what it received durable (a "
+                               "checkpoint) after this many bytes",
+    "ingest_checkpoint_interval_s": "... and at least this often (seconds) while it receives",
     "streams_per_connection_max": "concurrent calls one client connection may open",
     "streams_per_client_max": "streamed reads and ingests one client host may run at once",
     "stream_stall_timeout_s": "a streamed read or ingest idle this long is cancelled",

@@ -24,7 +24,20 @@ def dataset_info(summary: DatasetInfo) -> pb.DatasetInfo:
                           sealed=summary.sealed, created_unix_ns=summary.created_ns,
                           extents=summary.extents, members=list(summary.members),
                           replicas=summary.replicas, member_index=summary.member_index,
-                          generation=summary.generation)
+                          generation=summary.generation, ingest_state=summary.ingest_state)
+
+
+def ingest_progress(info) -> pb.IngestProgress:
+    """A `dlfs.server.resumable.ProgressInfo` as its message."""
+    cluster = info.cluster
+    return pb.IngestProgress(
+        dataset=info.name, state=info.state, samples=info.samples, bytes=info.bytes,
+        digest=info.digest, last_path=info.last_path, replace=info.replace,
+        members=list(cluster.members) if cluster else [],
+        replicas=cluster.replicas if cluster else 0,
+        member_index=cluster.member_index if cluster else 0,
+        generation=cluster.generation if cluster else 0,
+        parked_unix_ns=info.parked_ns, expires_in_s=info.expires_in_s)
 
 
 def cluster(start: pb.IngestStart) -> Cluster | None:

@@ -20,7 +20,7 @@ import time
 
 from dlfs import datawire, limits, logs
 from dlfs.errors import DlfsError, FailedPrecondition, InvalidArgument, Unauthenticated
-from dlfs.server import datareplies
+from dlfs.server import dataingest, datareplies
 from dlfs.server.metrics import OPERATOR_CODES
 from dlfs.sockio import recv_exactly, send_all
 
@@ -37,6 +37,7 @@ class DataConnection:
         self.header = bytearray(datawire.FRAME.size)
         self.body = bytearray(1024)
         self.peer = _peer_name(sock)
+        self.role: str | None = None  # the HELLO token's role, when the daemon has tokens
 
     def handshake(self) -> bool:
         """Read HELLO, answer WELCOME; False (after an ERROR) when the client may not stay."""
@@ -50,7 +51,9 @@ class DataConnection:
             self.send([datawire.error(InvalidArgument(str(exc)))])
             return False
         authorizer = self.server.authorizer
-        if authorizer is not None and authorizer.role(token) is None:
+        if authorizer is not None:
+            self.role = authorizer.role(token)
+        if authorizer is not None and self.role is None:
             self.send([datawire.error(Unauthenticated(
                 "this daemon requires a token: pass --token (or set DLFS_TOKEN) with a token "
                 "from its tokens file"))])
@@ -88,11 +91,16 @@ class DataConnection:
                     self._handle(kind, request)
                 except DlfsError as exc:
                     call.code = exc.status_code_name
-                    self._fail(kind, exc)
+                    self.fail(kind, exc)
+                except Exception as exc:
+                    if dataingest.is_closed(exc):
+                        call.code = "CANCELLED"
+                        return
+                    raise
                 finally:
                     call.end(_METHODS[kind], self.peer)
 
-    def _fail(self, kind: int, exc: DlfsError) -> None:
+    def fail(self, kind: int, exc: DlfsError) -> None:
         """Answer a failed request with an ERROR frame naming the request id; count and
         log it as gRPC calls are."""
         code = exc.status_code_name
@@ -109,6 +117,8 @@ class DataConnection:
             datareplies.byte_range(self, request)
         elif kind == datawire.Kind.OPEN_DATASET:
             datareplies.open_dataset(self, *request)
+        elif kind == datawire.Kind.INGEST_START:
+            dataingest.ingest(self, request)
         else:
             datareplies.stat_dataset(self, request)
 
@@ -136,7 +146,7 @@ class DataConnection:
 # Requests by kind, named as in logs and in the dlfs_batches_total "method" label.
 _METHODS = {datawire.Kind.GET_BATCH: "DataBatch", datawire.Kind.READ_RANGE: "DataRange",
             datawire.Kind.STAT_DATASET: "DataStat", datawire.Kind.OPEN_DATASET: "DataOpen",
-            datawire.Kind.DATA: "DataBatch"}
+            datawire.Kind.DATA: "DataBatch", datawire.Kind.INGEST_START: "DataIngest"}
 
 
 def _parse(kind: int, body: memoryview):
@@ -152,6 +162,9 @@ def _parse(kind: int, body: memoryview):
     if kind == datawire.Kind.OPEN_DATASET:
         name, generation, request_id = datawire.parse_open_dataset(body)
         return (name, generation), request_id
+    if kind == datawire.Kind.INGEST_START:
+        request = datawire.parse_ingest_start(body)
+        return request, request.request_id
     raise datawire.FrameError(f"unknown request kind {kind}")
 
 

@@ -12,8 +12,8 @@ Nothing here imports grpc.
 
 from __future__ import annotations
 
+import ctypes
 import errno
-import io
 import os
 import shutil
 import threading
@@ -25,6 +25,7 @@ from dlfs import layout, limits
 from dlfs.errors import DataCorruption, Overloaded, StorageFull
 from dlfs.layout import HEADER_BYTES, check_header, encode_header
 from dlfs.server import faults
+from dlfs.server.directio import is_direct, open_appender
 
 WRITE_BUFFER_BYTES = 4 * limits.MiB
 
@@ -99,21 +100,57 @@ class ExtentWriter:
     """
 
     def __init__(self, store: ExtentStore, dataset_id: int, created_ns: int,
-                 extent_bytes_max: int = limits.extent_bytes_max_default, label: str = ""):
+                 extent_bytes_max: int = limits.extent_bytes_max_default, label: str = "",
+                 resume_after: tuple[int, int] | None = None):
         self._store = store
         self._label = label or f"dataset id {dataset_id:x}"  # for error messages
         self._dataset_id = dataset_id
         self._created_ns = created_ns
         self._extent_bytes_max = extent_bytes_max
-        self._file: io.BufferedWriter | None = None
+        self._file = None  # a directio.DirectAppender, or a BufferedWriter without O_DIRECT
         self._extent_no = -1
         self._end = 0  # bytes in the current extent, header included
         self._remaining = 0
         self._root_synced = False
+        self._unsynced = 0  # bytes written since writeback was last started
         self.extents = 0
-        path = store.dataset_dir(dataset_id)
-        faults.point("mkdir", path)
-        os.makedirs(path, mode=0o700, exist_ok=False)
+        if resume_after is None:
+            path = store.dataset_dir(dataset_id)
+            faults.point("mkdir", path)
+            os.makedirs(path, mode=0o700, exist_ok=False)
+        else:
+            self._reopen(*resume_after)
+
+    def _reopen(self, extent_no: int, end: int) -> None:
+        """Continue a resumable ingest: keep extents up to `extent_no` (that one cut
+        at `end`, where its durable part ends), remove later ones, and start the next
+        sample in a new extent (dlfs.server.resumable)."""
+        directory = self._store.dataset_dir(self._dataset_id)
+        try:
+            faults.point("mkdir", directory)
+            os.makedirs(directory, mode=0o700, exist_ok=True)
+            for name in os.listdir(directory):
+                stem, _, suffix = name.partition(".")
+                if suffix == "ext" and stem.isdigit() and int(stem) > extent_no:
+                    faults.point("unlink", os.path.join(directory, name))
+                    os.unlink(os.path.join(directory, name))
+            if extent_no >= 0:
+                path = self._store.extent_path(self._dataset_id, extent_no)
+                with open(path, "r+b") as f:
+                    if os.fstat(f.fileno()).st_size > end:
+                        faults.point("truncate", path)
+                        f.truncate(end)
+                        faults.point("fsync", path)
+                        os.fsync(f.fileno())
+            fsync_dir(directory)
+        except OSError as exc:
+            raise no_space_error(exc, self._label) from exc
+        self._extent_no = extent_no
+
+    def position(self) -> tuple[int, int]:
+        """(extent number, bytes in it) where the next sample would start; extent -1
+        before the first one."""
+        return self._extent_no, self._end
 
     def begin_sample(self, size: int) -> tuple[int, int]:
         """Reserve room for a sample of `size` bytes; return (extent no, offset)."""
@@ -132,10 +169,20 @@ class ExtentWriter:
         try:
             faults.point("write", self._label)
             self._file.write(chunk)
+            self._unsynced += n
+            if self._unsynced >= limits.ingest_writeback_bytes and not is_direct(self._file):
+                self._start_writeback()
         except OSError as exc:
             raise no_space_error(exc, self._label) from exc
         self._remaining -= n
         self._end += n
+
+    def _start_writeback(self) -> None:
+        """Hand what was written so far to the kernel and have it start writing it out
+        (no waiting), so that later fsyncs are short and writes stream to the device."""
+        self._unsynced = 0
+        self._file.flush()
+        start_writeback(self._file.fileno())
 
     def end_sample(self) -> None:
         assert self._remaining == 0, "sample shorter than announced"
@@ -184,8 +231,7 @@ class ExtentWriter:
         path = self._store.extent_path(self._dataset_id, self._extent_no)
         try:
             faults.point("create", path)
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-            self._file = io.BufferedWriter(io.FileIO(fd, "wb"), buffer_size=WRITE_BUFFER_BYTES)
+            self._file = open_appender(path, WRITE_BUFFER_BYTES)
             self._file.write(encode_header(self._dataset_id, self._extent_no, self._created_ns))
         except OSError as exc:
             raise no_space_error(exc, path) from exc
@@ -297,6 +343,27 @@ class _Handle:
         self.fd = fd
         self.refs = 0
         self.evicted = False
+
+
+_SYNC_FILE_RANGE_WRITE = 2
+_sync_file_range = None
+
+
+def start_writeback(fd: int) -> None:
+    """sync_file_range(SYNC_FILE_RANGE_WRITE) over the whole file: start writing its
+    dirty pages back without waiting.  A no-op where the C library lacks it."""
+    global _sync_file_range
+    if _sync_file_range is None:
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            function = libc.sync_file_range
+            function.argtypes = (ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint)
+            function.restype = ctypes.c_int
+            _sync_file_range = function
+        except (OSError, AttributeError):
+            _sync_file_range = False
+    if _sync_file_range:
+        _sync_file_range(fd, 0, 0, _SYNC_FILE_RANGE_WRITE)
 
 
 def fsync_dir(path: str) -> None:

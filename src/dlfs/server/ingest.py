@@ -5,6 +5,8 @@ dataset's own extents; entries go to the catalog in SAMPLES records as they
 accumulate (unsynced: an unsealed dataset is discarded at restart anyway);
 `finish` fsyncs the extents, writes the remaining entries, then builds and
 checks the directory tree; `discard` writes DELETE and removes the extents.
+A resumable session also checkpoints (resumable.py): every so many bytes
+or seconds, when `park`ed (its stream broke off) and when it is resumed.
 The Store owns the ingest's state (ingest_registry.py), writes BEGIN and
 SEAL, and decides when to finish or discard: a session holds no reference
 to the Store; it gets the catalog and the ExtentWriter it writes to and
@@ -16,11 +18,12 @@ from __future__ import annotations
 import dataclasses
 import logging
 import stat as stat_module
+import time
 
 import crc32c
 import numpy as np
 
-from dlfs import limits
+from dlfs import ingest_digest, limits
 from dlfs.blockcrc import BLOCK_BYTES, BlockHasher
 from dlfs.errors import DataCorruption, InvalidArgument
 from dlfs.layout import NO_EXTENT
@@ -29,6 +32,7 @@ from dlfs.server import catalog as cat
 from dlfs.server import records
 from dlfs.server.directory import Cluster, DatasetIndex
 from dlfs.server.extents import ExtentStore, ExtentWriter
+from dlfs.server.resumable import Checkpoint, encode_checkpoint
 from dlfs.types import DatasetInfo
 
 log = logging.getLogger(__name__)
@@ -65,12 +69,18 @@ class IngestSession:
     """
 
     def __init__(self, name: str, dataset_id: int, created_ns: int, catalog: cat.Catalog,
-                 writer: ExtentWriter, replace: bool = False, cluster: Cluster | None = None):
+                 writer: ExtentWriter | None, replace: bool = False,
+                 cluster: Cluster | None = None, resumable: bool = False,
+                 checkpoint_bytes: int = limits.ingest_checkpoint_bytes,
+                 checkpoint_interval_s: float = limits.ingest_checkpoint_interval_s):
         self.name = name
         self.dataset_id = dataset_id
         self.created_ns = created_ns
         self.replace = replace
         self.cluster = cluster
+        self.resumable = resumable
+        self.checkpoint_bytes = checkpoint_bytes
+        self.checkpoint_interval_s = checkpoint_interval_s
         self._catalog = catalog
         self._writer = writer
         self._blocks: list[records.SampleBlock] = []
@@ -83,6 +93,32 @@ class IngestSession:
         self._last: tuple[str, int] | None = None  # (path, crc) of the last finished file
         self.samples = 0
         self.bytes = 0
+        # Resumable sessions: the digest of the files so far (dlfs.ingest_digest), the
+        # last checkpoint, and what arrived since it.
+        self.digest = ingest_digest.EMPTY
+        self.checkpoint: Checkpoint | None = None
+        self._since_checkpoint = 0
+        self._checkpoint_due = 0.0
+
+    @classmethod
+    def restored(cls, name: str, dataset_id: int, created_ns: int, catalog: cat.Catalog,
+                 blocks: list, checkpoint: Checkpoint, cluster: Cluster | None,
+                 extents: ExtentStore) -> "IngestSession":
+        """A parked session rebuilt from the catalog at start (no writer until resumed;
+        `extents` removes its extents if it is discarded before)."""
+        session = cls(name, dataset_id, created_ns, catalog, None, checkpoint.replace, cluster,
+                      resumable=True)
+        session._extents = extents
+        session._blocks = list(blocks)
+        session.samples, session.bytes = checkpoint.samples, checkpoint.bytes
+        session.digest, session.checkpoint = checkpoint.digest, checkpoint
+        if blocks and len(blocks[-1]):
+            session._last = (blocks[-1].paths[-1], int(blocks[-1].crc[-1]))
+        return session
+
+    @property
+    def last_path(self) -> str:
+        return self._last[0] if self._last is not None else ""
 
     def summary(self) -> DatasetInfo:
         """What has arrived so far, as an unsealed dataset's summary."""
@@ -112,7 +148,7 @@ class IngestSession:
         self._pending.append((path, NO_EXTENT, 0, size, crc, _regular_mode(path, mode), mtime_ns,
                               tuple(holders)))
         self._last = (path, crc)
-        self._count(size)
+        self._count(path, size, mtime_ns)
 
     def add_directory(self, path: str) -> None:
         """Record a directory that holds no sample (an empty one of the source), so the
@@ -201,9 +237,9 @@ class IngestSession:
         if file.blocks is not None:
             self._pending_block_crcs.extend(file.blocks.finish(file.size))
         self._last = (file.path, file.crc)
-        self._count(file.size)
+        self._count(file.path, file.size, file.mtime_ns)
 
-    def _count(self, size: int) -> None:
+    def _count(self, path: str, size: int, mtime_ns: int) -> None:
         if self.samples >= limits.dataset_samples_max:
             raise InvalidArgument(
                 f"dataset {self.name!r} would hold more than {limits.dataset_samples_max} samples "
@@ -211,6 +247,13 @@ class IngestSession:
                 "datasets")
         self.samples += 1
         self.bytes += size
+        if self.resumable:
+            self.digest = ingest_digest.chain(self.digest, path, size, mtime_ns)
+            self._since_checkpoint += size
+            if (self._since_checkpoint >= self.checkpoint_bytes
+                    or time.monotonic() >= self._checkpoint_due):
+                self.take_checkpoint()
+                return
         if len(self._pending) >= limits.catalog_samples_per_record or \
                 len(self._pending_block_crcs) >= limits.catalog_block_crcs_per_record:
             self._flush_entries()
@@ -251,8 +294,9 @@ class IngestSession:
                 f"the stream ended inside file {self._file.path!r} ({self._file.received} of "
                 f"{self._file.size} bytes received)"
             )
-        self._writer.sync()
-        self._writer.close()
+        if self._writer is not None:
+            self._writer.sync()
+            self._writer.close()
         self._flush_entries()
         for record_type, payload in records.dirs_records(self.dataset_id, self._dirs):
             self._catalog.append(record_type, payload)
@@ -260,11 +304,68 @@ class IngestSession:
         return DatasetIndex(self.name, self.dataset_id, self.created_ns,
                             records.SampleBlock.concat(blocks), self.cluster, dirs=self._dirs)
 
+    # --- resumable sessions (resumable.py) ------------------------------------------------
+
+    def take_checkpoint(self) -> Checkpoint:
+        """Make every finished file durable and record it (CHECKPOINT, catalog fsync'ed).
+
+        The file being received, if any, is not part of it (its bytes stay
+        behind the recorded extent end, and are cut off when resumed).
+        Raises StorageFull and OSError from the fsyncs and appends.
+        """
+        if self._file is not None:
+            position = (self._file.extent_no, self._file.offset)
+        elif self._writer is not None:
+            position = self._writer.position()
+        else:  # restored at start, not resumed yet
+            position = (self.checkpoint.extent_no, self.checkpoint.extent_end)
+        if self._writer is not None:
+            self._writer.sync()  # a closed writer syncs only its directory
+        self._flush_entries()
+        checkpoint = Checkpoint(self.samples, self.bytes, position[0], position[1],
+                                time.time_ns(), self.replace, self.digest)
+        self._catalog.append(records.RecordType.CHECKPOINT,
+                             encode_checkpoint(self.dataset_id, checkpoint), sync=True)
+        self.checkpoint = checkpoint
+        self._since_checkpoint = 0
+        self._checkpoint_due = time.monotonic() + self.checkpoint_interval_s
+        return checkpoint
+
+    def park(self) -> Checkpoint:
+        """The stream broke off: drop the file being received, checkpoint, close the
+        extent.  The session keeps its samples and waits for `resume`."""
+        checkpoint = self.take_checkpoint()
+        self._file = None
+        if self._writer is not None:
+            self._writer.close()
+        return checkpoint
+
+    def resume(self, writer: ExtentWriter) -> Checkpoint:
+        """Continue after `park` (or a prepare, or a restart) with a fresh `writer`
+        (opened after the checkpoint's extent); records a CHECKPOINT first, which
+        voids any record a crashed daemon left after the last one."""
+        assert self._file is None
+        self._writer = writer
+        self._dirs = []  # every stream, a resumed one too, sends all empty directories first
+        return self.take_checkpoint()
+
     def discard(self) -> None:
         """Remove what the session wrote: a DELETE record, then its extents.  Never
-        raises (see `discard_dataset`)."""
-        self._writer.close()
-        discard_dataset(self._catalog, self._writer.discard, self.name, self.dataset_id)
+        raises (see `discard_dataset`).  A resumable session's DELETE is synced: a
+        CHECKPOINT without it would bring back a parked ingest whose extents are gone."""
+        if self._writer is not None:
+            self._writer.close()
+            remove = self._writer.discard
+        else:  # parked after a restart: no writer
+            def remove():
+                self._extents.remove_dataset(self.dataset_id)
+        discard_dataset(self._catalog, remove, self.name, self.dataset_id, sync=self.resumable)
+
+    def close_writer(self) -> None:
+        """Close the extent being written without syncing (the daemon is stopping: a
+        resumable session's last checkpoint is what the next start parks)."""
+        if self._writer is not None:
+            self._writer.close()
 
 
 class RecoveredIngest:
@@ -298,8 +399,10 @@ class RecoveredIngest:
                         self.name, self.dataset_id)
 
 
-def discard_dataset(catalog: cat.Catalog, remove_extents, name: str, dataset_id: int) -> None:
-    """Record that an unpublished dataset is gone, then remove its extents.  Never raises.
+def discard_dataset(catalog: cat.Catalog, remove_extents, name: str, dataset_id: int,
+                    sync: bool = False) -> None:
+    """Record that an unpublished dataset is gone (`sync`: durably), then remove its
+    extents.  Never raises.
 
     The extents stay when the catalog has failed (see Catalog.append): a
     SEAL of this dataset may have reached the disk, and only the restart's
@@ -307,7 +410,7 @@ def discard_dataset(catalog: cat.Catalog, remove_extents, name: str, dataset_id:
     now are removed by that replay too.
     """
     try:
-        catalog.append(records.RecordType.DELETE, records.encode_delete(dataset_id))
+        catalog.append(records.RecordType.DELETE, records.encode_delete(dataset_id), sync=sync)
     except Exception:  # noqa: BLE001 - replay discards an unsealed dataset anyway
         log.exception("could not record the abort of dataset %r", name)
     if catalog.failed:

@@ -30,8 +30,12 @@ Record types and payloads:
             name): a two-phase ingest is durable and waits for its decision;
             replay keeps it prepared (not discarded) until a SEAL or DELETE.
             Format version 2.
+    CHECKPOINT a resumable ingest's durable point (payload and meaning in
+            dlfs.server.resumable): the dataset's first N samples recorded so
+            far are durable, records of further samples before it are void.
+            Format version 2.
 
-Version 2 added BLOCKS, DIRS and PREPARE; a version 1 catalog is read as it
+Version 2 added BLOCKS, DIRS, PREPARE and CHECKPOINT; a version 1 catalog is read as it
 is and its header is rewritten to version 2 when opened, so a daemon that
 knows only version 1 refuses it by its version rather than by an unknown
 record.
@@ -67,6 +71,7 @@ class RecordType(enum.IntEnum):
     BLOCKS = 8
     DIRS = 9
     PREPARE = 10
+    CHECKPOINT = 11
 
 
 RECORD_TYPES = frozenset(t.value for t in RecordType)

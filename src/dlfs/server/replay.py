@@ -1,9 +1,10 @@
 """Catalog replay at start: rebuild the sample directory, drop leftovers, compact.
 
 `restore` folds the catalog's records into datasets by id, publishes the
-sealed ones, discards interrupted ingests (a DELETE record and their
-extents) and extent directories no record names, and rewrites the catalog
-when dead records make up most of it.  It runs once, before the daemon
+sealed ones, brings back resumable ingests that broke off as parked ones
+(resumable.py), discards other interrupted ingests (a DELETE record and
+their extents) and extent directories no record names, and rewrites the
+catalog when dead records make up most of it.  It runs once, before the daemon
 serves anything.  Nothing here imports grpc.
 """
 
@@ -18,6 +19,8 @@ from dlfs.server import catalog as cat
 from dlfs.server import records
 from dlfs.server.directory import Cluster, DatasetIndex, SampleDirectory
 from dlfs.server.extents import ExtentStore
+from dlfs.server.resumable import (Checkpoint, ParkedIngest, decode_checkpoint, encode_checkpoint,
+                                   truncate_blocks)
 
 log = logging.getLogger(__name__)
 
@@ -35,23 +38,27 @@ class ReplayedDataset:
     dirs: list = dataclasses.field(default_factory=list)  # empty directories (DIRS)
     prepared: bool = False  # a two-phase ingest waiting for its decision
     replace: bool = False  # (prepared) it replaces the dataset of its name
+    checkpoint: Checkpoint | None = None  # the last one of a resumable ingest
 
 
 @dataclasses.dataclass
 class Restored:
     """What a data dir holds: the sealed datasets, the prepared two-phase ingests
-    (each with whether it replaces its name's dataset), the next free dataset id."""
+    (each with whether it replaces its name's dataset), the next free dataset id,
+    and the resumable ingests that broke off (to be parked)."""
 
     directory: SampleDirectory
     prepared: list[tuple[DatasetIndex, bool]]
     next_dataset_id: int
+    parked: list[ParkedIngest] = dataclasses.field(default_factory=list)
 
 
 def restore(catalog: cat.Catalog, logged, extents: ExtentStore,
             compact_dead_bytes_min: int = limits.catalog_compact_dead_bytes_min) -> Restored:
-    """The sealed datasets and prepared ingests of the `logged` records, and the next free id.
+    """The sealed datasets, prepared ingests and parked (resumable, broken-off)
+    ingests of the `logged` records, and the next free id.
 
-    Discards incomplete ingests (neither sealed nor prepared) and orphaned
+    Discards other incomplete ingests and orphaned
     extents (logged), syncs the catalog, and compacts it (see
     `compact_if_mostly_dead`).  Cost: one pass over the records plus one
     index build per dataset; the peak is about twice the directory's final
@@ -60,7 +67,18 @@ def restore(catalog: cat.Catalog, logged, extents: ExtentStore,
     replayed, max_id = replay(logged)
     directory = SampleDirectory()
     prepared: list[tuple[DatasetIndex, bool]] = []
+    parked: list[ParkedIngest] = []
     for dataset_id, entry in replayed.items():
+        if not entry.sealed and not entry.prepared and entry.checkpoint is not None:
+            checkpoint = entry.checkpoint
+            entry.blocks = truncate_blocks(entry.blocks, checkpoint.samples)
+            if any(p.name == entry.name for p in parked):  # cannot happen with a sound log
+                log.error("catalog holds two parked ingests named %r; discarding the earlier",
+                          entry.name)
+                parked = [p for p in parked if p.name != entry.name]
+            parked.append(ParkedIngest(dataset_id, entry.name, entry.created_ns, entry.blocks,
+                                       checkpoint, entry.cluster))
+            continue
         if not entry.sealed and not entry.prepared:
             samples = sum(len(b) for b in entry.blocks)
             log.warning("discarding incomplete ingest of dataset %r (%d samples arrived "
@@ -85,15 +103,19 @@ def restore(catalog: cat.Catalog, logged, extents: ExtentStore,
         if replaced is not None:  # cannot happen with a well-formed log
             log.error("catalog holds two sealed datasets named %r; keeping the later",
                       entry.name)
-    live = {d.dataset_id for d in directory.all()} | {i.dataset_id for i, _ in prepared}
+    live = {d.dataset_id for d in directory.all()} | {i.dataset_id for i, _ in prepared} | \
+        {p.dataset_id for p in parked}
     for dataset_id in extents.dataset_ids_on_disk():
         if dataset_id not in live:
             log.warning("removing orphaned extents of dataset id %x", dataset_id)
             _remove_quietly(extents, dataset_id)
         max_id = max(max_id, dataset_id)
+    for entry in parked:
+        if not any(entry.dataset_id == i for i in extents.dataset_ids_on_disk()):
+            log.warning("the parked ingest of dataset %r has no extents on disk", entry.name)
     catalog.sync()
     compact_if_mostly_dead(catalog, replayed, max_id, live, compact_dead_bytes_min)
-    return Restored(directory, prepared, max_id + 1)
+    return Restored(directory, prepared, max_id + 1, parked)
 
 
 def _remove_quietly(extents: ExtentStore, dataset_id: int) -> None:
@@ -160,6 +182,12 @@ def replay(logged) -> tuple[dict[int, ReplayedDataset], int]:
             datasets.pop(replaces, None)
         elif rtype is records.RecordType.DELETE:
             datasets.pop(records.decode_delete(payload), None)
+        elif rtype is records.RecordType.CHECKPOINT:
+            dataset_id, checkpoint = decode_checkpoint(payload)
+            entry = datasets.get(dataset_id)
+            if entry is not None:  # records of samples past it are void (resumable.py)
+                entry.blocks = truncate_blocks(entry.blocks, checkpoint.samples)
+                entry.checkpoint = checkpoint
     return datasets, max_id
 
 
@@ -185,9 +213,12 @@ def compact_if_mostly_dead(catalog: cat.Catalog, replayed: dict[int, ReplayedDat
         kept += records.dirs_records(dataset_id, entry.dirs)
         if entry.sealed:
             kept.append((records.RecordType.SEAL, records.encode_seal(dataset_id)))
-        else:  # a prepared ingest stays prepared
+        elif entry.prepared:  # a prepared ingest stays prepared
             kept.append((records.RecordType.PREPARE,
                          records.encode_prepare(dataset_id, entry.replace)))
+        else:  # a parked resumable ingest: its blocks were cut at its last checkpoint
+            kept.append((records.RecordType.CHECKPOINT,
+                         encode_checkpoint(dataset_id, entry.checkpoint)))
     before = catalog.size
     try:
         catalog.rewrite(kept)

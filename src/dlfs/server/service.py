@@ -231,8 +231,13 @@ class DlfsServicer(dlfs_pb2_grpc.DlfsServicer):
                     if not message.HasField("start"):
                         raise InvalidArgument("the first ingest message must carry `start`")
                     start = message.start
-                    session = self.store.begin_ingest(start.dataset, start.replace,
-                                                      convert.cluster(start))
+                    if start.resume:
+                        session = self.store.resume_ingest(start.dataset, start.resume_from,
+                                                           start.replace, convert.cluster(start))
+                    else:
+                        session = self.store.begin_ingest(start.dataset, start.replace,
+                                                          convert.cluster(start),
+                                                          resumable=start.resumable)
                 elif message.HasField("start"):
                     raise InvalidArgument("`start` may only appear in the first ingest message")
                 for piece in message.pieces:
@@ -277,11 +282,16 @@ class DlfsServicer(dlfs_pb2_grpc.DlfsServicer):
                 return convert.dataset_info(self.store.prepare_ingest(session))
             return convert.dataset_info(self.store.commit_ingest(session))
         except BaseException as exc:
-            if session is not None:
-                self.store.abort_ingest(session, f"{type(exc).__name__}: {exc}")
+            if session is not None:  # a resumable ingest is parked, any other discarded
+                self.store.break_off(session, f"{type(exc).__name__}: {exc}")
             if isinstance(exc, grpc.RpcError) and not context.is_active():
-                raise Cancelled("the ingest stream broke off; nothing was kept") from exc
+                kept = "it is parked for a resume" if session and session.resumable else \
+                    "nothing was kept"
+                raise Cancelled(f"the ingest stream broke off; {kept}") from exc
             raise
+
+    def GetIngestProgress(self, request, context):
+        return convert.ingest_progress(self.store.ingest_progress(request.dataset))
 
     def CommitIngest(self, request, context):
         return convert.dataset_info(self.store.commit_prepared(request.dataset,

@@ -14,6 +14,7 @@ The data dir layout is in `dlfs.layout`.  Nothing here imports grpc.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import threading
@@ -21,7 +22,7 @@ import time
 from typing import ContextManager
 
 from dlfs import layout
-from dlfs.errors import NotFound, StaleGeneration, Unavailable
+from dlfs.errors import FailedPrecondition, NotFound, StaleGeneration, Unavailable
 from dlfs.paths import check_dataset_name
 from dlfs.server import catalog as cat
 from dlfs.server import records
@@ -37,13 +38,14 @@ from dlfs.server.reader import ReadEngine
 from dlfs.server.replay import release_free_heap, restore
 from dlfs.server.store_ingests import StoreIngests
 from dlfs.server.store_reads import StoreReads
+from dlfs.server.store_resumes import StoreResumes
 from dlfs.server.warmup import Warmer, WarmStatus, memory_bytes
 from dlfs.types import DaemonStatus, DatasetInfo
 
 log = logging.getLogger(__name__)
 
 
-class Store(StoreIngests, StoreReads):
+class Store(StoreIngests, StoreResumes, StoreReads):
     """The storage core.  Thread-safe.  Use `Store.open(config)`; `close()` when done.
 
     `_mutex` guards the ingest registry, the next dataset id, and each
@@ -69,7 +71,8 @@ class Store(StoreIngests, StoreReads):
                               self._is_current)
         self._mutex = threading.Lock()
         self._next_dataset_id = next_dataset_id
-        self._ingests = IngestRegistry(expire=self._expire)
+        self._ingests = IngestRegistry(expire=self._expire,
+                                       parked_timeout_s=config.resumable_ingest_timeout_s)
         self._leases = ReadLeases(free=self._free_extents)
         self._closed = False
         # (name, generation, first member's address) -> "committed", "aborted" or
@@ -107,14 +110,16 @@ class Store(StoreIngests, StoreReads):
             store = cls(config, dir_lock, catalog, extents, restored.directory,
                         restored.next_dataset_id)
             store._recover_prepared(restored.prepared)
+            store._recover_parked(restored.parked)
             return store
         except BaseException:
             dir_lock.release()
             raise
 
     def close(self) -> None:
-        """Abort receiving ingests (prepared ones stay prepared on disk), stop readers,
-        flush and close the catalog.  Idempotent."""
+        """Abort receiving ingests (prepared ones stay prepared on disk, resumable ones
+        as their last checkpoint recorded them: the next start parks them), stop
+        readers, flush and close the catalog.  Idempotent."""
         with self._mutex:
             if self._closed:
                 return
@@ -127,7 +132,10 @@ class Store(StoreIngests, StoreReads):
                 self._ingests.move(session, IngestState.ABORTED)
             self._ingests.stop_timers()
         for session in sessions:
-            self._discard(session, "the daemon is shutting down")
+            if session.resumable:
+                session.close_writer()
+            else:
+                self._discard(session, "the daemon is shutting down")
         self._prefetcher.close()
         self._warmer.close()
         self._engine.close()
@@ -148,8 +156,11 @@ class Store(StoreIngests, StoreReads):
         if found is not None:
             return found
         with self._mutex:
-            ingesting = self._ingests.is_running(name)
-        if ingesting:
+            found = self._ingests.find(name)
+        if found is not None and found[1] is IngestState.PARKED:
+            raise NotFound(f"dataset {name!r} is an ingest that broke off (parked); it can be "
+                           "read once `dlfs ingest --resume` finishes it")
+        if found is not None:
             raise NotFound(f"dataset {name!r} is still being ingested; it can be read once "
                            "the ingest finishes")
         return self.directory.get(name)
@@ -212,24 +223,44 @@ class Store(StoreIngests, StoreReads):
         result = {d.name: d.summary() for d in self.directory.all()}
         with self._mutex:
             for session in self._ingests.sessions():
-                result.setdefault(session.name, session.summary())
+                state = self._ingests.state(session)
+                result.setdefault(session.name, dataclasses.replace(
+                    session.summary(), ingest_state=state.value if state else ""))
         return [result[name] for name in sorted(result)]
 
     def delete(self, name: str) -> DatasetInfo:
         """Remove a sealed dataset durably, then free its extents (after its last read).
 
-        Raises InvalidArgument, NotFound, Unavailable (shutting down),
-        StorageFull and CatalogFailed (the dataset stays then).
+        A parked ingest of `name` is discarded too (its summary is returned
+        when there is no sealed dataset).  Raises InvalidArgument, NotFound,
+        FailedPrecondition (only an ingest in progress has that name),
+        Unavailable (shutting down), StorageFull and CatalogFailed (the
+        dataset stays then).
         """
         check_dataset_name(name)
+        parked = dataset = None
         with self._mutex:
             self._check_open()
-            dataset = self.directory.get(name)
-            # Durable first, then gone from listings: a failed append (disk full,
-            # a failed catalog) leaves the dataset listed and whole.
-            self._catalog.append(records.RecordType.DELETE,
-                                 records.encode_delete(dataset.dataset_id), sync=True)
-            self.directory.remove(name)
+            found = self._ingests.find(name)
+            if found is not None and found[1] is IngestState.PARKED:
+                parked = found[0]
+            elif found is not None and self.directory.find(name) is None:
+                raise FailedPrecondition(
+                    f"dataset {name!r} is being ingested ({found[1].value}); stop that ingest "
+                    "first (it can be removed once it is sealed or has broken off)")
+            if parked is None or self.directory.find(name) is not None:
+                dataset = self.directory.get(name)
+                # Durable first, then gone from listings: a failed append (disk full,
+                # a failed catalog) leaves the dataset listed and whole.
+                self._catalog.append(records.RecordType.DELETE,
+                                     records.encode_delete(dataset.dataset_id), sync=True)
+                self.directory.remove(name)
+            if parked is not None:
+                self._ingests.move(parked, IngestState.ABORTED)
+        if parked is not None:
+            self._discard(parked, "removed by DeleteDataset")
+        if dataset is None:
+            return parked.summary()
         self._leases.retire(dataset.dataset_id)
         log.info("deleted dataset %r (%d samples)", name, len(dataset))
         return dataset.summary()
@@ -239,5 +270,5 @@ class Store(StoreIngests, StoreReads):
         self.metrics.set_stored(self.directory.all(), self._catalog.size,
                                 self._files.open_count())
         with self._mutex:
-            running = len(self._ingests)
+            running = self._ingests.active_count()
         return self.metrics.status(os.path.abspath(self.config.data_dir), running)

@@ -35,28 +35,31 @@ class StoreIngests:
     """The ingest half of `Store`; see the module docstring."""
 
     def begin_ingest(self, name: str, replace: bool = False,
-                     cluster: Cluster | None = None) -> IngestSession:
-        """Start an ingest of dataset `name` (RECEIVING): a BEGIN record, an extent directory.
+                     cluster: Cluster | None = None, resumable: bool = False) -> IngestSession:
+        """Start an ingest of dataset `name` (RECEIVING): a BEGIN record, an extent directory;
+        `resumable`: and a first CHECKPOINT (resumable.py).
 
-        Raises AlreadyExists (name taken without `replace`, or being
-        ingested), Overloaded (too many ingests), Unavailable (shutting
-        down), InvalidArgument (bad name).
+        Raises AlreadyExists (name taken without `replace`, being ingested,
+        or a parked ingest of that name), Overloaded (too many ingests),
+        Unavailable (shutting down), InvalidArgument (bad name).
         """
         check_dataset_name(name)
         with self._mutex:
             self._check_open()
-            if self._ingests.is_running(name):
+            found = self._ingests.find(name)
+            if found is not None and found[1] is IngestState.PARKED:
+                raise AlreadyExists(
+                    f"an ingest of dataset {name!r} broke off and is parked with "
+                    f"{found[0].samples} files durable: continue it with `dlfs ingest --resume` "
+                    f"(same sources and options), or discard it with `dlfs rm {name}`")
+            if found is not None:
                 raise AlreadyExists(f"dataset {name!r} is being ingested by another client")
             if not replace and self.directory.find(name) is not None:
                 raise AlreadyExists(
                     f"dataset {name!r} exists; pass --replace (replace=True) to replace it, or "
                     "choose another name"
                 )
-            if len(self._ingests) >= self.config.ingests_concurrent_max:
-                raise Overloaded(
-                    f"{len(self._ingests)} ingests are running, the limit "
-                    f"(--ingests-concurrent-max) is {self.config.ingests_concurrent_max}; retry later"
-                )
+            self._check_ingest_slots()
             dataset_id = self._next_dataset_id
             self._next_dataset_id += 1
             created_ns = time.time_ns()
@@ -66,9 +69,25 @@ class StoreIngests:
                                                               cluster):
                 self._catalog.append(record_type, payload)
             session = IngestSession(name, dataset_id, created_ns, self._catalog, writer,
-                                    replace, cluster)
+                                    replace, cluster, resumable=resumable,
+                                    checkpoint_bytes=self.config.ingest_checkpoint_bytes,
+                                    checkpoint_interval_s=self.config.ingest_checkpoint_interval_s)
             self._ingests.add(session)
-            return session
+        if resumable:
+            try:
+                session.take_checkpoint()
+            except BaseException as exc:
+                self.abort_ingest(session, f"{type(exc).__name__}: {exc}")
+                raise
+        return session
+
+    def _check_ingest_slots(self) -> None:
+        """Raise Overloaded when ingests_concurrent_max streams run (caller holds `_mutex`)."""
+        running = self._ingests.active_count()
+        if running >= self.config.ingests_concurrent_max:
+            raise Overloaded(
+                f"{running} ingests are running, the limit (--ingests-concurrent-max) is "
+                f"{self.config.ingests_concurrent_max}; retry later")
 
     def commit_ingest(self, session: IngestSession) -> DatasetInfo:
         """Finish a RECEIVING ingest, then seal and publish it (one-phase commit).
@@ -177,7 +196,8 @@ class StoreIngests:
         self._discard(session, reason)
 
     def ingest_state(self, session: IngestSession) -> IngestState | None:
-        """RECEIVING or PREPARED while the ingest runs; None once sealed or aborted."""
+        """RECEIVING, PREPARED or PARKED while the ingest runs; None once sealed or
+        aborted."""
         with self._mutex:
             return self._ingests.state(session)
 
@@ -260,7 +280,17 @@ class StoreIngests:
         return self.config.in_doubt_poll_s
 
     def _expire(self, session) -> None:
-        """Timer thread: a prepared ingest waited its timeout (see `prepare_ingest`)."""
+        """Timer thread: a prepared ingest waited its timeout (see `prepare_ingest`), or
+        a parked one was not resumed in time (discarded)."""
+        with self._mutex:
+            state = self._ingests.state(session)
+            if state is IngestState.PARKED:
+                self._ingests.move(session, IngestState.ABORTED)
+        if state is IngestState.PARKED:
+            self._discard(session, "not resumed within "
+                                   f"{self.config.resumable_ingest_timeout_s:.0f} s "
+                                   "(--resumable-ingest-timeout-s)")
+            return
         with self._mutex:
             if self._ingests.state(session) is not IngestState.PREPARED:
                 return  # committed or aborted meanwhile

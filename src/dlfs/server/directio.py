@@ -1,0 +1,139 @@
+"""Appending to an extent with O_DIRECT: large aligned writes that skip the page cache.
+
+Measured on the 2-core development VM (ext4 on virtio): writing 2 GiB
+through the page cache took 7-9 s and 3-5 CPU-seconds of kernel time
+(page allocation, dirty accounting, write-back), with O_DIRECT 2.3-2.6 s
+and 0.16 CPU-seconds; an ingest is one long sequential append, the case
+O_DIRECT is for.  `DirectAppender` offers what ExtentWriter needs of a
+buffered file (`write`, `flush`, `fileno`, `close`): bytes are copied into
+a page-aligned buffer and written a whole buffer at a time, on a thread of
+its own while the next buffer fills (two buffers: receiving and writing
+overlap, the device sees one large write after the other); `flush` waits
+for that, writes the partial last block padded with zeros, cuts the file
+back to what was written, and keeps that block to rewrite with what
+follows.  A
+file system without O_DIRECT (tmpfs) gets a plain buffered file instead
+(`open_appender`).  Nothing here imports grpc.
+"""
+
+from __future__ import annotations
+
+import errno
+import io
+import mmap
+import os
+from concurrent.futures import Future, ThreadPoolExecutor
+
+ALIGN = 4096  # the largest logical block size of the devices we write to
+
+_O_DIRECT = getattr(os, "O_DIRECT", 0)
+
+
+class DirectAppender:
+    """Append-only writes to `fd` (opened with O_DIRECT, empty) through an aligned buffer."""
+
+    def __init__(self, fd: int, buffer_bytes: int):
+        assert buffer_bytes % ALIGN == 0
+        self._fd = fd
+        self._buffers = [mmap.mmap(-1, buffer_bytes) for _ in range(2)]  # page aligned
+        self._views = [memoryview(b) for b in self._buffers]
+        self._current = 0  # the buffer being filled
+        self._view = self._views[0]
+        self._fill = 0  # bytes in the buffer
+        self._base = 0  # file offset of the buffer's first byte (aligned)
+        self._writer: ThreadPoolExecutor | None = None
+        self._pending: Future | None = None  # the other buffer's write
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def write(self, data) -> int:
+        data = memoryview(data).cast("B")
+        n, pos, size = len(data), 0, len(self._view)
+        while pos < n:
+            take = min(size - self._fill, n - pos)
+            self._view[self._fill:self._fill + take] = data[pos:pos + take]
+            self._fill += take
+            pos += take
+            if self._fill == size:
+                self._wait()
+                if self._writer is None:
+                    self._writer = ThreadPoolExecutor(1, thread_name_prefix="dlfs-extent-write")
+                self._pending = self._writer.submit(self._write, self._view, self._base)
+                self._current ^= 1
+                self._view = self._views[self._current]
+                self._base += size
+                self._fill = 0
+        return n
+
+    def _wait(self) -> None:
+        """Wait for the write in flight; raise its error."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.result()
+
+    def flush(self) -> None:
+        """Put everything written into the file, which then ends where the data does."""
+        self._wait()
+        if not self._fill:
+            return
+        padded = -(-self._fill // ALIGN) * ALIGN
+        self._view[self._fill:padded] = bytes(padded - self._fill)
+        self._write(self._view[:padded], self._base)
+        os.ftruncate(self._fd, self._base + self._fill)
+        whole = self._fill - self._fill % ALIGN  # keep the partial block to rewrite later
+        if whole:
+            tail = self._fill - whole
+            self._view[:tail] = self._view[whole:self._fill]
+            self._base += whole
+            self._fill = tail
+
+    def close(self) -> None:
+        """Close without flushing (as for a BufferedWriter whose data is being dropped,
+        call `flush` first to keep it)."""
+        if self._fd < 0:
+            return
+        try:
+            self._wait()
+        except OSError:
+            pass  # the data is being dropped
+        if self._writer is not None:
+            self._writer.shutdown()
+        fd, self._fd = self._fd, -1
+        for view, buffer in zip(self._views, self._buffers):
+            view.release()
+            buffer.close()
+        os.close(fd)
+
+    def _write(self, view: memoryview, offset: int) -> None:
+        written = os.pwrite(self._fd, view, offset)
+        if written != len(view):  # O_DIRECT writes whole blocks or fail; short means full
+            raise OSError(errno.ENOSPC, "short write to an extent")
+
+
+def open_appender(path: str, buffer_bytes: int):
+    """A new file at `path` (mode 0600, must not exist) to append to: a DirectAppender
+    where the file system takes O_DIRECT, else a BufferedWriter.  Raises OSError."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+    if _O_DIRECT:
+        try:
+            fd = os.open(path, flags | _O_DIRECT, 0o600)
+        except OSError as exc:
+            if exc.errno != errno.EINVAL:
+                raise
+            try:  # some kernels create the file before they refuse O_DIRECT
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+        else:
+            try:
+                return DirectAppender(fd, buffer_bytes)
+            except BaseException:
+                os.close(fd)
+                raise
+    fd = os.open(path, flags, 0o600)
+    return io.BufferedWriter(io.FileIO(fd, "wb"), buffer_size=buffer_bytes)
+
+
+def is_direct(appender) -> bool:
+    return isinstance(appender, DirectAppender)

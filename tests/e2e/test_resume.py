@@ -1,0 +1,247 @@
+"""Resumable ingests: a client killed, a daemon restarted, then `--resume`; real daemons.
+
+The dataset ends identical to its source (sha256 per file), stays invisible
+until sealed, and a parked ingest goes away after its timeout or `dlfs rm`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import dlfs
+from conftest import unique_name, write_tree
+from dlfs import Client
+from dlfs.proto import dlfs_pb2 as pb
+
+# Small checkpoints, so that a daemon killed a moment into an ingest holds something.
+CHECKPOINTS = ["--ingest-checkpoint-bytes", str(2 * 1024 * 1024),
+               "--ingest-checkpoint-interval-s", "0.2"]
+KILL_POINTS = int(os.environ.get("DLFS_RESUME_KILL_POINTS", "6"))
+
+
+def source_tree(root, n=600, seed=3) -> dict[str, bytes]:
+    rng = np.random.default_rng(seed)
+    files = {f"d{i % 9}/f{i:05d}.bin": rng.bytes(int(rng.integers(0, 150_000))) for i in range(n)}
+    write_tree(root, files)
+    return files
+
+
+def digests(files: dict[str, bytes]) -> dict[str, bytes]:
+    return {path: hashlib.sha256(data).digest() for path, data in files.items()}
+
+
+def dataset_digests(client, name) -> dict[str, bytes]:
+    ds = client.dataset(name)
+    found = {}
+    for start in range(0, len(ds), 128):
+        ids = list(range(start, min(start + 128, len(ds))))
+        for i, sample in zip(ids, ds.get_batch(ids)):
+            found[ds.path(i)] = hashlib.sha256(sample).digest()
+    return found
+
+
+def progress(address, name):
+    with Client(address) as client:
+        try:
+            return client.transport.call("GetIngestProgress",
+                                         pb.GetIngestProgressRequest(dataset=name))
+        except dlfs.NotFound:
+            return None
+
+
+def ingest_process(address, source, name, *args):
+    return subprocess.Popen([sys.executable, "-m", "dlfs.cli", "--server", address, "ingest",
+                             str(source), name, "--progress", "none", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for_durable(address, name, at_least: int, process, timeout_s=30.0):
+    """Wait until the daemon holds `at_least` files of `name` durably (or the ingest ended)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and process.poll() is None:
+        state = progress(address, name)
+        if state is not None and state.samples >= at_least:
+            return state.samples
+        time.sleep(0.02)
+    return 0
+
+
+def test_client_killed_at_random_points_then_resumed_ends_identical(daemon_factory, tmp_path):
+    daemon = daemon_factory(extra_args=CHECKPOINTS)
+    files = source_tree(tmp_path / "src", n=600)
+    chooser = random.Random(16)
+    outcomes = []
+    for point in range(KILL_POINTS):
+        name = f"resumed{point}"
+        via = ("datapath", "grpc")[point % 2]
+        kills = 0
+        args = ["--readers", str(chooser.choice([1, 2, 8])), "--via", via]
+        process = ingest_process(daemon.address, tmp_path / "src", name, *args)
+        while True:  # kill it at a random point, then resume; sometimes kill a resume too
+            wait_for_durable(daemon.address, name, chooser.randint(1, 500), process)
+            time.sleep(chooser.uniform(0, 0.05))
+            if process.poll() is None and kills < 3:
+                process.send_signal(signal.SIGKILL)
+                kills += 1
+            out, err = process.communicate(timeout=120)
+            if process.returncode == 0:
+                break
+            if process.returncode == 1 and "is already ingested (sealed)" in err:
+                break  # the kill landed after the whole stream: the daemon sealed it meanwhile
+            assert process.returncode == -signal.SIGKILL, err
+            with Client(daemon.address) as client:
+                try:  # invisible until sealed
+                    client.dataset(name)
+                except dlfs.NotFound:
+                    pass
+                else:  # the whole stream had arrived before the kill: the daemon sealed it
+                    assert {i.name: i for i in client.dataset_infos()}[name].sealed
+                    break
+            process = ingest_process(daemon.address, tmp_path / "src", name, "--resume", *args)
+        outcomes.append((kills, out.splitlines()[1] if out else ""))
+        with Client(daemon.address) as client:
+            assert dataset_digests(client, name) == digests(files)
+            client.delete(name)
+    assert any("resumed after" in line for _, line in outcomes), outcomes
+    assert sum(kills for kills, _ in outcomes) >= KILL_POINTS // 2
+    assert os.listdir(os.path.join(daemon.data_dir, "extents")) == []
+
+
+@pytest.mark.parametrize("how", ["kill", "term"])
+def test_daemon_restarted_mid_ingest_then_resume(daemon_factory, tmp_path, how):
+    daemon = daemon_factory(extra_args=CHECKPOINTS)
+    files = source_tree(tmp_path / "src", n=1500, seed=5)
+    name = unique_name()
+    process = ingest_process(daemon.address, tmp_path / "src", name, "--readers", "1")
+    durable = wait_for_durable(daemon.address, name, 100, process)
+    assert durable, "the ingest finished before the daemon could be stopped"
+    port = daemon.address.rpartition(":")[2]
+    if how == "kill":
+        daemon.kill()
+    else:
+        daemon.stop()
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 1 and "--resume" in err, err
+    daemon.start(f"127.0.0.1:{port}")
+    state = progress(daemon.address, name)
+    assert state is not None, daemon.log()[-3000:]
+    assert state.state == "parked" and state.samples >= (durable if how == "kill" else 1)
+    with Client(daemon.address) as client:
+        info = {i.name: i for i in client.dataset_infos()}[name]
+        assert not info.sealed and info.ingest_state == "parked"
+    process = ingest_process(daemon.address, tmp_path / "src", name, "--resume")
+    out, err = process.communicate(timeout=120)
+    assert process.returncode == 0, err
+    assert f"resumed after {state.samples:,} files" in out
+    with Client(daemon.address) as client:
+        assert dataset_digests(client, name) == digests(files)
+
+
+def test_resume_refuses_a_changed_source_and_rm_discards_the_parked_ingest(daemon_factory,
+                                                                         tmp_path):
+    daemon = daemon_factory(extra_args=CHECKPOINTS)
+    source_tree(tmp_path / "src", n=500, seed=7)
+    name = unique_name()
+    process = ingest_process(daemon.address, tmp_path / "src", name, "--readers", "1")
+    assert wait_for_durable(daemon.address, name, 50, process)
+    process.kill()
+    process.communicate(timeout=60)
+    # Not resuming: the parked ingest blocks the name and says what to do.
+    proc = subprocess.run([sys.executable, "-m", "dlfs.cli", "--server", daemon.address,
+                           "ingest", str(tmp_path / "src"), name], capture_output=True, text=True)
+    assert proc.returncode == 1 and "--resume" in proc.stderr and "dlfs rm" in proc.stderr
+    with open(tmp_path / "src" / "d0" / "f00000.bin", "ab") as f:  # among the durable ones
+        f.write(b"changed")
+    proc = subprocess.run([sys.executable, "-m", "dlfs.cli", "--server", daemon.address,
+                           "ingest", "--resume", str(tmp_path / "src"), name],
+                          capture_output=True, text=True)
+    assert proc.returncode == 1 and "ResumeConflict" in proc.stderr, proc.stderr
+    with Client(daemon.address) as client:
+        removed = client.delete(name)
+        assert not removed.sealed
+        assert progress(daemon.address, name) is None
+        assert os.listdir(os.path.join(daemon.data_dir, "extents")) == []
+        client.ingest(str(tmp_path / "src"), name)  # the name is free again
+
+
+def test_a_parked_ingest_is_discarded_after_its_timeout(daemon_factory, tmp_path):
+    daemon = daemon_factory(extra_args=CHECKPOINTS + ["--resumable-ingest-timeout-s", "1.5"])
+    source_tree(tmp_path / "src", n=400, seed=9)
+    name = unique_name()
+    process = ingest_process(daemon.address, tmp_path / "src", name, "--readers", "1")
+    assert wait_for_durable(daemon.address, name, 30, process)
+    process.kill()
+    process.communicate(timeout=60)
+    deadline = time.monotonic() + 5
+    while (state := progress(daemon.address, name)) is not None and state.state != "parked":
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert state is not None and 0 < state.expires_in_s <= 1.5
+    time.sleep(2.5)
+    assert progress(daemon.address, name) is None
+    assert os.listdir(os.path.join(daemon.data_dir, "extents")) == []
+    assert "not resumed within 2 s" in daemon.log() or "not resumed within" in daemon.log()
+
+
+def test_resume_with_nothing_parked_starts_a_new_ingest(shared_daemon, tmp_path):
+    files = source_tree(tmp_path / "src", n=20)
+    name = unique_name()
+    with Client(shared_daemon.address) as client:
+        client.ingest(str(tmp_path / "src"), name, resume=True)
+        assert dataset_digests(client, name) == digests(files)
+
+
+def test_a_striped_ingest_killed_then_resumed(daemon_factory, tmp_path):
+    daemons = [daemon_factory(extra_args=CHECKPOINTS) for _ in range(2)]
+    files = source_tree(tmp_path / "src", n=500, seed=11)
+    addresses = ",".join(d.address for d in daemons)
+    name = unique_name()
+    process = ingest_process(addresses, tmp_path / "src", name, "--replicas", "2",
+                             "--readers", "1")
+    assert wait_for_durable(daemons[0].address, name, 60, process)
+    process.kill()
+    process.communicate(timeout=60)
+    held = [progress(d.address, name) for d in daemons]
+    assert all(h is not None for h in held)
+    process = ingest_process(addresses, tmp_path / "src", name, "--replicas", "2", "--resume")
+    out, err = process.communicate(timeout=120)
+    assert process.returncode == 0, err
+    with Client([d.address for d in daemons]) as client:
+        assert dataset_digests(client, name) == digests(files)
+    for d in daemons:  # each member alone holds every sample (2 replicas of 2)
+        with Client(d.address) as client:
+            assert dataset_digests(client, name) == digests(files)
+
+
+def test_a_resume_commits_members_found_prepared(daemon_factory, tmp_path):
+    """The first member dies at its commit: every member holds its part prepared.
+    `resume` streams nothing to them and commits, first member first."""
+    daemons = [daemon_factory() for _ in range(2)]
+    files = source_tree(tmp_path / "src", n=60, seed=5)
+    members = [d.address for d in daemons]
+    name = unique_name()
+    decider = daemons[0]
+    decider.stop()
+    decider.extra_env = {"DLFS_FAULT": "seal:1:kill"}
+    decider.start_again()
+    with Client(members, reconnect_timeout_s=1) as client:
+        with pytest.raises(dlfs.DlfsError, match="first member"):
+            client.ingest(str(tmp_path / "src"), name, replicas=1, resumable=True)
+    decider.extra_env = {}
+    decider.start_again()  # the PREPARE record brings it back prepared
+    assert [progress(a, name).state for a in members] == ["prepared", "prepared"]
+    with Client(members) as client:
+        info = client.ingest(str(tmp_path / "src"), name, replicas=1, resume=True)
+        assert info.samples == len(files)
+        assert dataset_digests(client, name) == digests(files)
+    with Client(members) as client:
+        assert [(i.name, i.disagreement) for i in client.dataset_infos()] == [(name, "")]

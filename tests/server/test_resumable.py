@@ -1,0 +1,166 @@
+"""Resumable ingests in the storage core: checkpoints, parking, resume, restart, compaction."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from conftest import store_read
+from dlfs import ingest_digest
+from dlfs.errors import AlreadyExists, NotFound, ResumeConflict
+from dlfs.server import catalog as cat
+from dlfs.server.config import ServerConfig
+from dlfs.server.ingest_registry import IngestState
+from dlfs.server.store import Store
+
+
+def config(tmp_path, **options):
+    options.setdefault("ingest_checkpoint_bytes", 50_000)
+    return ServerConfig(data_dir=str(tmp_path / "data"), extent_bytes_max=64 * 1024, **options)
+
+
+def send(session, files: dict[str, bytes]):
+    for path, data in files.items():
+        session.start_file(path, len(data), 0o100644, 7)
+        session.write(data)
+
+
+def files_of(prefix: str, n: int, size: int = 3000) -> dict[str, bytes]:
+    return {f"{prefix}{i:03d}": bytes([i % 251]) * (size + i) for i in range(n)}
+
+
+def read_all(store, name) -> dict[str, bytes]:
+    dataset = store.dataset(name)
+    return dict(zip((dataset.path(i) for i in range(len(dataset))),
+                    store_read(store, dataset, range(len(dataset)))))
+
+
+def digest_of(files: dict[str, bytes]) -> bytes:
+    digest = ingest_digest.EMPTY
+    for path, data in files.items():
+        digest = ingest_digest.chain(digest, path, len(data), 7)
+    return digest
+
+
+def test_a_broken_stream_parks_and_a_resume_continues_after_what_is_durable(tmp_path):
+    store = Store.open(config(tmp_path))
+    try:
+        first, rest = files_of("a", 30), files_of("b", 20)
+        session = store.begin_ingest("ds", resumable=True)
+        send(session, first)
+        session.start_file("b000", 5000, 0o100644, 7)  # cut off in the middle of a file
+        session.write(b"x" * 100)
+        store.break_off(session, "the client went away")
+        assert store.ingest_state(session) is IngestState.PARKED
+        store.check_invariants()
+        progress = store.ingest_progress("ds")
+        assert (progress.state, progress.samples) == ("parked", 30)
+        assert progress.digest == digest_of(first) and progress.last_path == "a029"
+        with pytest.raises(NotFound, match="broke off"):
+            store.dataset("ds")
+        with pytest.raises(AlreadyExists, match="--resume"):
+            store.begin_ingest("ds", resumable=True)
+        with pytest.raises(ResumeConflict, match="holds 30"):
+            store.resume_ingest("ds", 29)
+        with pytest.raises(ResumeConflict, match="other options"):
+            store.resume_ingest("ds", 30, replace=True)
+        session = store.resume_ingest("ds", 30)
+        send(session, rest)
+        store.commit_ingest(session)
+        assert read_all(store, "ds") == {**first, **rest}
+    finally:
+        store.close()
+    store = Store.open(config(tmp_path))  # what was sealed after a resume survives a restart
+    try:
+        assert read_all(store, "ds") == {**first, **rest}
+    finally:
+        store.close()
+
+
+def test_a_restart_brings_back_the_last_checkpoint_and_voids_what_came_after(tmp_path):
+    store = Store.open(config(tmp_path, ingest_checkpoint_bytes=1 << 30))
+    first = files_of("a", 40)
+    session = store.begin_ingest("ds", resumable=True)
+    send(session, first)
+    checkpoint = session.take_checkpoint()
+    send(session, files_of("z", 5))  # recorded, but never checkpointed
+    session._flush_entries()  # noqa: SLF001 - its SAMPLES records reach the catalog
+    store.close()  # a resumable ingest is left as its last checkpoint says
+    store = Store.open(config(tmp_path, ingest_checkpoint_bytes=1 << 30))
+    try:
+        progress = store.ingest_progress("ds")
+        assert (progress.state, progress.samples) == ("parked", checkpoint.samples)
+        assert progress.digest == checkpoint.digest
+        kept = dict(list(first.items())[:checkpoint.samples])
+        rest = dict(list({**first, **files_of("c", 10)}.items())[checkpoint.samples:])
+        session = store.resume_ingest("ds", checkpoint.samples)
+        send(session, rest)
+        store.commit_ingest(session)
+        assert read_all(store, "ds") == {**kept, **rest}
+        assert "z000" not in read_all(store, "ds")
+    finally:
+        store.close()
+
+
+def test_parked_ingests_survive_compaction_and_expire(tmp_path):
+    store = Store.open(config(tmp_path, resumable_ingest_timeout_s=3600,
+                              catalog_compact_dead_bytes_min=1))
+    for version in range(5):  # dead records, so that the next start compacts
+        session = store.begin_ingest("churn", replace=version > 0)
+        send(session, files_of("f", 50, 100))
+        store.commit_ingest(session)
+    files = files_of("p", 25)
+    session = store.begin_ingest("parked", resumable=True)
+    send(session, files)
+    store.break_off(session, "gone")
+    size = os.path.getsize(os.path.join(str(tmp_path / "data"), "catalog.log"))
+    store.close()
+    store = Store.open(config(tmp_path, resumable_ingest_timeout_s=0.3,
+                              catalog_compact_dead_bytes_min=1))
+    try:
+        assert os.path.getsize(os.path.join(str(tmp_path / "data"), "catalog.log")) < size
+        progress = store.ingest_progress("parked")
+        assert (progress.state, progress.samples) == ("parked", 25)
+        assert [i.ingest_state for i in store.summaries() if i.name == "parked"] == ["parked"]
+        for _ in range(50):
+            if store.extents.dataset_ids_on_disk() == [store.dataset("churn").dataset_id]:
+                break
+            time.sleep(0.05)
+        with pytest.raises(NotFound):
+            store.ingest_progress("parked")
+        assert store.extents.dataset_ids_on_disk() == [store.dataset("churn").dataset_id]
+    finally:
+        store.close()
+    records = cat.scan(os.path.join(str(tmp_path / "data"), "catalog.log")).records
+    assert records[-1][0] is cat.RecordType.DELETE  # the expiry is durable
+
+
+def test_delete_discards_a_parked_ingest(tmp_path):
+    store = Store.open(config(tmp_path))
+    try:
+        session = store.begin_ingest("ds", resumable=True)
+        send(session, files_of("a", 10))
+        store.break_off(session, "gone")
+        summary = store.delete("ds")
+        assert (summary.samples, summary.sealed) == (10, False)
+        assert store.extents.dataset_ids_on_disk() == []
+        with pytest.raises(NotFound):
+            store.ingest_progress("ds")
+        session = store.begin_ingest("ds")  # the name is free
+        store.abort_ingest(session, "done")
+    finally:
+        store.close()
+
+
+def test_a_non_resumable_ingest_still_leaves_nothing(tmp_path):
+    store = Store.open(config(tmp_path))
+    try:
+        session = store.begin_ingest("ds")
+        send(session, files_of("a", 10))
+        store.break_off(session, "gone")
+        assert store.ingest_state(session) is None
+        assert store.extents.dataset_ids_on_disk() == []
+    finally:
+        store.close()
