@@ -8,7 +8,8 @@ import pytest
 
 from conftest import store_ingest as ingest
 from conftest import store_read as read
-from dlfs.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, Unavailable
+from dlfs.errors import (AlreadyExists, FailedPrecondition, InvalidArgument, NotFound,
+                         StaleGeneration, Unavailable)
 from dlfs.server.config import ServerConfig
 from dlfs.server.ingest_registry import IngestState
 from dlfs.server.store import Store
@@ -51,6 +52,31 @@ def test_two_phase_commit_publishes_only_at_commit(store):
     assert read(store, store.dataset("ds"), [1, 0]) == [b"beta", b"alpha"]
     with pytest.raises(NotFound, match="no prepared ingest"):
         store.commit_prepared("ds")
+
+
+def test_a_read_of_the_generation_a_prepared_member_awaits_is_stale_not_missing(store):
+    """A cluster reader that learnt a new version from a member that committed it
+    reaches this one before its commit: StaleGeneration, which readers wait out,
+    not NotFound, which they take as a deleted dataset."""
+    from dlfs.server.directory import Cluster
+
+    generation = (1 << 62) | 7
+    session = store.begin_ingest("ds", cluster=Cluster(("a:1", "b:2"), 1, 1, generation))
+    session.start_file("f", 4, 0o100644, 1, holders=(1,))
+    session.write(b"data")
+    store.prepare_ingest(session)
+    with pytest.raises(StaleGeneration, match="not committed on this daemon yet"):
+        with store.reading("ds", generation):
+            pass
+    with pytest.raises(NotFound, match="still being ingested"):
+        with store.reading("ds", generation + 1):
+            pass
+    with pytest.raises(NotFound, match="still being ingested"):
+        with store.reading("ds"):
+            pass
+    assert store.commit_prepared("ds", generation).sealed
+    with store.reading("ds", generation) as dataset:
+        assert len(dataset) == 1
 
 
 def test_abort_prepared_leaves_nothing(store):

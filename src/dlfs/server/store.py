@@ -27,7 +27,7 @@ from dlfs.paths import check_dataset_name
 from dlfs.server import catalog as cat
 from dlfs.server import records
 from dlfs.server.config import ServerConfig
-from dlfs.server.directory import DatasetIndex, SampleDirectory
+from dlfs.server.directory import DatasetIndex, SampleDirectory, generation_of
 from dlfs.server.dirlock import DataDirLock
 from dlfs.server.extents import ExtentFiles, ExtentStore, fsync_dir
 from dlfs.server.ingest_registry import IngestRegistry, IngestState
@@ -176,7 +176,15 @@ class Store(StoreIngests, StoreResumes, StoreReads):
         Raises InvalidArgument, NotFound, StaleGeneration, Unavailable
         (shutting down).
         """
-        self.dataset(name)  # raises the NotFound that names a running ingest
+        try:
+            self.dataset(name)  # raises the NotFound that names a running ingest
+        except NotFound:
+            if generation and self._ingesting_generation(name) == generation:
+                # A striped commit is on its way here: a settle, not a missing dataset.
+                raise StaleGeneration(
+                    f"dataset {name!r} version {generation} is not committed on this daemon "
+                    "yet (its striped commit is in flight); retry in a moment") from None
+            raise
         self._check_open()
 
         def resolve() -> DatasetIndex:
@@ -190,6 +198,15 @@ class Store(StoreIngests, StoreResumes, StoreReads):
             return dataset
 
         return self._leases.hold(resolve)
+
+    def _ingesting_generation(self, name: str) -> int:
+        """The generation an unsealed ingest of `name` would publish, 0 if none runs."""
+        with self._mutex:
+            found = self._ingests.find(name)
+        if found is None:
+            return 0
+        session = found[0]
+        return generation_of(session.cluster, session.dataset_id)
 
     def _is_current(self, name: str, generation: int) -> bool:
         dataset = self.directory.find(name)
