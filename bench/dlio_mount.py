@@ -51,7 +51,7 @@ import time
 
 from bench import processes
 from bench.fuse_bench import page_cache_drops
-from bench.measure import CacheControl, git_info
+from bench.measure import CacheControl, git_info, process_cpu_s
 from bench.report import proactive_reclaim
 from dlfs import Client
 from dlfs.launch import MountProcess, fuse_unavailable
@@ -269,7 +269,9 @@ def mount_run(python: str, case: Case, data_dir: str, data_bytes: int, out_dir: 
         with mount, WarmWatch(daemon.address, case.data) as warm:
             caches.make_cold([])
             drops = page_cache_drops()
+            cpu = process_cpu_s(daemon.pid), process_cpu_s(mount.pid)
             summary = dlio(python, case, mount.mountpoint, out_dir)
+            cpu = process_cpu_s(daemon.pid) - cpu[0], process_cpu_s(mount.pid) - cpu[1]
             drops = page_cache_drops() - drops
             requests = mount.request_counts()
             calls = mount.request_counts(label="daemon calls")
@@ -280,7 +282,7 @@ def mount_run(python: str, case: Case, data_dir: str, data_bytes: int, out_dir: 
             "warm_done_into_epoch1_s": (None if warm.finished_at is None
                                         else warm.finished_at - first_start),
             "epoch1_s": first_end - first_start, "requests": requests, "daemon_calls": calls,
-            "foreign_drops": drops}
+            "daemon_cpu_s": cpu[0], "mount_cpu_s": cpu[1], "foreign_drops": drops}
 
 
 def run(python: str, quick: bool, runs: int, data_dir: str, only: set[str], log) -> dict:
@@ -354,7 +356,8 @@ def markdown(results: dict) -> str:
                          f"{spread(row['mount'])} | {row['ratio']:.2f}x | "
                          f">= {row['target']:.1f}x {verdict} |")
     lines += ["", "| case | run | epoch 1 s (mount) | warm-up | warm-up done, s into epoch 1 "
-              "| requests per file read (mount) |", "| --- | ---: | ---: | --- | ---: | --- |"]
+              "| CPU s, daemon / mount (all epochs) | requests per file read (mount) |",
+              "| --- | ---: | ---: | --- | ---: | ---: | --- |"]
     for entry in results["cases"]:
         reads = entry["files"] * len(entry["mount"][0]["samples_per_s"])
         for i, r in enumerate(entry["mount"]):
@@ -364,7 +367,8 @@ def markdown(results: dict) -> str:
             done = r["warm_done_into_epoch1_s"]
             per_file = ", ".join(f"{k} {v / reads:.2f}" for k, v in sorted(r["requests"].items()))
             lines.append(f"| {entry['key']} | {i + 1} | {r['epoch1_s']:.2f} | {state} | "
-                         f"{'not done' if done is None else f'{done:.2f}'} | {per_file} |")
+                         f"{'not done' if done is None else f'{done:.2f}'} | "
+                         f"{r['daemon_cpu_s']:.1f} / {r['mount_cpu_s']:.1f} | {per_file} |")
     lines += ["", "DLIO's throughput of an epoch counts its steps over the epoch's wall time, "
               "so the first epoch of the mount includes the daemon's warm-up (it starts with "
               "the first read).  Requests per file read: what reached the mount's Python code "
@@ -391,7 +395,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dlio-python", default=default_dlio_python(),
                         help="a Python with dlio_benchmark 2.0.0 and dlfs (default %(default)s)")
     parser.add_argument("--data-dir", default="/var/tmp/dlfs-bench-dlio")
-    parser.add_argument("--out", default=os.path.join(REPO, "bench", "results"))
+    parser.add_argument("--out", help="directory for dlio_mount.{md,json} (default "
+                        "bench/results; --quick writes them only when given)")
     args = parser.parse_args(argv)
     reason = dlio_unavailable(args.dlio_python) or fuse_unavailable()
     if reason:
@@ -402,11 +407,12 @@ def main(argv: list[str] | None = None) -> int:
                   lambda m: print(m, file=sys.stderr, flush=True))
     text = markdown(results)
     print(text)
-    if not args.quick:
-        os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "dlio_mount.json"), "w") as f:
+    out = args.out or (None if args.quick else os.path.join(REPO, "bench", "results"))
+    if out:
+        os.makedirs(out, exist_ok=True)
+        with open(os.path.join(out, "dlio_mount.json"), "w") as f:
             json.dump(results, f, indent=1)
-        with open(os.path.join(args.out, "dlio_mount.md"), "w") as f:
+        with open(os.path.join(out, "dlio_mount.md"), "w") as f:
             f.write(text)
     return 0
 
