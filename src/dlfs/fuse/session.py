@@ -9,10 +9,11 @@ handler either answers at once (a plain method that calls one of the
 `reply_*` functions) or returns a coroutine, which runs as a task of the
 session's nursery and answers when it is done: requests that need the
 daemon never hold up the ones answered from memory, and many of them are
-in flight at once.  Handlers marked `inline` are stateless and answered
-in the worker thread itself (no trip through trio); one may still return
-a coroutine, which then runs on trio as above (a read of a small file is
-answered in the worker thread, a read of a large one by a trio task).
+in flight at once.  Handlers marked `inline` touch only thread-safe state
+and are answered in the worker thread itself (no trip through trio); one
+may still return a coroutine, which then runs on trio as above (a read of
+a small file is answered in the worker thread, one of a large file by a
+trio task).
 
 The contract with a handler object (`fs.DlfsOperations`): a method named
 after a libfuse operation (``lookup(req, parent, name)``, ``read(req,
