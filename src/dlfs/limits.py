@@ -294,6 +294,11 @@ mount_read_cache_bytes_max = 256 * MiB
 # Whole small files held by libfuse's worker threads until the kernel has
 # taken all their bytes (fuse/wholereads.py): a few hundred files read at once.
 mount_whole_reads_bytes_max = 64 * MiB
+# A mounted dataset's small files are pushed into the page cache after its
+# first read (fuse/pagepush.py) in get_batch calls of at most this many
+# samples and bytes: per-sample costs vanish, one batch stays cheap to hold.
+mount_push_batch_samples_max = 256
+mount_push_batch_bytes_max = 16 * MiB
 # A streamed range read (read_chunks) of at most this many bytes travels over
 # the data path as one reply, not as a gRPC stream: a mount's runs of a large
 # file (DLIO's NPZ volumes) moved at about 110 MB/s over the stream.
@@ -429,6 +434,7 @@ assert mount_whole_sample_bytes_max <= mount_read_cache_bytes_max
 assert mount_whole_sample_bytes_max <= mount_whole_reads_bytes_max
 assert mount_whole_reads_waiting_max < mount_fuse_threads_max
 assert mount_read_run_bytes_max <= data_path_chunks_bytes_max
+assert mount_whole_sample_bytes_max <= mount_push_batch_bytes_max <= batch_bytes_max_default
 assert 1 <= mount_dir_page_entries <= list_page_entries_max
 assert mount_dataset_entry_timeout_s <= mount_cache_timeout_s_default
 assert 2 * reconnect_backoff_max_s <= mount_reconnect_timeout_s_default

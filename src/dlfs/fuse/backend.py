@@ -91,6 +91,21 @@ class Backend:
                                 generation=generation)
         return self._run("read", lambda c: c.transport.read_range(request))
 
+    def read_batch(self, dataset: str, ids: list[int], generation: int) -> list[memoryview]:
+        """Whole samples `ids` of version `generation`, CRC32C verified; one round trip.
+        Raises NotFound, DataCorruption, StaleGeneration."""
+        request = batch_request(dataset, ids, verify=True, generation=generation)
+        return self._run("read_batch", lambda c: c.transport.get_batch(request))
+
+    def warm_budget_bytes(self, dataset: str) -> int:
+        """The smallest warm-up budget of the daemons warming `dataset` now or
+        before (bytes), or 0 if any of them does not (never asked to, or
+        stopped, failed, warm-ups off)."""
+        infos = self._run("warm_status", lambda c: c.warm_status(dataset))
+        if any(i.state in ("none", "stopped", "failed") for i in infos):
+            return 0
+        return min((i.budget_bytes for i in infos), default=0)
+
     def read_chunks(self, dataset: str, sample: SampleKey, offset: int, length: int,
                     deliver: Callable[[int, memoryview], None], generation: int = 0) -> int:
         """Stream `length` bytes at `offset` of a sample; returns how many came.

@@ -73,6 +73,7 @@ from dlfs.fuse.dirlist import Child, DirStream
 from dlfs.fuse.errno_map import FuseError
 from dlfs.fuse.failurelog import FailureLog
 from dlfs.fuse.inodes import ROOT_KEY, Attrs, InodeTable, Key, Node
+from dlfs.fuse.pagepush import PagePush
 from dlfs.fuse.readcache import ReadCache
 from dlfs.fuse.session import Session, inline
 from dlfs.fuse.siblings import SiblingNames
@@ -147,6 +148,7 @@ class DlfsOperations:
                                       dirs_max=fuse_limits.mount_listed_dirs_max)
         self._cache: ReadCache | None = None
         self.whole_reads = WholeReads(self._fetch_whole_blocking)
+        self.pages: PagePush | None = None
         self._session: Session | None = None
         self._statfs_last: tuple[int, int] = (0, 0)
         self._report_failure = FailureLog()
@@ -155,6 +157,10 @@ class DlfsOperations:
         """Bind to the session that answers and the nursery that runs read-ahead."""
         self._session = session
         self._cache = ReadCache(self._fetch_whole, self._fetch_range, nursery, self._store)
+        if not self.multi:  # one dataset mounted: push its small files after the first read
+            self.pages = PagePush(self._root_files, self._warm_budget_bytes, self._fetch_batch,
+                                  self._store_whole, self._thread)
+            nursery.start_soon(self.pages.run)
 
     @property
     def cache(self) -> ReadCache:
@@ -289,12 +295,20 @@ class DlfsOperations:
             data = self.whole_reads.read(node, offset, size)
             if data is not None:
                 self.session.reply_data(req, data)
+                self._read_done()
                 return None
         return self._read(req, node, offset, size)  # a trio task answers
 
     @_handler(on_handle=True)
     async def _read(self, req: int, node: Node, offset: int, size: int) -> None:
         self.session.reply_data(req, await self.cache.read(node, offset, size))
+        self._read_done()
+
+    def _read_done(self) -> None:
+        # After the reply: the daemon has seen a read, so it warms the dataset
+        # now if it ever will (the push asks it).
+        if self.pages is not None:
+            self.pages.notice_read()
 
     # FLUSH, IOCTL: no handler, so libfuse answers them in C, without Python.
     # FLUSH gets ENOSYS, after which the kernel stops sending it.  Python
@@ -364,6 +378,24 @@ class DlfsOperations:
         """Run a blocking backend call in a worker thread (bounded by the limiter)."""
         return await trio.to_thread.run_sync(function, *args, limiter=self._limiter,
                                              abandon_on_cancel=True)
+
+    def _root_files(self) -> list[Node]:
+        """Files of the mounted dataset version the kernel holds (it listed or looked
+        them up).  O(nodes); on the trio thread."""
+        version = self.table.root.key[:2]
+        return [n for n in self.table.nodes() if not n.is_dir and n.lookups > 0 and
+                n.key[:2] == version and n.key[1] > 0]
+
+    def _warm_budget_bytes(self) -> int:
+        """The daemon's warm-up budget if it warms this dataset, else 0; blocks."""
+        return self.backend.warm_budget_bytes(self.table.root.dataset)
+
+    def _fetch_batch(self, nodes: list[Node]) -> list[memoryview]:
+        return self.backend.read_batch(nodes[0].dataset, [n.sample_id for n in nodes],
+                                       read_generation(nodes[0]))
+
+    def _store_whole(self, node: Node, data: memoryview) -> None:
+        self.session.notify_store(node.inode, 0, data)
 
     def _fetch_whole_blocking(self, node: Node) -> memoryview:  # in a libfuse worker thread
         return self.backend.read(node.dataset, node.read_key, 0, 0, read_generation(node))

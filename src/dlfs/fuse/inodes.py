@@ -103,6 +103,10 @@ class InodeTable:
         handed out or already dropped (the kernel would be at fault)."""
         return self._by_inode[inode]
 
+    def nodes(self) -> list[Node]:
+        """Every node (live and idle), in no particular order.  O(nodes)."""
+        return list(self._by_inode.values())
+
     def find(self, key: Key) -> Node | None:
         """The node of `key` if the table has it (live or idle), else None."""
         node = self._by_key.get(key)
