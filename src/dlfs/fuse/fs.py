@@ -24,7 +24,9 @@ has no answer cached):
   worker thread that took the request (`wholereads`); larger files: see
   `readcache` (one RPC per run of 1 MiB units, shared by concurrent readers
   and pushed ahead into the page cache).  Nothing once the page cache
-  holds the bytes.
+  holds the bytes.  With one dataset mounted, the first read answered
+  also starts `pagepush`: the listed small files go into the page cache
+  in get_batch batches, so a later first read of them costs nothing.
 - opendir / readdirplus: one ListDir RPC per `dir_page_entries` entries;
   each entry comes with its attributes (the kernel then needs no lookup
   for it) and the kernel caches the listing (`cache_readdir`).
