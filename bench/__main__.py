@@ -4,6 +4,7 @@
     ./dev bench --quick              # tiny sizes, under a minute (what CI runs)
     ./dev bench --workloads 4k --caches cold --contenders ext4-1,dlfs-grpc-1,fio
     ./dev bench --workloads ingest   # only the staging rows (dlfs ingest vs cp -r, tar -x, ...)
+    ./dev bench --workloads dlio     # the real DLIO benchmark through the mount (bench.dlio_mount)
 
 Prints the markdown table and writes results.json, results.md and
 results.png to --out.  Generated data is cached in --data-dir.  Besides the
@@ -20,12 +21,13 @@ import os
 import sys
 import time
 
-from bench import datagen, ingest_bench, memory, processes, report, runner, scaling
+from bench import datagen, dlio_mount, ingest_bench, memory, processes, report, runner, scaling
 from bench.contenders import BenchEnv, all_contenders
 from bench.measure import CacheControl, proc_status_kib
 from dlfs.launch import MountProcess, fuse_unavailable
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DLIO = "dlio"  # the --workloads name of bench.dlio_mount
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -38,9 +40,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", default=os.path.join(REPO, "bench", "results"),
                         help="directory for results.json, results.md, results.png")
     parser.add_argument("--workloads", default="4k,110k,140m,ingest",
-                        help="comma-separated subset of 4k,110k,140m (read rows) and ingest "
+                        help="comma-separated subset of 4k,110k,140m (read rows), ingest "
                              "(the staging rows: dlfs ingest vs cp -r, tar -x and one file at "
-                             "a time; they use the 110k workload's files)")
+                             "a time; they use the 110k workload's files), and dlio: the real "
+                             "DLIO benchmark through the mount and from ext4 (python -m "
+                             "bench.dlio_mount; not in the default, about 6 minutes)")
     parser.add_argument("--caches", default="warm,cold", help="comma-separated: warm,cold")
     parser.add_argument("--contenders", default="",
                         help="comma-separated subset of contender keys (default: all; ext4-1 is "
@@ -68,13 +72,15 @@ def main(argv: list[str] | None = None) -> int:
         print(message, file=sys.stderr, flush=True)
 
     wanted = set(args.workloads.split(","))
-    unknown = wanted - {"4k", "110k", "140m", "ingest"}
+    unknown = wanted - {"4k", "110k", "140m", "ingest", DLIO}
     if unknown:
         parser_error = f"unknown workloads: {', '.join(sorted(unknown))}"
         print(f"python -m bench: {parser_error}", file=sys.stderr)
         return 2
+    if wanted == {DLIO}:  # only DLIO: none of the rows, scaling or memory
+        return run_dlio(args)
     staging = "ingest" in wanted
-    reads = wanted - {"ingest"}
+    reads = wanted - {"ingest", DLIO}
     if staging:
         wanted.add("110k")  # the staging rows ingest its tree
     workloads = [w for w in (datagen.quick_workloads() if args.quick else datagen.full_workloads())
@@ -131,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     paths = report.write(results, args.out, "results" if reads else "ingest")
     print(report.markdown(results))
     progress(f"bench: wrote {', '.join(paths.values())} in {time.monotonic() - started:.0f} s")
-    return 0
+    return run_dlio(args) if DLIO in wanted else 0
 
 
 def run_reads(args, prepared, data_dir, daemon_args, daemon_info, settings, caches,
@@ -176,6 +182,11 @@ def run_reads(args, prepared, data_dir, daemon_args, daemon_info, settings, cach
             if fuse is not None:
                 fuse.unmount()
     return measurements, contenders, scaling_results
+
+
+def run_dlio(args: argparse.Namespace) -> int:
+    """The DLIO benchmark (bench.dlio_mount) with this run's --quick and --out."""
+    return dlio_mount.main((["--quick"] if args.quick else []) + ["--out", args.out])
 
 
 def run_scaling(prepared: list, daemon, runs: int, window_s: float, progress) -> dict:

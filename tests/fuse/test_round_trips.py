@@ -47,7 +47,9 @@ def test_warm_opens_reach_the_mount_not_at_all(small_dataset, mount_factory):
     assert first.get("lookup", 0) == 0, first  # the listing carried every name's attributes
     assert first.get("open", 0) <= 1, first  # answered ENOSYS: the kernel stops asking
     assert first.get("release", 0) == 0, first
-    assert first.get("read", 0) >= len(flat), first
+    # At least the first file's bytes came in a read; the others in reads or in
+    # the push into the page cache the first read started (fuse/pagepush.py).
+    assert first.get("read", 0) >= 1, first
 
     for _ in range(OPENS_PER_FILE):  # later epochs: buffered and unbuffered, stat and mmap
         for rel in flat:

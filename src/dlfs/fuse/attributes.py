@@ -31,7 +31,8 @@ def read_generation(node: Node) -> int:
 
 
 def entry_attrs(entry: Entry) -> Attrs:
-    return Attrs(entry.is_dir, entry.size, entry.mode, entry.mtime_ns)
+    return Attrs(entry.is_dir, entry.size, entry.mode, entry.mtime_ns,
+                 -1 if entry.is_dir else entry.id)
 
 
 def stat_of(node: Node, uid: int, gid: int) -> ll.Stat:

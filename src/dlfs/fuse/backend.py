@@ -23,7 +23,7 @@ import time
 from typing import Callable, TypeVar
 
 from dlfs import Client, errors
-from dlfs.client.requests import batch_request, range_request
+from dlfs.client.requests import SampleKey, batch_request, range_request
 from dlfs.client.convert import DatasetInfo, Entry
 from dlfs import limits as fuse_limits
 from dlfs.fuse.errno_map import DAEMON_DOWN
@@ -77,19 +77,36 @@ class Backend:
         return self._run("list_page", lambda c: c.list_page(dataset, path, start_after,
                                                           page_size))
 
-    def read(self, dataset: str, path: str, offset: int, length: int,
+    def read(self, dataset: str, sample: SampleKey, offset: int, length: int,
              generation: int = 0) -> memoryview:
         """`length` bytes at `offset` of a sample (0: to the end; from 0 the
         whole sample, CRC32C verified), of version `generation` (0: the
-        current one).  Raises NotFound, DataCorruption, StaleGeneration."""
+        current one).  `sample` is its path, or its id (no Lookup first:
+        name the generation then, ids are per version).  Raises NotFound,
+        DataCorruption, StaleGeneration."""
         if offset == 0 and length == 0:
-            request = batch_request(dataset, [path], verify=True, generation=generation)
+            request = batch_request(dataset, [sample], verify=True, generation=generation)
             return self._run("read", lambda c: c.transport.get_batch(request)[0])
-        request = range_request(dataset, path, offset, length, verify=True,
+        request = range_request(dataset, sample, offset, length, verify=True,
                                 generation=generation)
         return self._run("read", lambda c: c.transport.read_range(request))
 
-    def read_chunks(self, dataset: str, path: str, offset: int, length: int,
+    def read_batch(self, dataset: str, ids: list[int], generation: int) -> list[memoryview]:
+        """Whole samples `ids` of version `generation`, CRC32C verified; one round trip.
+        Raises NotFound, DataCorruption, StaleGeneration."""
+        request = batch_request(dataset, ids, verify=True, generation=generation)
+        return self._run("read_batch", lambda c: c.transport.get_batch(request))
+
+    def warm_budget_bytes(self, dataset: str) -> int:
+        """The smallest warm-up budget of the daemons warming `dataset` now or
+        before (bytes), or 0 if any of them does not (never asked to, or
+        stopped, failed, warm-ups off)."""
+        infos = self._run("warm_status", lambda c: c.warm_status(dataset))
+        if any(i.state in ("none", "stopped", "failed") for i in infos):
+            return 0
+        return min((i.budget_bytes for i in infos), default=0)
+
+    def read_chunks(self, dataset: str, sample: SampleKey, offset: int, length: int,
                     deliver: Callable[[int, memoryview], None], generation: int = 0) -> int:
         """Stream `length` bytes at `offset` of a sample; returns how many came.
 
@@ -103,7 +120,7 @@ class Backend:
         before it.  UNAVAILABLE before the first piece is retried like every
         read; a stream that breaks later raises.  Raises what `read` does.
         """
-        request = range_request(dataset, path, offset, length, verify=True,
+        request = range_request(dataset, sample, offset, length, verify=True,
                                 generation=generation)
 
         def stream(client: Client) -> int:

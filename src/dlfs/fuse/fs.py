@@ -20,9 +20,13 @@ has no answer cached):
   of a file whose name is cached costs no request at all, and the page
   cache of a file is kept across opens (the kernel's default without OPEN).
   Reads name the file by inode, which is all this file system needs.
-- read: see `readcache` (one RPC per sample up to 8 MiB, else per run of
-  1 MiB units, shared by concurrent readers and pushed ahead into the page
-  cache; nothing once the page cache holds the bytes).
+- read: a file up to 8 MiB: one RPC on its first read, made by the libfuse
+  worker thread that took the request (`wholereads`); larger files: see
+  `readcache` (one RPC per run of 1 MiB units, shared by concurrent readers
+  and pushed ahead into the page cache).  Nothing once the page cache
+  holds the bytes.  With one dataset mounted, the first read answered
+  also starts `pagepush`: the listed small files go into the page cache
+  in get_batch batches, so a later first read of them costs nothing.
 - opendir / readdirplus: one ListDir RPC per `dir_page_entries` entries;
   each entry comes with its attributes (the kernel then needs no lookup
   for it) and the kernel caches the listing (`cache_readdir`).
@@ -71,9 +75,11 @@ from dlfs.fuse.dirlist import Child, DirStream
 from dlfs.fuse.errno_map import FuseError
 from dlfs.fuse.failurelog import FailureLog
 from dlfs.fuse.inodes import ROOT_KEY, Attrs, InodeTable, Key, Node
+from dlfs.fuse.pagepush import PagePush
 from dlfs.fuse.readcache import ReadCache
 from dlfs.fuse.session import Session, inline
 from dlfs.fuse.siblings import SiblingNames
+from dlfs.fuse.wholereads import WholeReads
 from dlfs.paths import check_dataset_name, check_sample_path
 
 log = logging.getLogger(__name__)
@@ -143,6 +149,8 @@ class DlfsOperations:
                                       page_entries=fuse_limits.mount_dir_page_entries,
                                       dirs_max=fuse_limits.mount_listed_dirs_max)
         self._cache: ReadCache | None = None
+        self.whole_reads = WholeReads(self._fetch_whole_blocking)
+        self.pages: PagePush | None = None
         self._session: Session | None = None
         self._statfs_last: tuple[int, int] = (0, 0)
         self._report_failure = FailureLog()
@@ -151,6 +159,10 @@ class DlfsOperations:
         """Bind to the session that answers and the nursery that runs read-ahead."""
         self._session = session
         self._cache = ReadCache(self._fetch_whole, self._fetch_range, nursery, self._store)
+        if not self.multi:  # one dataset mounted: push its small files after the first read
+            self.pages = PagePush(self._root_files, self._warm_budget_bytes, self._fetch_batch,
+                                  self._store_whole, self._thread)
+            nursery.start_soon(self.pages.run)
 
     @property
     def cache(self) -> ReadCache:
@@ -273,16 +285,32 @@ class DlfsOperations:
             raise FuseError(errno.ENOSYS)
         self.session.reply_open(req, 0, keep_cache=True)  # an old kernel: no handle needed
 
+    @inline
     @_handler(on_handle=True)
     def read(self, req: int, inode: int, size: int, offset: int) -> Any:
+        # In libfuse's worker thread: the inode table is only read here (a dict
+        # lookup; the kernel holds the inode, so it is not forgotten meanwhile).
         node = self._node(inode, errno.EBADF)
         if node.is_dir:
             raise FuseError(errno.EISDIR)
-        return self._read(req, node, offset, size)
+        if self.whole_reads.handles(node):
+            data = self.whole_reads.read(node, offset, size)
+            if data is not None:
+                self.session.reply_data(req, data)
+                self._read_done()
+                return None
+        return self._read(req, node, offset, size)  # a trio task answers
 
     @_handler(on_handle=True)
     async def _read(self, req: int, node: Node, offset: int, size: int) -> None:
         self.session.reply_data(req, await self.cache.read(node, offset, size))
+        self._read_done()
+
+    def _read_done(self) -> None:
+        # After the reply: the daemon has seen a read, so it warms the dataset
+        # now if it ever will (the push asks it).
+        if self.pages is not None:
+            self.pages.notice_read()
 
     # FLUSH, IOCTL: no handler, so libfuse answers them in C, without Python.
     # FLUSH gets ENOSYS, after which the kernel stops sending it.  Python
@@ -353,8 +381,29 @@ class DlfsOperations:
         return await trio.to_thread.run_sync(function, *args, limiter=self._limiter,
                                              abandon_on_cancel=True)
 
+    def _root_files(self) -> list[Node]:
+        """Files of the mounted dataset version the kernel holds (it listed or looked
+        them up).  O(nodes); on the trio thread."""
+        version = self.table.root.key[:2]
+        return [n for n in self.table.nodes() if not n.is_dir and n.lookups > 0 and
+                n.key[:2] == version and n.key[1] > 0]
+
+    def _warm_budget_bytes(self) -> int:
+        """The daemon's warm-up budget if it warms this dataset, else 0; blocks."""
+        return self.backend.warm_budget_bytes(self.table.root.dataset)
+
+    def _fetch_batch(self, nodes: list[Node]) -> list[memoryview]:
+        return self.backend.read_batch(nodes[0].dataset, [n.sample_id for n in nodes],
+                                       read_generation(nodes[0]))
+
+    def _store_whole(self, node: Node, data: memoryview) -> None:
+        self.session.notify_store(node.inode, 0, data)
+
+    def _fetch_whole_blocking(self, node: Node) -> memoryview:  # in a libfuse worker thread
+        return self.backend.read(node.dataset, node.read_key, 0, 0, read_generation(node))
+
     async def _fetch_whole(self, node: Node) -> memoryview:
-        return await self._thread(self.backend.read, node.dataset, node.path, 0, 0,
+        return await self._thread(self.backend.read, node.dataset, node.read_key, 0, 0,
                                   read_generation(node))
 
     async def _fetch_range(self, node: Node, offset: int, length: int,
@@ -364,7 +413,7 @@ class DlfsOperations:
         def deliver_on_loop(position: int, piece: memoryview) -> None:  # in the worker thread
             trio.from_thread.run_sync(deliver, position, piece, trio_token=token)
 
-        return await self._thread(self.backend.read_chunks, node.dataset, node.path, offset,
+        return await self._thread(self.backend.read_chunks, node.dataset, node.read_key, offset,
                                   length, deliver_on_loop, read_generation(node))
 
     async def _store(self, node: Node, offset: int, data: memoryview) -> None:

@@ -9,9 +9,11 @@ handler either answers at once (a plain method that calls one of the
 `reply_*` functions) or returns a coroutine, which runs as a task of the
 session's nursery and answers when it is done: requests that need the
 daemon never hold up the ones answered from memory, and many of them are
-in flight at once.  Handlers marked `inline` are stateless and answered
-in the worker thread itself (no trip through trio): Python 3.11's `open()`
-asks every file whether it is a terminal (an ioctl the kernel forwards).
+in flight at once.  Handlers marked `inline` touch only thread-safe state
+and are answered in the worker thread itself (no trip through trio); one
+may still return a coroutine, which then runs on trio as above (a read of
+a small file is answered in the worker thread, one of a large file by a
+trio task).
 
 The contract with a handler object (`fs.DlfsOperations`): a method named
 after a libfuse operation (``lookup(req, parent, name)``, ``read(req,
@@ -58,7 +60,8 @@ signal_wake = signal.SIGUSR2
 
 
 def inline(method: Callable) -> Callable:
-    """Mark a stateless handler to run in libfuse's worker thread (no trio hop)."""
+    """Mark a handler to run in libfuse's worker thread (no trio hop): it may
+    only touch thread-safe state, and may block that worker thread."""
     method.fuse_inline = True
     return method
 
@@ -245,7 +248,9 @@ class Session:
                 if not replies:
                     self._lib.fuse_reply_none(req)
                 if in_worker:
-                    method(*args)
+                    result = method(*args)
+                    if result is not None:  # it needs the trio thread after all
+                        self._token.run_sync_soon(self._start, name, req, result)
                 else:
                     self._token.run_sync_soon(self._dispatch, name, method, req, args, replies)
             except BaseException as exc:  # noqa: BLE001 - C must never see an exception
@@ -262,6 +267,10 @@ class Session:
                 self._nursery.start_soon(self._finish, name, req, result)
         except BaseException as exc:  # noqa: BLE001 - the request must be answered
             self._fail(name, req, exc, replies)
+
+    def _start(self, name: str, req: int, coroutine: Any) -> None:
+        """On the trio thread: run the coroutine an inline handler returned as a task."""
+        self._nursery.start_soon(self._finish, name, req, coroutine)
 
     async def _finish(self, name: str, req: int, coroutine: Any) -> None:
         try:

@@ -1,0 +1,119 @@
+"""Push a mounted dataset's small files into the kernel's page cache, in large batches.
+
+Once the daemon has warmed a dataset, a random first epoch through the
+mount still costs one FUSE request and one daemon round trip per file:
+on two cores that DLIO's decoding workers already fill, that alone kept
+the mount's first epoch at 0.6x ext4 (docs/DESIGN.md).  After the first
+read of a `--dataset` mount, this fetches the files the kernel knows (a
+reader listed them) in sample-id order, `batch_samples_max` per get_batch,
+and copies each into the kernel's page cache (`notify_store`): a file the
+reader opens later is a page-cache hit, as on a warm ext4.
+
+Bounded: at most half the daemon's warm-up budget (its page cache holds
+the extents too; a daemon with warm-ups off gets no push), files of at most
+`whole_bytes_max` (larger ones are read ahead by `readcache`), one batch in
+flight.  The kernel decides what stays.  A file the reader asks for before
+its push is read as usual (the push then copies it again, harmlessly).  A
+failure (the daemon away, the dataset replaced) ends the push with one log
+line; reads go on as before.  Runs as a task on the mount's trio loop; its
+blocking calls run in threads, where waiting for a page the kernel is
+reading is harmless.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Awaitable, Callable
+
+import trio
+
+from dlfs import errors
+from dlfs import limits as fuse_limits
+from dlfs.fuse.inodes import Node
+
+log = logging.getLogger(__name__)
+
+# fetch(nodes) -> their bytes, CRC32C verified, one round trip; blocks.
+FetchBatch = Callable[[list[Node]], list[memoryview]]
+# store(node, data): copy into the kernel's page cache of node from offset 0; blocks.
+StoreWhole = Callable[[Node, memoryview], None]
+
+
+class PagePush:
+    """One push per mount, started once the first read was answered (`notice_read`,
+    any thread)."""
+
+    def __init__(self, files: Callable[[], list[Node]], budget_bytes: Callable[[], int],
+                 fetch: FetchBatch, store: StoreWhole, run_thread: Callable[..., Awaitable], *,
+                 whole_bytes_max: int = fuse_limits.mount_whole_sample_bytes_max,
+                 batch_samples_max: int = fuse_limits.mount_push_batch_samples_max,
+                 batch_bytes_max: int = fuse_limits.mount_push_batch_bytes_max):
+        assert 0 < whole_bytes_max <= batch_bytes_max and batch_samples_max > 0
+        self._files = files  # on the trio thread: the kernel-known files to push
+        self._budget_bytes = budget_bytes  # blocking: the daemon's warm-up budget
+        self._fetch = fetch
+        self._store = store
+        self._run_thread = run_thread
+        self.whole_bytes_max = whole_bytes_max
+        self.batch_samples_max = batch_samples_max
+        self.batch_bytes_max = batch_bytes_max
+        self._first_read = threading.Event()
+        self.pushed_files = 0
+        self.pushed_bytes = 0
+
+    def notice_read(self) -> None:
+        """A read was answered (cheap after the first call)."""
+        if not self._first_read.is_set():
+            self._first_read.set()
+
+    async def run(self) -> None:
+        """Wait for the first read, then push once.  Runs until done or cancelled."""
+        await trio.to_thread.run_sync(self._first_read.wait, abandon_on_cancel=True)
+        started = time.monotonic()
+        try:
+            budget = await self._run_thread(self._budget_bytes) // 2
+            for batch in self._batches(self._files(), budget):
+                datas = await self._run_thread(self._fetch, batch)
+                await self._run_thread(self._store_all, batch, datas)
+        except errors.DlfsError as exc:
+            log.warning("pushing files into the page cache stopped after %d files: %s",
+                        self.pushed_files, exc)
+            return
+        log.info("pushed %d files (%.0f MiB) into the page cache in %.1f s", self.pushed_files,
+                 self.pushed_bytes / 2**20, time.monotonic() - started)
+
+    def _batches(self, nodes: list[Node], budget: int) -> list[list[Node]]:
+        """Small files in sample-id order, cut into batches, within `budget` bytes."""
+        small = sorted((n for n in nodes if n.sample_id >= 0 and 0 < n.size <= self.whole_bytes_max),
+                       key=lambda n: n.sample_id)
+        batches: list[list[Node]] = []
+        batch: list[Node] = []
+        batch_bytes = total = 0
+        for node in small:
+            if total + node.size > budget:
+                break
+            if batch and (len(batch) == self.batch_samples_max or
+                          batch_bytes + node.size > self.batch_bytes_max):
+                batches.append(batch)
+                batch, batch_bytes = [], 0
+            batch.append(node)
+            batch_bytes += node.size
+            total += node.size
+        if batch:
+            batches.append(batch)
+        return batches
+
+    def _store_all(self, nodes: list[Node], datas: list[memoryview]) -> None:
+        for node, data in zip(nodes, datas):
+            if len(data) != node.size:
+                raise errors.FailedPrecondition(
+                    f"{node.dataset}/{node.path} has {len(data)} bytes at the daemon, "
+                    f"{node.size} in this mount: the dataset was replaced")
+            try:
+                self._store(node, data)
+            except OSError:  # the kernel forgot the inode: nothing to fill
+                continue
+            self.pushed_files += 1
+            self.pushed_bytes += len(data)

@@ -1,0 +1,86 @@
+"""After the first read of a `--dataset` mount, the small files a reader listed are
+pushed into the page cache in batches: reading them later sends the mount nothing."""
+
+from __future__ import annotations
+
+import os
+import re
+
+import numpy as np
+
+import mounting
+from conftest import wait_until, write_tree
+from dlfs import Client
+
+pytestmark = mounting.requires_fuse
+mount_factory = mounting.mount_factory  # the fixture, found by pytest in this module
+
+KiB = 1024
+PUSH_TIMEOUT_S = 60.0  # a bound for a hang on a loaded machine, not a speed target
+
+
+def tree_of(count: int) -> dict[str, bytes]:
+    rng = np.random.default_rng(4)
+    return {f"c{i % 3}/{i:03d}.jpg": rng.bytes(20 * KiB + i) for i in range(count)}
+
+
+def pushed(mount) -> tuple[int, int] | None:
+    """(files, MiB) of the mount's push, once its log says it ended."""
+    found = re.findall(r"pushed (\d+) files \((\d+) MiB\)", mount.log())
+    return (int(found[-1][0]), int(found[-1][1])) if found else None
+
+
+def mount_listed(daemon, mount_factory, tmp_path, tree):
+    write_tree(tmp_path / "src", tree)
+    with Client(daemon.address) as client:
+        client.ingest(str(tmp_path / "src"), "ds", progress=False)
+    m = mount_factory(daemon.address, "--dataset", "ds")
+    for c in range(3):
+        os.listdir(os.path.join(m.mountpoint, f"c{c}"))  # the kernel now knows every file
+    return m
+
+
+def read_all(m, tree) -> None:
+    for rel, data in sorted(tree.items()):
+        with open(os.path.join(m.mountpoint, rel), "rb") as f:
+            assert f.read() == data
+
+
+def test_listed_files_are_pushed_after_the_first_read(daemon, mount_factory, tmp_path):
+    tree = tree_of(60)
+    m = mount_listed(daemon, mount_factory, tmp_path, tree)
+    first = sorted(tree)[0]
+    with open(os.path.join(m.mountpoint, first), "rb") as f:
+        assert f.read() == tree[first]
+    wait_until(lambda: pushed(m) is not None, "the push ended", PUSH_TIMEOUT_S)
+    assert pushed(m)[0] == len(tree)
+    before = m.request_counts()
+    read_all(m, tree)
+    assert m.request_counts().get("read", 0) == before.get("read", 0)  # all from the page cache
+
+
+def test_no_push_when_the_daemon_does_not_warm_the_dataset(daemon_factory, mount_factory,
+                                                            tmp_path):
+    daemon = daemon_factory(extra_args=["--warm-on-first-read", "off"])
+    tree = tree_of(30)
+    m = mount_listed(daemon, mount_factory, tmp_path, tree)
+    read_all(m, tree)
+    wait_until(lambda: pushed(m) is not None, "the push ended", PUSH_TIMEOUT_S)
+    assert pushed(m) == (0, 0)
+    assert m.request_counts().get("read", 0) >= len(tree)  # every file read on demand
+
+
+def test_the_push_stays_within_half_the_daemons_warm_up_budget(daemon_factory, mount_factory,
+                                                                tmp_path):
+    tree = tree_of(90)  # about 1.8 MiB
+    total = sum(len(d) for d in tree.values())
+    with open("/proc/meminfo") as f:
+        memory = int(f.readline().split()[1]) * KiB
+    budget = total // 2  # the daemon's budget: half the data, so the push may take a quarter
+    daemon = daemon_factory(extra_args=["--warm-memory-share", f"{budget / memory:.9f}"])
+    m = mount_listed(daemon, mount_factory, tmp_path, tree)
+    read_all(m, dict(sorted(tree.items())[:1]))
+    wait_until(lambda: pushed(m) is not None, "the push ended", PUSH_TIMEOUT_S)
+    files = pushed(m)[0]
+    assert 0 < files and sum(len(tree[k]) for k in sorted(tree)[:files]) <= budget // 2 + 64 * KiB
+    read_all(m, tree)  # the rest is read on demand
