@@ -313,6 +313,9 @@ mount_whole_reads_bytes_max = 64 * MiB
 # samples and bytes: per-sample costs vanish, one batch stays cheap to hold.
 mount_push_batch_samples_max = 256
 mount_push_batch_bytes_max = 16 * MiB
+# ... and its larger files in ranged reads of this many bytes each (one reply
+# over the data path, block CRCs verified).
+mount_push_piece_bytes = 16 * MiB
 # A streamed range read (read_chunks) of at most this many bytes travels over
 # the data path as one reply, not as a gRPC stream: a mount's runs of a large
 # file (DLIO's NPZ volumes) moved at about 110 MB/s over the stream.

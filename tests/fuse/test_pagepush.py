@@ -84,3 +84,20 @@ def test_the_push_stays_within_half_the_daemons_warm_up_budget(daemon_factory, m
     files = pushed(m)[0]
     assert 0 < files and sum(len(tree[k]) for k in sorted(tree)[:files]) <= budget // 2 + 64 * KiB
     read_all(m, tree)  # the rest is read on demand
+
+
+def test_large_files_are_pushed_too_in_pieces(daemon, mount_factory, tmp_path):
+    """Files over the whole-file limit (DLIO's NPZ volumes) follow the small ones,
+    fetched and stored in ranged pieces; a reader then sends the mount nothing."""
+    rng = np.random.default_rng(9)
+    tree = {f"c{i % 3}/vol{i}.npz": rng.bytes(size)
+            for i, size in enumerate((9 * 2**20 + 5, 17 * 2**20 + 333, 33 * 2**20))}
+    tree["c0/small.txt"] = b"small"
+    m = mount_listed(daemon, mount_factory, tmp_path, tree)
+    with open(os.path.join(m.mountpoint, "c0/small.txt"), "rb") as f:
+        assert f.read() == b"small"
+    wait_until(lambda: pushed(m) is not None, "the push ended", PUSH_TIMEOUT_S)
+    assert pushed(m) == (len(tree), sum(len(d) for d in tree.values()) // 2**20)
+    before = m.request_counts()
+    read_all(m, tree)
+    assert m.request_counts().get("read", 0) == before.get("read", 0)  # all from the page cache

@@ -161,7 +161,7 @@ class DlfsOperations:
         self._cache = ReadCache(self._fetch_whole, self._fetch_range, nursery, self._store)
         if not self.multi:  # one dataset mounted: push its small files after the first read
             self.pages = PagePush(self._root_files, self._warm_budget_bytes, self._fetch_batch,
-                                  self._store_whole, self._thread)
+                                  self._fetch_piece, self._store_pages, self._thread)
             nursery.start_soon(self.pages.run)
 
     @property
@@ -396,8 +396,12 @@ class DlfsOperations:
         return self.backend.read_batch(nodes[0].dataset, [n.sample_id for n in nodes],
                                        read_generation(nodes[0]))
 
-    def _store_whole(self, node: Node, data: memoryview) -> None:
-        self.session.notify_store(node.inode, 0, data)
+    def _fetch_piece(self, node: Node, offset: int, length: int) -> memoryview:
+        return self.backend.read(node.dataset, node.read_key, offset, length,
+                                 read_generation(node))
+
+    def _store_pages(self, node: Node, offset: int, data: memoryview) -> None:
+        self.session.notify_store(node.inode, offset, data)
 
     def _fetch_whole_blocking(self, node: Node) -> memoryview:  # in a libfuse worker thread
         return self.backend.read(node.dataset, node.read_key, 0, 0, read_generation(node))
