@@ -74,10 +74,14 @@ def write_tree(root, files: dict[str, bytes]) -> None:
             f.write(data)
 
 
-def read_dataset(client, name: str) -> dict[str, bytes]:
-    """Every sample of dataset `name` as path -> bytes, in one get_batch."""
+def read_dataset(client, name: str, batch: int = 256) -> dict[str, bytes]:
+    """Every sample of dataset `name` as path -> bytes, `batch` samples per get_batch."""
     ds = client.dataset(name)
-    return {ds.path(i): bytes(s) for i, s in enumerate(ds.get_batch(range(len(ds))))}
+    found = {}
+    for start in range(0, len(ds), batch):
+        ids = range(start, min(start + batch, len(ds)))
+        found.update((ds.path(i), bytes(s)) for i, s in zip(ids, ds.get_batch(ids)))
+    return found
 
 
 def wait_until(condition, what: str, timeout_s: float) -> None:

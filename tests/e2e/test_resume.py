@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import dlfs
-from conftest import unique_name, write_tree
+from conftest import read_dataset, unique_name, write_tree
 from dlfs import Client
 from dlfs.proto import dlfs_pb2 as pb
 
@@ -40,13 +40,7 @@ def digests(files: dict[str, bytes]) -> dict[str, bytes]:
 
 
 def dataset_digests(client, name) -> dict[str, bytes]:
-    ds = client.dataset(name)
-    found = {}
-    for start in range(0, len(ds), 128):
-        ids = list(range(start, min(start + 128, len(ds))))
-        for i, sample in zip(ids, ds.get_batch(ids)):
-            found[ds.path(i)] = hashlib.sha256(sample).digest()
-    return found
+    return digests(read_dataset(client, name))
 
 
 def progress(address, name):

@@ -13,18 +13,8 @@ import numpy as np
 import pytest
 
 import dlfs
-from conftest import unique_name, write_tree
+from conftest import read_dataset, unique_name, write_tree
 from dlfs import Client
-
-
-def read_all(client, name) -> dict[str, bytes]:
-    ds = client.dataset(name)
-    found = {}
-    for start in range(0, len(ds), 256):
-        ids = list(range(start, min(start + 256, len(ds))))
-        for i, sample in zip(ids, ds.get_batch(ids)):
-            found[ds.path(i)] = bytes(sample)
-    return found
 
 
 def cli(address, *args, check=True):
@@ -60,7 +50,7 @@ def test_a_tar_round_trips_byte_for_byte(shared_client, tmp_path, via):
     name = unique_name()
     info = shared_client.ingest(archive, name, via=via)
     assert (info.samples, info.bytes) == (len(files), sum(map(len, files.values())))
-    assert read_all(shared_client, name) == files
+    assert read_dataset(shared_client, name) == files
     entry = shared_client.stat(name, "train/000001.jpg")
     assert entry.mtime_ns == 1_700_000_123 * 10**9 and entry.permissions == "-rw-r--r--"
 
@@ -81,7 +71,7 @@ def test_a_set_of_shards_round_trips_by_list_glob_and_directory(shared_daemon, t
             name = unique_name(how)
             out = cli(shared_daemon.address, "ingest", *args, name).stdout
             assert f"ingested {name}: {len(everything)} samples" in out
-            got = read_all(client, name)
+            got = read_dataset(client, name)
             assert {p: hashlib.sha256(d).digest() for p, d in got.items()} == \
                 {p: hashlib.sha256(d).digest() for p, d in everything.items()}
             assert "000003.jpg" in "".join(got) and "000003.cls" in "".join(got)
@@ -101,11 +91,11 @@ def test_links_in_archives_follow_the_documented_rule(shared_client, tmp_path):
             tf.addfile(info)
     name = unique_name()
     shared_client.ingest(str(path), name)
-    assert read_all(shared_client, name) == {"a/real.bin": b"real bytes",
+    assert read_dataset(shared_client, name) == {"a/real.bin": b"real bytes",
                                              "a/hard.bin": b"real bytes"}
     followed = unique_name()
     shared_client.ingest(str(path), followed, follow_symlinks=True)
-    assert read_all(shared_client, followed)["a/soft.bin"] == b"real bytes"
+    assert read_dataset(shared_client, followed)["a/soft.bin"] == b"real bytes"
 
 
 @pytest.mark.parametrize("member, message", [
@@ -187,4 +177,4 @@ def test_a_striped_ingest_of_shards_uses_the_same_reader(daemon_factory, tmp_pat
     with Client(addresses) as client:
         info = client.ingest(archives, "striped", replicas=2, readers=8)
         assert info.samples == len(everything)
-        assert read_all(client, "striped") == everything
+        assert read_dataset(client, "striped") == everything
