@@ -100,4 +100,6 @@ def test_large_files_are_pushed_too_in_pieces(daemon, mount_factory, tmp_path):
     assert pushed(m) == (len(tree), sum(len(d) for d in tree.values()) // 2**20)
     before = m.request_counts()
     read_all(m, tree)
-    assert m.request_counts().get("read", 0) == before.get("read", 0)  # all from the page cache
+    # Nearly all from the page cache: unpushed, these 59 MiB cost hundreds of READs;
+    # the kernel may still drop a few pushed pages before the reader gets to them.
+    assert m.request_counts().get("read", 0) - before.get("read", 0) <= len(tree) * 2
