@@ -117,17 +117,16 @@ class StoreResumes:
                                "removed, or not resumed within --resumable-ingest-timeout-s)")
             session, state = found
             parked_ns, expires_in_s = self._ingests.parked_times(session)
-            checkpoint = getattr(session, "checkpoint", None)
-            samples = session.summary().samples
+            checkpoint = None if state is IngestState.PREPARED else session.checkpoint
         if state is IngestState.PREPARED:  # holds all its files: the commit is what remains
-            digest, size = b"", session.summary().bytes
+            summary = session.summary()
+            samples, size, digest = summary.samples, summary.bytes, b""
+            last_path = getattr(session, "last_path", "")  # a RecoveredIngest has none
         elif checkpoint is None:  # not resumable: nothing of it survives a break
-            samples, size, digest = 0, 0, b""
+            samples, size, digest, last_path = 0, 0, b"", ""
         else:
             samples, size, digest = checkpoint.samples, checkpoint.bytes, checkpoint.digest
-        last_path = getattr(session, "last_path", "")
-        if state is not IngestState.PREPARED and samples != getattr(session, "samples", 0):
-            last_path = ""
+            last_path = session.last_path if samples == session.samples else ""
         return ProgressInfo(name, state.value, samples, size, digest, last_path, session.replace,
                             session.cluster, parked_ns, expires_in_s)
 
