@@ -53,7 +53,7 @@ def test_listed_files_are_pushed_after_the_first_read(daemon, mount_factory, tmp
     with open(os.path.join(m.mountpoint, first), "rb") as f:
         assert f.read() == tree[first]
     wait_until(lambda: pushed(m) is not None, "the push ended", PUSH_TIMEOUT_S)
-    assert pushed(m)[0] == len(tree)
+    assert pushed(m)[0] == len(tree) - 1  # the file read first is not pushed again
     before = m.request_counts()
     read_all(m, tree)
     assert m.request_counts().get("read", 0) == before.get("read", 0)  # all from the page cache
@@ -97,9 +97,61 @@ def test_large_files_are_pushed_too_in_pieces(daemon, mount_factory, tmp_path):
     with open(os.path.join(m.mountpoint, "c0/small.txt"), "rb") as f:
         assert f.read() == b"small"
     wait_until(lambda: pushed(m) is not None, "the push ended", PUSH_TIMEOUT_S)
-    assert pushed(m) == (len(tree), sum(len(d) for d in tree.values()) // 2**20)
+    # small.txt, read before the push, is not pushed again.
+    assert pushed(m) == (len(tree) - 1, sum(len(d) for d in tree.values()) // 2**20)
     before = m.request_counts()
     read_all(m, tree)
     # Nearly all from the page cache: unpushed, these 59 MiB cost hundreds of READs;
     # the kernel may still drop a few pushed pages before the reader gets to them.
     assert m.request_counts().get("read", 0) - before.get("read", 0) <= len(tree) * 2
+
+
+def test_files_readers_fetched_whole_are_not_pushed_again(daemon, tmp_path):
+    """In-process over a real daemon: the push skips a file whose bytes readers had
+    fetched whole (`Node.fetched_bytes`), and pushes one they read only a part of."""
+    import trio
+
+    from dlfs.fuse.backend import Backend
+    from dlfs.fuse.inodes import Node
+    from dlfs.fuse.pagepush import PagePush
+
+    rng = np.random.default_rng(5)
+    tree = {"a.jpg": rng.bytes(30 * KiB), "b.jpg": rng.bytes(40 * KiB),
+            "big.npz": rng.bytes(9 * 2**20 + 1), "bigger.npz": rng.bytes(10 * 2**20 + 3)}
+    write_tree(tmp_path / "src", tree)
+    with Client(daemon.address) as client:
+        client.ingest(str(tmp_path / "src"), "skip", progress=False)
+        entries = {e.path: e for e in client.dataset("skip").lookup(sorted(tree))}
+        generation = client.dataset("skip").info.generation
+    nodes = {path: Node(10 + i, ("skip", generation, path), False, e.size, 0o100644, 0,
+                        lookups=1, sample_id=e.id)
+             for i, (path, e) in enumerate(sorted(entries.items()))}
+    nodes["a.jpg"].fetched_bytes = nodes["a.jpg"].size  # a reader fetched it whole
+    nodes["big.npz"].fetched_bytes = nodes["big.npz"].size
+    nodes["bigger.npz"].fetched_bytes = 2**20  # only its first MiB
+    stored: dict[str, bytearray] = {}
+    backend = Backend(daemon.address)
+
+    def store(node, offset, data):
+        page = stored.setdefault(node.path, bytearray(node.size))
+        page[offset:offset + len(data)] = data
+
+    async def main():
+        push = PagePush(lambda: list(nodes.values()), lambda: 1 << 30,
+                        lambda batch: backend.read_batch("skip", [n.sample_id for n in batch],
+                                                         generation),
+                        lambda node, offset, length: backend.read(
+                            "skip", node.sample_id, offset, length, generation),
+                        store, trio.to_thread.run_sync)
+        push.notice_read()
+        await push.run()
+        return push
+
+    try:
+        push = trio.run(main)
+    finally:
+        backend.close()
+    assert sorted(stored) == ["b.jpg", "bigger.npz"]
+    assert all(bytes(stored[p]) == tree[p] for p in stored)
+    assert (push.pushed_files, push.pushed_bytes) == (2, len(tree["b.jpg"]) +
+                                                      len(tree["bigger.npz"]))

@@ -18,11 +18,16 @@ two cores where a batched fetch moves several times that.
 Bounded: at most half the daemon's warm-up budget (its page cache holds
 the extents too; a daemon with warm-ups off gets no push), one batch or
 piece in flight.  The kernel decides what stays.  A file the reader asks for before
-its push is read as usual (the push then copies it again, harmlessly).  A
+its push is read as usual (and then skipped by the push).  A
 failure (the daemon away, the dataset replaced) ends the push with one log
 line; reads go on as before.  Runs as a task on the mount's trio loop; its
 blocking calls run in threads, where waiting for a page the kernel is
 reading is harmless.
+
+Files that readers had fetched whole before the push reaches them are
+skipped (`Node.fetched_bytes`): in a random first epoch the readers and the
+push meet about half way, and each such file would otherwise cost a second
+fetch from the daemon and a second copy into the page cache.
 """
 
 from __future__ import annotations
@@ -89,17 +94,26 @@ class PagePush:
             nodes = self._files()
             batches = self._batches(nodes, budget)
             for batch in batches:
-                datas = await self._run_thread(self._fetch, batch)
-                await self._run_thread(self._store_all, batch, datas)
+                batch = [n for n in batch if not self._fetched(n)]
+                if batch:
+                    datas = await self._run_thread(self._fetch, batch)
+                    await self._run_thread(self._store_all, batch, datas)
             left = budget - sum(n.size for batch in batches for n in batch)
             for node in self._large(nodes, left):
-                await self._run_thread(self._push_large, node)
+                if not self._fetched(node):
+                    await self._run_thread(self._push_large, node)
         except errors.DlfsError as exc:
             log.warning("pushing files into the page cache stopped after %d files: %s",
                         self.pushed_files, exc)
             return
         log.info("pushed %d files (%.0f MiB) into the page cache in %.1f s", self.pushed_files,
                  self.pushed_bytes / 2**20, time.monotonic() - started)
+
+    @staticmethod
+    def _fetched(node: Node) -> bool:
+        """A reader had the whole file fetched already (its pages are in the kernel's
+        cache, or were): pushing it again would only repeat the copies."""
+        return node.fetched_bytes >= node.size
 
     def _batches(self, nodes: list[Node], budget: int) -> list[list[Node]]:
         """Small files in sample-id order, cut into batches, within `budget` bytes."""

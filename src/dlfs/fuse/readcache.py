@@ -193,6 +193,7 @@ class ReadCache:
             run.length += length
         if not run.units:
             return None
+        node.fetched_bytes += run.length
         self.fetches += 1
         self._nursery.start_soon(self._fill, node, run, whole)
         return run

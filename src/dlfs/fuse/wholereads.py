@@ -120,6 +120,7 @@ class WholeReads:
         error: errors.DlfsError | None = None
         try:
             data = self._fetch(node)
+            node.fetched_bytes += len(data)
             if len(data) != node.size:
                 raise Stale(f"{node.dataset}/{node.path}: the daemon returned {len(data)} "
                             f"bytes where this mount expected {node.size}; the dataset was "
