@@ -96,3 +96,34 @@ def test_paths_opened_without_a_listing_cost_one_listing_per_directory(small_dat
     assert calls.get("stat", 0) == 0, calls  # every name came with its directory
     assert calls["list_page"] == 2, calls  # the root and sub/
     assert calls["read"] == len(tree), calls  # one whole-sample read per file
+
+
+def test_a_sequential_reader_of_a_large_file_gets_large_reads(shared_daemon, tmp_path,
+                                                              mount_factory):
+    """The mount widens the kernel's read-ahead window (limits.mount_kernel_read_ahead_bytes),
+    so a reader going through a large file in 256 KiB reads (np.load of a volume)
+    costs about one READ per MiB, not one or two per read() call."""
+    from dlfs import limits
+
+    rng = np.random.default_rng(11)
+    data = rng.bytes(24 * 2**20 + 4321)
+    write_tree(tmp_path / "src", {"volume.npz": data})
+    name = unique_name("ra")
+    with Client(shared_daemon.address) as client:
+        client.ingest(str(tmp_path / "src"), name, progress=False)
+    m = mount_factory(shared_daemon.address)  # every dataset: no page push to muddle counts
+    path = os.path.join(m.mountpoint, name, "volume.npz")
+    device = os.stat(m.mountpoint).st_dev
+    if os.geteuid() == 0:
+        with open(f"/sys/class/bdi/{os.major(device)}:{os.minor(device)}/read_ahead_kb") as f:
+            assert int(f.read()) == limits.mount_kernel_read_ahead_bytes // 1024
+    before = m.request_counts().get("read", 0)
+    got = bytearray()
+    with open(path, "rb", buffering=0) as f:
+        while piece := f.read(256 * 1024):
+            got += piece
+    assert got == data
+    reads = m.request_counts().get("read", 0) - before
+    # 1 MiB per READ (the kernel's largest) plus a few smaller ones at the start;
+    # with the kernel's default 128 KiB window this took about 100.
+    assert reads <= len(data) // 2**20 + 8, reads
