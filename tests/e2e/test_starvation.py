@@ -34,7 +34,11 @@ def busy(daemon_factory, tmp_path):
 
 
 def test_stalled_streams_leave_probes_and_metadata_answering(busy):
-    options = [("grpc.max_receive_message_length", 64 * MiB)]
+    # No BDP probing: the client's HTTP/2 window stays small, so a stream whose
+    # reader stopped cannot be drained into the client's buffers and really
+    # stalls (with the probe, gRPC sometimes grew the windows enough to take
+    # all 36 MB, the calls finished, and the watchdog had nothing to cancel).
+    options = [("grpc.max_receive_message_length", 64 * MiB), ("grpc.http2.bdp_probe", 0)]
     channels = [grpc.insecure_channel(busy.address, options=options) for _ in range(6)]
     try:
         stalled = []
