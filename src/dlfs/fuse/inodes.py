@@ -40,8 +40,8 @@ class Node:
     mtime_ns: int
     lookups: int = 0
     sample_id: int = -1  # files: the sample's id in its dataset version; -1: none known
-    # Bytes of this file the mount fetched from the daemon for readers (a
-    # re-fetch after eviction counts again): the page push skips a file
+    # Bytes of this file the mount fetched whole and intact from the daemon
+    # for readers (a re-fetch after eviction counts again): the page push skips a file
     # readers fetched whole, which the kernel's page cache then holds.
     fetched_bytes: int = 0
 

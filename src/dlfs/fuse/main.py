@@ -277,17 +277,15 @@ async def _serve(session: Session, operations: DlfsOperations, args: argparse.Na
         try:
             # A stat of the root goes through this very loop: once it answers,
             # the mount is usable.
-            await trio.to_thread.run_sync(os.stat, args.mountpoint, abandon_on_cancel=True)
+            root = await trio.to_thread.run_sync(os.stat, args.mountpoint,
+                                                 abandon_on_cancel=True)
         except OSError as exc:
             log.error("the new mount at %s does not answer (%s); unmounting", args.mountpoint, exc)
             if args.ready_fd is not None:
                 _send(args.ready_fd, ERROR_PREFIX + f"mount does not answer: {exc}".encode())
             session.exit()
             return
-        # In a thread: the stat of the mount point may need this very loop.
-        await trio.to_thread.run_sync(_set_kernel_read_ahead, args.mountpoint,
-                                      fuse_limits.mount_kernel_read_ahead_bytes,
-                                      abandon_on_cancel=True)
+        _set_kernel_read_ahead(root.st_dev, fuse_limits.mount_kernel_read_ahead_bytes)
         if not session.capable & lowlevel.CAP_NO_OPEN_SUPPORT:
             log.warning("this kernel cannot skip OPEN for files (FUSE no-open support, Linux "
                         "4.18+): every open() costs a round trip to this process")
@@ -299,11 +297,11 @@ async def _serve(session: Session, operations: DlfsOperations, args: argparse.Na
             _send(args.ready_fd, READY)
 
 
-def _set_kernel_read_ahead(mountpoint: str, read_ahead_bytes: int) -> None:
-    """Set the kernel's read-ahead window for the files of this mount (its bdi's
-    read_ahead_kb in sysfs).  Needs root (or a writable sysfs); without it the
-    kernel's default stays and the mount says so once, at info level."""
-    device = os.stat(mountpoint).st_dev
+def _set_kernel_read_ahead(device: int, read_ahead_bytes: int) -> None:
+    """Set the kernel's read-ahead window for the files of the mount on `device`
+    (its bdi's read_ahead_kb in sysfs).  Needs root (or a writable sysfs);
+    without it the kernel's default stays and the mount says so once, at
+    info level."""
     path = f"/sys/class/bdi/{os.major(device)}:{os.minor(device)}/read_ahead_kb"
     try:
         with open(path, "w") as f:

@@ -193,7 +193,6 @@ class ReadCache:
             run.length += length
         if not run.units:
             return None
-        node.fetched_bytes += run.length
         self.fetches += 1
         self._nursery.start_soon(self._fill, node, run, whole)
         return run
@@ -212,6 +211,7 @@ class ReadCache:
                     f"{node.dataset}/{node.path}: the daemon returned {run.received} bytes at "
                     f"offset {run.start} where this mount expected {run.length}; the dataset "
                     "was replaced after it was mounted (reopen it after the cache timeout)")
+            node.fetched_bytes += run.length
         except errors.DlfsError as exc:
             self._fail(run, exc)
         except BaseException as exc:  # cancelled at shutdown: waiters must not hang

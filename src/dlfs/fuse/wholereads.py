@@ -120,11 +120,11 @@ class WholeReads:
         error: errors.DlfsError | None = None
         try:
             data = self._fetch(node)
-            node.fetched_bytes += len(data)
             if len(data) != node.size:
                 raise Stale(f"{node.dataset}/{node.path}: the daemon returned {len(data)} "
                             f"bytes where this mount expected {node.size}; the dataset was "
                             "replaced after it was mounted (reopen it after the cache timeout)")
+            node.fetched_bytes += len(data)
         except errors.DlfsError as exc:
             data, error = None, exc
         finally:  # also on a bug below (then re-raised): waiters must not hang
