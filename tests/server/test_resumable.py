@@ -9,7 +9,7 @@ import pytest
 
 from conftest import store_read
 from dlfs import ingest_digest
-from dlfs.errors import AlreadyExists, NotFound, ResumeConflict
+from dlfs.errors import AlreadyExists, NotFound, ResumeConflict, Unavailable
 from dlfs.server import catalog as cat
 from dlfs.server.config import ServerConfig
 from dlfs.server.ingest_registry import IngestState
@@ -100,6 +100,59 @@ def test_a_restart_brings_back_the_last_checkpoint_and_voids_what_came_after(tmp
         store.commit_ingest(session)
         assert read_all(store, "ds") == {**kept, **rest}
         assert "z000" not in read_all(store, "ds")
+    finally:
+        store.close()
+
+
+def test_a_resume_that_breaks_off_before_its_first_file_keeps_what_was_durable(tmp_path):
+    """A resumed writer starts in a new extent; until a file arrives there, its
+    checkpoints must still name where the old extent's durable part ends (a
+    checkpoint of 'extent end 0' made the next resume cut that extent to
+    nothing, and the sealed dataset then pointed past its end)."""
+    store = Store.open(config(tmp_path))
+    first, rest = files_of("a", 30), files_of("b", 20)
+    session = store.begin_ingest("ds", resumable=True)
+    send(session, first)
+    store.break_off(session, "the client went away")
+    for _ in range(2):  # resumed, and broken off again before a file arrived
+        session = store.resume_ingest("ds", 30)
+        store.break_off(session, "the client went away again")
+    store.close()
+    store = Store.open(config(tmp_path))  # and once across a restart
+    try:
+        session = store.resume_ingest("ds", 30)
+        store.break_off(session, "the client went away after the restart")
+        session = store.resume_ingest("ds", 30)
+        send(session, rest)
+        store.commit_ingest(session)
+        assert read_all(store, "ds") == {**first, **rest}
+    finally:
+        store.close()
+
+
+def test_a_checkpoint_racing_the_daemon_stopping_never_claims_dropped_bytes(tmp_path):
+    """Stopping the daemon closes a receiving ingest's extent from another thread,
+    dropping what was not synced yet; the stream's thread, still running, must
+    not then record a CHECKPOINT claiming those bytes (it did: the next start
+    parked files the extent no longer held, and the sealed dataset was cut)."""
+    store = Store.open(config(tmp_path, ingest_checkpoint_bytes=1 << 30))
+    first = files_of("a", 40)
+    session = store.begin_ingest("ds", resumable=True)
+    send(session, first)
+    checkpoint = session.take_checkpoint()
+    send(session, files_of("z", 5))  # received, not synced
+    session.close_writer()  # what a stopping daemon does to it, on its own thread
+    with pytest.raises(Unavailable, match="stopping"):  # the stream's thread, before
+        session.take_checkpoint()  # the daemon closes its catalog
+    with pytest.raises(Unavailable, match="stopping"):
+        send(session, files_of("y", 1))
+    store.close()
+    store = Store.open(config(tmp_path, ingest_checkpoint_bytes=1 << 30))
+    try:
+        assert store.ingest_progress("ds").samples == checkpoint.samples == 40
+        session = store.resume_ingest("ds", 40)
+        store.commit_ingest(session)
+        assert read_all(store, "ds") == first
     finally:
         store.close()
 

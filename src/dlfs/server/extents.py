@@ -145,11 +145,15 @@ class ExtentWriter:
             fsync_dir(directory)
         except OSError as exc:
             raise no_space_error(exc, self._label) from exc
-        self._extent_no = extent_no
+        # position() must keep naming the kept extent's durable end until the next
+        # sample opens a new extent: a checkpoint taken before that (a resume that
+        # breaks off at once) records it, and the next resume cuts the extent there.
+        self._extent_no, self._end = extent_no, end
 
     def position(self) -> tuple[int, int]:
-        """(extent number, bytes in it) where the next sample would start; extent -1
-        before the first one."""
+        """(extent number, bytes written to it, header included): the end of what
+        this writer holds, where a checkpoint cuts.  The next sample starts there
+        or at the start of the next extent; extent -1 before the first one."""
         return self._extent_no, self._end
 
     def begin_sample(self, size: int) -> tuple[int, int]:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import stat as stat_module
+import threading
 import time
 
 import crc32c
@@ -25,7 +26,7 @@ import numpy as np
 
 from dlfs import ingest_digest, limits
 from dlfs.blockcrc import BLOCK_BYTES, BlockHasher
-from dlfs.errors import DataCorruption, InvalidArgument
+from dlfs.errors import DataCorruption, InvalidArgument, Unavailable
 from dlfs.layout import NO_EXTENT
 from dlfs.paths import check_sample_path
 from dlfs.server import catalog as cat
@@ -60,8 +61,10 @@ class IngestSession:
     Call `start_file`, then `write` until the announced size is reached
     (the file ends itself then; `check_last_crc` compares the client's
     CRC), repeat, then hand the session to `Store.commit_ingest` (or
-    `prepare_ingest`, or `abort_ingest`).  Not thread-safe: one stream
-    drives one session.
+    `prepare_ingest`, or `abort_ingest`).  One stream drives one session;
+    the one call from another thread is the stopping daemon's `close_writer`
+    (or `discard`), which waits for the write or checkpoint under way and
+    makes every later one raise Unavailable.
 
     `catalog` receives the SAMPLES (and HOLDERS) records, `writer` the
     sample bytes; `name`, `dataset_id`, `created_ns`, `replace` and
@@ -99,6 +102,13 @@ class IngestSession:
         self.checkpoint: Checkpoint | None = None
         self._since_checkpoint = 0
         self._checkpoint_due = 0.0
+        # Held while the writer is used or a checkpoint recorded.  A stopping daemon
+        # closes the writer from its own thread, dropping unsynced bytes: a checkpoint
+        # the stream's thread took after that would claim them (the next start parked
+        # files the extent no longer held).  Reentrant: a write ends a file, which may
+        # checkpoint.
+        self._writing = threading.RLock()
+        self._stopped = False
 
     @classmethod
     def restored(cls, name: str, dataset_id: int, created_ns: int, catalog: cat.Catalog,
@@ -193,7 +203,9 @@ class IngestSession:
                 f"file {path!r} is {size} bytes, over the limit of {limits.sample_bytes_max}"
             )
         mode = _regular_mode(path, mode)
-        extent_no, offset = self._writer.begin_sample(size)
+        with self._writing:
+            self._check_running()
+            extent_no, offset = self._writer.begin_sample(size)
         self._file = _OpenFile(path, size, mode, mtime_ns, extent_no, offset,
                                blocks=BlockHasher() if size > BLOCK_BYTES else None)
         if size == 0:
@@ -210,13 +222,15 @@ class IngestSession:
             raise InvalidArgument(
                 f"file {file.path!r} was announced as {file.size} bytes but more arrived"
             )
-        self._writer.write(data)
-        file.received += len(data)
-        file.crc = crc32c.crc32c(data, file.crc)
-        if file.blocks is not None:
-            file.blocks.update(data)
-        if file.received == file.size:
-            self._end_file()
+        with self._writing:
+            self._check_running()
+            self._writer.write(data)
+            file.received += len(data)
+            file.crc = crc32c.crc32c(data, file.crc)
+            if file.blocks is not None:
+                file.blocks.update(data)
+            if file.received == file.size:
+                self._end_file()
 
     def check_last_crc(self, expected: int) -> None:
         """Compare the client's CRC32C with what was stored for the last file."""
@@ -294,9 +308,11 @@ class IngestSession:
                 f"the stream ended inside file {self._file.path!r} ({self._file.received} of "
                 f"{self._file.size} bytes received)"
             )
-        if self._writer is not None:
-            self._writer.sync()
-            self._writer.close()
+        with self._writing:
+            self._check_running()
+            if self._writer is not None:
+                self._writer.sync()
+                self._writer.close()
         self._flush_entries()
         for record_type, payload in records.dirs_records(self.dataset_id, self._dirs):
             self._catalog.append(record_type, payload)
@@ -311,8 +327,14 @@ class IngestSession:
 
         The file being received, if any, is not part of it (its bytes stay
         behind the recorded extent end, and are cut off when resumed).
-        Raises StorageFull and OSError from the fsyncs and appends.
+        Raises StorageFull and OSError from the fsyncs and appends, Unavailable
+        once the daemon stopped the session (`close_writer`).
         """
+        with self._writing:
+            self._check_running()
+            return self._take_checkpoint()
+
+    def _take_checkpoint(self) -> Checkpoint:
         if self._file is not None:
             position = (self._file.extent_no, self._file.offset)
         elif self._writer is not None:
@@ -334,10 +356,11 @@ class IngestSession:
     def park(self) -> Checkpoint:
         """The stream broke off: drop the file being received, checkpoint, close the
         extent.  The session keeps its samples and waits for `resume`."""
-        checkpoint = self.take_checkpoint()
-        self._file = None
-        if self._writer is not None:
-            self._writer.close()
+        with self._writing:
+            checkpoint = self.take_checkpoint()
+            self._file = None
+            if self._writer is not None:
+                self._writer.close()
         return checkpoint
 
     def resume(self, writer: ExtentWriter) -> Checkpoint:
@@ -353,19 +376,33 @@ class IngestSession:
         """Remove what the session wrote: a DELETE record, then its extents.  Never
         raises (see `discard_dataset`).  A resumable session's DELETE is synced: a
         CHECKPOINT without it would bring back a parked ingest whose extents are gone."""
-        if self._writer is not None:
-            self._writer.close()
-            remove = self._writer.discard
-        else:  # parked after a restart: no writer
-            def remove():
-                self._extents.remove_dataset(self.dataset_id)
+        with self._writing:
+            self._stopped = True
+            if self._writer is not None:
+                self._writer.close()
+                remove = self._writer.discard
+            else:  # parked after a restart: no writer
+                def remove():
+                    self._extents.remove_dataset(self.dataset_id)
         discard_dataset(self._catalog, remove, self.name, self.dataset_id, sync=self.resumable)
 
     def close_writer(self) -> None:
         """Close the extent being written without syncing (the daemon is stopping: a
-        resumable session's last checkpoint is what the next start parks)."""
-        if self._writer is not None:
-            self._writer.close()
+        resumable session's last checkpoint is what the next start parks).  Waits
+        for the write or checkpoint under way; any later one raises Unavailable."""
+        with self._writing:
+            self._stopped = True
+            if self._writer is not None:
+                self._writer.close()
+
+    def _check_running(self) -> None:
+        """Raise Unavailable once the daemon stopped this session (caller holds
+        `_writing`)."""
+        if self._stopped:
+            raise Unavailable(
+                f"the daemon is stopping: the ingest of dataset {self.name!r} ends here (a "
+                "resumable ingest keeps its last checkpoint: `dlfs ingest --resume` once the "
+                "daemon is back; any other ingest again)")
 
 
 class RecoveredIngest:
