@@ -9,7 +9,7 @@ import pytest
 
 from conftest import store_read
 from dlfs import ingest_digest
-from dlfs.errors import AlreadyExists, NotFound, ResumeConflict, Unavailable
+from dlfs.errors import AlreadyExists, DataCorruption, NotFound, ResumeConflict, Unavailable
 from dlfs.server import catalog as cat
 from dlfs.server.config import ServerConfig
 from dlfs.server.ingest_registry import IngestState
@@ -153,6 +153,23 @@ def test_a_checkpoint_racing_the_daemon_stopping_never_claims_dropped_bytes(tmp_
         session = store.resume_ingest("ds", 40)
         store.commit_ingest(session)
         assert read_all(store, "ds") == first
+    finally:
+        store.close()
+
+
+def test_a_resume_refuses_an_extent_shorter_than_its_checkpoint(tmp_path):
+    store = Store.open(config(tmp_path))
+    session = store.begin_ingest("ds", resumable=True)
+    send(session, files_of("a", 10))
+    store.break_off(session, "the client went away")
+    checkpoint = session.checkpoint
+    path = store.extents.extent_path(session.dataset_id, checkpoint.extent_no)
+    os.truncate(path, checkpoint.extent_end - 1)  # a disk that lost synced bytes
+    try:
+        with pytest.raises(DataCorruption, match="dlfs rm"):
+            store.resume_ingest("ds", 10)
+        assert store.ingest_progress("ds").state == "parked"  # still there, to remove
+        store.delete("ds")
     finally:
         store.close()
 

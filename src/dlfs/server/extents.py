@@ -137,7 +137,13 @@ class ExtentWriter:
             if extent_no >= 0:
                 path = self._store.extent_path(self._dataset_id, extent_no)
                 with open(path, "r+b") as f:
-                    if os.fstat(f.fileno()).st_size > end:
+                    size = os.fstat(f.fileno()).st_size
+                    if size < end:  # resuming would seal samples past the extent's end
+                        raise DataCorruption(
+                            f"extent {path} holds {size} bytes, but the ingest's last "
+                            f"checkpoint made {end} durable (the disk lost synced data?); "
+                            f"remove the parked ingest (`dlfs rm`) and ingest again")
+                    if size > end:
                         faults.point("truncate", path)
                         f.truncate(end)
                         faults.point("fsync", path)
