@@ -12,8 +12,11 @@ import subprocess
 import sys
 import time
 
+import urllib.request
+
 import numpy as np
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import write_tree
 from dlfs import Client
@@ -84,6 +87,14 @@ def make_dataset(daemon, tmp_path, total_mib: int) -> None:
         client.ingest(str(tmp_path / "src"), "ds")
 
 
+def metric_values(client: Client) -> dict:
+    """{(sample name, labels as a sorted tuple): value} from the daemon's /metrics."""
+    address = client.status().metrics_address
+    text = urllib.request.urlopen(f"http://{address}/metrics", timeout=10).read().decode()
+    return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families(text) for sample in family.samples}
+
+
 def wait_done(client: Client) -> list:
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
@@ -95,7 +106,8 @@ def wait_done(client: Client) -> list:
 
 
 def test_dlfs_warm_reads_the_whole_dataset_into_the_page_cache(daemon_factory, tmp_path):
-    daemon = daemon_factory(extra_args=["--warm-on-first-read", "off"])
+    daemon = daemon_factory(extra_args=["--warm-on-first-read", "off",
+                                        "--metrics-listen", "127.0.0.1:0"])
     make_dataset(daemon, tmp_path, 8)
     [extent] = extent_files(daemon)
     size = os.path.getsize(extent)
@@ -112,6 +124,12 @@ def test_dlfs_warm_reads_the_whole_dataset_into_the_page_cache(daemon_factory, t
         ("warm", True, size, size)
     assert info.budget_bytes == int(0.5 * memory_bytes())
     assert_resident(extent, 0, size, drops)
+    with Client(daemon.address) as client:
+        values = metric_values(client)
+    assert values[("dlfs_warm_bytes_total", ())] == size
+    assert values[("dlfs_warmups_total", (("state", "warm"),))] == 1
+    assert values[("dlfs_warmups_active", ())] == 0
+    assert values[("dlfs_warm_budget_bytes", ())] == info.budget_bytes
     assert "dataset 'ds' is warm" in daemon.log()
     listing = subprocess.run([sys.executable, "-m", "dlfs.cli", "--server", daemon.address,
                               "datasets"], capture_output=True, text=True, timeout=60)
@@ -122,7 +140,8 @@ def test_a_dataset_over_the_budget_is_warmed_up_to_it_and_says_so(daemon_factory
     budget = 2 * MiB
     share = budget / memory_bytes()
     daemon = daemon_factory(extra_args=["--warm-memory-share", repr(share),
-                                        "--warm-on-first-read", "off"])
+                                        "--warm-on-first-read", "off",
+                                        "--metrics-listen", "127.0.0.1:0"])
     make_dataset(daemon, tmp_path, 8)
     [extent] = extent_files(daemon)
     size = os.path.getsize(extent)
@@ -132,7 +151,11 @@ def test_a_dataset_over_the_budget_is_warmed_up_to_it_and_says_so(daemon_factory
         [started] = client.warm("ds")
         assert not started.fits and "does not fit the warm-up budget" in started.message
         [info] = client.warm("ds", wait=True, timeout_s=120)
+        values = metric_values(client)
     assert info.state == "partial" and not info.fits
+    assert values[("dlfs_warm_bytes_total", ())] == info.bytes_warmed
+    assert values[("dlfs_warmups_total", (("state", "partial"),))] == 1
+    assert ("dlfs_warmups_total", (("state", "warm"),)) not in values
     assert 0 < info.bytes_warmed <= info.budget_bytes <= budget
     assert info.bytes_total == size
     assert_resident(extent, 0, info.bytes_warmed - PAGE, drops)

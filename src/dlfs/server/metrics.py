@@ -65,6 +65,15 @@ class Metrics:
         self.rpcs_in_flight = Gauge("dlfs_rpcs_in_flight", "Calls being served", registry=r)
         self.data_connections = Gauge("dlfs_data_connections",
                                       "Connections open on the data path", registry=r)
+        self.warm_bytes = Counter("dlfs_warm_bytes",
+                                  "Bytes warm-ups read into the page cache", registry=r)
+        self.warmups = Counter("dlfs_warmups", "Warm-ups ended, by state (warm, partial, "
+                               "stopped, failed)", ["state"], registry=r)
+        self.warmups_active = Gauge("dlfs_warmups_active", "Warm-ups queued or running",
+                                    registry=r)
+        self.warm_budget_bytes = Gauge("dlfs_warm_budget_bytes", "Bytes all warm-ups together "
+                                       "may keep in the page cache (--warm-memory-share)",
+                                       registry=r)
 
     def serve(self, listen: str) -> str:
         """Serve /metrics over HTTP on HOST:PORT (0 picks a port); return the bound address."""

@@ -68,7 +68,7 @@ class Store(StoreIngests, StoreResumes, StoreReads):
                                   metrics=self.metrics)
         self._prefetcher = Prefetcher(self._files)
         self._warmer = Warmer(config.data_dir, int(config.warm_memory_share * memory_bytes()),
-                              self._is_current)
+                              self._is_current, metrics=self.metrics)
         self._mutex = threading.Lock()
         self._next_dataset_id = next_dataset_id
         self._ingests = IngestRegistry(expire=self._expire,

@@ -16,7 +16,9 @@ the warm-up says so (its status, and a log line).
 
 Started by `dlfs warm NAME` (the Warm RPC) and, unless turned off
 (`--warm-on-first-read off`), by the first read of each dataset version.
-Nothing here imports grpc.
+Counted in the daemon's metrics (dlfs_warm_bytes, dlfs_warmups by final
+state, dlfs_warmups_active, dlfs_warm_budget_bytes).  Nothing here imports
+grpc.
 """
 
 from __future__ import annotations
@@ -76,16 +78,20 @@ class Warmer:
 
     `data_dir` holds the extents (dlfs.layout); `budget_bytes` bounds what
     all warm-ups count together; `is_current(name, generation)` says whether
-    a version is still the published one (a replaced or deleted one stops).
+    a version is still the published one (a replaced or deleted one stops);
+    `metrics` (dlfs.server.metrics.Metrics, optional) counts them.
     """
 
-    def __init__(self, data_dir: str, budget_bytes: int, is_current, *,
+    def __init__(self, data_dir: str, budget_bytes: int, is_current, *, metrics=None,
                  read_bytes: int = limits.warm_read_bytes,
                  queue_max: int = limits.warm_queue_max):
         assert budget_bytes >= 0 and read_bytes > 0
         self.data_dir = data_dir
         self.budget_bytes = budget_bytes
         self._is_current = is_current
+        self._metrics = metrics
+        if metrics is not None:
+            metrics.warm_budget_bytes.set(budget_bytes)
         self._read_bytes = read_bytes
         self._lock = threading.Lock()
         self._status: dict[str, WarmStatus] = {}  # by dataset name: its latest warm-up
@@ -126,6 +132,8 @@ class Warmer:
                                  "(limits.warm_queue_max); ask again later") from None
             self._status[dataset.name] = status
             self._seen.add((dataset.name, dataset.generation))
+            if self._metrics is not None:
+                self._metrics.warmups_active.inc()
             return dataclasses.replace(status)
 
     def first_read(self, dataset) -> None:
@@ -192,6 +200,8 @@ class Warmer:
                     position += got
                     warmed += got
                     status.bytes_warmed = warmed  # read without the lock: progress only
+                    if self._metrics is not None:
+                        self._metrics.warm_bytes.inc(got)
             finally:
                 os.close(fd)
             if warmed >= goal:
@@ -206,6 +216,10 @@ class Warmer:
 
     def _set(self, status: WarmStatus, state: str, *, message: str = "") -> None:
         with self._lock:
+            if self._metrics is not None and state not in ACTIVE and status.state in ACTIVE:
+                # counted before the state shows: whoever sees it done sees it counted
+                self._metrics.warmups_active.dec()
+                self._metrics.warmups.labels(state).inc()
             status.state = state
             if message:
                 status.message = message
