@@ -9,7 +9,7 @@ kept at ingest.  Owner is the user who mounted; directories are
 What each request costs (requests reach this process only when the kernel
 has no answer cached):
 
-- lookup: nothing if the node is in the inode table (every entry a listing
+- lookup (`names`): nothing if the node is in the inode table (every entry a listing
   returned is); else, the first time in a directory, one ListDir page that
   brings the whole directory into the table if it fits (`siblings`), and
   one Stat RPC if the name is still unknown; names under the root one
@@ -68,19 +68,17 @@ from dlfs import errors
 from dlfs.fuse import errno_map
 from dlfs import limits as fuse_limits
 from dlfs.fuse import lowlevel as ll
-from dlfs.fuse.attributes import (dataset_attrs, dataset_key, entry_attrs, entry_of,
-                                  read_generation, stat_of)
+from dlfs.fuse.attributes import dataset_attrs, dataset_key, entry_of, read_generation, stat_of
 from dlfs.fuse.backend import Backend
-from dlfs.fuse.dirlist import Child, DirStream
+from dlfs.fuse.dirlist import DirStream
 from dlfs.fuse.errno_map import FuseError
 from dlfs.fuse.failurelog import FailureLog
 from dlfs.fuse.inodes import ROOT_KEY, Attrs, InodeTable, Key, Node
+from dlfs.fuse.names import Names
 from dlfs.fuse.pagepush import PagePush
 from dlfs.fuse.readcache import ReadCache
 from dlfs.fuse.session import Session, inline
-from dlfs.fuse.siblings import SiblingNames
 from dlfs.fuse.wholereads import WholeReads
-from dlfs.paths import check_dataset_name, check_sample_path
 
 log = logging.getLogger(__name__)
 
@@ -143,11 +141,8 @@ class DlfsOperations:
         self._limiter = trio.CapacityLimiter(rpcs_in_flight_max)
         self._store_limiter = trio.CapacityLimiter(fuse_limits.mount_stores_in_flight_max)
         self._next_handle = 1
-        self._datasets: dict[str, Key] = {}  # name -> key of its latest generation seen
         self._dirs: dict[int, DirStream] = {}
-        self._siblings = SiblingNames(self.table, self._fetch_children,
-                                      page_entries=fuse_limits.mount_dir_page_entries,
-                                      dirs_max=fuse_limits.mount_listed_dirs_max)
+        self.names = Names(backend, self.table, self._thread, multi=self.multi)
         self._cache: ReadCache | None = None
         self.whole_reads = WholeReads(self._fetch_whole_blocking)
         self.pages: PagePush | None = None
@@ -216,7 +211,7 @@ class DlfsOperations:
     @_handler()
     def lookup(self, req: int, parent_inode: int, name: bytes) -> Any:
         parent = self._node(parent_inode)
-        text = self._decode(name)
+        text = self.names.decode(name)
         if text == ".":
             return self._reply_node(req, parent)
         if text not in ("..", "") and not (self.multi and parent is self.table.root):
@@ -227,7 +222,8 @@ class DlfsOperations:
 
     @_handler()
     async def _lookup(self, req: int, parent: Node, text: str) -> None:
-        node = await (self._parent(parent) if text == ".." else self._child(parent, text))
+        node = await (self.names.parent(parent) if text == ".." else
+                      self.names.child(parent, text))
         if node is None:  # cached by the kernel as a negative entry
             entry = ll.EntryParam()
             # Under a --dataset root, names can appear with a new version (and
@@ -333,8 +329,8 @@ class DlfsOperations:
         node = self._node(inode)
         if not node.is_dir:
             raise FuseError(errno.ENOTDIR)
-        fetch = self._fetch_datasets if (self.multi and node is self.table.root) else \
-            functools.partial(self._fetch_children, node)
+        fetch = self.names.datasets if (self.multi and node is self.table.root) else \
+            functools.partial(self.names.children, node)
         fh = self._next_handle
         self._next_handle += 1
         self._dirs[fh] = DirStream(fetch, fuse_limits.mount_dir_page_entries)
@@ -425,87 +421,12 @@ class DlfsOperations:
         await trio.to_thread.run_sync(self.session.notify_store, node.inode, offset, data,
                                       limiter=self._store_limiter, abandon_on_cancel=True)
 
-    async def _fetch_children(self, parent: Node, start_after: str, count: int
-                              ) -> tuple[list[Child], bool]:
-        entries, more = await self._thread(self.backend.list_page, parent.dataset, parent.path,
-                                           start_after, count)
-        return [Child(e.name, parent.child_key(e.name), entry_attrs(e)) for e in entries], more
-
-    async def _fetch_datasets(self, start_after: str, count: int) -> tuple[list[Child], bool]:
-        infos = [i for i in await self._thread(self.backend.sealed_datasets)
-                 if i.name > start_after]
-        return ([Child(i.name, dataset_key(i), dataset_attrs(i)) for i in infos[:count]],
-                len(infos) > count)
-
     def _node(self, inode: int, number: int = errno.ESTALE) -> Node:
         try:
             return self.table.get(inode)
         except KeyError:
             log.error("the kernel asked for inode %d, which this mount does not know", inode)
             raise FuseError(number) from None
-
-    @staticmethod
-    def _decode(name: bytes) -> str:
-        try:
-            return name.decode("utf-8")
-        except UnicodeDecodeError:  # DLFS paths are UTF-8: such a name cannot exist
-            raise FuseError(errno.ENOENT) from None
-
-    async def _child(self, parent: Node, name: str) -> Node | None:
-        """The node of `name` in directory `parent`; None if it does not exist
-        (inside a dataset, where absence is permanent)."""
-        if not parent.is_dir:
-            raise FuseError(errno.ENOTDIR)
-        if self.multi and parent is self.table.root:
-            try:
-                check_dataset_name(name)
-            except errors.InvalidArgument:
-                raise FuseError(errno.ENOENT) from None
-            try:
-                info = await self._thread(self.backend.dataset, name)  # new or replaced?
-            except errno_map.DAEMON_DOWN:
-                # Revalidating a dataset while the daemon is away: keep serving
-                # what the kernel has cached rather than failing every path.
-                node = self.table.find(self._datasets.get(name, ROOT_KEY))
-                if node is None or node is self.table.root:
-                    raise
-                return node
-            self._datasets[name] = dataset_key(info)
-            return self.table.node_for(dataset_key(info), lambda: dataset_attrs(info))
-        key = parent.child_key(name)
-        node = self.table.find(key)
-        if node is not None:
-            return node
-        try:
-            check_sample_path(key[2])
-        except errors.InvalidArgument:
-            if len(name.encode()) > 255 or len(key[2].encode()) > 4096:
-                raise FuseError(errno.ENAMETOOLONG) from None
-            return None
-        await self._siblings.learn(parent)  # one ListDir may answer this and its siblings
-        node = self.table.find(key)
-        if node is not None:
-            return node
-        try:
-            entry = await self._thread(self.backend.stat, parent.dataset, key[2])
-        except errors.NotFound:
-            return None
-        return self.table.node_for(key, lambda: entry_attrs(entry))
-
-    async def _parent(self, node: Node) -> Node:
-        if node is self.table.root:
-            return node
-        dataset, generation, path = node.key
-        if not path:  # a dataset root below the mount root
-            return self.table.root
-        parent_key = (dataset, generation, path.rpartition("/")[0])
-        if parent_key == self.table.root.key:
-            return self.table.root
-        parent = self.table.find(parent_key)
-        if parent is None:
-            entry = await self._thread(self.backend.stat, dataset, parent_key[2])
-            parent = self.table.node_for(parent_key, lambda: entry_attrs(entry))
-        return parent
 
     def _stat(self, node: Node) -> ll.Stat:
         return stat_of(node, self.uid, self.gid)
