@@ -53,10 +53,12 @@ def test_listed_files_are_pushed_after_the_first_read(daemon, mount_factory, tmp
     with open(os.path.join(m.mountpoint, first), "rb") as f:
         assert f.read() == tree[first]
     wait_until(lambda: pushed(m) is not None, "the push ended", PUSH_TIMEOUT_S)
-    assert pushed(m)[0] == len(tree) - 1  # the file read first is not pushed again
+    assert pushed(m)[0] == len(tree) - 1, m.log()[-3000:]  # the file read first: not again
     before = m.request_counts()
     read_all(m, tree)
-    assert m.request_counts().get("read", 0) == before.get("read", 0)  # all from the page cache
+    after = m.request_counts()
+    assert after.get("read", 0) == before.get("read", 0), \
+        (before, after, m.log()[-3000:])  # all from the page cache
 
 
 def test_no_push_when_the_daemon_does_not_warm_the_dataset(daemon_factory, mount_factory,
