@@ -37,6 +37,13 @@ def read_all(store, name) -> dict[str, bytes]:
                     store_read(store, dataset, range(len(dataset)))))
 
 
+def resume_and_seal(store, held: int, rest: dict[str, bytes]) -> None:
+    """Resume the parked ingest of "ds" after the `held` files it holds, send `rest`, seal."""
+    session = store.resume_ingest("ds", held)
+    send(session, rest)
+    store.commit_ingest(session)
+
+
 def digest_of(files: dict[str, bytes]) -> bytes:
     digest = ingest_digest.EMPTY
     for path, data in files.items():
@@ -66,9 +73,7 @@ def test_a_broken_stream_parks_and_a_resume_continues_after_what_is_durable(tmp_
             store.resume_ingest("ds", 29)
         with pytest.raises(ResumeConflict, match="other options"):
             store.resume_ingest("ds", 30, replace=True)
-        session = store.resume_ingest("ds", 30)
-        send(session, rest)
-        store.commit_ingest(session)
+        resume_and_seal(store, 30, rest)
         assert read_all(store, "ds") == {**first, **rest}
     finally:
         store.close()
@@ -122,9 +127,7 @@ def test_a_resume_that_breaks_off_before_its_first_file_keeps_what_was_durable(t
     try:
         session = store.resume_ingest("ds", 30)
         store.break_off(session, "the client went away after the restart")
-        session = store.resume_ingest("ds", 30)
-        send(session, rest)
-        store.commit_ingest(session)
+        resume_and_seal(store, 30, rest)
         assert read_all(store, "ds") == {**first, **rest}
     finally:
         store.close()
