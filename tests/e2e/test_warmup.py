@@ -153,8 +153,10 @@ def test_a_dataset_over_the_budget_is_warmed_up_to_it_and_says_so(daemon_factory
         [info] = client.warm("ds", wait=True, timeout_s=120)
         values = metric_values(client)
     assert info.state == "partial" and not info.fits
-    assert values[("dlfs_warm_bytes_total", ())] == info.bytes_warmed
-    assert values[("dlfs_warmups_total", (("state", "partial"),))] == 1
+    # (the second Warm starts another warm-up if the first one had ended already)
+    partial = values[("dlfs_warmups_total", (("state", "partial"),))]
+    assert partial in (1, 2)
+    assert values[("dlfs_warm_bytes_total", ())] == partial * info.bytes_warmed
     assert ("dlfs_warmups_total", (("state", "warm"),)) not in values
     assert 0 < info.bytes_warmed <= info.budget_bytes <= budget
     assert info.bytes_total == size

@@ -4,9 +4,10 @@ A packed dataset can be read sequentially at the device's bandwidth, which
 a random first epoch over it cannot: warming it first turns the epoch's
 random reads into page-cache hits.  A warm-up reads each extent of the
 dataset stored here, in extent and offset order, in `warm_read_bytes`
-pieces (`preadv` into one reused buffer; the next piece is advised
-WILLNEED first so the device always has work queued), on one background
-thread, never more than the *budget*: `--warm-memory-share` of the
+pieces (`sendfile` to /dev/null: the kernel reads each piece into the page
+cache and copies it nowhere, at under half the CPU of a `preadv` into a
+buffer; the next piece is advised WILLNEED first so the device always has
+work queued), on one background thread, never more than the *budget*: `--warm-memory-share` of the
 daemon's memory (the machine's, or its cgroup limit if lower).
 
 The budget is shared: datasets warmed earlier are counted until a newer
@@ -173,7 +174,12 @@ class Warmer:
                 self._counted.popitem(last=False)  # oldest first: the kernel may drop them
             self._counted[dataset.name] = goal
             status.state = WARMING
-        buffer = memoryview(bytearray(self._read_bytes))
+        with open(os.devnull, "wb", buffering=0) as null:
+            self._warm_extents(dataset, status, goal, null.fileno())
+
+    def _warm_extents(self, dataset, status: WarmStatus, goal: int, null: int) -> None:
+        """Read the dataset's extents in order until `goal` bytes, sending them to the
+        descriptor `null` (/dev/null); set the final state."""
         warmed = 0
         for extent_no in _local_extents(dataset):
             path = layout.extent_path(self.data_dir, dataset.dataset_id, extent_no)
@@ -182,7 +188,10 @@ class Warmer:
             except FileNotFoundError:
                 return self._set(status, STOPPED, message="the dataset was deleted or replaced")
             try:
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+                # No read-ahead of the kernel's own: what is read is what is advised
+                # below, so a warm-up stops at its budget (splice read-ahead, with
+                # SEQUENTIAL, ran megabytes past it).
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
                 size = os.fstat(fd).st_size
                 position = 0
                 while position < size and warmed < goal:
@@ -192,9 +201,11 @@ class Warmer:
                                                  "daemon is stopping")
                     step = min(self._read_bytes, size - position, goal - warmed)
                     ahead = min(self._read_bytes, size - position - step, goal - warmed - step)
+                    if position == 0:
+                        os.posix_fadvise(fd, 0, step, os.POSIX_FADV_WILLNEED)
                     if ahead > 0:  # queue the next piece while this one is read
                         os.posix_fadvise(fd, position + step, ahead, os.POSIX_FADV_WILLNEED)
-                    got = os.preadv(fd, [buffer[:step]], position)
+                    got = os.sendfile(null, fd, position, step)
                     if got <= 0:
                         break
                     position += got
