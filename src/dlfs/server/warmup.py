@@ -80,10 +80,10 @@ class Warmer:
     `data_dir` holds the extents (dlfs.layout); `budget_bytes` bounds what
     all warm-ups count together; `is_current(name, generation)` says whether
     a version is still the published one (a replaced or deleted one stops);
-    `metrics` (dlfs.server.metrics.Metrics, optional) counts them.
+    `metrics` (the daemon's dlfs.server.metrics.Metrics) counts them.
     """
 
-    def __init__(self, data_dir: str, budget_bytes: int, is_current, *, metrics=None,
+    def __init__(self, data_dir: str, budget_bytes: int, is_current, *, metrics,
                  read_bytes: int = limits.warm_read_bytes,
                  queue_max: int = limits.warm_queue_max):
         assert budget_bytes >= 0 and read_bytes > 0
@@ -91,8 +91,7 @@ class Warmer:
         self.budget_bytes = budget_bytes
         self._is_current = is_current
         self._metrics = metrics
-        if metrics is not None:
-            metrics.warm_budget_bytes.set(budget_bytes)
+        metrics.warm_budget_bytes.set(budget_bytes)
         self._read_bytes = read_bytes
         self._lock = threading.Lock()
         self._status: dict[str, WarmStatus] = {}  # by dataset name: its latest warm-up
@@ -133,8 +132,7 @@ class Warmer:
                                  "(limits.warm_queue_max); ask again later") from None
             self._status[dataset.name] = status
             self._seen.add((dataset.name, dataset.generation))
-            if self._metrics is not None:
-                self._metrics.warmups_active.inc()
+            self._metrics.warmups_active.inc()
             return dataclasses.replace(status)
 
     def first_read(self, dataset) -> None:
@@ -211,8 +209,7 @@ class Warmer:
                     position += got
                     warmed += got
                     status.bytes_warmed = warmed  # read without the lock: progress only
-                    if self._metrics is not None:
-                        self._metrics.warm_bytes.inc(got)
+                    self._metrics.warm_bytes.inc(got)
             finally:
                 os.close(fd)
             if warmed >= goal:
@@ -227,7 +224,7 @@ class Warmer:
 
     def _set(self, status: WarmStatus, state: str, *, message: str = "") -> None:
         with self._lock:
-            if self._metrics is not None and state not in ACTIVE and status.state in ACTIVE:
+            if state not in ACTIVE and status.state in ACTIVE:
                 # counted before the state shows: whoever sees it done sees it counted
                 self._metrics.warmups_active.dec()
                 self._metrics.warmups.labels(state).inc()
