@@ -117,6 +117,19 @@ def local_samples(address: str, name: str) -> int:
     return int((np.frombuffer(extents, "<u4") != 0xFFFFFFFF).sum())
 
 
+def metric_samples(client) -> dict[tuple[str, tuple], float]:
+    """{(sample name, its labels as sorted (name, value) pairs): value} from the
+    daemon's Prometheus endpoint (the daemon needs --metrics-listen)."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    address = client.status().metrics_address
+    text = urllib.request.urlopen(f"http://{address}/metrics", timeout=10).read().decode()
+    return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families(text) for sample in family.samples}
+
+
 def store_ingest(store, name: str, files: dict[str, bytes], replace: bool = False):
     """Ingest `files` (path -> bytes) into an in-process `Store` and commit."""
     session = store.begin_ingest(name, replace)

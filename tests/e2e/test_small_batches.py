@@ -6,7 +6,7 @@ import grpc
 import numpy as np
 import pytest
 
-from conftest import write_tree
+from conftest import metric_samples, write_tree
 from dlfs import Client, limits, wire
 from dlfs.proto import dlfs_pb2 as pb
 from dlfs.proto import dlfs_pb2_grpc
@@ -29,14 +29,8 @@ def loaded(daemon_factory, tmp_path):
 
 def served_by_method(client: Client) -> dict[str, float]:
     """dlfs_batches_total per method, from the daemon's Prometheus endpoint."""
-    import urllib.request
-
-    from prometheus_client.parser import text_string_to_metric_families
-
-    address = client.status().metrics_address
-    text = urllib.request.urlopen(f"http://{address}/metrics", timeout=10).read().decode()
-    return {s.labels["method"]: s.value for family in text_string_to_metric_families(text)
-            for s in family.samples if s.name == "dlfs_batches_total"}
+    return {dict(labels)["method"]: value for (name, labels), value in
+            metric_samples(client).items() if name == "dlfs_batches_total"}
 
 
 def test_small_batches_take_one_unary_call(loaded):

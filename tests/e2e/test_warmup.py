@@ -12,13 +12,10 @@ import subprocess
 import sys
 import time
 
-import urllib.request
-
 import numpy as np
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import write_tree
+from conftest import metric_samples, write_tree
 from dlfs import Client
 from dlfs.server.warmup import memory_bytes
 
@@ -87,14 +84,6 @@ def make_dataset(daemon, tmp_path, total_mib: int) -> None:
         client.ingest(str(tmp_path / "src"), "ds")
 
 
-def metric_values(client: Client) -> dict:
-    """{(sample name, labels as a sorted tuple): value} from the daemon's /metrics."""
-    address = client.status().metrics_address
-    text = urllib.request.urlopen(f"http://{address}/metrics", timeout=10).read().decode()
-    return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
-            for family in text_string_to_metric_families(text) for sample in family.samples}
-
-
 def wait_done(client: Client) -> list:
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
@@ -125,7 +114,7 @@ def test_dlfs_warm_reads_the_whole_dataset_into_the_page_cache(daemon_factory, t
     assert info.budget_bytes == int(0.5 * memory_bytes())
     assert_resident(extent, 0, size, drops)
     with Client(daemon.address) as client:
-        values = metric_values(client)
+        values = metric_samples(client)
     assert values[("dlfs_warm_bytes_total", ())] == size
     assert values[("dlfs_warmups_total", (("state", "warm"),))] == 1
     assert values[("dlfs_warmups_active", ())] == 0
@@ -151,7 +140,7 @@ def test_a_dataset_over_the_budget_is_warmed_up_to_it_and_says_so(daemon_factory
         [started] = client.warm("ds")
         assert not started.fits and "does not fit the warm-up budget" in started.message
         [info] = client.warm("ds", wait=True, timeout_s=120)
-        values = metric_values(client)
+        values = metric_samples(client)
     assert info.state == "partial" and not info.fits
     # (the second Warm starts another warm-up if the first one had ended already)
     partial = values[("dlfs_warmups_total", (("state", "partial"),))]
