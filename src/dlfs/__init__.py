@@ -11,15 +11,8 @@ importing any part of the package (the daemon imports `dlfs.layout`,
 """
 
 import importlib as _importlib
-import os as _os
 
-# gRPC must know before it is first imported that this process may fork
-# (DataLoader workers): without fork support a child can hang creating its
-# channel (seen in 4 of 8 runs of the DataLoader tests).  A user's explicit
-# setting wins.
-_os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "true")
-
-from dlfs.errors import (  # noqa: E402
+from dlfs.errors import (
     AlreadyExists,
     Cancelled,
     DataCorruption,
@@ -37,7 +30,7 @@ from dlfs.errors import (  # noqa: E402
     Unauthenticated,
     Unavailable,
 )
-from dlfs.version import __version__  # noqa: E402
+from dlfs.version import __version__
 
 # Public names defined elsewhere, and the module that defines each.
 _LAZY = {"Client": "dlfs.client.client", "Dataset": "dlfs.client.dataset",

@@ -57,7 +57,7 @@ def workload(shared_daemon, tmp_path_factory):
 def run_dlio(workload, tmp_path, *overrides) -> subprocess.CompletedProcess:
     address, name, data = workload
     env = dict(os.environ, DLFS_SERVER=address, DLFS_DATASET=name,
-               TF_CPP_MIN_LOG_LEVEL="3", GRPC_ENABLE_FORK_SUPPORT="true")
+               TF_CPP_MIN_LOG_LEVEL="3")
     command = [DLIO_PYTHON, "-m", "dlio_benchmark.main", "--config-dir", CONFIG,
                "workload=dlfs_jpeg", f"++workload.dataset.data_folder={data}",
                f"++workload.dataset.num_files_train={FILES}", "++workload.reader.batch_size=4",

@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader  # noqa: E402
 from conftest import unique_name, write_tree  # noqa: E402
 from dlfs import InvalidArgument, NotFound  # noqa: E402
 from dlfs.torch import (  # noqa: E402
-    DLFSDataset, PrefetchHints, ShuffleShardSampler, fork_support_enabled)
+    DLFSDataset, PrefetchHints, ShuffleShardSampler)
 
 CLASSES = {"cat": 16, "dog": 11, "fish": 9}  # 36 training samples: divisible by 2 and 3
 LOADER_TIMEOUT_S = 60  # a hung worker fails the test instead of hanging it
@@ -63,14 +63,6 @@ def load(dataset, sampler, num_workers, batch_size=5, *, after_first_batch=None,
             after_first_batch()
             after_first_batch = None
     return seen
-
-
-def test_grpc_fork_support_is_on_for_forked_workers():
-    # Without it a forked DataLoader worker can hang inside grpc.insecure_channel (the
-    # parent's gRPC core state is copied mid-lock); the loader tests below then time out.
-    assert fork_support_enabled(), (
-        "gRPC fork support is off: dlfs/__init__.py must set GRPC_ENABLE_FORK_SUPPORT=true "
-        "before grpc is imported (or run the tests with it in the environment)")
 
 
 def test_imagefolder_style_labels(tree):

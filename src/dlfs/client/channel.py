@@ -1,4 +1,6 @@
-"""The gRPC channel to a daemon: message limits, reconnect backoff, TLS, token."""
+"""The gRPC channel to a daemon: message limits, reconnect backoff, TLS, token; and
+whether this process may open one at all (`check_grpc_usable`: not after a
+fork from a process that had opened one, unless gRPC's fork support is on)."""
 
 from __future__ import annotations
 
@@ -7,7 +9,14 @@ import os
 import grpc
 
 from dlfs import limits
-from dlfs.errors import InvalidArgument
+from dlfs.errors import FailedPrecondition, InvalidArgument
+
+FORK_SUPPORT_ENV = "GRPC_ENABLE_FORK_SUPPORT"
+
+# The process that opened this process's first gRPC channel (0: none yet).  A
+# forked child inherits the value, so "nonzero and not my pid" means gRPC's
+# core ran in an ancestor and its threads did not come along.
+_grpc_pid = 0
 
 
 class ChannelSettings:
@@ -36,8 +45,50 @@ class ChannelSettings:
         return self.credentials is not None
 
 
+def fork_support_enabled() -> bool:
+    """Whether this process's gRPC was imported with fork support on (read at grpc import)."""
+    from grpc._cython import cygrpc  # the flag is only exposed there
+
+    return bool(cygrpc.is_fork_support_enabled())
+
+
+def grpc_usable() -> bool:
+    """False in a forked child where opening a gRPC channel would hang (`check_grpc_usable`)."""
+    return not (_grpc_pid and _grpc_pid != os.getpid()) or fork_support_enabled()
+
+
+def check_grpc_usable() -> None:
+    """Raise FailedPrecondition if a gRPC channel opened now could hang.
+
+    After `fork` from a process whose gRPC core was running (it had opened
+    a channel), the child's first call hangs unless gRPC's fork support is
+    on: measured with grpcio 1.85, 12 of 12 forked children hung when the
+    parent held an open channel, 1 of 12 when it had closed it.  Fork
+    support is no cure either: with it on, a fork while another thread is
+    in a call hangs parent or child (docs/DESIGN.md, "Forked processes").
+    So DLFS leaves it off, and reads in forked children use only the data
+    path; anything else that needs gRPC there fails with this error instead
+    of hanging.
+    """
+    if not grpc_usable():
+        raise FailedPrecondition(
+            "this process was forked from one that had used gRPC, and gRPC cannot be used "
+            "after such a fork (its first call would hang).  Reads by sample id work here "
+            "(they use the data path); for anything else (paths, listings, other metadata) "
+            "ask in the parent before starting the workers (e.g. map paths to ids with "
+            "ds.index), or start the workers with multiprocessing_context='forkserver' or "
+            f"'spawn', or set {FORK_SUPPORT_ENV}=true before Python starts (then a fork while "
+            "another thread is in a gRPC call can hang)")
+
+
 def open_channel(address: str, settings: ChannelSettings) -> grpc.Channel:
-    """A channel to `address`: TLS when the settings have credentials, the token on every call."""
+    """A channel to `address`: TLS when the settings have credentials, the token on every call.
+
+    Raises FailedPrecondition where gRPC cannot be used (`check_grpc_usable`).
+    """
+    global _grpc_pid
+    check_grpc_usable()
+    _grpc_pid = os.getpid()
     backoff_ms = int(limits.reconnect_backoff_max_s * 1000)
     options = [
         ("grpc.max_send_message_length", limits.message_bytes_max),

@@ -33,6 +33,7 @@ from typing import Callable, Iterator, TypeVar
 import numpy as np
 
 from dlfs import limits
+from dlfs.client import metadata
 from dlfs.client.buffers import copy_into
 from dlfs.client.requests import batch_size
 from dlfs.client.transport import DaemonTransport
@@ -45,6 +46,7 @@ from dlfs.errors import (
     Unavailable,
 )
 from dlfs.proto import dlfs_pb2 as pb
+from dlfs.types import DatasetInfo
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -295,6 +297,11 @@ class ClusterRouter:
         """The pieces of a byte range of one sample, from its first live holder."""
         request = self._by_id(request)
         return self.holder_of(request.dataset, request.id).read_chunks(request)
+
+    def dataset_info(self, dataset: str, known: DatasetInfo | None = None) -> DatasetInfo:
+        """The summary of the current version of `dataset` from any live member
+        (`known` is unused).  Raises NotFound."""
+        return metadata.dataset_info(self, dataset)
 
     def prefetch(self, request: pb.PrefetchRequest) -> bool:
         """Send hints for the request's samples to their first live holders (fire and forget)."""

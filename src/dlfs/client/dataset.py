@@ -60,7 +60,7 @@ class Dataset:
 
     def refresh(self) -> DatasetInfo:
         """Ask the daemon for the dataset's current version and read that one from now on."""
-        self.info = metadata.dataset_info(self._transport, self.name)
+        self.info = self._transport.dataset_info(self.name, self.info)
         return self.info
 
     def _current(self, read):

@@ -1,7 +1,9 @@
 """`DataPathTransport`: one daemon, with its reads on the data path.
 
 The default transport of `Client(address)`.  Control calls (metadata,
-ingest, hints) go over gRPC as in `DaemonTransport`; batches and ranges go
+ingest, hints) go over gRPC as in `DaemonTransport` (in a forked worker,
+where gRPC cannot be used, hints and the dataset's current version go over
+the data path too); batches and ranges go
 over the daemon's data path (`dlfs.client.datapath`), received straight
 into the caller's `out` or a recycled buffer, each sample checked against
 its CRC32C here.  The data path is asked for once (GetDataPath); a daemon
@@ -12,6 +14,7 @@ one log line saying why.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from typing import NamedTuple
@@ -21,6 +24,7 @@ import numpy as np
 
 from dlfs import datawire, limits, logs
 from dlfs.client.buffers import BufferPool
+from dlfs.client.channel import grpc_usable
 from dlfs.client.dataconn import block_prefix, checksum_mismatch
 from dlfs.client.datapath import DataPath, endpoints
 from dlfs.client.requests import batch_size
@@ -28,6 +32,7 @@ from dlfs.client.retry import call_with_retry
 from dlfs.client.transport import DaemonTransport
 from dlfs.errors import DataCorruption, DlfsError, InvalidArgument, Unavailable
 from dlfs.proto import dlfs_pb2 as pb
+from dlfs.types import DatasetInfo
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +108,35 @@ class DataPathTransport(DaemonTransport):
             verify=not request.skip_verify, out=out,
             request_id=logs.current_request_id()).samples,
             fallback=lambda: super(DataPathTransport, self).get_batch(request, out))
+
+    def prefetch(self, request: pb.PrefetchRequest) -> bool:
+        """As gRPC's Prefetch; but where gRPC cannot be used (a forked worker, see
+        `channel.check_grpc_usable`) a hint by ids rides the data path as a
+        GET_BATCH of no samples.  The daemon drops a hint its queue cannot take
+        without saying so there, so that form always returns True."""
+        if grpc_usable() or request.paths or self.data_path() is None:
+            return super().prefetch(request)
+        hints = np.asarray(request.ids, dtype=np.int64)
+        self._on_data_path(request.dataset, lambda data: data.get_batch(
+            request.dataset, np.empty(0, np.int64), hints=hints,
+            request_id=logs.current_request_id()),
+            fallback=lambda: super(DataPathTransport, self).prefetch(request))
+        return True
+
+    def dataset_info(self, dataset: str, known: DatasetInfo) -> DatasetInfo:
+        """The current version of `dataset` (`known`: the version this client had).
+
+        Over gRPC (GetDataset) where it can be used; in a forked worker over
+        the data path (STAT_DATASET): generation, samples and bytes are new,
+        the rest is `known`'s (unchanged for a one-daemon dataset but for
+        `created_ns` and `extents`).
+        """
+        if grpc_usable() or self.data_path() is None:
+            return super().dataset_info(dataset, known)
+        generation, samples, size = self._on_data_path(
+            dataset, lambda data: data.stat_dataset(dataset),
+            fallback=lambda: super(DataPathTransport, self).dataset_info(dataset, known))
+        return dataclasses.replace(known, generation=generation, samples=samples, bytes=size)
 
     def read_range(self, request: pb.ReadRangeRequest) -> memoryview:
         if self.data_path() is None:

@@ -26,12 +26,14 @@ import numpy as np
 from dlfs import limits, logs, wire
 from dlfs.client.buffers import copy_into
 from dlfs.client.channel import ChannelSettings, open_channel
+from dlfs.client import metadata
 from dlfs.client.errors import from_rpc_error
 from dlfs.client.requests import batch_size
 from dlfs.client.retry import call_with_retry
 from dlfs.errors import DlfsError, InvalidArgument, Overloaded, ReplyTooLarge, Unavailable
 from dlfs.proto import dlfs_pb2 as pb
 from dlfs.proto import dlfs_pb2_grpc
+from dlfs.types import DatasetInfo
 
 T = TypeVar("T")
 
@@ -246,6 +248,11 @@ class DaemonTransport:
         if expected is not None and received != expected:
             raise Unavailable(f"DLFS daemon at {self.address} ended a read reply after "
                               f"{received} of {expected} bytes")
+
+    def dataset_info(self, dataset: str, known: DatasetInfo | None = None) -> DatasetInfo:
+        """The summary of the current version of `dataset` (GetDataset; `known`, the
+        version the caller had, is unused here).  Raises NotFound."""
+        return metadata.dataset_info(self, dataset)
 
     def prefetch(self, request: pb.PrefetchRequest) -> bool:
         """Send a read-ahead hint; False when the daemon's queue dropped it."""

@@ -21,11 +21,14 @@ Modules, one job each (everything public is importable from here):
 - `readahead`: `ReadAhead`, batches read ahead by a helper process (`dlfs.ring`);
 - `tensors`: samples as uint8 tensors (`to_tensor`, `stack_samples`);
 - `folders`: which samples lie below a root, and ImageFolder-style labels;
-- `fork_safety`: gRPC and forked DataLoader workers (`fork_support_enabled`).
+
+Forked workers read over the data path only: gRPC is unusable after a fork
+(`dlfs.client.channel.check_grpc_usable`; `fork_support_enabled` tells
+whether gRPC's own fork support was switched on).
 """
 
+from dlfs.client.channel import FORK_SUPPORT_ENV, fork_support_enabled
 from dlfs.torch.dataset import TARGET_PARENT_DIR, BatchSource, DLFSDataset
-from dlfs.torch.fork_safety import FORK_SUPPORT_ENV, fork_support_enabled
 from dlfs.torch.readahead import ReadAhead
 from dlfs.torch.samplers import PrefetchHints, ShuffleShardSampler, torch_permutation
 from dlfs.torch.tensors import stack_samples, to_tensor

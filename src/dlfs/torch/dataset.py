@@ -6,8 +6,9 @@ sample.  Nothing gRPC-related crosses a fork: the dataset reads its
 metadata with a short-lived client at construction and keeps a
 `DatasetTicket`; each process (the main one, every DataLoader worker) opens
 its own client from it on first use, noticed by its pid, and reads over
-the data path without a gRPC call.  It also pickles without a client, so spawn and
-forkserver start methods work too (see `dlfs.torch.fork_safety` for fork).
+the data path without a gRPC call (gRPC cannot be used after a fork:
+`dlfs.client.channel.check_grpc_usable`).  It also pickles without a
+client, so spawn and forkserver start methods work too.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ from dlfs import limits, profile
 from dlfs.client import Client, DatasetTicket
 from dlfs.errors import InvalidArgument
 from dlfs.torch.folders import parent_dir_labels, samples_below
-from dlfs.torch.fork_safety import warn_without_fork_support
 from dlfs.torch.tensors import stack_samples
 
 TARGET_PARENT_DIR = "parent_dir"
@@ -109,7 +109,6 @@ class DLFSDataset(Dataset):
         self.trace_dir: str | None = None
         self._batch_source: BatchSource | None = None
         self._batch_source_pid = -1
-        warn_without_fork_support()
 
     def __len__(self) -> int:
         return len(self.ids)

@@ -1,0 +1,108 @@
+"""Forked processes (DataLoader workers, the read-ahead helper) read without gRPC.
+
+gRPC after `fork` hangs (docs/DESIGN.md, "Forked processes"): DLFS leaves
+gRPC's fork support off, so a fork never waits on gRPC's handlers, and a
+child of a process that used gRPC reads, hints and follows a replaced
+dataset over the data path; a call that needs gRPC there raises
+FailedPrecondition at once instead of hanging.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import traceback
+
+import pytest
+
+import dlfs
+from conftest import write_tree
+from dlfs import Client, DatasetTicket
+from dlfs.client.channel import FORK_SUPPORT_ENV, fork_support_enabled
+
+CHILD_TIMEOUT_S = 60
+
+
+def in_forked_child(work) -> dict:
+    """`work()` (-> a JSON-able dict) run in a forked child; its result, or the child's
+    traceback as an assertion.  A child that does not answer in time is killed: hung."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never return into pytest
+        os.close(read_end)
+        try:
+            result = {"ok": work()}
+        except BaseException:
+            result = {"error": traceback.format_exc()}
+        os.write(write_end, json.dumps(result).encode())
+        os._exit(0)
+    os.close(write_end)
+    try:
+        ready, _, _ = select.select([read_end], [], [], CHILD_TIMEOUT_S)
+        if not ready:
+            os.kill(pid, signal.SIGKILL)
+            pytest.fail(f"the forked child hung (no answer in {CHILD_TIMEOUT_S} s)")
+        with os.fdopen(read_end, "rb") as pipe:
+            result = json.loads(pipe.read() or b'{"error": "the child died"}')
+    finally:
+        os.waitpid(pid, 0)
+    assert "error" not in result, result["error"]
+    return result["ok"]
+
+
+@pytest.fixture
+def without_fork_support():
+    if fork_support_enabled():
+        pytest.skip(f"{FORK_SUPPORT_ENV} is on in this environment: gRPC may be used after fork")
+
+
+def test_dlfs_leaves_grpc_fork_support_off():
+    # Importing dlfs must not switch it on: with it on, a fork while another thread
+    # is in a gRPC call hangs the parent inside os.fork or the child (measured).
+    if os.environ.get(FORK_SUPPORT_ENV) is None:
+        assert not fork_support_enabled()
+
+
+def test_a_forked_child_reads_hints_and_follows_a_replace_without_grpc(
+        daemon, tmp_path, without_fork_support):
+    write_tree(tmp_path / "v1", {f"{i:02d}": b"1" * 300 for i in range(20)})
+    write_tree(tmp_path / "v2", {f"{i:02d}": b"2" * 300 for i in range(30)})
+    with Client(daemon.address) as client:
+        client.ingest(str(tmp_path / "v1"), "ds")
+        ticket = DatasetTicket.of(client.dataset("ds"))
+        client.ingest(str(tmp_path / "v2"), "ds", replace=True)
+        newest = client.dataset("ds").info.generation
+        assert newest != ticket.info.generation
+
+        def child():
+            ds = ticket.open()
+            hinted = ds.prefetch(range(10))  # over the data path: gRPC is unusable here
+            samples = ds.get_batch([0, 29])  # stale version: refreshed over the data path
+            with pytest.raises(dlfs.FailedPrecondition, match="forked from one that had used"):
+                ds.stat("")
+            return {"hinted": hinted, "samples": [bytes(s).decode() for s in samples],
+                    "generation": ds.info.generation, "len": len(ds)}
+
+        # The parent's channel is open and has been used: the case that hung 12 of 12 children.
+        assert in_forked_child(child) == {"hinted": True, "samples": ["2" * 300, "2" * 300],
+                                          "generation": newest, "len": 30}
+        # The parent's gRPC is untouched by the child.
+        assert client.dataset("ds").stat("").name == ""
+
+
+def test_a_forked_child_without_data_path_hints_says_what_to_do(
+        daemon, tmp_path, without_fork_support):
+    """A client made from scratch in the child must ask the daemon (gRPC): a clear error."""
+    write_tree(tmp_path / "src", {"a": b"x"})
+    with Client(daemon.address) as client:
+        client.ingest(str(tmp_path / "src"), "ds")
+
+        def child():
+            with Client(daemon.address) as fresh:
+                with pytest.raises(dlfs.FailedPrecondition, match="forkserver"):
+                    fresh.dataset("ds")
+            return {}
+
+        assert in_forked_child(child) == {}
