@@ -67,7 +67,7 @@ def rebalance(router, name: str, *, replicas: int | None = None,
     Unavailable (a new member, or every old holder of a moved sample, is
     down: nothing changed), and the daemons' errors.
     """
-    members = list(router.members)
+    members = list(router.addresses)  # as given: not members learnt from placements
     placement = router.placement(name, refresh=True)
     entries = _entries(router, name)
     if placement.members:

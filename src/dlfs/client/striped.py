@@ -71,7 +71,9 @@ def ingest_striped(router, source, name: str, *, replace: bool, replicas: int,
     get no stream and join the commit (first member first).  Members are fed
     over gRPC whatever `via` says.
     """
-    members = list(router.members)
+    # The daemons the client was given, not every member it has learnt of from
+    # other datasets' placements (a dead one among them would fail the ingest).
+    members = list(router.addresses)
     sources = as_source_set(source)
     duplicates = Duplicates() if sources.needs_duplicate_check else None
     resumable = resumable or resume
