@@ -11,6 +11,7 @@
     dlfs [--server HOST:PORT] status
     dlfs [--server HOST:PORT] scrub NAME
     dlfs [--server HOST:PORT] rm NAME
+    dlfs [--server HOST:PORT[,HOST:PORT...]] settle NAME [--first-member-lost]
 
 `--server` defaults to $DLFS_SERVER, then 127.0.0.1:7010.  Errors print one
 line on stderr and exit with status 1 (2 for usage errors).
@@ -239,6 +240,21 @@ def cmd_rm(client: Client, args) -> int:
     return 0
 
 
+def cmd_settle(client: Client, args) -> int:
+    report = client.settle(args.name, first_member_lost=args.first_member_lost)
+    if not report.decision:
+        print(f"no member of {client.address} holds an ingest of {report.dataset} prepared: "
+              "nothing to settle")
+        return 0
+    print(f"{report.dataset} generation {report.generation}: {report.decision}, as decided by "
+          f"{report.decided_by}; {len(report.settled)} member(s) settled now"
+          + (f" ({', '.join(report.settled)})" if report.settled else ""))
+    for address, message in report.failed:
+        print(f"{address} could not be told ({message}): it follows by itself once it "
+              f"reaches {report.first_member}, or run this again", file=sys.stderr)
+    return 1 if report.failed else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dlfs", description="DLFS command-line client")
     parser.add_argument("--server", default=os.environ.get("DLFS_SERVER", DEFAULT_SERVER),
@@ -318,6 +334,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--replicas", type=int, default=None,
                    help="copies of each sample (default: as it is now)")
     p.set_defaults(run=cmd_rebalance)
+    p = sub.add_parser(
+        "settle", help="decide a striped ingest its members hold prepared (docs/cluster.md)",
+        description="A striped ingest is committed on its first member first, and the "
+        "others follow its decision.  This applies the first member's decision now; with "
+        "--first-member-lost (it is gone for good) the other members decide: commit if any "
+        "of them had committed, else abort and keep the old version.  Give any member in "
+        "--server.")
+    p.add_argument("name", metavar="NAME")
+    p.add_argument("--first-member-lost", action="store_true",
+                   help="the first member will never come back: decide without it")
+    p.set_defaults(run=cmd_settle)
     p = sub.add_parser("rm", help="remove a dataset (and a parked ingest of that name)")
     p.add_argument("name")
     p.set_defaults(run=cmd_rm)

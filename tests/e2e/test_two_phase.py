@@ -149,3 +149,71 @@ def test_the_first_member_dying_at_commit_aborts_everywhere_and_keeps_the_old_ve
         assert read_dataset(client, "ds") == old
         assert [(i.name, i.generation, i.disagreement) for i in client.dataset_infos()] == [
             ("ds", first.generation, "")]
+
+
+@pytest.mark.parametrize("first_alive", [True, False], ids=["first member answers",
+                                                           "first member lost"])
+def test_settle_commits_a_member_left_prepared(daemon_factory, tree, capsys, first_alive):
+    root, old, new = tree
+    three = [daemon_factory(extra_args=FAST_2PC) for _ in range(3)]
+    members = addresses(three)
+    with Client(members) as client:
+        client.ingest(str(root / "old"), "ds", replicas=2)
+    victim = three[2]  # dies at its commit, after the first member committed
+    victim.stop()
+    victim.extra_env = {"DLFS_FAULT": "seal:1:kill"}
+    victim.start_again()
+    with Client(members, reconnect_timeout_s=1) as client:
+        new_generation = client.ingest(str(root / "new"), "ds", replace=True,
+                                       replicas=2).generation
+    victim.extra_env = {}
+    victim.extra_args = ["--in-doubt-poll-s", "3600"]  # it would not ask by itself for now
+    victim.start_again()
+    assert sealed_generation(victim.address, "ds") != new_generation
+    if not first_alive:
+        three[0].kill()
+        assert cli.main(["--server", victim.address, "settle", "ds"]) == 1
+        assert "--first-member-lost" in capsys.readouterr().err
+    capsys.readouterr()
+    argv = ["--server", victim.address, "settle", "ds"] + ([] if first_alive else
+                                                           ["--first-member-lost"])
+    assert cli.main(argv) == 0
+    said = capsys.readouterr().out
+    assert f"generation {new_generation}: committed" in said
+    assert (f"its first member {members[0]}" if first_alive else
+            f"{members[1]}, which had committed it") in said
+    assert sealed_generation(victim.address, "ds") == new_generation
+    survivors = members if first_alive else members[1:]
+    with Client(survivors) as client:  # 2 copies of each sample: the survivors hold one
+        assert read_dataset(client, "ds") == new
+    assert cli.main(["--server", victim.address, "settle", "ds"]) == 0
+    assert "nothing to settle" in capsys.readouterr().out
+
+
+def test_settle_without_a_lost_first_member_aborts_and_keeps_the_old_version(
+        daemon_factory, tree, capsys):
+    root, old, new = tree
+    three = [daemon_factory(extra_args=FAST_2PC) for _ in range(3)]
+    members = addresses(three)
+    with Client(members) as client:
+        first = client.ingest(str(root / "old"), "ds", replicas=2)
+    decider = three[0]  # dies at its commit: the others stay prepared, and it never returns
+    decider.stop()
+    decider.extra_env = {"DLFS_FAULT": "seal:1:kill"}
+    decider.start_again()
+    with Client(members, reconnect_timeout_s=1) as client:
+        with pytest.raises(Exception, match="first member"):
+            client.ingest(str(root / "new"), "ds", replace=True, replicas=2)
+    assert cli.main(["--server", members[1], "settle", "ds"]) == 1
+    assert "does not answer" in capsys.readouterr().err
+    assert cli.main(["--server", members[1], "settle", "ds", "--first-member-lost"]) == 0
+    said = capsys.readouterr().out
+    assert ": aborted, as decided by the operator" in said and "2 member(s) settled" in said
+    for daemon in three[1:]:
+        assert sealed_generation(daemon.address, "ds") == first.generation
+        assert len(os.listdir(os.path.join(daemon.data_dir, "extents"))) == 1  # new one gone
+    with Client(members[1:]) as client:
+        assert read_dataset(client, "ds") == old  # the client learns of members[0] here
+        # Striped over the daemons the client was given, not the dead one it learnt of.
+        info = client.ingest(str(root / "new"), "ds2")
+        assert info.samples == len(new) and list(info.members) == members[1:]

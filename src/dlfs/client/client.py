@@ -35,6 +35,8 @@ from dlfs.client.direct import DirectTransport
 from dlfs.client.metadata import members_disagree
 from dlfs.client.progress import IngestStats
 from dlfs.client.readpool import READERS_DEFAULT
+from dlfs.client.settle import SettleReport
+from dlfs.client.settle import settle as settle_ingest
 from dlfs.client.sources import open_sources
 from dlfs.client.requests import SampleKey, batch_request
 from dlfs.client.transport import DaemonTransport
@@ -194,6 +196,32 @@ class Client:
         if not deleted:
             raise NotFound(f"no dataset named {name!r} on {self.address}")
         return deleted[0]
+
+    def settle(self, name: str, *, first_member_lost: bool = False) -> SettleReport:
+        """Decide a striped ingest of `name` its members hold prepared (`dlfs settle`).
+
+        The first member's decision is applied now; with `first_member_lost`
+        (it is gone for good) the other members decide: commit if one of
+        them had committed, else abort.  See `dlfs.client.settle`.  Raises
+        FailedPrecondition, Unavailable, NotFound.
+        """
+        check_dataset_name(name)
+        options = {key: self.options[key] for key in ("token", "tls_ca", "tls_cert", "tls_key")}
+        made: dict[str, DaemonTransport] = {}
+
+        def member(address: str) -> DaemonTransport:
+            if address not in made:
+                made[address] = DaemonTransport(
+                    address, timeout_s=limits.decision_call_timeout_s,
+                    batch_timeout_s=self.batch_timeout_s, reconnect_timeout_s=0.0, **options)
+            return made[address]
+
+        try:
+            return settle_ingest(name, self.addresses, member,
+                                 first_member_lost=first_member_lost)
+        finally:
+            for transport in made.values():
+                transport.close()
 
     def warm(self, name: str, *, wait: bool = False, timeout_s: float | None = None
              ) -> list[WarmInfo]:
