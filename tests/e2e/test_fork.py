@@ -106,3 +106,22 @@ def test_a_forked_child_without_data_path_hints_says_what_to_do(
             return {}
 
         assert in_forked_child(child) == {}
+
+
+def test_a_forked_child_reads_a_striped_dataset_without_grpc(
+        daemon_factory, tmp_path, without_fork_support):
+    """The ticket carries the placement: the child reads each member's part directly."""
+    files = {f"{i:03d}": bytes([i]) * (100 + i) for i in range(60)}
+    write_tree(tmp_path / "src", files)
+    members = [daemon_factory().address for _ in range(2)]
+    with Client(members) as client:
+        client.ingest(str(tmp_path / "src"), "striped", replicas=1)
+        ticket = DatasetTicket.of(client.dataset("striped"))
+        paths = client.dataset("striped").paths()
+
+        def child():
+            ds = ticket.open()
+            return {"samples": [bytes(s).hex() for s in ds.get_batch(range(60))]}
+
+        got = in_forked_child(child)["samples"]
+    assert {path: bytes.fromhex(data) for path, data in zip(paths, got)} == files

@@ -197,6 +197,12 @@ class ClusterRouter:
                 hints.update(result)
         return hints
 
+    def adopt(self, dataset: str, placement: Placement) -> None:
+        """Use `placement` for `dataset` (another process's, from a `DatasetTicket`)
+        instead of asking a member for it (GetIndex, a gRPC call)."""
+        with self._lock:
+            self._placements[dataset] = placement
+
     def forget(self, dataset: str) -> None:
         """Drop the cached placement (after an ingest replaced the dataset)."""
         with self._lock:

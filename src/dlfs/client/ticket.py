@@ -5,8 +5,9 @@ opened.  Opening it again would cost gRPC calls in the child (GetDataset,
 GetDataPath), and gRPC after `fork` is fragile.  The parent takes a ticket
 (`DatasetTicket.of(dataset)`: picklable plain data), the child `open()`s it: a new
 client that knows the dataset's summary and where each daemon's data path
-listens, so its reads go straight to the data path and it opens a gRPC
-channel only if it makes a metadata call.
+listens (and, for a striped dataset, which members hold each sample), so
+its reads go straight to the data path and it opens a gRPC channel only if
+it makes a metadata call.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 
 from dlfs.client.client import Client
+from dlfs.client.cluster import ClusterRouter
 from dlfs.client.dataset import Dataset
 from dlfs.types import DatasetInfo
 
@@ -26,16 +28,26 @@ class DatasetTicket:
     options: dict  # Client keyword arguments
     info: DatasetInfo
     data_path_hints: dict  # address -> datatransport.DataPathHint
+    placement: object = None  # cluster.Placement of a dataset read through several daemons
 
     @classmethod
     def of(cls, dataset: Dataset) -> "DatasetTicket":
-        """The ticket of `dataset` (asks each daemon where its data path listens, once)."""
+        """The ticket of `dataset` (asks each daemon where its data path listens, once;
+        through several daemons, the dataset's placement too)."""
         client = dataset.client
+        transport = client.transport
+        placement = None
+        if isinstance(transport, ClusterRouter):
+            placement = transport.placement(dataset.name)
+            for address in placement.members or (placement.owner,):
+                transport.member(address)  # so that its data path hint is taken too
         return cls(client.addresses, dict(client.options), dataset.info,
-                   client.transport.data_path_hints())
+                   transport.data_path_hints(), placement)
 
     def open(self) -> Dataset:
         """The dataset, on a new client of this process; no call to a daemon yet."""
         client = Client(list(self.addresses), data_path_hints=self.data_path_hints,
                         **self.options)
+        if self.placement is not None:
+            client.transport.adopt(self.info.name, self.placement)
         return Dataset(client, self.info)
