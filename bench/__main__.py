@@ -22,7 +22,8 @@ import sys
 import time
 
 from bench import datagen, dlio_mount, ingest_bench, memory, processes, report, runner, scaling
-from bench.contenders import BenchEnv, all_contenders
+from bench.contenders import BenchEnv
+from bench.lineup import all_contenders
 from bench.measure import CacheControl, proc_status_kib
 from dlfs.launch import MountProcess, fuse_unavailable
 

@@ -4,7 +4,8 @@ Every contender gets the same `Prepared` workload and the same batch
 sequence.  Lifecycle per workload: `open(prepared, cache)`, then
 `run(...)` once for the warm-up and once per timed run, then `close()`.
 `read_batch(ids)` returns the samples (bytes-like) in request order.
-The self-timed limits (fio, raw TCP, raw Unix sendfile) are in `ceilings`.
+The self-timed limits (fio, raw TCP, raw Unix sendfile) are in `ceilings`; `lineup` lists
+every row in table order.
 
 | key                | what it is                                                      |
 | ---                | ---                                                             |
@@ -449,14 +450,3 @@ class DlfsDirect(_DlfsClient):
         self.close()
         super().evict(cache_control)
         self.open(self.prepared, self.cache)
-
-
-def all_contenders(env: BenchEnv) -> list[Contender]:
-    """Every row, in table order: baselines, DLFS, then the self-timed ceilings."""
-    from bench.ceilings import Fio, RawTcp, RawUnixSendfile  # they build on Contender
-
-    return [Ext4Files(env, 1), Ext4Files(env, 8), Lmdb(env), Lmdb(env, readahead=False),
-            DlfsGetBatch(env, "grpc", 1), DlfsGetBatch(env, "grpc", 4), DlfsPrefetch(env, "grpc"),
-            DlfsGetBatch(env, "tcp", 1), DlfsGetBatch(env, "tcp", 4), DlfsPrefetch(env, "tcp"),
-            DlfsOut(env, "tcp"), DlfsGetBatch(env, "unix", 1),
-            DlfsFuse(env), DlfsDirect(env), Fio(env), RawTcp(env), RawUnixSendfile(env)]
