@@ -339,8 +339,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="A striped ingest is committed on its first member first, and the "
         "others follow its decision.  This applies the first member's decision now; with "
         "--first-member-lost (it is gone for good) the other members decide: commit if any "
-        "of them had committed, else abort and keep the old version.  Give any member in "
-        "--server.")
+        "of them had committed, else abort and keep the old version.  Give a member left "
+        "prepared (any one) in --server: it knows the others.")
     p.add_argument("name", metavar="NAME")
     p.add_argument("--first-member-lost", action="store_true",
                    help="the first member will never come back: decide without it")

@@ -52,7 +52,8 @@ def settle(name: str, addresses: tuple, member: Callable[[str], DaemonTransport]
     """Decide the prepared ingest of dataset `name` on its members (see the module doc).
 
     `addresses`: daemons to look for a prepared ingest of `name` on (one
-    is enough: a prepared member knows all members).  `member(address)`
+    member left prepared is enough: it knows all members; the first member,
+    once it has decided, holds nothing prepared).  `member(address)`
     makes the transport of a member.  Raises NotFound (none of `addresses`
     answers about `name`), FailedPrecondition (the first member still
     decides), Unavailable (the first member does not answer and
@@ -82,9 +83,9 @@ def settle(name: str, addresses: tuple, member: Callable[[str], DaemonTransport]
         down = [address for address, state in states.items() if state is None]
         if down:
             raise Unavailable(
-                f"{', '.join(down)} of dataset {name!r} do(es) not answer: without the first "
-                f"member {first}, every other member must answer to decide (one of them may "
-                "have committed)")
+                f"member(s) {', '.join(down)} of dataset {name!r} do not answer: without "
+                f"the first member {first}, every other member must answer to decide (one "
+                "of them may have committed)")
         committed = [address for address, state in states.items() if state == "committed"]
         if committed:
             decision = "committed"
