@@ -92,20 +92,28 @@ def test_a_forked_child_reads_hints_and_follows_a_replace_without_grpc(
         assert client.dataset("ds").stat("").name == ""
 
 
-def test_a_forked_child_without_data_path_hints_says_what_to_do(
+def test_a_client_made_in_a_forked_child_reads_by_id_and_refuses_the_rest(
         daemon, tmp_path, without_fork_support):
-    """A client made from scratch in the child must ask the daemon (gRPC): a clear error."""
-    write_tree(tmp_path / "src", {"a": b"x"})
+    """Where the parent's data path is known, a new client reads by ids over it; a path
+    (a Lookup) or a daemon the parent never reached gets the clear error at once."""
+    write_tree(tmp_path / "src", {"a": b"x", "b": b"yy"})
     with Client(daemon.address) as client:
         client.ingest(str(tmp_path / "src"), "ds")
+        client.dataset("ds").get_batch([0])  # the parent learns where the data path listens
+        port = daemon.address.rpartition(":")[2]
 
         def child():
             with Client(daemon.address) as fresh:
+                ds = fresh.dataset("ds")  # STAT_DATASET over the data path
+                samples = [bytes(s).decode() for s in ds.get_batch([1, 0])]
                 with pytest.raises(dlfs.FailedPrecondition, match="forkserver"):
-                    fresh.dataset("ds")
-            return {}
+                    ds.get_batch(["a"])
+            with Client(f"localhost:{port}") as elsewhere:  # never reached by the parent
+                with pytest.raises(dlfs.FailedPrecondition, match="forkserver"):
+                    elsewhere.dataset("ds")
+            return {"samples": samples, "len": len(ds)}
 
-        assert in_forked_child(child) == {}
+        assert in_forked_child(child) == {"samples": ["yy", "x"], "len": 2}
 
 
 def test_a_forked_child_reads_a_striped_dataset_without_grpc(

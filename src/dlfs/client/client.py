@@ -171,7 +171,7 @@ class Client:
     def dataset(self, name: str) -> Dataset:
         """Open dataset `name`.  Raises NotFound, InvalidArgument."""
         check_dataset_name(name)
-        return Dataset(self, metadata.dataset_info(self.transport, name))
+        return Dataset(self, self.transport.dataset_info(name))
 
     def delete(self, name: str) -> DatasetInfo:
         """Remove dataset `name` and free its space (on every member that has it).

@@ -38,6 +38,11 @@ log = logging.getLogger(__name__)
 
 # The data path of a transport, before it was asked for.
 _UNKNOWN = object()
+
+# Where each daemon's data path listens, as this process (or the one it was
+# forked from) learnt it: a client made from scratch in a forked worker, where
+# gRPC cannot be used, finds its daemon's data path here instead of asking.
+_LEARNT: dict[str, "DataPathHint"] = {}
 class DataPathHint(NamedTuple):
     """Where a daemon's data path listens, as GetDataPath said: lets another process
     (a DataLoader worker, a read-ahead helper) skip asking (see `Dataset.ticket`)."""
@@ -75,6 +80,8 @@ class DataPathTransport(DaemonTransport):
         self.pool = pool or BufferPool()
         self._lock = threading.Lock()
         self._data = _UNKNOWN
+        if hint is None and not grpc_usable():
+            hint = _LEARNT.get(address)
         self._hint = hint
         self.no_data_path_reason = ""  # why data_path() is None
         self._worked = False  # some data connection of this transport got a WELCOME
@@ -123,19 +130,21 @@ class DataPathTransport(DaemonTransport):
             fallback=lambda: super(DataPathTransport, self).prefetch(request))
         return True
 
-    def dataset_info(self, dataset: str, known: DatasetInfo) -> DatasetInfo:
+    def dataset_info(self, dataset: str, known: DatasetInfo | None = None) -> DatasetInfo:
         """The current version of `dataset` (`known`: the version this client had).
 
         Over gRPC (GetDataset) where it can be used; in a forked worker over
         the data path (STAT_DATASET): generation, samples and bytes are new,
         the rest is `known`'s (unchanged for a one-daemon dataset but for
-        `created_ns` and `extents`).
+        `created_ns` and `extents`), or without `known` zero.
         """
         if grpc_usable() or self.data_path() is None:
             return super().dataset_info(dataset, known)
         generation, samples, size = self._on_data_path(
             dataset, lambda data: data.stat_dataset(dataset),
             fallback=lambda: super(DataPathTransport, self).dataset_info(dataset, known))
+        if known is None:
+            return DatasetInfo(dataset, samples, size, True, 0, 0, generation=generation)
         return dataclasses.replace(known, generation=generation, samples=samples, bytes=size)
 
     def read_range(self, request: pb.ReadRangeRequest) -> memoryview:
@@ -235,6 +244,7 @@ class DataPathTransport(DaemonTransport):
         return self._data_path(found, hint)
 
     def _data_path(self, found, hint: DataPathHint) -> DataPath:
+        _LEARNT[self.address] = hint
         return DataPath(found, hint=hint, token=self.settings.token,
                         connect_timeout_s=min(self.timeout_s, limits.data_connect_timeout_s),
                         reply_timeout_s=self.batch_timeout_s, pool=self.pool)
