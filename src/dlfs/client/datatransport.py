@@ -43,6 +43,8 @@ _UNKNOWN = object()
 # forked from) learnt it: a client made from scratch in a forked worker, where
 # gRPC cannot be used, finds its daemon's data path here instead of asking.
 _LEARNT: dict[str, "DataPathHint"] = {}
+
+
 class DataPathHint(NamedTuple):
     """Where a daemon's data path listens, as GetDataPath said: lets another process
     (a DataLoader worker, a read-ahead helper) skip asking (see `Dataset.ticket`)."""

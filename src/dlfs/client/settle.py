@@ -71,7 +71,8 @@ def settle(name: str, addresses: tuple, member: Callable[[str], DaemonTransport]
             "prepared itself: it decides, and aborts it after its --prepared-ingest-timeout-s "
             "unless a client commits it; the other members follow")
     if outcome is not None:
-        decision, decided_by, targets = outcome, f"its first member {first}", members
+        decision, decided_by = outcome, f"its first member {first}"
+        states = {address: _state(member(address), name, generation) for address in members}
     elif not first_member_lost:
         raise Unavailable(
             f"the first member {first} of dataset {name!r} does not answer, and it decides "
@@ -93,16 +94,12 @@ def settle(name: str, addresses: tuple, member: Callable[[str], DaemonTransport]
         else:
             decision = "aborted"
             decided_by = f"the operator ({first} lost; no other member had committed)"
-        targets = others
     settled, failed = [], []
     method = "CommitIngest" if decision == "committed" else "AbortIngest"
     request = pb.CommitIngestRequest(dataset=name, generation=generation)
-    for address in targets:
-        transport = member(address)
-        if _state(transport, name, generation) != "prepared":
-            continue
+    for address in [address for address, state in states.items() if state == "prepared"]:
         try:
-            transport.call(method, request, retry=False)
+            member(address).call(method, request, retry=False)
             settled.append(address)
         except DlfsError as exc:
             failed.append((address, exc.message))
