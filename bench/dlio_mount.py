@@ -52,7 +52,7 @@ import time
 from bench import processes
 from bench.fuse_bench import page_cache_drops
 from bench.measure import CacheControl, git_info, process_cpu_s
-from bench.report import proactive_reclaim
+from bench.report import fresh_memory, proactive_reclaim
 from dlfs import Client
 from dlfs.launch import MountProcess, fuse_unavailable
 from dlfs.server.warmup import memory_bytes
@@ -289,7 +289,8 @@ def run(python: str, quick: bool, runs: int, data_dir: str, only: set[str], log)
     caches = CacheControl()
     results: dict = {"cases": [], "quick": quick, "runs": runs, "cache_method": caches.method,
                      "git": git_info(REPO), "cpus": os.cpu_count(),
-                     "memory_bytes": memory_bytes(), "when": time.strftime("%Y-%m-%d %H:%M:%S")}
+                     "memory_bytes": memory_bytes(), "when": time.strftime("%Y-%m-%d %H:%M:%S"),
+                     "fresh_memory": fresh_memory()}
     for case in cases(quick):
         if only and case.key not in only:
             continue
@@ -382,6 +383,8 @@ def markdown(results: dict) -> str:
                      f"the runs in the table were still disturbed after {RUN_ATTEMPTS} attempts.")
     if proactive_reclaim():
         lines.append(proactive_reclaim())
+    if results.get("fresh_memory"):
+        lines.append(results["fresh_memory"])
     return "\n".join(lines) + "\n"
 
 

@@ -361,10 +361,13 @@ def report(cfg: dict, small: dict, large: dict, per_open: dict, cold_ok: bool,
               "files are dropped before each timed pass; warm: a second pass over the same "
               "files (the second epoch).  The mount keeps names and attributes of files the "
               "kernel forgot (idle inodes), so a cold pass needs one RPC per file, for its bytes."]
-    from bench.report import proactive_reclaim
+    from bench.report import fresh_memory, proactive_reclaim
 
     if proactive_reclaim():
         lines.append(proactive_reclaim())
+    memory_note = fresh_memory()
+    if memory_note:
+        lines.append(memory_note)
     if DISTURBED[0]:
         lines.append(f"{DISTURBED[0]} timed passes were repeated because another process "
                      "dropped the page cache while they ran (/proc/vmstat drop_pagecache).")

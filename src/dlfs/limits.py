@@ -313,6 +313,14 @@ mount_read_ahead_bytes = 32 * MiB
 # Fetched bytes held until the kernel has taken them (it then keeps them in
 # the page cache).  Evicted least recently used beyond this bound.
 mount_read_cache_bytes_max = 256 * MiB
+# Of those, units whose bytes already went into the page cache (pushed) are
+# kept only for kernel reads that raced with the push: the most recent ones,
+# up to this many bytes (the kernel keeps up to 64 one-MiB READs in flight,
+# `mount_background_requests_max`; with 8 MiB kept, a third more RPCs
+# refetched what had been pushed).  Dropping the rest promptly returns their
+# run's reply buffer to the pool, so a long sequential read recycles a few
+# buffers instead of faulting in fresh memory for every run.
+mount_pushed_keep_bytes = 64 * MiB
 # Whole small files held by libfuse's worker threads until the kernel has
 # taken all their bytes (fuse/wholereads.py): a few hundred files read at once.
 mount_whole_reads_bytes_max = 64 * MiB
@@ -456,6 +464,7 @@ assert crc_block_bytes <= mount_whole_sample_bytes_max
 assert mount_read_ahead_bytes >= mount_read_run_bytes_max
 assert mount_read_run_bytes_max + mount_read_ahead_bytes <= mount_read_cache_bytes_max
 assert mount_whole_sample_bytes_max <= mount_read_cache_bytes_max
+assert mount_pushed_keep_bytes <= mount_read_cache_bytes_max
 assert mount_whole_sample_bytes_max <= mount_whole_reads_bytes_max
 assert mount_whole_reads_waiting_max < mount_fuse_threads_max
 assert mount_read_run_bytes_max <= data_path_chunks_bytes_max

@@ -32,9 +32,11 @@ def files(shared_daemon, tmp_path_factory):
     return shared_daemon.address, name, tree
 
 
-def run_with_cache(address: str, test, **cache_args) -> None:
+def run_with_cache(address: str, test, *, store=None, with_backend: bool = False,
+                   **cache_args) -> None:
     """Run `test(cache, node_of)` in trio with a ReadCache over a real backend,
-    wired as the file system wires it (fetches in threads, no page-cache push)."""
+    wired as the file system wires it (fetches in threads; page-cache pushes
+    go to `store`, none without it).  `with_backend`: also pass the backend."""
     backend = Backend(address)
     inodes = iter(range(10, 1 << 30))
 
@@ -53,8 +55,8 @@ def run_with_cache(address: str, test, **cache_args) -> None:
 
     async def main():
         async with trio.open_nursery() as nursery:
-            cache = ReadCache(fetch_whole, fetch_range, nursery, **cache_args)
-            await test(cache, node_of)
+            cache = ReadCache(fetch_whole, fetch_range, nursery, store, **cache_args)
+            await (test(cache, node_of, backend) if with_backend else test(cache, node_of))
             nursery.cancel_scope.cancel()
 
     try:
@@ -140,6 +142,45 @@ def test_bounded_memory(files):
             cache.check_invariants()
 
     run_with_cache(address, test, bytes_max=4 * MiB, run_bytes_max=2 * MiB, ahead_bytes=2 * MiB)
+
+
+def test_pushed_units_are_dropped_so_run_buffers_are_reused(files):
+    """A sequential reader whose read-ahead is pushed into the page cache:
+    the cache keeps only the last `pushed_keep_bytes` of pushed units, so
+    each run's reply buffer goes back to the pool and the read recycles a
+    few buffers instead of allocating one per run."""
+    address, name, tree = files
+    data = tree["big.bin"]
+    page = 4096
+    page_cache = bytearray(len(data))
+    present = bytearray(-(-len(data) // page))
+
+    async def store(node, offset, piece):  # what notify_store does to the page cache
+        page_cache[offset:offset + len(piece)] = piece
+        present[offset // page:-(-(offset + len(piece)) // page)] = \
+            b"\1" * (-(-(offset + len(piece)) // page) - offset // page)
+
+    async def test(cache, node_of, backend):
+        node = node_of(name, "big.bin", len(data))
+        got = bytearray()
+        for offset in range(0, len(data), 128 * KiB):
+            end = min(offset + 128 * KiB, len(data))
+            if all(present[offset // page:-(-end // page)]):  # the kernel has these pages
+                got += page_cache[offset:end]
+            else:
+                got += await cache.read(node, offset, end - offset)
+            cache.check_invariants()
+        assert bytes(got) == data
+        await trio.sleep(0.2)  # the last pushes finish
+        assert cache.stored_bytes > len(data) // 2  # most of the file was pushed, not replied
+        assert cache.pushed_bytes_held <= cache.pushed_keep_bytes
+        runs = -(-len(data) // MiB)
+        # In flight or kept at once: the read-ahead window, the run being
+        # read, the pushed units kept; each held unit pins its run's buffer.
+        assert backend.client.transport.pool.allocations <= 8 < runs
+
+    run_with_cache(address, test, store=store, with_backend=True, run_bytes_max=MiB,
+                   ahead_bytes=2 * MiB, pushed_keep_bytes=MiB)
 
 
 def test_failures_are_raised_and_not_kept(files):

@@ -24,6 +24,8 @@ import numpy as np
 from dlfs import limits
 from dlfs.errors import InvalidArgument
 
+_PAGE_BYTES = 4096
+
 
 class _Lease:
     """The owner of one reply's bytes, as numpy sees it (see the module docstring)."""
@@ -44,6 +46,7 @@ class BufferPool:
         self._lock = threading.Lock()
         self._idle: dict[int, list[np.ndarray]] = {}
         self._idle_bytes = 0
+        self.allocations = 0  # buffers made because none of the class was idle
 
     def take(self, size: int) -> np.ndarray:
         """A writable uint8 array of `size` bytes, owned by a lease (contents undefined).
@@ -58,20 +61,41 @@ class BufferPool:
                 self._idle_bytes -= capacity
         if buffer is None:
             buffer = np.empty(capacity, dtype=np.uint8)
+            self.allocations += 1
         lease = _Lease(buffer, size)
         weakref.finalize(lease, self._give_back, buffer)
         return np.asarray(lease)
+
+    def reserve(self, size: int, count: int) -> int:
+        """Fault in `count` idle buffers of `size`'s class now, within
+        `idle_bytes_max`; returns how many were added.
+
+        For a long-lived reader that knows its reply sizes (the mount's
+        runs): its first replies then land in memory already mapped instead
+        of faulting pages in while the reader waits.
+        """
+        capacity = _size_class(size)
+        added = 0
+        while added < count and self._idle_bytes + capacity <= self.idle_bytes_max:
+            buffer = np.empty(capacity, dtype=np.uint8)
+            buffer[::_PAGE_BYTES] = 0  # one write per page maps it
+            if not self._give_back(buffer):
+                break
+            added += 1
+        return added
 
     @property
     def idle_bytes(self) -> int:
         return self._idle_bytes
 
-    def _give_back(self, buffer: np.ndarray) -> None:
+    def _give_back(self, buffer: np.ndarray) -> bool:
+        """Keep `buffer` for reuse; False if that would pass `idle_bytes_max`."""
         with self._lock:
             if self._idle_bytes + buffer.size > self.idle_bytes_max:
-                return  # dropped: freed when this reference goes
+                return False  # dropped: freed when this reference goes
             self._idle.setdefault(buffer.size, []).append(buffer)
             self._idle_bytes += buffer.size
+            return True
 
     def clear(self) -> None:
         """Free every idle buffer (leased ones return later and are kept, up to the bound)."""

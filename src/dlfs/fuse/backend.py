@@ -51,6 +51,12 @@ class Backend:
     def close(self) -> None:
         self.client.close()
 
+    def reserve_reply_buffers(self, size: int, count: int) -> int:
+        """Fault in `count` reply buffers of `size` bytes for the data path's
+        replies (none over gRPC, which allocates its own); returns how many."""
+        pool = getattr(self.client.transport, "pool", None)
+        return pool.reserve(size, count) if pool is not None else 0
+
     # --- calls (each one round trip) ------------------------------------------------
 
     def sealed_datasets(self) -> list[DatasetInfo]:

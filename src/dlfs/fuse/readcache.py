@@ -21,10 +21,14 @@ has to ask for them: one write per received piece instead of one request per
 128 KiB.  A unit is dropped once the kernel has been handed all of its bytes
 in replies; from then on the page cache serves them (files are opened with
 keep_cache).  Pushed units are kept for kernel reads that raced with the
-push, but are the first to go when room is needed; beyond
-`read_cache_bytes_max` the rest are evicted least recently used.  So this
-is a staging area, not a second page cache: a read after the page cache was
-dropped reaches the daemon again.
+push, the most recent `pushed_keep_bytes` of them, and are the first to go
+when room is needed; beyond `read_cache_bytes_max` the rest are evicted
+least recently used.  So this is a staging area, not a second page cache: a
+read after the page cache was dropped reaches the daemon again.  Dropping
+units promptly matters for speed as much as for memory: a run's reply
+buffer goes back to the client's pool once no unit of it is held, and a
+recycled buffer costs nothing where a fresh one is faulted in page by page
+(a third of the mount's CPU time in a long sequential read).
 
 Runs on the trio loop; fetches run as tasks of the given nursery and do
 their blocking work in threads.
@@ -85,7 +89,7 @@ class _Unit:
         self.ready = trio.Event()
         self.error: errors.DlfsError | None = None
         self.served = 0  # bytes handed to the kernel in replies
-        self.pushed = False  # bytes of it went to the page cache by notify_store
+        self.pushed = False  # bytes of it go to the page cache by notify_store
 
 
 class ReadCache:
@@ -105,7 +109,8 @@ class ReadCache:
                  ahead_bytes: int = fuse_limits.mount_read_ahead_bytes,
                  whole_bytes_max: int = fuse_limits.mount_whole_sample_bytes_max,
                  sequential_slack_bytes: int = fuse_limits.mount_sequential_slack_bytes,
-                 streams_max: int = fuse_limits.mount_read_streams_max):
+                 streams_max: int = fuse_limits.mount_read_streams_max,
+                 pushed_keep_bytes: int = fuse_limits.mount_pushed_keep_bytes):
         assert 0 < unit_bytes <= run_bytes_max <= bytes_max and run_bytes_max % unit_bytes == 0
         self._fetch_whole = fetch_whole
         self._fetch_range = fetch_range
@@ -118,9 +123,11 @@ class ReadCache:
         self.whole_bytes_max = whole_bytes_max
         self.sequential_slack_bytes = sequential_slack_bytes
         self.streams_max = streams_max
+        self.pushed_keep_bytes = pushed_keep_bytes
         self._units: collections.OrderedDict[tuple[int, int], _Unit] = \
             collections.OrderedDict()  # least recently used first
         self.bytes_held = 0
+        self.pushed_bytes_held = 0  # of bytes_held, in units marked pushed
         # inode -> (where its last read ended, reads in a row that continued
         # the previous one); large files only, LRU-bounded.
         self._stream_end: collections.OrderedDict[int, tuple[int, int]] = \
@@ -251,8 +258,10 @@ class ReadCache:
         push_from = max(piece_start, -(-run.demand_end // _PAGE_BYTES) * _PAGE_BYTES)
         if self._store is not None and push_from < piece_end:
             for unit in run.units:
-                if unit.start < piece_end and unit.start + unit.length > push_from:
+                if unit.start < piece_end and unit.start + unit.length > push_from and \
+                        not unit.pushed and self._units.get(unit.key) is unit:
                     unit.pushed = True
+                    self.pushed_bytes_held += unit.length
             self._nursery.start_soon(self._push, node, push_from,
                                      piece[push_from - piece_start:])
 
@@ -260,6 +269,7 @@ class ReadCache:
         try:
             await self._store(node, offset, data)
             self.stored_bytes += len(data)
+            self._drop_pushed_beyond(self.pushed_keep_bytes)
         except OSError as exc:  # the kernel will ask for the bytes: fetched again then
             log.debug("could not push %s/%s bytes %d..%d into the page cache: %s",
                       node.dataset, node.path, offset, offset + len(data), exc)
@@ -278,6 +288,24 @@ class ReadCache:
         if self._units.get(unit.key) is unit:
             del self._units[unit.key]
             self.bytes_held -= unit.length
+            if unit.pushed:
+                self.pushed_bytes_held -= unit.length
+
+    def _drop_pushed_beyond(self, keep_bytes: int) -> None:
+        """Drop complete pushed units, least recently used first, until at most
+        `keep_bytes` of them are held.  O(units looked at)."""
+        excess = self.pushed_bytes_held - keep_bytes
+        if excess <= 0:
+            return
+        victims = []
+        for unit in self._units.values():  # oldest first; no changes while iterating
+            if unit.pushed and unit.data is not None:
+                victims.append(unit)
+                excess -= unit.length
+                if excess <= 0:
+                    break
+        for unit in victims:
+            self._discard(unit)
 
     def _make_room(self, length: int, *, pushed_only: bool = False) -> bool:
         """Evict complete units until `length` fits: pushed ones first, then
@@ -335,6 +363,7 @@ class ReadCache:
         """Assert the bookkeeping is consistent.  O(units); for tests."""
         assert self.bytes_held == sum(u.length for u in self._units.values())
         assert self.bytes_held >= 0
+        assert self.pushed_bytes_held == sum(u.length for u in self._units.values() if u.pushed)
         for key, unit in self._units.items():
             assert unit.key == key and 0 <= unit.served < unit.length
             assert unit.error is None
