@@ -183,6 +183,23 @@ def test_pushed_units_are_dropped_so_run_buffers_are_reused(files):
                    ahead_bytes=2 * MiB, pushed_keep_bytes=MiB)
 
 
+def test_reserved_reply_buffers_receive_the_first_runs(files):
+    """The mount maps its run buffers at start: the first ranged reads of a run's
+    size land in them, nothing is allocated while the reader waits."""
+    address, name, tree = files
+    backend = Backend(address)
+    try:
+        assert backend.reserve_reply_buffers(16 * MiB, 2) == 2
+        pool = backend.client.reply_buffers
+        assert pool.idle_bytes == 32 * MiB
+        pieces = []
+        backend.read_chunks(name, "big.bin", 0, 16 * MiB, lambda _at, piece: pieces.append(piece))
+        assert b"".join(pieces) == tree["big.bin"][:16 * MiB]
+        assert pool.allocations == 0
+    finally:
+        backend.close()
+
+
 def test_failures_are_raised_and_not_kept(files):
     address, name, tree = files
 

@@ -65,7 +65,9 @@ class Client:
     and checked against their CRC32C here: over the daemon's Unix socket
     when this host reaches it, else TCP (`data_path="tcp"` or `"unix"`
     picks one).  `data_path=False`, a daemon serving TLS, or one without a
-    data path: reads go through gRPC.
+    data path: reads go through gRPC.  Replies that come without an `out`
+    land in `reply_buffers` (a `BufferPool`, recycled once nothing
+    references them; None without a data path).
 
     With `direct=True` the client must run on the daemon's host: the daemon
     passes its extent files over its Unix socket and batches are served
@@ -105,8 +107,11 @@ class Client:
                        reconnect_timeout_s=reconnect_timeout_s, token=token, tls_ca=tls_ca,
                        tls_cert=tls_cert, tls_key=tls_key)
         hints = dict(data_path_hints or {})
+        # Where data-path replies land (None without a data path): one pool per
+        # client, every member's replies recycle into it.
+        self.reply_buffers: BufferPool | None = None
         if data_path:
-            pool = BufferPool()  # one per client: every member's replies recycle into it
+            pool = self.reply_buffers = BufferPool()
             socket = "auto" if data_path is True else data_path
 
             def daemon(address: str) -> DaemonTransport:

@@ -54,7 +54,7 @@ class Backend:
     def reserve_reply_buffers(self, size: int, count: int) -> int:
         """Fault in `count` reply buffers of `size` bytes for the data path's
         replies (none over gRPC, which allocates its own); returns how many."""
-        pool = getattr(self.client.transport, "pool", None)
+        pool = self.client.reply_buffers
         return pool.reserve(size, count) if pool is not None else 0
 
     # --- calls (each one round trip) ------------------------------------------------
