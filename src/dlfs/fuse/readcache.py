@@ -294,37 +294,30 @@ class ReadCache:
     def _drop_pushed_beyond(self, keep_bytes: int) -> None:
         """Drop complete pushed units, least recently used first, until at most
         `keep_bytes` of them are held.  O(units looked at)."""
-        excess = self.pushed_bytes_held - keep_bytes
-        if excess <= 0:
-            return
-        victims = []
-        for unit in self._units.values():  # oldest first; no changes while iterating
-            if unit.pushed and unit.data is not None:
-                victims.append(unit)
-                excess -= unit.length
-                if excess <= 0:
-                    break
-        for unit in victims:
-            self._discard(unit)
+        self._evict(self.pushed_bytes_held - keep_bytes, pushed_only=True)
 
     def _make_room(self, length: int, *, pushed_only: bool = False) -> bool:
         """Evict complete units until `length` fits: pushed ones first, then
         (unless `pushed_only`) the others, least recently used first.  True if
         it fits.  O(units looked at), usually a few: the oldest go first."""
         for evict_pushed_only in ((True,) if pushed_only else (True, False)):
-            excess = self.bytes_held + length - self.bytes_max
-            if excess <= 0:
-                return True
-            victims = []
-            for unit in self._units.values():  # oldest first; no changes while iterating
-                if unit.data is not None and (unit.pushed or not evict_pushed_only):
-                    victims.append(unit)
-                    excess -= unit.length
-                    if excess <= 0:
-                        break
-            for unit in victims:
-                self._discard(unit)
+            self._evict(self.bytes_held + length - self.bytes_max, pushed_only=evict_pushed_only)
         return self.bytes_held + length <= self.bytes_max
+
+    def _evict(self, excess: int, *, pushed_only: bool) -> None:
+        """Discard complete units (only pushed ones if `pushed_only`), least
+        recently used first, until `excess` bytes went (or none is left)."""
+        if excess <= 0:
+            return
+        victims = []
+        for unit in self._units.values():  # oldest first; no changes while iterating
+            if unit.data is not None and (unit.pushed or not pushed_only):
+                victims.append(unit)
+                excess -= unit.length
+                if excess <= 0:
+                    break
+        for unit in victims:
+            self._discard(unit)
 
     # --- sequential readers ----------------------------------------------------------------
 
