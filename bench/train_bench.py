@@ -26,6 +26,11 @@ with `dlfs.torch.ShuffleShardSampler` (same order for all):
   per batch.
 - ``dlfs-direct``: the same with ``direct=True`` (co-located: the worker
   maps the extent files the daemon passed it; metadata from the daemon).
+- ``dlfs-batches``: `DLFSDataset` without a transform, whole batches as
+  items: ``DataLoader(ds, batch_size=None, sampler=BatchSampler(sampler,
+  B), num_workers=W)``.  Each worker receives a batch straight into one
+  shared-memory ``[B, L]`` tensor (no per-sample tensors, no collate
+  copy); the labels come as one tensor.
 - ``dlfs-readahead`` / ``dlfs-readahead-direct``: `DLFSDataset` without a
   transform in a DataLoader with ``num_workers=0``, ``batch_size=None`` and
   ``sampler=dlfs.torch.ReadAhead(sampler, ds, batch_size=B, batches=4)``:
@@ -82,8 +87,9 @@ class Plan:
     hint_compute_ms: float
     hint_ahead_batches: int
     pipeline_prefetch: int = 4
-    loaders: tuple[str, ...] = ("ext4-folder", "dlfs", "dlfs-direct", "dlfs-readahead",
-                                "dlfs-readahead-direct", "dlfs-pipeline", "dlfs-pipeline-direct")
+    loaders: tuple[str, ...] = ("ext4-folder", "dlfs", "dlfs-direct", "dlfs-batches",
+                                "dlfs-readahead", "dlfs-readahead-direct", "dlfs-pipeline",
+                                "dlfs-pipeline-direct")
 
 
 FULL = Plan(samples=16384, batch_size=64, workers=4, compute_ms=(6.0, 8.0, 10.0, 15.0, 30.0),
@@ -94,7 +100,7 @@ QUICK = Plan(samples=1536, batch_size=64, workers=4, compute_ms=(8.0, 30.0),
 # loopback TCP (not the Unix socket a client on the daemon's host would pick).
 NETWORK = {"data_path": "tcp"}
 
-DATALOADER_KINDS = ("ext4-folder", "dlfs", "dlfs-direct", "dlfs-readahead",
+DATALOADER_KINDS = ("ext4-folder", "dlfs", "dlfs-direct", "dlfs-batches", "dlfs-readahead",
                     "dlfs-readahead-direct")
 
 
@@ -191,7 +197,7 @@ def make_dataset(kind: str, tree: str, address: str, name: str):
         return DLFSDataset(address, name, transform=to_tensor, client_options=NETWORK)
     if kind == "dlfs-direct":
         return DLFSDataset(address, name, transform=to_tensor, client_options={"direct": True})
-    if kind == "dlfs-readahead":
+    if kind in ("dlfs-readahead", "dlfs-batches"):
         return DLFSDataset(address, name, client_options=NETWORK)
     if kind == "dlfs-readahead-direct":
         return DLFSDataset(address, name, client_options={"direct": True})
@@ -243,7 +249,7 @@ def train_epoch(batches_factory, compute_s: float, trace_path: str | None = None
 
 def dataloader_epochs(kind: str, plan: Plan, compute_ms: float, epoch0: int, env: dict,
                       caches: list[str], hints: bool = False) -> list[EpochResult]:
-    from torch.utils.data import DataLoader
+    from torch.utils.data import BatchSampler, DataLoader
 
     from dlfs.torch import PrefetchHints, ReadAhead, ShuffleShardSampler
 
@@ -270,6 +276,10 @@ def dataloader_epochs(kind: str, plan: Plan, compute_ms: float, epoch0: int, env
             # record its fetches before iter() starts the workers.
             if read_ahead is not None:
                 return DataLoader(dataset, batch_size=None, sampler=read_ahead)
+            if kind == "dlfs-batches":
+                return DataLoader(dataset, batch_size=None, num_workers=plan.workers,
+                                  sampler=BatchSampler(order_source, plan.batch_size,
+                                                       drop_last=False), timeout=120)
             return DataLoader(dataset, batch_size=plan.batch_size, sampler=order_source,
                               num_workers=plan.workers, timeout=120)
 
@@ -357,6 +367,7 @@ LOADER_TITLES = {
     "ext4-folder": "ext4 ImageFolder-like, DataLoader",
     "dlfs": "DLFSDataset, DataLoader",
     "dlfs-direct": "DLFSDataset direct, DataLoader",
+    "dlfs-batches": "DLFSDataset batches, DataLoader",
     "dlfs-readahead": "DLFSDataset, ReadAhead",
     "dlfs-readahead-direct": "DLFSDataset direct, ReadAhead",
     "dlfs-pipeline": "iter_batches (network)",
@@ -436,6 +447,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="comma-separated compute times per batch (default: the plan's)")
     parser.add_argument("--workers", type=int, help="DataLoader num_workers (default 4)")
     parser.add_argument("--samples", type=int, help="number of samples (default 16384 / 1536)")
+    parser.add_argument("--loaders", default="",
+                        help="comma-separated subset of " + ",".join(FULL.loaders))
     args = parser.parse_args(argv)
     plan = QUICK if args.quick else FULL
     if args.compute_ms:
@@ -445,6 +458,11 @@ def main(argv: list[str] | None = None) -> int:
         plan = dataclasses.replace(plan, workers=args.workers)
     if args.samples:
         plan = dataclasses.replace(plan, samples=args.samples)
+    if args.loaders:
+        unknown = set(args.loaders.split(",")) - set(FULL.loaders)
+        if unknown:
+            parser.error(f"unknown loaders {', '.join(sorted(unknown))}")
+        plan = dataclasses.replace(plan, loaders=tuple(args.loaders.split(",")))
 
     def progress(message: str) -> None:
         print(message, file=sys.stderr, flush=True)

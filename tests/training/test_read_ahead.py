@@ -244,6 +244,8 @@ def test_whole_batch_items_through_a_batch_sampler(records, num_workers):
     samples, labels = ds[[3, 0, 3]]
     assert samples.shape == (3, RECORD_BYTES) and labels.tolist() == [0, 0, 0]
     assert [path_of(row) for row in samples] == [paths[3], paths[0], paths[3]]
+    # Received straight into the batch tensor: no reply buffer was taken.
+    assert ds._remote().client.reply_buffers.allocations == 0
     sampler = ShuffleShardSampler(len(ds), seed=6)
     loader = DataLoader(ds, batch_size=None, sampler=BatchSampler(sampler, 4, drop_last=False),
                         num_workers=num_workers, timeout=LOADER_TIMEOUT_S if num_workers else 0)

@@ -31,6 +31,6 @@ Modules, one side each:
 """
 
 from dlfs.ring.batch_ring import BatchRing
-from dlfs.ring.packing import Packed, pack_into, stack_into
+from dlfs.ring.packing import Packed, one_size, pack_into, stack_into
 
-__all__ = ["BatchRing", "Packed", "pack_into", "stack_into"]
+__all__ = ["BatchRing", "Packed", "one_size", "pack_into", "stack_into"]

@@ -41,7 +41,7 @@ class Packed(NamedTuple):
 
     def rows(self) -> np.ndarray:
         """The batch as a ``[count, size]`` view; InvalidArgument when the sizes differ."""
-        size = self.size if self.lengths is None else _one_size(self.lengths)
+        size = self.size if self.lengths is None else one_size(self.lengths)
         return self.data[:self.count * size].reshape(self.count, size)
 
     def sizes(self) -> np.ndarray:
@@ -56,7 +56,7 @@ def stack_into(samples: Sequence, out: np.ndarray) -> np.ndarray:
 
     Checks the sizes before copying (InvalidArgument, as `rows`).
     """
-    size = _one_size(_lengths(samples))
+    size = one_size(_lengths(samples))
     _copy_back_to_back(samples, out, len(samples) * size)
     return out[:len(samples) * size].reshape(len(samples), size)
 
@@ -73,7 +73,9 @@ def _copy_back_to_back(samples: Sequence, out: np.ndarray, total: int) -> None:
                        out=out[:total])
 
 
-def _one_size(lengths: np.ndarray) -> int:
+def one_size(lengths: np.ndarray) -> int:
+    """The one size all of `lengths` share (0 for none); InvalidArgument naming the
+    first sample of another size."""
     size = int(lengths[0]) if len(lengths) else 0
     other = np.flatnonzero(lengths != size)
     if len(other):

@@ -25,7 +25,8 @@ from dlfs import limits, profile
 from dlfs.client import Client, DatasetTicket
 from dlfs.errors import InvalidArgument
 from dlfs.torch.folders import parent_dir_labels, samples_below
-from dlfs.torch.tensors import stack_samples
+from dlfs.ring import one_size
+from dlfs.torch.tensors import batch_tensor
 
 TARGET_PARENT_DIR = "parent_dir"
 
@@ -143,8 +144,11 @@ class DLFSDataset(Dataset):
             if batch is not None:
                 return batch
         positions = self.positions(index)
-        return self.with_targets(positions, self._collate_samples(
-            self._fetch(self.ids[positions])))
+        if self.transform is None:
+            batch = self._fetch_rows(self.ids[positions], self.sizes[positions])
+        else:
+            batch = self._collate_transformed(self._fetch(self.ids[positions]))
+        return self.with_targets(positions, batch)
 
     def __getitems__(self, indices: Sequence[int]) -> list:
         """Items `indices` with one get_batch round trip, in order, duplicates allowed."""
@@ -255,19 +259,27 @@ class DLFSDataset(Dataset):
             self._pid = os.getpid()
         return self._dataset
 
-    def _fetch(self, ids: np.ndarray) -> list:
-        """Samples `ids`: one get_batch, recorded as a span when tracing."""
+    def _fetch(self, ids: np.ndarray, out=None) -> list:
+        """Samples `ids`: one get_batch (into `out` if given), recorded as a span when
+        tracing."""
         start = time.perf_counter_ns()
-        samples = self._remote().get_batch(ids, verify=self.verify)
+        samples = self._remote().get_batch(ids, verify=self.verify, out=out)
         if self.trace_dir is not None:
             profile.spool_span(self.trace_dir, "get_batch", start, time.perf_counter_ns(),
                                args={"samples": len(samples)})
         return samples
 
-    def _collate_samples(self, samples: list):
-        """A batch's samples as one value: stacked bytes, or the default collate of transforms."""
-        if self.transform is None:
-            return stack_samples(samples)
+    def _fetch_rows(self, ids: np.ndarray, sizes: np.ndarray) -> torch.Tensor:
+        """Samples `ids` of one size as a ``[B, L]`` uint8 tensor, received straight into
+        it (`batch_tensor`: shared memory in a DataLoader worker), with no copy
+        after the socket's.  InvalidArgument, before any read, when `sizes` differ."""
+        out = batch_tensor(len(ids), one_size(sizes))
+        if out.numel():
+            self._fetch(ids, out=out.numpy().reshape(-1))
+        return out
+
+    def _collate_transformed(self, samples: list):
+        """The default collate of each sample's transform."""
         from torch.utils.data import default_collate
 
         return default_collate([self.transform(s) for s in samples])

@@ -37,19 +37,25 @@ _frombuffer_warned = False
 def stack_samples(samples: Sequence) -> torch.Tensor:
     """Samples of one size L (bytes-like) as one ``torch.uint8`` tensor of shape ``[B, L]``.
 
-    One copy of each sample into the new tensor.  Inside a DataLoader
-    worker the tensor is allocated in shared memory (as torch's default
-    collate does), so it reaches the training process without another
-    copy.  Raises InvalidArgument when the sizes differ.  Cost: O(total
-    bytes), copied by numpy without the GIL.
+    One copy of each sample into the new tensor (`batch_tensor`: in shared
+    memory inside a DataLoader worker).  Raises InvalidArgument when the
+    sizes differ.  Cost: O(total bytes), copied by numpy without the GIL.
+    """
+    out = batch_tensor(len(samples), len(samples[0]) if len(samples) else 0)
+    stack_into(samples, out.numpy().reshape(-1))
+    return out
+
+
+def batch_tensor(count: int, size: int) -> torch.Tensor:
+    """A new ``torch.uint8`` tensor of shape ``[count, size]`` to receive a batch into.
+
+    Inside a DataLoader worker it is allocated in shared memory (as torch's
+    default collate does), so it reaches the training process without
+    another copy.  Contents undefined.
     """
     from torch.utils.data import get_worker_info
 
-    shape = (len(samples), len(samples[0]) if len(samples) else 0)
-    if get_worker_info() is not None and shape[0] * shape[1]:
-        storage = torch.UntypedStorage._new_shared(shape[0] * shape[1])
-        out = torch.empty(0, dtype=torch.uint8).set_(storage).view(shape)
-    else:
-        out = torch.empty(shape, dtype=torch.uint8)
-    stack_into(samples, out.numpy().reshape(-1))
-    return out
+    if get_worker_info() is not None and count * size:
+        storage = torch.UntypedStorage._new_shared(count * size)
+        return torch.empty(0, dtype=torch.uint8).set_(storage).view(count, size)
+    return torch.empty((count, size), dtype=torch.uint8)
