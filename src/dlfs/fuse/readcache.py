@@ -28,7 +28,7 @@ read after the page cache was dropped reaches the daemon again.  Dropping
 units promptly matters for speed as much as for memory: a run's reply
 buffer goes back to the client's pool once no unit of it is held, and a
 recycled buffer costs nothing where a fresh one is faulted in page by page
-(a third of the mount's CPU time in a long sequential read).
+(a fifth of the mount's CPU time in a long sequential read).
 
 Runs on the trio loop; fetches run as tasks of the given nursery and do
 their blocking work in threads.
