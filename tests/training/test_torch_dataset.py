@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader  # noqa: E402
 from conftest import unique_name, write_tree  # noqa: E402
 from dlfs import InvalidArgument, NotFound  # noqa: E402
 from dlfs.torch import (  # noqa: E402
-    DLFSDataset, PrefetchHints, ShuffleShardSampler)
+    DLFSDataset, PrefetchHints, ShuffleShardSampler, stack_samples)
 
 CLASSES = {"cat": 16, "dog": 11, "fish": 9}  # 36 training samples: divisible by 2 and 3
 LOADER_TIMEOUT_S = 60  # a hung worker fails the test instead of hanging it
@@ -240,3 +240,14 @@ def test_breaking_out_early_leaves_no_worker_or_thread_behind(tree):
     for thread in set(threading.enumerate()) - threads_before:
         thread.join(LOADER_TIMEOUT_S)
     assert set(threading.enumerate()) <= threads_before
+
+
+def test_stack_samples_makes_one_batch_tensor_of_samples_of_one_size():
+    """The public helper for samples already fetched (the dataset's batch form now
+    receives straight into its tensor instead)."""
+    batch = stack_samples([b"abc", memoryview(b"def"), bytearray(b"ghi")])
+    assert batch.dtype == torch.uint8 and batch.shape == (3, 3)
+    assert bytes(batch.numpy()) == b"abcdefghi"
+    assert stack_samples([]).shape == (0, 0)
+    with pytest.raises(InvalidArgument, match="sample 1 of the batch has 2 bytes"):
+        stack_samples([b"abc", b"de"])
