@@ -155,17 +155,20 @@ def test_pushed_units_are_dropped_so_run_buffers_are_reused(files):
     page_cache = bytearray(len(data))
     present = bytearray(-(-len(data) // page))
 
+    def pages(start, end):  # the pages holding bytes [start, end)
+        return slice(start // page, -(-end // page))
+
     async def store(node, offset, piece):  # what notify_store does to the page cache
         page_cache[offset:offset + len(piece)] = piece
-        present[offset // page:-(-(offset + len(piece)) // page)] = \
-            b"\1" * (-(-(offset + len(piece)) // page) - offset // page)
+        held = pages(offset, offset + len(piece))
+        present[held] = b"\1" * len(present[held])
 
     async def test(cache, node_of, backend):
         node = node_of(name, "big.bin", len(data))
         got = bytearray()
         for offset in range(0, len(data), 128 * KiB):
             end = min(offset + 128 * KiB, len(data))
-            if all(present[offset // page:-(-end // page)]):  # the kernel has these pages
+            if all(present[pages(offset, end)]):  # the kernel has these pages
                 got += page_cache[offset:end]
             else:
                 got += await cache.read(node, offset, end - offset)
