@@ -40,16 +40,17 @@ with `dlfs.torch.ShuffleShardSampler` (same order for all):
 
 and, without a DataLoader, DLFS's own in-process loader:
 
-- ``dlfs-pipeline`` / ``dlfs-pipeline-direct``: `dlfs.pipeline.iter_batches`
+- ``dlfs-pipeline`` / ``dlfs-pipeline-direct``: `dlfs.pipeline.iter_rows`
   (``prefetch`` batches in flight on threads of the training process), each
-  batch stacked into a uint8 tensor with its labels, same order; no worker
+  batch received straight into a ``[B, L]`` array that ``torch.from_numpy``
+  makes the batch tensor, with its labels, same order; no worker
   processes, so no batch crosses a process boundary.
 
 Reported per epoch: accelerator utilisation = compute time / wall time
 (wall from ``iter(loader)``, so worker start-up counts, as in DLIO) and
 samples/s.  A second table measures clairvoyant prefetch on cold epochs:
 the same loader with and without hints (`dlfs.torch.PrefetchHints`; and the
-torch-free `dlfs.pipeline.iter_batches` with ``hint_ahead``).  With
+`dlfs.pipeline.iter_rows` with ``hint_ahead``).  With
 ``--trace-dir`` each run also writes a `dlfs.profile` timeline.
 
 Data: N files of 110 KiB random bytes in 10 class folders under
@@ -296,7 +297,7 @@ def dataloader_epochs(kind: str, plan: Plan, compute_ms: float, epoch0: int, env
 
 
 class PipelineLoader:
-    """An epoch of `dlfs.pipeline.iter_batches` as (uint8 batch tensor, labels) pairs."""
+    """An epoch of `dlfs.pipeline.iter_rows` as (uint8 batch tensor, labels) pairs."""
 
     def __init__(self, env: dict, plan: Plan, order: list[int], direct: bool, hint_ahead: int,
                  prefetch: int):
@@ -312,21 +313,24 @@ class PipelineLoader:
         import torch
 
         from dlfs import Client
-        from dlfs.pipeline import iter_batches
-        from dlfs.torch import to_tensor
+        from dlfs.pipeline import iter_rows
 
         order = np.asarray(self.order, dtype=np.int64)
         options = {"direct": True} if self.direct else NETWORK
+        sizes = np.zeros(int(self.meta.ids.max()) + 1, dtype=np.int64)
+        sizes[self.meta.ids] = self.meta.sizes
         with Client(self.env["address"], **options) as client:
             ds = client.dataset(self.env["name"])
-            batches = iter_batches(ds, self.meta.ids[order], self.plan.batch_size,
-                                   prefetch=self.prefetch, hint_ahead=self.hint_ahead)
+            # Each batch is received straight into its [B, L] array: no stack to copy.
+            batches = iter_rows(ds, self.meta.ids[order], self.plan.batch_size,
+                                prefetch=self.prefetch, sizes=sizes,
+                                hint_ahead=self.hint_ahead)
             with batches:
-                for start, (_ids, samples) in zip(range(0, len(order), self.plan.batch_size),
-                                                  batches):
+                for start, (_ids, rows) in zip(range(0, len(order), self.plan.batch_size),
+                                               batches):
                     labels = torch.from_numpy(
                         self.meta.targets[order[start:start + self.plan.batch_size]])
-                    yield torch.stack([to_tensor(s) for s in samples]), labels
+                    yield torch.from_numpy(rows), labels
             self.stats = batches.stats
 
 
@@ -370,8 +374,8 @@ LOADER_TITLES = {
     "dlfs-batches": "DLFSDataset batches, DataLoader",
     "dlfs-readahead": "DLFSDataset, ReadAhead",
     "dlfs-readahead-direct": "DLFSDataset direct, ReadAhead",
-    "dlfs-pipeline": "iter_batches (network)",
-    "dlfs-pipeline-direct": "iter_batches direct",
+    "dlfs-pipeline": "iter_rows (network)",
+    "dlfs-pipeline-direct": "iter_rows direct",
 }
 
 
@@ -385,7 +389,7 @@ def _reclaim_note() -> list[str]:
 def markdown(results: list[EpochResult], plan: Plan, env: dict) -> str:
     """Two tables: utilisation and samples/s per compute time; hint gain on cold epochs."""
     lines = [f"Emulated training: {plan.samples} samples of {SAMPLE_BYTES // 1024} KiB, "
-             f"batch {plan.batch_size}, DataLoader num_workers={plan.workers}, iter_batches "
+             f"batch {plan.batch_size}, DataLoader num_workers={plan.workers}, iter_rows "
              f"prefetch={plan.pipeline_prefetch}; cold = {env['dropper'].method}. "
              "Cells: accelerator utilisation / samples/s.", *_reclaim_note(), "",
              "| compute ms/batch (100% = samples/s) | epoch | " + " | ".join(
@@ -404,7 +408,7 @@ def markdown(results: list[EpochResult], plan: Plan, env: dict) -> str:
                          + " |")
     c = plan.hint_compute_ms
     lines += ["", f"Clairvoyant prefetch: cold epoch, {c:g} ms/batch, hints "
-              f"{plan.hint_ahead_batches} batches ahead (iter_batches with prefetch=2; "
+              f"{plan.hint_ahead_batches} batches ahead (iter_rows with prefetch=2; "
               f"DataLoader: PrefetchHints ahead {plan.hint_ahead_batches} batches):", "",
               "| loader | no hints | hints | gain in samples/s |", "| --- | ---: | ---: | ---: |"]
     rows = [r for r in results if r.compute_ms == c and r.cache == "cold"]

@@ -10,6 +10,9 @@
         for ids, samples in batches:
             train_step(samples)
 
+`iter_rows` does the same for samples of one size, receiving each batch
+straight into a ``[B, L]`` array (a tensor with ``torch.from_numpy``).
+
 `iter_batches` cuts `order` into batches and keeps `prefetch` of them in
 flight on a small thread pool (one thread per batch in flight; gRPC
 releases the GIL while it waits), yielding them in order.  The pipeline
@@ -50,7 +53,8 @@ log = logging.getLogger(__name__)
 
 
 class Batch(NamedTuple):
-    """One batch: its sample ids (int64 array) and samples (read-only memoryviews)."""
+    """One batch: its sample ids (int64 array) and samples (read-only memoryviews; from
+    `iter_rows`, one ``[B, L]`` uint8 array)."""
 
     ids: np.ndarray
     samples: list
@@ -94,6 +98,63 @@ def iter_batches(ds, order: Sequence[int], batch_size: int, prefetch: int = 4, *
                          drop_last=drop_last, verify=verify, timeline=timeline, out=out)
 
 
+def iter_rows(ds, order: Sequence[int], batch_size: int, prefetch: int = 4, *,
+              sizes: np.ndarray | None = None, hint_ahead: int = 0, drop_last: bool = False,
+              verify: bool = True, timeline=None) -> "BatchPipeline":
+    """Batches of samples of one size, each a ``[B, L]`` uint8 array received straight into it.
+
+    As `iter_batches`, but each `Batch`'s ``samples`` is one writable numpy
+    array of shape ``[B, L]`` (``torch.from_numpy`` makes it a tensor without
+    a copy): the batch is received into it, so the caller never stacks its
+    samples (measured on 2 cores, 110 KiB samples, batches of 64 at 8 ms of
+    compute each: 93% utilisation against 63% for `iter_batches` followed by
+    ``torch.stack``; docs/training.md).  The arrays come from a pool owned
+    by the pipeline: one is reused once it and every view of it are
+    dropped; keep a batch longer by holding it (nothing reachable is ever
+    overwritten), or copy it.
+
+    `sizes` holds every sample's size in bytes, indexed by sample id (as
+    ``ds.listing()[1]``, which is fetched when it is not given: one Lookup
+    per 65,536 samples).  Raises InvalidArgument at once for bad arguments
+    or an id beyond `sizes`, and from `next()` at the first batch whose
+    samples differ in size (before it is read; use `iter_batches` for
+    those).
+    """
+    rows = RowBuffers(ds, sizes)
+    return BatchPipeline(ds, order, batch_size, prefetch=prefetch, hint_ahead=hint_ahead,
+                         drop_last=drop_last, verify=verify, timeline=timeline, rows=rows)
+
+
+class RowBuffers:
+    """The pooled ``[B, L]`` arrays an `iter_rows` pipeline receives its batches into."""
+
+    def __init__(self, ds, sizes: np.ndarray | None):
+        from dlfs.client.buffers import BufferPool
+
+        if sizes is None:
+            sizes = ds.listing()[1]
+        sizes = np.asarray(sizes)
+        if sizes.ndim != 1 or (sizes.size and sizes.dtype.kind not in "iu"):
+            raise InvalidArgument("sizes must be a flat array of sample sizes in bytes, "
+                                  "indexed by sample id (as ds.listing()[1])")
+        self.sizes = sizes
+        self.pool = BufferPool()
+
+    def check(self, ids: np.ndarray) -> None:
+        """InvalidArgument when an id has no size."""
+        if ids.size and int(ids.max()) >= len(self.sizes):
+            raise InvalidArgument(
+                f"sample id {int(ids.max())} is beyond the {len(self.sizes)} sizes given; "
+                "pass sizes for every sample of the dataset (ds.listing()[1])")
+
+    def take(self, ids: np.ndarray) -> np.ndarray:
+        """A ``[len(ids), L]`` array for the batch `ids`, all of whose samples have L bytes."""
+        from dlfs.ring.packing import one_size
+
+        size = one_size(self.sizes[ids])
+        return self.pool.take(len(ids) * size).reshape(len(ids), size)
+
+
 class BatchPipeline:
     """Iterator over batches with a bounded number of get_batch calls in flight.
 
@@ -103,7 +164,8 @@ class BatchPipeline:
 
     def __init__(self, ds, order: Sequence[int], batch_size: int, *, prefetch: int = 4,
                  hint_ahead: int = 0, drop_last: bool = False, verify: bool = True,
-                 timeline=None, out: Callable[[int, bool], object] | None = None):
+                 timeline=None, out: Callable[[int, bool], object] | None = None,
+                 rows: RowBuffers | None = None):
         check_int("batch_size", batch_size, 1, limits.pipeline_batch_size_max)
         check_int("prefetch", prefetch, 1, limits.pipeline_prefetch_batches_max)
         check_int("hint_ahead", hint_ahead, 0, limits.pipeline_hint_ahead_batches_max)
@@ -116,6 +178,9 @@ class BatchPipeline:
         self._verify = verify
         self._timeline = timeline
         self._out = out
+        self._rows = rows
+        if rows is not None:
+            rows.check(ids)
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._inflight: collections.deque = collections.deque()
         self._next_submit = 0  # first batch not yet submitted
@@ -140,7 +205,7 @@ class BatchPipeline:
         if not self._inflight and not self._submit_next(wait=True):
             self.close()
             raise StopIteration
-        number, future = self._inflight.popleft()
+        number, future, rows = self._inflight.popleft()
         try:
             # Keep the window full while we wait; the batch being waited for still holds
             # its buffer, so no waiting for another one here.
@@ -152,14 +217,14 @@ class BatchPipeline:
         self.stats.batches += 1
         self.stats.samples += len(samples)
         self.stats.wait_s += time.perf_counter() - started
-        return Batch(self._batches[number], samples)
+        return Batch(self._batches[number], samples if rows is None else rows)
 
     def close(self) -> None:
         """Cancel the batches not yet started, wait for the running ones, stop the threads."""
         if self._closed:
             return
         self._closed = True
-        for _number, future in self._inflight:
+        for _number, future, _rows in self._inflight:
             future.cancel()
         self._inflight.clear()
         if self._pool is not None:
@@ -192,8 +257,17 @@ class BatchPipeline:
         number = self._next_submit
         if number >= len(self._batches):
             return False
-        buffer = None
-        if self._out is not None:
+        buffer = rows = None
+        if self._rows is not None:
+            try:
+                buffer = rows = self._rows.take(self._batches[number])
+            except InvalidArgument as exc:  # raised at the batch's turn, as a read error is
+                self._next_submit += 1
+                failed: concurrent.futures.Future = concurrent.futures.Future()
+                failed.set_exception(exc)
+                self._inflight.append((number, failed, None))
+                return True
+        elif self._out is not None:
             buffer = self._out(number, wait)
             if buffer is None:
                 return False
@@ -202,7 +276,7 @@ class BatchPipeline:
         # would then die on a pool thread, whose __del__ cannot join its own thread.
         future = self._pool.submit(_fetch, self._ds, self._batches[number], number, self._verify,
                                    self._timeline, buffer)
-        self._inflight.append((number, future))
+        self._inflight.append((number, future, rows))
         self._hinted_until = max(self._hinted_until, number + 1)
         if self._hint_ahead and len(self._inflight) >= self._prefetch:
             self._hint(self._hinted_until, number + 1 + self._hint_ahead)

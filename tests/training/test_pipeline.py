@@ -222,3 +222,84 @@ def test_bad_arguments_are_refused_at_once(dataset, kwargs, match):
 def test_empty_order_yields_nothing(dataset):
     assert list(iter_batches(dataset, [], 4)) == []
     assert pipeline_threads() == []
+
+
+# --- iter_rows: batches of one sample size received straight into [B, L] arrays ---------
+
+ROW_BYTES = 1000
+ROW_SAMPLES = 40
+
+
+def row_content(i: int) -> bytes:
+    return bytes([i % 251]) * (ROW_BYTES - 4) + i.to_bytes(4, "little")
+
+
+@pytest.fixture(scope="module")
+def rows_dataset(shared_daemon, tmp_path_factory):
+    """ROW_SAMPLES samples of ROW_BYTES each (r/0000...) and one of 7 bytes (z/odd)."""
+    root = tmp_path_factory.mktemp("rows")
+    files = {f"r/{i:04d}": row_content(i) for i in range(ROW_SAMPLES)}
+    files["z/odd"] = b"7 bytes"
+    write_tree(root, files)
+    name = unique_name("rows")
+    with Client(shared_daemon.address) as client:
+        client.ingest(str(root), name, progress=False)
+        ds = client.dataset(name)
+        ids = [ds.index(f"r/{i:04d}") for i in range(ROW_SAMPLES)]
+        yield ds, ids, ds.index("z/odd")
+
+
+@pytest.mark.parametrize("transport", ["data path", "direct"])
+def test_rows_arrive_as_writable_arrays_in_order(rows_dataset, shared_daemon, transport):
+    ds, ids, _odd = rows_dataset
+    order = list(reversed(ids))
+    with Client(shared_daemon.address, direct=transport == "direct") as client:
+        reader = client.dataset(ds.name)
+        with pipeline.iter_rows(reader, order, batch_size=16, prefetch=2) as batches:
+            got = list(batches)
+    assert [len(b.samples) for b in got] == [16, 16, 8]
+    for start, batch in zip(itertools.count(0, 16), got):
+        assert batch.samples.shape == (len(batch.ids), ROW_BYTES)
+        assert batch.samples.flags.writeable
+        assert list(batch.ids) == order[start:start + 16]
+        for row, i in zip(batch.samples, range(ROW_SAMPLES - 1 - start, -1, -1)):
+            assert row.tobytes() == row_content(i)
+
+
+def test_rows_reuse_dropped_buffers_and_never_a_held_one(rows_dataset):
+    ds, ids, _odd = rows_dataset
+    order = ids * 10  # 400 samples, 50 batches of 8
+    kept = None
+    with pipeline.iter_rows(ds, order, batch_size=8, prefetch=3) as batches:
+        for number, batch in enumerate(batches):
+            if number == 0:
+                kept = batch.samples  # held across the whole epoch
+            else:
+                assert batch.samples.tobytes() == b"".join(row_content(ids.index(i))
+                                                           for i in batch.ids)
+            del batch
+        allocations = batches._rows.pool.allocations
+    # prefetch in flight, the one being handed out, the one the loop still holds, the kept one.
+    assert allocations <= 3 + 3
+    assert kept.tobytes() == b"".join(row_content(i) for i in range(8))
+
+
+def test_rows_of_different_sizes_fail_at_their_batch(rows_dataset):
+    ds, ids, odd = rows_dataset
+    order = ids[:8] + [ids[8], odd] + ids[10:16]
+    with pipeline.iter_rows(ds, order, batch_size=8, prefetch=4) as batches:
+        first = next(batches)
+        assert first.samples.shape == (8, ROW_BYTES)
+        with pytest.raises(InvalidArgument, match="need one size"):
+            next(batches)
+
+
+def test_rows_take_the_sizes_given(rows_dataset):
+    ds, ids, _odd = rows_dataset
+    sizes = ds.listing()[1]
+    with pipeline.iter_rows(ds, ids[:4], batch_size=4, sizes=sizes) as batches:
+        assert next(batches).samples.shape == (4, ROW_BYTES)
+    with pytest.raises(InvalidArgument, match="beyond the 3 sizes"):
+        pipeline.iter_rows(ds, [0, 1, 5], batch_size=2, sizes=sizes[:3])
+    with pytest.raises(InvalidArgument, match="flat array of sample sizes"):
+        pipeline.iter_rows(ds, [0], batch_size=1, sizes=[[1]])
