@@ -12,6 +12,12 @@ on every data file) then one warm epoch (a new permutation, data cached).
 Loaders, all ``torch.utils.data.DataLoader(num_workers=W, batch_size=B)``
 with `dlfs.torch.ShuffleShardSampler` (same order for all):
 
+- ``no-io``: the ceiling of every DataLoader row: the same DataLoader over
+  a dataset that reads nothing (each item a new, unfilled 110 KiB uint8
+  tensor and its label, collated as the others are).  What it loses is
+  the DataLoader's own cost per batch (worker IPC, the shared-memory batch
+  handed to the main process): about 1 ms a batch on the 2-core VM, so at
+  8 ms of compute no worker-based loader can pass about 87% there.
 - ``ext4-folder``: the ImageFolder baseline on the ext4 source tree.
   torchvision is not installed beside the CPU torch build here, so
   `FolderDataset` emulates ImageFolder: it lists the class folders
@@ -88,7 +94,7 @@ class Plan:
     hint_compute_ms: float
     hint_ahead_batches: int
     pipeline_prefetch: int = 4
-    loaders: tuple[str, ...] = ("ext4-folder", "dlfs", "dlfs-direct", "dlfs-batches",
+    loaders: tuple[str, ...] = ("no-io", "ext4-folder", "dlfs", "dlfs-direct", "dlfs-batches",
                                 "dlfs-readahead", "dlfs-readahead-direct", "dlfs-pipeline",
                                 "dlfs-pipeline-direct")
 
@@ -101,7 +107,7 @@ QUICK = Plan(samples=1536, batch_size=64, workers=4, compute_ms=(8.0, 30.0),
 # loopback TCP (not the Unix socket a client on the daemon's host would pick).
 NETWORK = {"data_path": "tcp"}
 
-DATALOADER_KINDS = ("ext4-folder", "dlfs", "dlfs-direct", "dlfs-batches", "dlfs-readahead",
+DATALOADER_KINDS = ("no-io", "ext4-folder", "dlfs", "dlfs-direct", "dlfs-batches", "dlfs-readahead",
                     "dlfs-readahead-direct")
 
 
@@ -188,10 +194,31 @@ def folder_dataset_class():
     return FolderDataset
 
 
+def no_io_dataset_class():
+    import torch
+    from torch.utils.data import Dataset
+
+    class NoIODataset(Dataset):
+        """Items as the other loaders give them, (uint8 tensor, label), read from nowhere."""
+
+        def __init__(self, items: int, size: int):
+            self.items, self.size = items, size
+
+        def __len__(self) -> int:
+            return self.items
+
+        def __getitem__(self, index: int):
+            return torch.empty(self.size, dtype=torch.uint8), index % 10
+
+    return NoIODataset
+
+
 def make_dataset(kind: str, tree: str, address: str, name: str):
     """The loader's dataset; every one yields (uint8 tensor, label) through `to_tensor`."""
     from dlfs.torch import DLFSDataset, to_tensor
 
+    if kind == "no-io":
+        return no_io_dataset_class()(len(folder_dataset_class()(tree)), SAMPLE_BYTES)
     if kind == "ext4-folder":
         return folder_dataset_class()(tree)
     if kind == "dlfs":
@@ -368,6 +395,7 @@ def _trace_path(env: dict, label: str) -> str | None:
 # --- report ---------------------------------------------------------------------------
 
 LOADER_TITLES = {
+    "no-io": "DataLoader, no I/O (ceiling)",
     "ext4-folder": "ext4 ImageFolder-like, DataLoader",
     "dlfs": "DLFSDataset, DataLoader",
     "dlfs-direct": "DLFSDataset direct, DataLoader",
