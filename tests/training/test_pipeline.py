@@ -297,7 +297,7 @@ def test_rows_of_different_sizes_fail_at_their_batch(rows_dataset):
 def test_rows_take_the_sizes_given(rows_dataset):
     ds, ids, _odd = rows_dataset
     sizes = ds.listing()[1]
-    with pipeline.iter_rows(ds, ids[:4], batch_size=4, sizes=sizes) as batches:
+    with ds.iter_rows(ids[:4], 4, sizes=sizes) as batches:
         assert next(batches).samples.shape == (4, ROW_BYTES)
     with pytest.raises(InvalidArgument, match="beyond the 3 sizes"):
         pipeline.iter_rows(ds, [0, 1, 5], batch_size=2, sizes=sizes[:3])

@@ -88,6 +88,13 @@ class Dataset:
 
         return pipeline.iter_batches(self, order, batch_size, prefetch=prefetch, **options)
 
+    def iter_rows(self, order, batch_size: int, prefetch: int = 4, **options):
+        """Batches of `order` whose samples share one size, each received straight into a
+        ``[B, L]`` uint8 array.  See `dlfs.pipeline.iter_rows`."""
+        from dlfs import pipeline
+
+        return pipeline.iter_rows(self, order, batch_size, prefetch=prefetch, **options)
+
     def get(self, key: SampleKey, *, verify: bool = True) -> memoryview:
         """One sample by id or path."""
         return self.get_batch([key], verify=verify)[0]
