@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from unittest import mock
 
 import crc32c
 import numpy as np
@@ -10,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from dlfs import limits
 from dlfs.errors import DataCorruption, DeadlineExceeded
 from dlfs.layout import HEADER_BYTES
 from dlfs.server.extents import ExtentFiles, ExtentStore, ExtentWriter
@@ -40,6 +42,17 @@ def write_samples(root, sizes, extent_bytes_max=64 * 1024, seed=0):
     return store, arrays, contents
 
 
+def drop_cached_pages(root) -> None:
+    """Evict every file under `root` from the page cache (synced, so DONTNEED drops it)."""
+    for folder, _dirs, names in os.walk(root):
+        for name in names:
+            fd = os.open(os.path.join(folder, name), os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
 def read_all(engine, plan, verify=True):
     payload = bytearray(plan.payload_bytes)
     position = 0
@@ -57,10 +70,15 @@ def read_all(engine, plan, verify=True):
        gap=st.sampled_from([0, 100, 5000]),
        range_max=st.sampled_from([1, 4096, 1 << 20]),
        chunk=st.sampled_from([4096, 10000, 1 << 20]),
-       threads=st.sampled_from([1, 3, 32]))
+       threads=st.sampled_from([1, 3, 32]),
+       share_bytes=st.sampled_from([1, 4096, limits.reader_share_bytes_min]),
+       cold=st.booleans())
 def test_stream_returns_every_requested_sample(tmp_path_factory, sizes, data, gap, range_max,
-                                               chunk, threads):
-    store, (ext, off, length, crc), contents = write_samples(tmp_path_factory.mktemp("x"), sizes)
+                                               chunk, threads, share_bytes, cold):
+    root = tmp_path_factory.mktemp("x")
+    store, (ext, off, length, crc), contents = write_samples(root, sizes)
+    if cold:  # the reader threads read what the page cache lacks
+        drop_cached_pages(root)
     ids = np.array(data.draw(st.lists(st.integers(0, len(sizes) - 1), min_size=1, max_size=80)))
     plan = plan_batch(ids, ext, off, length, crc, coalesce_gap_bytes=gap,
                       range_bytes_max=range_max)
@@ -70,7 +88,9 @@ def test_stream_returns_every_requested_sample(tmp_path_factory, sizes, data, ga
     files = ExtentFiles(store, open_extents_max=2)
     engine = ReadEngine(files, threads=threads, chunk_bytes=chunk)
     try:
-        payload = read_all(engine, plan)
+        # Small shares split a window among many threads, as a large cold one is.
+        with mock.patch.object(limits, "reader_share_bytes_min", share_bytes):
+            payload = read_all(engine, plan)
     finally:
         engine.close()
         files.close()

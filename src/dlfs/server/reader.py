@@ -218,7 +218,8 @@ class ReadEngine:
                 self.metrics.cache_misses.inc(len(pieces))
         if len(pieces) <= limits.inline_ranges_max:
             return _Window(start, buffer, [], pieces)
-        shares = min(self.threads, len(pieces))
+        payload = sum(piece[3] for piece in pieces)
+        shares = max(1, min(self.threads, len(pieces), payload // limits.reader_share_bytes_min))
         cuts = [len(pieces) * i // shares for i in range(shares + 1)]
         futures = [self._pool.submit(_read_pieces, self.files, dataset_id, pieces[lo:hi], buffer)
                    for lo, hi in zip(cuts, cuts[1:])]
