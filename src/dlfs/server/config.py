@@ -7,6 +7,7 @@ which builds the command line from `SETTINGS`).
 from __future__ import annotations
 
 import dataclasses
+import os
 
 from dlfs import limits
 
@@ -14,6 +15,13 @@ from dlfs import limits
 def long_call_slots(rpc_threads: int) -> int:
     """RPC threads long calls may hold: all but those kept for quick calls (at least 1)."""
     return max(1, rpc_threads - min(limits.rpc_threads_reserved, rpc_threads // 2))
+
+
+def default_reader_threads(cpus: int | None = None) -> int:
+    """One reader thread per CPU (`os.cpu_count()` unless `cpus` is given), within
+    `limits.reader_threads_default_min`..`_max`."""
+    cpus = cpus if cpus is not None else (os.cpu_count() or 1)
+    return max(limits.reader_threads_default_min, min(limits.reader_threads_default_max, cpus))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,7 +32,7 @@ class ServerConfig:
     batch_bytes_max: int = limits.batch_bytes_max_default
     chunk_bytes: int = limits.chunk_bytes_default
     message_bytes_max: int = limits.message_bytes_max
-    reader_threads: int = limits.reader_threads_default
+    reader_threads: int = dataclasses.field(default_factory=lambda: default_reader_threads())
     rpc_threads: int = limits.rpc_threads_default
     rpcs_concurrent_max: int = limits.rpcs_concurrent_max_default
     streams_per_connection_max: int = limits.streams_per_connection_max_default
@@ -124,7 +132,9 @@ SETTINGS_HELP = {
     "batch_bytes_max": "most bytes one get_batch may return",
     "chunk_bytes": "payload bytes per streamed reply message",
     "message_bytes_max": "gRPC send/receive message size limit",
-    "reader_threads": "reader threads (reads in flight against the device)",
+    "reader_threads": "reader threads copying what the device read; unless given, one per "
+                      f"CPU, {limits.reader_threads_default_min} to "
+                      f"{limits.reader_threads_default_max}",
     "rpc_threads": "threads serving RPCs",
     "rpcs_concurrent_max": "RPCs admitted at once; more get RESOURCE_EXHAUSTED",
     "ingests_concurrent_max": "ingest streams admitted at once",

@@ -118,7 +118,7 @@ class ReadEngine:
     flight against the device.
     """
 
-    def __init__(self, files: ExtentFiles, *, threads: int = limits.reader_threads_default,
+    def __init__(self, files: ExtentFiles, *, threads: int = limits.reader_threads_default_min,
                  chunk_bytes: int = limits.chunk_bytes_default,
                  read_ahead_windows: int = limits.read_ahead_windows,
                  inflight_bytes_max: int = limits.inflight_bytes_max_default, metrics=None):
