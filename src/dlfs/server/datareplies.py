@@ -124,10 +124,19 @@ def send_reply(connection, dataset, header: list, order: RequestOrder, count) ->
         connection.send(header)
         return
     connection.send(header)
+    store = connection.store
+    advised = 0  # payload bytes below this were asked of the device ahead of their window
     with connection.server.buffers.take() as buffer:
         for k, (start, stop) in enumerate(windows):
             window = buffer[:stop - start]
-            connection.store.read_into(dataset, order.pieces(start, stop), window)
+            missed = store.read_into(dataset, order.pieces(start, stop), window)
+            if missed and stop < order.payload_bytes:
+                # A cold reply: keep the device busy with the next windows while this
+                # one is sent, instead of asking for each only when its turn comes.
+                ahead = min(order.payload_bytes, stop + limits.datapath_advise_ahead_bytes)
+                if ahead > max(advised, stop):
+                    store.advise(dataset, order.pieces(max(advised, stop), ahead))
+                    advised = ahead
             if k == len(windows) - 1:
                 count()
             connection.send([datawire.data_frame(stop - start), window])

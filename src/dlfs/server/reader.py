@@ -48,13 +48,15 @@ class ShortRead(Exception):
 class _Window:
     """A window being read: its buffer and the reads still running for it."""
 
-    __slots__ = ("start", "buffer", "futures", "pieces")
+    __slots__ = ("start", "buffer", "futures", "pieces", "missed")
 
-    def __init__(self, start: int, buffer: memoryview, futures: list[Future], pieces: list[Piece]):
+    def __init__(self, start: int, buffer: memoryview, futures: list[Future], pieces: list[Piece],
+                 missed: int):
         self.start = start
         self.buffer = buffer
         self.futures = futures  # shares handed to the reader threads
         self.pieces = pieces  # left for the waiting thread to read itself
+        self.missed = missed  # pieces the page cache did not hold
 
 
 class ByteBudget:
@@ -185,8 +187,9 @@ class ReadEngine:
                     future.cancel()
 
     def read_into(self, dataset_id: int, pieces: list[Piece], buffer, *,
-                  describe_extent: Callable[[int], str], deadline: float | None = None) -> None:
-        """Fill `buffer` (writable, e.g. a reused window) as `pieces` say.
+                  describe_extent: Callable[[int], str], deadline: float | None = None) -> int:
+        """Fill `buffer` (writable, e.g. a reused window) as `pieces` say; returns how many
+        pieces the page cache did not hold (0: the window was warm).
 
         Page-cache hits are copied by the calling thread; misses are advised
         at once and read by the reader threads.  Raises DataCorruption
@@ -200,6 +203,11 @@ class ReadEngine:
             raise DataCorruption(
                 f"{describe_extent(short.extent_no)} is truncated: reading {short.wanted} bytes "
                 f"at offset {short.file_offset} got {short.got}; re-ingest the dataset") from None
+        return window.missed
+
+    def advise(self, dataset_id: int, pieces: list[Piece]) -> None:
+        """Ask the device for `pieces` now (WILLNEED advice), without reading them."""
+        advise_willneed(self.files, dataset_id, pieces)
 
     def _start(self, dataset_id: int, plan: BatchPlan, start: int, stop: int) -> _Window:
         buffer = memoryview(np.empty(stop - start, dtype=np.uint8)).cast("B")
@@ -209,21 +217,20 @@ class ReadEngine:
                       buffer: memoryview) -> _Window:
         if self.metrics is not None:
             self.metrics.ranges_read.inc(len(pieces))
-        if len(pieces) > limits.inline_ranges_max:
-            probed = len(pieces)
-            pieces = _read_cached(self.files, dataset_id, pieces, buffer)
-            advise_willneed(self.files, dataset_id, pieces)
-            if self.metrics is not None:
-                self.metrics.cache_hits.inc(probed - len(pieces))
-                self.metrics.cache_misses.inc(len(pieces))
+        probed = len(pieces)
+        pieces = _read_cached(self.files, dataset_id, pieces, buffer)
+        if self.metrics is not None:
+            self.metrics.cache_hits.inc(probed - len(pieces))
+            self.metrics.cache_misses.inc(len(pieces))
         if len(pieces) <= limits.inline_ranges_max:
-            return _Window(start, buffer, [], pieces)
+            return _Window(start, buffer, [], pieces, len(pieces))
+        advise_willneed(self.files, dataset_id, pieces)
         payload = sum(piece[3] for piece in pieces)
         shares = max(1, min(self.threads, len(pieces), payload // limits.reader_share_bytes_min))
         cuts = [len(pieces) * i // shares for i in range(shares + 1)]
         futures = [self._pool.submit(_read_pieces, self.files, dataset_id, pieces[lo:hi], buffer)
                    for lo, hi in zip(cuts, cuts[1:])]
-        return _Window(start, buffer, futures, [])
+        return _Window(start, buffer, futures, [], len(pieces))
 
     def _finish(self, dataset_id: int, window: _Window, plan: BatchPlan,
                 verifier: "_Verifier | None", describe, deadline: float | None

@@ -90,10 +90,16 @@ class StoreReads:
             raise
         self.metrics.prefetch_hints.labels("queued").inc()
 
-    def read_into(self, dataset: DatasetIndex, pieces: list, buffer) -> None:
-        """Fill `buffer` with file pieces of `dataset` (see ReadEngine.read_into)."""
-        self._engine.read_into(dataset.dataset_id, pieces, buffer,
-                               describe_extent=lambda extent: dataset.describe_extent(extent))
+    def read_into(self, dataset: DatasetIndex, pieces: list, buffer) -> int:
+        """Fill `buffer` with file pieces of `dataset`; returns the pieces the page cache
+        lacked (see ReadEngine.read_into)."""
+        return self._engine.read_into(
+            dataset.dataset_id, pieces, buffer,
+            describe_extent=lambda extent: dataset.describe_extent(extent))
+
+    def advise(self, dataset: DatasetIndex, pieces: list) -> None:
+        """Start the device reads of file pieces of `dataset` without waiting for them."""
+        self._engine.advise(dataset.dataset_id, pieces)
 
     @contextlib.contextmanager
     def extent_descriptors(self, dataset: DatasetIndex) -> Iterator[list[tuple[int, int]]]:
