@@ -13,6 +13,8 @@ import json
 import os
 import select
 import signal
+import subprocess
+import sys
 import traceback
 
 import pytest
@@ -133,3 +135,41 @@ def test_a_forked_child_reads_a_striped_dataset_without_grpc(
 
         got = in_forked_child(child)["samples"]
     assert {path: bytes.fromhex(data) for path, data in zip(paths, got)} == files
+
+
+CORE_SCRIPT = """
+import gc, glob, os, sys
+from dlfs import Client
+from dlfs.client.channel import grpc_core_held
+
+def grpc_threads():
+    names = []
+    for path in glob.glob("/proc/self/task/*/comm"):
+        try:
+            names.append(open(path).read().strip())
+        except OSError:
+            pass  # a thread that just ended
+    return sorted(n for n in names if n.startswith("grpc"))
+
+with Client(sys.argv[1]) as client:
+    client.status()
+gc.collect()  # what frees gRPC's last object in practice: a collection, at any time
+held, threads = grpc_core_held(), grpc_threads()
+pid = os.fork()  # as a DataLoader does right after DLFSDataset closed its client
+if pid == 0:
+    os._exit(0)
+os.waitpid(pid, 0)
+print(held, threads)
+"""
+
+
+def test_grpc_core_stays_up_after_the_last_client_closes(shared_daemon):
+    # gRPC shuts its core down on a thread of its own when its last object goes, and a
+    # fork meanwhile can deadlock in gRPC's fork handlers (seen in CI: os.fork never
+    # returned).  A process that used gRPC therefore keeps the core up: its timer
+    # thread is still there after every client closed, and the fork returns.
+    out = subprocess.run([sys.executable, "-c", CORE_SCRIPT, shared_daemon.address],
+                         capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
+    assert out.returncode == 0, out.stderr[-3000:]
+    held, _, threads = out.stdout.strip().partition(" ")
+    assert held == "True" and "grpc_global_tim" in threads, out.stdout

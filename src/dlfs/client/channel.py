@@ -18,6 +18,17 @@ FORK_SUPPORT_ENV = "GRPC_ENABLE_FORK_SUPPORT"
 # core ran in an ancestor and its threads did not come along.
 _grpc_pid = 0
 
+# Channels opened to hold gRPC's core up, one per process that opened a channel
+# (never used, never closed).  gRPC shuts its core down, on a thread of its own,
+# when the last of its objects goes; a fork() meanwhile can deadlock inside gRPC's
+# fork handlers, which take the lock that shutdown holds.  That is the common
+# order in training code: DLFSDataset closes the client it listed the dataset
+# with, then a DataLoader forks its workers at once.  Seen once in CI: the test
+# process stuck in os.fork(), with a "grpc_shutdown" thread waiting.  A process
+# that used gRPC keeps the core up until it exits.
+_core_holders: list[grpc.Channel] = []
+_core_holder_pid = 0
+
 
 class ChannelSettings:
     """How to reach a daemon: TLS credentials (or None) and the token, checked and read now.
@@ -86,9 +97,12 @@ def open_channel(address: str, settings: ChannelSettings) -> grpc.Channel:
 
     Raises FailedPrecondition where gRPC cannot be used (`check_grpc_usable`).
     """
-    global _grpc_pid
+    global _grpc_pid, _core_holder_pid
     check_grpc_usable()
     _grpc_pid = os.getpid()
+    if _core_holder_pid != _grpc_pid:
+        _core_holders.append(grpc.insecure_channel(_CORE_HOLDER_ADDRESS))
+        _core_holder_pid = _grpc_pid
     backoff_ms = int(limits.reconnect_backoff_max_s * 1000)
     options = [
         ("grpc.max_send_message_length", limits.message_bytes_max),
@@ -106,6 +120,16 @@ def open_channel(address: str, settings: ChannelSettings) -> grpc.Channel:
     if settings.token:
         channel = grpc.intercept_channel(channel, _TokenInterceptor(settings.token))
     return channel
+
+
+# Where a core-holding channel would connect: nowhere (it makes no call, so it
+# never resolves or connects).
+_CORE_HOLDER_ADDRESS = "unix-abstract:dlfs-grpc-core-holder"
+
+
+def grpc_core_held() -> bool:
+    """Whether this process holds gRPC's core up (it opened a channel; see `_core_holders`)."""
+    return _core_holder_pid == os.getpid()
 
 
 def _read(path: str, what: str) -> bytes:
