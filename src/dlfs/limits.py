@@ -101,10 +101,6 @@ warm_poll_s = 0.1
 # Measured on 2 cores (cold, 4 batches in flight): 2 threads 94 k 4 KiB
 # samples/s and 1.47 GB/s of 110 KB samples, 8 threads 80 k and 1.27 GB/s
 # (and 32 threads 30-40% slower than 8 before that).
-# Once a data-path reply's window missed the page cache, the daemon advises
-# this many bytes of the reply beyond it, so the device reads ahead while
-# windows are sent (a reply is read and sent one window at a time).
-datapath_advise_ahead_bytes = 64 * MiB
 reader_threads_default_min = 2
 reader_threads_default_max = 8
 reader_threads_max = 1024
@@ -115,6 +111,10 @@ reader_threads_max = 1024
 # samples (1 MiB windows) 90 k samples/s with 2 shares against 78 k with 8;
 # 110 KB samples (4 MiB windows) read best with 8.
 reader_share_bytes_min = 512 * KiB
+# Once a data-path reply's window missed the page cache, the daemon advises
+# this many bytes of the reply beyond it, so the device reads ahead while
+# windows are sent (a reply is read and sent one window at a time).
+datapath_advise_ahead_bytes = 64 * MiB
 # Adjacent samples separated by at most this many unused bytes are read as
 # one range (one pread instead of two; the gap is never sent to the client).
 coalesce_gap_bytes_default = 0

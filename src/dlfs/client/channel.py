@@ -28,6 +28,9 @@ _grpc_pid = 0
 # that used gRPC keeps the core up until it exits.
 _core_holders: list[grpc.Channel] = []
 _core_holder_pid = 0
+# Where a core-holding channel would connect: nowhere (it makes no call, so it
+# never resolves or connects).
+_CORE_HOLDER_ADDRESS = "unix-abstract:dlfs-grpc-core-holder"
 
 
 class ChannelSettings:
@@ -120,11 +123,6 @@ def open_channel(address: str, settings: ChannelSettings) -> grpc.Channel:
     if settings.token:
         channel = grpc.intercept_channel(channel, _TokenInterceptor(settings.token))
     return channel
-
-
-# Where a core-holding channel would connect: nowhere (it makes no call, so it
-# never resolves or connects).
-_CORE_HOLDER_ADDRESS = "unix-abstract:dlfs-grpc-core-holder"
 
 
 def grpc_core_held() -> bool:

@@ -133,9 +133,10 @@ def send_reply(connection, dataset, header: list, order: RequestOrder, count) ->
             if missed and stop < order.payload_bytes:
                 # A cold reply: keep the device busy with the next windows while this
                 # one is sent, instead of asking for each only when its turn comes.
+                first = max(advised, stop)
                 ahead = min(order.payload_bytes, stop + limits.datapath_advise_ahead_bytes)
-                if ahead > max(advised, stop):
-                    store.advise(dataset, order.pieces(max(advised, stop), ahead))
+                if ahead > first:
+                    store.advise(dataset, order.pieces(first, ahead))
                     advised = ahead
             if k == len(windows) - 1:
                 count()
