@@ -78,6 +78,10 @@ class ServerConfig:
     # fill (0: none), and whether the first read of a dataset starts one.
     warm_memory_share: float = limits.warm_memory_share_default
     warm_on_first_read: bool = True
+    # Read a window's cached pieces with one io_uring submission (dlfs/uring.py)
+    # rather than one preadv each; off, or where the kernel refuses io_uring,
+    # the preadv path.
+    io_uring: bool = True
 
     def __post_init__(self):
         checks = [

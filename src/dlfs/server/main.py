@@ -73,6 +73,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--warm-on-first-read", choices=("on", "off"), default="on",
                         help="read a dataset's extents into the page cache in the background "
                              "when it is first read (within --warm-memory-share)")
+    parser.add_argument("--io-uring", choices=("on", "off"), default="on",
+                        help="read the cached pieces of a window with one io_uring "
+                             "submission instead of one preadv each (where the kernel "
+                             "allows io_uring)")
     defaults = ServerConfig(data_dir=".")
     for field, help_text in SETTINGS_HELP.items():
         default = getattr(defaults, field)
@@ -85,6 +89,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
     values = {f.name: getattr(args, f.name) for f in dataclasses.fields(ServerConfig)
               if hasattr(args, f.name)}
     values["warm_on_first_read"] = getattr(args, "warm_on_first_read", "on") == "on"
+    values["io_uring"] = getattr(args, "io_uring", "on") == "on"
     return ServerConfig(**values)
 
 

@@ -118,6 +118,48 @@ def plan_batch(ids: np.ndarray, extent: np.ndarray, offset: np.ndarray, length: 
 Piece = tuple[int, int, int, int]
 
 
+class PieceColumns(Sequence):
+    """Pieces kept as four int64 arrays (extent, file offset, buffer offset, bytes).
+
+    Reads the page cache holds take the arrays whole (one io_uring
+    submission); code that walks pieces one by one sees the list of Piece
+    tuples, built on first use.  Immutable.
+    """
+
+    __slots__ = ("extent", "file_offset", "buffer_offset", "size", "_tuples")
+
+    def __init__(self, extent: np.ndarray, file_offset: np.ndarray, buffer_offset: np.ndarray,
+                 size: np.ndarray):
+        self.extent, self.file_offset = extent, file_offset
+        self.buffer_offset, self.size = buffer_offset, size
+        self._tuples: list[Piece] | None = None
+
+    def tuples(self) -> list[Piece]:
+        if self._tuples is None:
+            self._tuples = list(zip(self.extent.tolist(), self.file_offset.tolist(),
+                                    self.buffer_offset.tolist(), self.size.tolist()))
+        return self._tuples
+
+    def __len__(self) -> int:
+        return self.size.size
+
+    def __getitem__(self, index):
+        return self.tuples()[index]
+
+    def __iter__(self):
+        return iter(self.tuples())
+
+    def __eq__(self, other) -> bool:
+        if isinstance(other, PieceColumns):
+            other = other.tuples()
+        return isinstance(other, list) and self.tuples() == other
+
+    __hash__ = None  # mutable-looking arrays inside: never a dict key
+
+    def __repr__(self) -> str:
+        return f"PieceColumns({self.tuples()!r})"
+
+
 def window_pieces(plan: BatchPlan, start: int, stop: int) -> list[Piece]:
     """The parts of the plan's ranges that fall into payload bytes [start, stop).
 
@@ -153,8 +195,9 @@ class RequestOrder:
         return [(a, min(a + window_bytes, self.payload_bytes))
                 for a in range(0, self.payload_bytes, window_bytes)]
 
-    def pieces(self, start: int, stop: int) -> list[Piece]:
-        """The file pieces filling payload bytes [start, stop), window offsets from `start`."""
+    def pieces(self, start: int, stop: int) -> PieceColumns:
+        """The file pieces filling payload bytes [start, stop), window offsets from `start`,
+        sorted by extent and offset, adjacent ones joined."""
         first = int(np.searchsorted(self.end, start, side="right"))
         last = int(np.searchsorted(self.begin, stop, side="left"))
         begin, end = self.begin[first:last], self.end[first:last]
@@ -177,8 +220,7 @@ class RequestOrder:
                 size = np.add.reduceat(size, starts)
                 extent, file_offset = extent[starts], file_offset[starts]
                 window_offset = window_offset[starts]
-        return list(zip(extent.tolist(), file_offset.tolist(), window_offset.tolist(),
-                        size.tolist()))
+        return PieceColumns(extent, file_offset, window_offset, size)
 
 
 def plan_request(dataset: DatasetIndex, ids: Sequence[int] | None, paths: Sequence[str] | None,

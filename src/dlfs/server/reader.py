@@ -6,6 +6,9 @@ the calling thread with RWF_NOWAIT, which copies what the page cache holds
 and refuses to wait for the device; the misses are all submitted at once
 with WILLNEED advice and read by the reader threads in contiguous shares
 (`os.preadv` releases the GIL, so the device sees many reads at once).
+Windows of many small pieces (`limits.uring_pieces_min`) take one io_uring
+submission instead of a call per piece (`ringreads.py`): the probe, and on
+the data path the read of the misses as well.
 
 `ReadEngine.stream` serves a gRPC batch: it cuts a `BatchPlan`'s payload
 into windows of `chunk_bytes`, keeps `read_ahead_windows` windows in flight
@@ -31,9 +34,10 @@ from typing import Callable, Iterator
 import crc32c
 import numpy as np
 
-from dlfs import limits
+from dlfs import limits, uring
 from dlfs.errors import DataCorruption, DeadlineExceeded, Overloaded
 from dlfs.server.extents import ExtentFiles
+from dlfs.server import ringreads
 from dlfs.server.planning import BatchPlan, Piece, window_pieces
 
 
@@ -123,7 +127,8 @@ class ReadEngine:
     def __init__(self, files: ExtentFiles, *, threads: int = limits.reader_threads_default_min,
                  chunk_bytes: int = limits.chunk_bytes_default,
                  read_ahead_windows: int = limits.read_ahead_windows,
-                 inflight_bytes_max: int = limits.inflight_bytes_max_default, metrics=None):
+                 inflight_bytes_max: int = limits.inflight_bytes_max_default, metrics=None,
+                 io_uring: bool = True):
         assert 1 <= threads <= limits.reader_threads_max
         assert 1 <= chunk_bytes <= inflight_bytes_max
         self.files = files
@@ -132,6 +137,7 @@ class ReadEngine:
         self.threads = threads
         self.chunk_bytes = chunk_bytes
         self.read_ahead_windows = read_ahead_windows
+        self.io_uring = io_uring  # probe windows with one submission (dlfs/uring.py)
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="dlfs-reader")
 
     def close(self) -> None:
@@ -192,11 +198,13 @@ class ReadEngine:
         pieces the page cache did not hold (0: the window was warm).
 
         Page-cache hits are copied by the calling thread; misses are advised
-        at once and read by the reader threads.  Raises DataCorruption
+        at once and read by the reader threads, or, in a window of many small
+        pieces, read by this thread in one io_uring submission.  Raises DataCorruption
         naming the extent (via `describe_extent(extent_no)`) when an extent
         ends early, DeadlineExceeded past `deadline`.
         """
-        window = self._start_pieces(dataset_id, pieces, 0, memoryview(buffer).cast("B"))
+        window = self._start_pieces(dataset_id, pieces, 0, memoryview(buffer).cast("B"),
+                                    read_here=True)
         try:
             self._wait(dataset_id, window, deadline)
         except ShortRead as short:
@@ -214,16 +222,29 @@ class ReadEngine:
         return self._start_pieces(dataset_id, window_pieces(plan, start, stop), start, buffer)
 
     def _start_pieces(self, dataset_id: int, pieces: list[Piece], start: int,
-                      buffer: memoryview) -> _Window:
+                      buffer: memoryview, read_here: bool = False) -> _Window:
+        """Probe the page cache for `pieces` and start reading what it lacks.  With
+        `read_here` and a ring, the misses are read before this returns, in one
+        submission (the caller would only wait for them)."""
         if self.metrics is not None:
             self.metrics.ranges_read.inc(len(pieces))
         probed = len(pieces)
-        pieces = _read_cached(self.files, dataset_id, pieces, buffer)
+        # Windows of many small pieces go through this thread's io_uring: one system
+        # call and one release of the GIL for all of them (docs/DESIGN.md).
+        ring = (uring.for_this_thread()
+                if self.io_uring and probed >= limits.uring_pieces_min else None)
+        pieces = _read_cached(self.files, dataset_id, pieces, buffer, ring)
         if self.metrics is not None:
             self.metrics.cache_hits.inc(probed - len(pieces))
             self.metrics.cache_misses.inc(len(pieces))
         if len(pieces) <= limits.inline_ranges_max:
             return _Window(start, buffer, [], pieces, len(pieces))
+        if read_here and ring is not None:
+            # Pieces the kernel cut short are left to `_wait`, which tells a
+            # truncated extent.
+            left = ringreads.read(ring, self.files, dataset_id, pieces, buffer, nowait=False)
+            if left is not None:
+                return _Window(start, buffer, [], left, len(pieces))
         advise_willneed(self.files, dataset_id, pieces)
         payload = sum(piece[3] for piece in pieces)
         shares = max(1, min(self.threads, len(pieces), payload // limits.reader_share_bytes_min))
@@ -345,21 +366,27 @@ def _with_fds(files: ExtentFiles, dataset_id: int, pieces: list[Piece]):
 
 
 def _read_cached(files: ExtentFiles, dataset_id: int, pieces: list[Piece],
-                 buffer: memoryview) -> list[Piece]:
+                 buffer: memoryview, ring: uring.RingReads | None = None) -> list[Piece]:
     """Copy what the page cache holds of `pieces` into `buffer` without blocking.
 
     Returns the pieces (or their remainders) that still need a blocking read.
-    One `preadv(RWF_NOWAIT)` per piece; stops early, returning everything,
-    when the first `limits.nowait_probe_pieces` pieces all miss, and where the file
-    system does not support RWF_NOWAIT.
+    The first `limits.nowait_probe_pieces` pieces are read one
+    `preadv(RWF_NOWAIT)` each; when all of them miss, the window is cold and
+    everything is returned (its reads go to the device with WILLNEED advice).
+    Otherwise the rest go the same way, or, with a `ring`, in one io_uring
+    submission.  All pieces are returned where the file system does not
+    support RWF_NOWAIT.
     """
     global _nowait_supported
     if not _nowait_supported:
         return pieces
+    probe = limits.nowait_probe_pieces
+    head, rest = (ringreads.cut(pieces, probe) if ring is not None and len(pieces) > probe
+                  else (pieces, None))
     missed: list[Piece] = []
-    with _with_fds(files, dataset_id, pieces) as walk:
+    with _with_fds(files, dataset_id, head) as walk:
         for index, (fd, piece) in enumerate(walk):
-            if index == limits.nowait_probe_pieces and len(missed) == index:
+            if index == probe and len(missed) == index:
                 # Nothing cached so far: a cold window; leave the rest to the
                 # reader threads rather than paying a syscall per piece here.
                 return pieces
@@ -376,7 +403,14 @@ def _read_cached(files: ExtentFiles, dataset_id: int, pieces: list[Piece],
                 return pieces
             if got < size:
                 missed.append((extent_no, file_offset + got, buffer_offset + got, size - got))
-    return missed
+    if rest is None:
+        return missed
+    if len(missed) == len(head):
+        return pieces  # cold, as above
+    more = ringreads.read(ring, files, dataset_id, rest, buffer, nowait=True)
+    if more is None:  # the ring refused: one call per piece, as without it
+        more = _read_cached(files, dataset_id, rest, buffer)
+    return missed + more
 
 
 def advise_willneed(files: ExtentFiles, dataset_id: int, pieces: list[Piece]) -> None:

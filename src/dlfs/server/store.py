@@ -65,7 +65,7 @@ class Store(StoreIngests, StoreResumes, StoreReads):
         self._engine = ReadEngine(self._files, threads=config.reader_threads,
                                   chunk_bytes=config.chunk_bytes,
                                   inflight_bytes_max=config.inflight_bytes_max,
-                                  metrics=self.metrics)
+                                  metrics=self.metrics, io_uring=config.io_uring)
         self._prefetcher = Prefetcher(self._files)
         self._warmer = Warmer(config.data_dir, int(config.warm_memory_share * memory_bytes()),
                               self._is_current, metrics=self.metrics)

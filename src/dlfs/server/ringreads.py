@@ -1,0 +1,83 @@
+"""Pieces of a window read through the calling thread's io_uring, one submission each.
+
+`dlfs.server.reader` sends windows of at least `limits.uring_pieces_min`
+pieces this way (small samples): the probe of the page cache (RWF_NOWAIT)
+and, on the data path, the blocking read of what it lacked.  One system
+call and one release of the GIL per window instead of one per piece: with
+four 4 KiB batches in flight the daemon's reads otherwise hand the GIL back
+and forth hundreds of times a window (docs/DESIGN.md, "One submission per
+window of small pieces").
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+
+import numpy as np
+
+from dlfs import uring
+from dlfs.server.extents import ExtentFiles
+from dlfs.server.planning import Piece, PieceColumns
+
+
+def columns(pieces) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(extent, file offset, buffer offset, bytes) arrays of `pieces`."""
+    if isinstance(pieces, PieceColumns):
+        return pieces.extent, pieces.file_offset, pieces.buffer_offset, pieces.size
+    table = np.array(pieces, dtype=np.int64).reshape(-1, 4)
+    return table[:, 0], table[:, 1], table[:, 2], table[:, 3]
+
+
+def cut(pieces, at: int):
+    """(pieces[:at], pieces[at:]), PieceColumns staying arrays."""
+    if isinstance(pieces, PieceColumns):
+        return (PieceColumns(pieces.extent[:at], pieces.file_offset[:at],
+                             pieces.buffer_offset[:at], pieces.size[:at]),
+                PieceColumns(pieces.extent[at:], pieces.file_offset[at:],
+                             pieces.buffer_offset[at:], pieces.size[at:]))
+    return pieces[:at], pieces[at:]
+
+
+def read(ring: uring.RingReads, files: ExtentFiles, dataset_id: int, pieces,
+         buffer: memoryview, *, nowait: bool) -> list[Piece] | None:
+    """Read `pieces` into `buffer` in one submission; returns the pieces (or their
+    remainders) not read.
+
+    With `nowait`, what the page cache lacked (a miss costs little: the
+    kernel starts reading it and answers EAGAIN).  Without, the thread waits
+    for the device, and what comes back are pieces the kernel cut short
+    (the end of an extent): the caller reads them again one by one, which
+    tells a truncated extent from a short read.  None when the ring cannot
+    take these pieces (the caller reads one piece per call).  Raises OSError
+    for a failed read.
+    """
+    extent, file_offset, buffer_offset, size = columns(pieces)
+    # The kernel writes at raw addresses: every piece must lie inside the buffer.
+    if (buffer.readonly or (buffer_offset < 0).any() or (size <= 0).any()
+            or (buffer_offset + size > len(buffer)).any()
+            or int(size.max()) > uring.READ_BYTES_MAX):
+        return None
+    extents, which = np.unique(extent, return_inverse=True)
+    with contextlib.ExitStack() as stack:
+        fds = np.array([stack.enter_context(files.acquire(dataset_id, e))
+                        for e in extents.tolist()], dtype=np.int32)
+        results = ring.read(fds[which], file_offset, uring.buffer_address(buffer) + buffer_offset,
+                            size, uring.RWF_NOWAIT if nowait else 0)
+    short = np.flatnonzero(results < size)
+    if not short.size:
+        return []
+    failed = results[short]
+    errors = failed[(failed < 0) & (failed != -errno.EAGAIN) & (failed != -errno.EINTR)]
+    if errors.size:
+        code = -int(errors[0])
+        if nowait and code in (errno.EOPNOTSUPP, errno.EINVAL):
+            # An io_uring without what this needs: the preadv path decides
+            # whether RWF_NOWAIT itself works.
+            uring.refuse(f"io_uring reads with RWF_NOWAIT failed: {os.strerror(code)}")
+            return None
+        raise OSError(code, os.strerror(code))
+    got = np.maximum(failed, 0)
+    return list(zip(extent[short].tolist(), (file_offset[short] + got).tolist(),
+                    (buffer_offset[short] + got).tolist(), (size[short] - got).tolist()))
