@@ -370,23 +370,23 @@ def _read_cached(files: ExtentFiles, dataset_id: int, pieces: list[Piece],
     """Copy what the page cache holds of `pieces` into `buffer` without blocking.
 
     Returns the pieces (or their remainders) that still need a blocking read.
-    The first `limits.nowait_probe_pieces` pieces are read one
-    `preadv(RWF_NOWAIT)` each; when all of them miss, the window is cold and
-    everything is returned (its reads go to the device with WILLNEED advice).
-    Otherwise the rest go the same way, or, with a `ring`, in one io_uring
-    submission.  All pieces are returned where the file system does not
-    support RWF_NOWAIT.
+    One `preadv(RWF_NOWAIT)` per piece, or with a `ring` two submissions
+    (`_read_cached_ring`); either way, when the first
+    `limits.nowait_probe_pieces` pieces all miss, the window is cold and
+    everything is returned without probing the rest.  All pieces are
+    returned where the file system does not support RWF_NOWAIT.
     """
     global _nowait_supported
     if not _nowait_supported:
         return pieces
-    probe = limits.nowait_probe_pieces
-    head, rest = (ringreads.cut(pieces, probe) if ring is not None and len(pieces) > probe
-                  else (pieces, None))
+    if ring is not None:
+        missed = _read_cached_ring(ring, files, dataset_id, pieces, buffer)
+        if missed is not None:
+            return missed
     missed: list[Piece] = []
-    with _with_fds(files, dataset_id, head) as walk:
+    with _with_fds(files, dataset_id, pieces) as walk:
         for index, (fd, piece) in enumerate(walk):
-            if index == probe and len(missed) == index:
+            if index == limits.nowait_probe_pieces and len(missed) == index:
                 # Nothing cached so far: a cold window; leave the rest to the
                 # reader threads rather than paying a syscall per piece here.
                 return pieces
@@ -403,12 +403,22 @@ def _read_cached(files: ExtentFiles, dataset_id: int, pieces: list[Piece],
                 return pieces
             if got < size:
                 missed.append((extent_no, file_offset + got, buffer_offset + got, size - got))
-    if rest is None:
+    return missed
+
+
+def _read_cached_ring(ring: uring.RingReads, files: ExtentFiles, dataset_id: int,
+                      pieces: list[Piece], buffer: memoryview) -> list[Piece] | None:
+    """`_read_cached` in two submissions: the first `limits.nowait_probe_pieces` pieces
+    (all missed: a cold window, returned whole), then the rest.  None when the
+    ring cannot take the pieces (the caller probes them one call each)."""
+    head, rest = ringreads.cut(pieces, limits.nowait_probe_pieces)
+    missed = ringreads.read(ring, files, dataset_id, head, buffer, nowait=True)
+    if missed is None or not len(rest):
         return missed
     if len(missed) == len(head):
-        return pieces  # cold, as above
+        return pieces
     more = ringreads.read(ring, files, dataset_id, rest, buffer, nowait=True)
-    if more is None:  # the ring refused: one call per piece, as without it
+    if more is None:
         more = _read_cached(files, dataset_id, rest, buffer)
     return missed + more
 
