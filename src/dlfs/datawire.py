@@ -62,6 +62,9 @@ BATCH_CRCS = 0x1
 # part of a sample; RANGE_TAIL follows the CRCs and says where the range is.
 BATCH_BLOCKS = 0x2
 RANGE_TAIL = struct.Struct("<QQ")  # payload bytes before the range, range bytes
+# BATCH flag: the request's hint ids were dropped (the daemon's prefetch queue
+# was full); only speed is lost.  Clients that predate it ignore it.
+BATCH_HINTS_DROPPED = 0x4
 # READ_RANGE flag: the client verifies block by block; widen a part of a sample
 # with block CRCs to whole blocks and answer with BATCH_BLOCKS.  A daemon that
 # predates it ignores it (and answers as without it).

@@ -50,6 +50,8 @@ _SETUP_COOP_TASKRUN = 1 << 8
 _SETUP_SINGLE_ISSUER = 1 << 12
 _SETUP_DEFER_TASKRUN = 1 << 13
 _OP_READ = 22
+_OP_FADVISE = 24
+POSIX_FADV_WILLNEED = 3
 RWF_NOWAIT = 0x8
 
 # struct io_uring_sqe (64 bytes), the fields a read uses; the rest stay zero.
@@ -151,15 +153,25 @@ class RingReads:
         writable memory it keeps alive for the call.  Raises OSError when
         the ring itself fails; nothing is in flight after any return.
         """
+        return self._submit(_OP_READ, fds, offsets, addresses, lengths, flags)
+
+    def advise(self, fds: np.ndarray, offsets: np.ndarray, lengths: np.ndarray,
+               advice: int = POSIX_FADV_WILLNEED) -> np.ndarray:
+        """`posix_fadvise(fds[i], offsets[i], lengths[i], advice)` for every i, in one
+        system call; returns each one's result (0, or minus an errno)."""
+        return self._submit(_OP_FADVISE, fds, offsets, np.zeros(len(offsets), np.uint64),
+                            lengths, advice)
+
+    def _submit(self, opcode: int, fds, offsets, addresses, lengths, flags: int) -> np.ndarray:
         count = len(offsets)
         results = np.empty(count, np.int64)
         for lo in range(0, count, self.entries):
             hi = min(count, lo + self.entries)
-            results[lo:hi] = self._round(fds[lo:hi], offsets[lo:hi], addresses[lo:hi],
+            results[lo:hi] = self._round(opcode, fds[lo:hi], offsets[lo:hi], addresses[lo:hi],
                                          lengths[lo:hi], flags)
         return results
 
-    def _round(self, fds, offsets, addresses, lengths, flags: int) -> np.ndarray:
+    def _round(self, opcode: int, fds, offsets, addresses, lengths, flags: int) -> np.ndarray:
         count = len(offsets)
         tail = int(self._sq_tail[0])
         first = tail & self._sq_mask
@@ -169,12 +181,12 @@ class RingReads:
                           (self.entries - first, self._sqes[:max(0, first + count - self.entries)])):
             hi = lo + len(slots)
             if hi > lo:
-                slots["opcode"] = _OP_READ
+                slots["opcode"] = opcode
                 slots["fd"] = fds[lo:hi]
                 slots["off"] = offsets[lo:hi]
                 slots["addr"] = addresses[lo:hi]
                 slots["len"] = lengths[lo:hi]
-                slots["rw_flags"] = flags
+                slots["rw_flags"] = flags  # fadvise_advice for FADVISE
                 slots["user_data"] = np.arange(lo, hi, dtype=np.uint64)
         self._sq_tail[0] = (tail + count) & 0xFFFFFFFF
         results = np.empty(count, np.int64)

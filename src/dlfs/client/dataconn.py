@@ -55,6 +55,7 @@ class Received(NamedTuple):
 
     generation: int
     samples: list[memoryview]
+    hints_dropped: bool = False  # the daemon's prefetch queue dropped the request's hints
 
 
 class DataConnection:
@@ -281,7 +282,7 @@ class DataConnection:
         if blocks:  # the asked range, cut out of its verified blocks
             samples = [view[reply.skip:reply.skip + reply.length]]
         return Received(reply.generation, [s.toreadonly() for s in samples] if out is None
-                        else samples)
+                        else samples, bool(reply.flags & datawire.BATCH_HINTS_DROPPED))
 
     def _receive_payload(self, payload: np.ndarray, checker: "_Checker | None" = None) -> None:
         """Receive the DATA frames of a payload into `payload`; `checker` verifies the

@@ -119,18 +119,18 @@ class DataPathTransport(DaemonTransport):
             fallback=lambda: super(DataPathTransport, self).get_batch(request, out))
 
     def prefetch(self, request: pb.PrefetchRequest) -> bool:
-        """As gRPC's Prefetch; but where gRPC cannot be used (a forked worker, see
-        `channel.check_grpc_usable`) a hint by ids rides the data path as a
-        GET_BATCH of no samples.  The daemon drops a hint its queue cannot take
-        without saying so there, so that form always returns True."""
-        if grpc_usable() or request.paths or self.data_path() is None:
+        """As gRPC's Prefetch (False: the daemon's queue dropped the hint), but a hint by
+        ids rides the data path, as a GET_BATCH of no samples: a reader hinting
+        every batch then pays no gRPC call per batch (and a forked worker can
+        hint at all).  Hints by path go over gRPC (they need the names resolved)."""
+        if request.paths or self.data_path() is None:
             return super().prefetch(request)
         hints = np.asarray(request.ids, dtype=np.int64)
-        self._on_data_path(request.dataset, lambda data: data.get_batch(
+        answer = self._on_data_path(request.dataset, lambda data: data.get_batch(
             request.dataset, np.empty(0, np.int64), hints=hints,
             request_id=logs.current_request_id()),
             fallback=lambda: super(DataPathTransport, self).prefetch(request))
-        return True
+        return answer if isinstance(answer, bool) else not answer.hints_dropped
 
     def dataset_info(self, dataset: str, known: DatasetInfo | None = None) -> DatasetInfo:
         """The current version of `dataset` (`known`: the version this client had).

@@ -33,7 +33,8 @@ def batch(connection, request: datawire.BatchRequest) -> None:
         raise InvalidArgument(
             f"batch of {request.ids.size} samples exceeds the limit of "
             f"{config.batch_ids_max} (--batch-ids-max); split it into smaller batches")
-    with store.reading(request.dataset, request.generation) as dataset:
+    with store.reading(request.dataset, request.generation,
+                       first_read=bool(request.ids.size)) as dataset:
         ids = dataset.check_ids(request.ids)
         dataset.check_local(ids)
         lengths = dataset.length[ids]
@@ -42,11 +43,11 @@ def batch(connection, request: datawire.BatchRequest) -> None:
             raise InvalidArgument(
                 f"batch of {ids.size} samples holds {payload} bytes, over the limit of "
                 f"{config.batch_bytes_max} (--batch-bytes-max); split it into smaller batches")
-        if request.hints.size:
-            store.hint_ids(dataset, request.hints)
+        flags = datawire.BATCH_CRCS
+        if request.hints.size and not store.hint_ids(dataset, request.hints):
+            flags |= datawire.BATCH_HINTS_DROPPED
         order = RequestOrder(dataset.extent[ids], dataset.offset[ids], lengths)
-        header = datawire.batch_header(dataset.generation, lengths, dataset.crc[ids],
-                                       datawire.BATCH_CRCS)
+        header = datawire.batch_header(dataset.generation, lengths, dataset.crc[ids], flags)
         send_reply(connection, dataset, header, order, lambda: store.count_served(
             "DataBatch", ids.size, payload, started))
 

@@ -16,9 +16,10 @@ import logging
 import queue
 import threading
 
-from dlfs import limits
+from dlfs import limits, uring
 from dlfs.errors import DataCorruption, Overloaded
 from dlfs.server.extents import ExtentFiles
+from dlfs.server import ringreads
 from dlfs.server.planning import BatchPlan, window_pieces
 from dlfs.server.reader import advise_willneed
 
@@ -30,10 +31,13 @@ _STOP = object()
 class Prefetcher:
     """One background thread turning queued plans into WILLNEED advice.  Thread-safe."""
 
-    def __init__(self, files: ExtentFiles, queue_max: int = limits.prefetch_queue_max):
+    def __init__(self, files: ExtentFiles, queue_max: int = limits.prefetch_queue_max,
+                 io_uring: bool = True):
         self._files = files
+        self._io_uring = io_uring  # advise a hint in one submission (ringreads.advise)
         self._queue: queue.Queue = queue.Queue(maxsize=queue_max)
         self.ranges_advised = 0
+        self.hints_cached = 0  # hints skipped: their first ranges were in the page cache
         self._thread = threading.Thread(target=self._run, name="dlfs-prefetch", daemon=True)
         self._thread.start()
 
@@ -67,5 +71,16 @@ class Prefetcher:
 
     def _advise(self, dataset_id: int, plan: BatchPlan) -> None:
         pieces = window_pieces(plan, 0, plan.payload_bytes)
-        advise_willneed(self._files, dataset_id, pieces)
+        ring = uring.for_this_thread() if self._io_uring else None
+        if ring is not None:
+            # A hint for data already cached (a warm epoch) costs the threads serving
+            # reads nothing but one probe; otherwise one system call advises it all,
+            # and this thread takes the GIL once per hint, not once per range.
+            if ringreads.all_cached(ring, self._files, dataset_id,
+                                    pieces[:limits.nowait_probe_pieces]):
+                self.hints_cached += 1
+                return
+            ringreads.advise(ring, self._files, dataset_id, pieces, limits.willneed_chunk_bytes)
+        else:
+            advise_willneed(self._files, dataset_id, pieces)
         self.ranges_advised += len(pieces)

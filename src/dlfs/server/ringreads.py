@@ -81,3 +81,46 @@ def read(ring: uring.RingReads, files: ExtentFiles, dataset_id: int, pieces,
     got = np.maximum(failed, 0)
     return list(zip(extent[short].tolist(), (file_offset[short] + got).tolist(),
                     (buffer_offset[short] + got).tolist(), (size[short] - got).tolist()))
+
+
+def advise(ring: uring.RingReads, files: ExtentFiles, dataset_id: int, pieces,
+           chunk_bytes: int) -> None:
+    """WILLNEED advice for every piece in one submission, pieces cut into advice calls
+    of at most `chunk_bytes` (the kernel reads at most its read-ahead size per call).
+    Raises OSError when an advice call fails."""
+    extent, file_offset, _buffer_offset, size = columns(pieces)
+    if not size.size:
+        return
+    calls = (size + chunk_bytes - 1) // chunk_bytes
+    piece = np.repeat(np.arange(size.size), calls)
+    # Position of each call within its piece: 0, 1, ... calls-1.
+    nth = np.arange(piece.size) - np.repeat(np.cumsum(calls) - calls, calls)
+    offsets = file_offset[piece] + nth * chunk_bytes
+    lengths = np.minimum(chunk_bytes, file_offset[piece] + size[piece] - offsets)
+    extents, which = np.unique(extent[piece], return_inverse=True)
+    with contextlib.ExitStack() as stack:
+        fds = np.array([stack.enter_context(files.acquire(dataset_id, e))
+                        for e in extents.tolist()], dtype=np.int32)
+        results = ring.advise(fds[which], offsets, lengths)
+    failed = results[results < 0]
+    if failed.size:
+        code = -int(failed[0])
+        raise OSError(code, f"posix_fadvise(WILLNEED): {os.strerror(code)}")
+
+
+def all_cached(ring: uring.RingReads, files: ExtentFiles, dataset_id: int, pieces) -> bool:
+    """Whether the page cache holds the middle byte of every piece (one submission of
+    one-byte RWF_NOWAIT reads; nothing else is copied).  A piece's first page may
+    be cached only because it ends the piece before, hence the middle."""
+    extent, file_offset, _buffer_offset, size = columns(pieces)
+    if not size.size:
+        return True
+    scratch = np.zeros(size.size, np.uint8)
+    extents, which = np.unique(extent, return_inverse=True)
+    with contextlib.ExitStack() as stack:
+        fds = np.array([stack.enter_context(files.acquire(dataset_id, e))
+                        for e in extents.tolist()], dtype=np.int32)
+        results = ring.read(fds[which], file_offset + size // 2,
+                            scratch.ctypes.data + np.arange(size.size, dtype=np.uint64),
+                            np.ones(size.size, np.uint32), uring.RWF_NOWAIT)
+    return bool((results == 1).all())

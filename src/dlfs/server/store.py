@@ -66,7 +66,7 @@ class Store(StoreIngests, StoreResumes, StoreReads):
                                   chunk_bytes=config.chunk_bytes,
                                   inflight_bytes_max=config.inflight_bytes_max,
                                   metrics=self.metrics, io_uring=config.io_uring)
-        self._prefetcher = Prefetcher(self._files)
+        self._prefetcher = Prefetcher(self._files, io_uring=config.io_uring)
         self._warmer = Warmer(config.data_dir, int(config.warm_memory_share * memory_bytes()),
                               self._is_current, metrics=self.metrics)
         self._mutex = threading.Lock()
@@ -165,7 +165,8 @@ class Store(StoreIngests, StoreResumes, StoreReads):
                            "the ingest finishes")
         return self.directory.get(name)
 
-    def reading(self, name: str, generation: int = 0) -> ContextManager[DatasetIndex]:
+    def reading(self, name: str, generation: int = 0, *,
+                first_read: bool = True) -> ContextManager[DatasetIndex]:
         """The sealed dataset `name`, whose extents stay on disk until the block ends.
 
         A delete or replace that lands meanwhile unpublishes the dataset at
@@ -173,6 +174,8 @@ class Store(StoreIngests, StoreResumes, StoreReads):
         read that resolved the old dataset finishes with the old bytes
         instead of failing on a vanished extent file (leases.py).  With a
         `generation`, only that version will do: StaleGeneration otherwise.
+        `first_read=False` (a request carrying only prefetch hints, as gRPC's
+        Prefetch) does not count as the dataset's first read for the warm-up.
         Raises InvalidArgument, NotFound, StaleGeneration, Unavailable
         (shutting down).
         """
@@ -193,7 +196,7 @@ class Store(StoreIngests, StoreResumes, StoreReads):
                 raise StaleGeneration(
                     f"dataset {name!r} was replaced: version {generation} is no longer "
                     f"served (the current one is {dataset.generation}); open it again")
-            if self.config.warm_on_first_read:
+            if self.config.warm_on_first_read and first_read:
                 self._warmer.first_read(dataset)
             return dataset
 

@@ -110,10 +110,10 @@ class StoreReads:
             yield [(e, stack.enter_context(self._files.acquire(dataset.dataset_id, e)))
                    for e in np.unique(local).tolist()]
 
-    def hint_ids(self, dataset: DatasetIndex, ids) -> None:
+    def hint_ids(self, dataset: DatasetIndex, ids) -> bool:
         """A prefetch hint for sample ids riding on a read, as GetBatch's prefetch_ids:
         a bad id fails the read (InvalidArgument), a full prefetch queue drops the
-        hint, and ids other members store are left to them."""
+        hint (returns False), and ids other members store are left to them."""
         ids = dataset.check_ids(np.asarray(ids, dtype=np.int64))
         if dataset.cluster is not None:
             ids = ids[dataset.extent[ids] != layout.NO_EXTENT]
@@ -121,7 +121,8 @@ class StoreReads:
             self.hint(dataset, planning.plan_batch(ids, dataset.extent, dataset.offset,
                                                    dataset.length, dataset.crc))
         except Overloaded:
-            pass
+            return False
+        return True
 
     def count_read(self, method: str, plan: BatchPlan, seconds: float) -> None:
         """Count one read call served (see Metrics.count_read)."""
