@@ -122,9 +122,10 @@ def test_read_into_a_window_of_many_small_samples(tmp_path, io_uring, cold):
     finally:
         engine.close()
         files.close()
-    # RWF_NOWAIT may refuse a cached page now and then (a locked folio): warm
-    # means nearly every piece came from the page cache.
-    assert missed == len(pieces) if cold else missed < len(pieces) // 10
+    # Neither eviction nor RWF_NOWAIT is exact (a page under writeback stays, a
+    # locked folio is refused): cold means most pieces came from the device,
+    # warm nearly all from the page cache.
+    assert missed > len(pieces) // 2 if cold else missed < len(pieces) // 10
     assert bytes(buffer) == b"".join(contents[i] for i in ids.tolist())
 
 

@@ -40,6 +40,17 @@ def cut(pieces, at: int):
     return pieces[:at], pieces[at:]
 
 
+@contextlib.contextmanager
+def _descriptors(files: ExtentFiles, dataset_id: int, extent: np.ndarray):
+    """The descriptor of each entry's extent (int32 array), each extent acquired once
+    and held until the block ends."""
+    extents, which = np.unique(extent, return_inverse=True)
+    with contextlib.ExitStack() as stack:
+        fds = np.array([stack.enter_context(files.acquire(dataset_id, e))
+                        for e in extents.tolist()], dtype=np.int32)
+        yield fds[which]
+
+
 def read(ring: uring.RingReads, files: ExtentFiles, dataset_id: int, pieces,
          buffer: memoryview, *, nowait: bool) -> list[Piece] | None:
     """Read `pieces` into `buffer` in one submission; returns the pieces (or their
@@ -59,11 +70,8 @@ def read(ring: uring.RingReads, files: ExtentFiles, dataset_id: int, pieces,
             or (buffer_offset + size > len(buffer)).any()
             or int(size.max()) > uring.READ_BYTES_MAX):
         return None
-    extents, which = np.unique(extent, return_inverse=True)
-    with contextlib.ExitStack() as stack:
-        fds = np.array([stack.enter_context(files.acquire(dataset_id, e))
-                        for e in extents.tolist()], dtype=np.int32)
-        results = ring.read(fds[which], file_offset, uring.buffer_address(buffer) + buffer_offset,
+    with _descriptors(files, dataset_id, extent) as fds:
+        results = ring.read(fds, file_offset, uring.buffer_address(buffer) + buffer_offset,
                             size, uring.RWF_NOWAIT if nowait else 0)
     short = np.flatnonzero(results < size)
     if not short.size:
@@ -97,11 +105,8 @@ def advise(ring: uring.RingReads, files: ExtentFiles, dataset_id: int, pieces,
     nth = np.arange(piece.size) - np.repeat(np.cumsum(calls) - calls, calls)
     offsets = file_offset[piece] + nth * chunk_bytes
     lengths = np.minimum(chunk_bytes, file_offset[piece] + size[piece] - offsets)
-    extents, which = np.unique(extent[piece], return_inverse=True)
-    with contextlib.ExitStack() as stack:
-        fds = np.array([stack.enter_context(files.acquire(dataset_id, e))
-                        for e in extents.tolist()], dtype=np.int32)
-        results = ring.advise(fds[which], offsets, lengths)
+    with _descriptors(files, dataset_id, extent[piece]) as fds:
+        results = ring.advise(fds, offsets, lengths)
     failed = results[results < 0]
     if failed.size:
         code = -int(failed[0])
@@ -116,11 +121,8 @@ def all_cached(ring: uring.RingReads, files: ExtentFiles, dataset_id: int, piece
     if not size.size:
         return True
     scratch = np.zeros(size.size, np.uint8)
-    extents, which = np.unique(extent, return_inverse=True)
-    with contextlib.ExitStack() as stack:
-        fds = np.array([stack.enter_context(files.acquire(dataset_id, e))
-                        for e in extents.tolist()], dtype=np.int32)
-        results = ring.read(fds[which], file_offset + size // 2,
+    with _descriptors(files, dataset_id, extent) as fds:
+        results = ring.read(fds, file_offset + size // 2,
                             scratch.ctypes.data + np.arange(size.size, dtype=np.uint64),
                             np.ones(size.size, np.uint32), uring.RWF_NOWAIT)
     return bool((results == 1).all())
