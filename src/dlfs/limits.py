@@ -141,7 +141,9 @@ willneed_chunk_bytes = 128 * KiB
 # rest are not probed one syscall each but advised and read from the device.
 nowait_probe_pieces = 16
 # Submission slots of a thread's io_uring (dlfs/uring.py): the reads one system
-# call submits at most (a 4 MiB window of 4 KiB samples is 1,024 pieces).
+# call submits at most (a 4 MiB window of 4 KiB samples is 1,024 pieces).  A
+# ring costs about 100 KiB of kernel memory (64-byte entries, a completion
+# queue twice as long); each thread that reads such windows has one.
 uring_entries = 1024
 # Windows of fewer pieces are read one preadv per piece: below this the
 # submission's fixed cost (about 40 us of numpy) is more than the per-call

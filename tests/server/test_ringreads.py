@@ -160,3 +160,31 @@ def test_a_finished_threads_ring_closes_with_it():
         thread.start()
         thread.join()
     assert len(os.listdir("/proc/self/fd")) == before
+
+
+def test_a_ring_that_fails_leaves_reads_to_preadv(tmp_path, monkeypatch):
+    sizes = [4096] * 200
+    store, (ext, off, length, _crc), contents = write_samples(tmp_path, sizes, 1 << 20)
+    broken = uring.RingReads(entries=8)
+    spare = os.open(store.extent_path(7, 0), os.O_RDONLY)
+    monkeypatch.setattr(broken, "fd", spare)  # io_uring_enter on a plain file: EOPNOTSUPP
+    monkeypatch.setattr(uring, "_refused", None)
+    monkeypatch.setattr(uring, "for_this_thread",
+                        lambda: None if uring._refused else broken)
+    order = RequestOrder(ext[::2], off[::2], length[::2])
+    files = ExtentFiles(store)
+    engine = ReadEngine(files, threads=2)
+    buffer = np.zeros(order.payload_bytes, np.uint8)
+    try:
+        for cold in (False, True):
+            if cold:
+                drop_cached_pages(store, ext)
+            buffer[:] = 0
+            engine.read_into(7, order.pieces(0, order.payload_bytes), buffer,
+                             describe_extent=str)
+            assert bytes(buffer) == b"".join(contents[::2])
+            assert uring._refused is not None
+    finally:
+        engine.close()
+        files.close()
+        os.close(spare)

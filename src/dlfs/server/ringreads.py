@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import os
 
 import numpy as np
@@ -20,6 +21,8 @@ import numpy as np
 from dlfs import uring
 from dlfs.server.extents import ExtentFiles
 from dlfs.server.planning import Piece, PieceColumns
+
+log = logging.getLogger(__name__)
 
 
 def columns(pieces) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -71,8 +74,16 @@ def read(ring: uring.RingReads, files: ExtentFiles, dataset_id: int, pieces,
             or int(size.max()) > uring.READ_BYTES_MAX):
         return None
     with _descriptors(files, dataset_id, extent) as fds:
-        results = ring.read(fds, file_offset, uring.buffer_address(buffer) + buffer_offset,
-                            size, uring.RWF_NOWAIT if nowait else 0)
+        try:
+            results = ring.read(fds, file_offset, uring.buffer_address(buffer) + buffer_offset,
+                                size, uring.RWF_NOWAIT if nowait else 0)
+        except OSError as exc:
+            # The ring itself failed (not a read): no reads are in flight, so
+            # this window and every later one go one preadv per piece.
+            log.warning("io_uring failed (%s): reading one system call per piece from now on",
+                        exc)
+            uring.refuse(f"io_uring failed: {exc}")
+            return None
     short = np.flatnonzero(results < size)
     if not short.size:
         return []
