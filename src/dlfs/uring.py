@@ -74,7 +74,8 @@ _syscall.restype = ctypes.c_long
 
 
 class RingReads:
-    """One io_uring of `entries` submission slots, for the thread that made it."""
+    """One io_uring of `entries` submission slots, for the thread that made it (the
+    kernel holds it to that: SINGLE_ISSUER): reads, and WILLNEED advice, in batches."""
 
     def __init__(self, entries: int = limits.uring_entries):
         params = (ctypes.c_uint32 * 30)()  # struct io_uring_params, 120 bytes
