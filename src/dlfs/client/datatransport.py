@@ -126,11 +126,10 @@ class DataPathTransport(DaemonTransport):
         if request.paths or self.data_path() is None:
             return super().prefetch(request)
         hints = np.asarray(request.ids, dtype=np.int64)
-        answer = self._on_data_path(request.dataset, lambda data: data.get_batch(
+        return self._on_data_path(request.dataset, lambda data: not data.get_batch(
             request.dataset, np.empty(0, np.int64), hints=hints,
-            request_id=logs.current_request_id()),
+            request_id=logs.current_request_id()).hints_dropped,
             fallback=lambda: super(DataPathTransport, self).prefetch(request))
-        return answer if isinstance(answer, bool) else not answer.hints_dropped
 
     def dataset_info(self, dataset: str, known: DatasetInfo | None = None) -> DatasetInfo:
         """The current version of `dataset` (`known`: the version this client had).

@@ -144,6 +144,10 @@ class PieceColumns(Sequence):
         return self.size.size
 
     def __getitem__(self, index):
+        """A Piece tuple; a slice of pieces as PieceColumns (views of the arrays)."""
+        if isinstance(index, slice):
+            return PieceColumns(self.extent[index], self.file_offset[index],
+                                self.buffer_offset[index], self.size[index])
         return self.tuples()[index]
 
     def __iter__(self):

@@ -18,8 +18,8 @@ import threading
 
 from dlfs import limits, uring
 from dlfs.errors import DataCorruption, Overloaded
-from dlfs.server.extents import ExtentFiles
 from dlfs.server import ringreads
+from dlfs.server.extents import ExtentFiles
 from dlfs.server.planning import BatchPlan, window_pieces
 from dlfs.server.reader import advise_willneed
 

@@ -36,8 +36,8 @@ import numpy as np
 
 from dlfs import limits, uring
 from dlfs.errors import DataCorruption, DeadlineExceeded, Overloaded
-from dlfs.server.extents import ExtentFiles
 from dlfs.server import ringreads
+from dlfs.server.extents import ExtentFiles
 from dlfs.server.planning import BatchPlan, Piece, window_pieces
 
 
@@ -411,7 +411,7 @@ def _read_cached_ring(ring: uring.RingReads, files: ExtentFiles, dataset_id: int
     """`_read_cached` in two submissions: the first `limits.nowait_probe_pieces` pieces
     (all missed: a cold window, returned whole), then the rest.  None when the
     ring cannot take the pieces (the caller probes them one call each)."""
-    head, rest = ringreads.cut(pieces, limits.nowait_probe_pieces)
+    head, rest = pieces[:limits.nowait_probe_pieces], pieces[limits.nowait_probe_pieces:]
     missed = ringreads.read(ring, files, dataset_id, head, buffer, nowait=True)
     if missed is None or not len(rest):
         return missed

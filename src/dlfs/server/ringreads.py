@@ -33,16 +33,6 @@ def columns(pieces) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     return table[:, 0], table[:, 1], table[:, 2], table[:, 3]
 
 
-def cut(pieces, at: int):
-    """(pieces[:at], pieces[at:]), PieceColumns staying arrays."""
-    if isinstance(pieces, PieceColumns):
-        return (PieceColumns(pieces.extent[:at], pieces.file_offset[:at],
-                             pieces.buffer_offset[:at], pieces.size[:at]),
-                PieceColumns(pieces.extent[at:], pieces.file_offset[at:],
-                             pieces.buffer_offset[at:], pieces.size[at:]))
-    return pieces[:at], pieces[at:]
-
-
 @contextlib.contextmanager
 def _descriptors(files: ExtentFiles, dataset_id: int, extent: np.ndarray):
     """The descriptor of each entry's extent (int32 array), each extent acquired once
