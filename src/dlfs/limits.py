@@ -255,6 +255,10 @@ datapath_fds_per_frame_max = 250
 # Data connections one client process keeps to one daemon (one request in
 # flight on each); callers beyond that wait for a free one.
 data_connections_max = 64
+# Prefetch hints a client sends on one data connection without reading their
+# replies yet (`Dataset.prefetch` returns at once); each reply is one small
+# BATCH frame, read before the connection's next request.
+datapath_hints_unanswered_max = 8
 # Reply buffers without a caller's `out`: size classes start here, and a
 # client keeps at most this many bytes of returned ones for reuse.
 reply_buffer_bytes_min = 64 * KiB

@@ -309,12 +309,12 @@ class ClusterRouter:
         (`known` is unused).  Raises NotFound."""
         return metadata.dataset_info(self, dataset)
 
-    def prefetch(self, request: pb.PrefetchRequest) -> bool:
+    def prefetch(self, request: pb.PrefetchRequest, wait: bool = True) -> bool:
         """Send hints for the request's samples to their first live holders (fire and forget)."""
         ids = self.ids_of(request)
         placement = self.placement(request.dataset)
         if not placement.members:
-            return self.member(placement.owner).prefetch(request)
+            return self.member(placement.owner).prefetch(request, wait)
         self._hint(request.dataset, placement, ids)
         return True
 

@@ -11,6 +11,7 @@ header carries.  No sample byte is copied in Python.
 from __future__ import annotations
 
 import array
+import logging
 import os
 import socket
 from typing import NamedTuple
@@ -29,6 +30,7 @@ from dlfs.errors import (
 )
 from dlfs.sockio import recv_exactly, send_all
 
+log = logging.getLogger(__name__)
 
 class Endpoint(NamedTuple):
     """Where a data path listens: (socket family, address) and a label for messages."""
@@ -72,6 +74,8 @@ class DataConnection:
         self.endpoint = endpoint
         self.reply_timeout_s = reply_timeout_s
         self.broken = False
+        self.hints_dropped = 0  # hints sent without waiting that the daemon's queue dropped
+        self._unanswered_hints = 0  # replies of hints sent without waiting, still to be read
         self._header = bytearray(datawire.FRAME.size)
         self._sock = socket.socket(endpoint.family, socket.SOCK_STREAM)
         try:
@@ -106,6 +110,27 @@ class DataConnection:
         """Send a GET_BATCH frame (`request`, from `datawire.get_batch`) and receive its reply."""
         return self._exchange(request, ids, dataset, verify, out, pool)
 
+    def send_hint(self, request: list) -> None:
+        """Send a GET_BATCH of hints alone (`request`) without waiting for its reply.
+
+        The reply (one BATCH frame) is read before this connection's next
+        request, so a hint costs its sender one `sendmsg`; the daemon plans
+        and advises it while the sender goes on.  A reply saying the
+        daemon's prefetch queue dropped the hint counts in `hints_dropped`;
+        a typed error answering it is logged at debug level and dropped (a
+        hint only costs speed, and the next read of that dataset meets the
+        same trouble with its own exception).  At most
+        `limits.datapath_hints_unanswered_max` replies wait to be read.
+        """
+        try:
+            self._sock.settimeout(self.reply_timeout_s)
+            if self._unanswered_hints >= limits.datapath_hints_unanswered_max:
+                self._settle()
+            send_all(self._sock, request)
+        except BaseException as exc:
+            raise self._failed(exc) from None
+        self._unanswered_hints += 1
+
     def read_range(self, request: bytes, sample_id: int, offset: int, dataset: str, *,
                    verify: bool, pool: BufferPool) -> Received:
         """Send a READ_RANGE frame (`request`, asking for bytes from `offset`) and receive
@@ -117,6 +142,7 @@ class DataConnection:
         """(generation, samples, bytes) of the dataset's current version."""
         try:
             self._sock.settimeout(self.reply_timeout_s)
+            self._settle()
             self._sock.sendall(datawire.stat_dataset(dataset))
             kind, body = self._frame(datawire.DATASET.size)
         except BaseException as exc:
@@ -134,6 +160,7 @@ class DataConnection:
         fds: list[int] = []
         try:
             self._sock.settimeout(self.reply_timeout_s)
+            self._settle()
             self._sock.sendall(datawire.open_dataset(dataset, generation,
                                                      logs.current_request_id()))
             kind, body = self._frame(limits.datapath_reply_header_bytes_max)
@@ -255,6 +282,7 @@ class DataConnection:
                   pool: BufferPool, offset: int = 0) -> Received:
         try:
             self._sock.settimeout(self.reply_timeout_s)
+            self._settle()
             send_all(self._sock, request)
             kind, body = self._frame(limits.datapath_reply_header_bytes_max)
             if kind != datawire.Kind.BATCH:
@@ -301,6 +329,26 @@ class DataConnection:
             filled += length
             if checker is not None:
                 checker.check_until(filled)
+
+    def _settle(self) -> None:
+        """Read the replies of the hints `send_hint` sent (see there); the socket's timeout
+        is set.  Raises what `_frame` raises but the daemon's typed errors."""
+        while self._unanswered_hints:
+            self._unanswered_hints -= 1
+            try:
+                kind, body = self._frame(limits.datapath_reply_header_bytes_max)
+            except DlfsError as exc:
+                if isinstance(exc, (Unavailable, DeadlineExceeded)):
+                    raise
+                log.debug("a prefetch hint sent to %s was refused: %s", self.endpoint.label, exc)
+                continue
+            if kind != datawire.Kind.BATCH:
+                raise self._unexpected(kind, "BATCH")
+            reply = datawire.parse_batch_header(body)
+            if reply.payload_bytes:
+                raise datawire.FrameError("samples came in reply to hints alone")
+            if reply.flags & datawire.BATCH_HINTS_DROPPED:
+                self.hints_dropped += 1
 
     # --- frames -------------------------------------------------------------------------
 

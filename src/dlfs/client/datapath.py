@@ -68,6 +68,9 @@ class DataPath:
         self._lock = threading.Condition()
         self._idle: list[DataConnection] = []
         self._open = 0
+        # Hints sent without waiting that the daemon's full queue dropped, counted from
+        # connections given back (a connection's own count resets then).
+        self.hints_dropped = 0
         self._pid = os.getpid()
         self._closed = False
         # Whether any connection ever got a WELCOME: until then, failing to
@@ -109,6 +112,15 @@ class DataPath:
         with self._connection() as connection:
             return connection.get_batch(request, ids, dataset, verify=verify, out=out,
                                         pool=self.pool)
+
+    def send_hints(self, dataset: str, hints: np.ndarray, *, request_id: str = "") -> None:
+        """Ask the daemon to read samples `hints` of `dataset` into its page cache, without
+        waiting for its answer (see `DataConnection.send_hint`); hints its full queue
+        dropped are counted in `hints_dropped` once their replies were read."""
+        request = datawire.get_batch(dataset, np.empty(0, np.int64), hints=hints,
+                                     request_id=request_id or logs.current_request_id())
+        with self._connection() as connection:
+            connection.send_hint(request)
 
     def read_range(self, dataset: str, sample_id: int, offset: int, length: int, *,
                    generation: int = 0, verify: bool = True, request_id: str = "") -> Received:
@@ -186,6 +198,8 @@ class DataPath:
 
     def _give_back(self, connection: DataConnection) -> None:
         with self._lock:
+            self.hints_dropped += connection.hints_dropped
+            connection.hints_dropped = 0
             if connection.broken or self._closed or self._pid != os.getpid():
                 self._open -= 1
                 connection.close()

@@ -104,12 +104,23 @@ class Dataset:
         into its page cache and this call returns at once.
 
         Returns False when the daemon's prefetch queue is full (the hint was
-        dropped: only speed is lost).  Raises as get_batch does for bad keys.
+        dropped: only speed is lost), as far as known when the call returns:
+        a hint by ids on the data path is sent without waiting for the
+        daemon's answer (one `sendmsg`; the daemon plans it while the caller
+        goes on), and True then means sent.  Raises as get_batch does for
+        bad keys (ids outside this version's range are asked of the daemon
+        and waited for, so that it decides).
         """
         request = pb.PrefetchRequest(dataset=self.name)
         if not fill_keys(request, keys):
             return True
-        return self._transport.prefetch(request)
+        if isinstance(keys, np.ndarray):
+            low, high = (int(keys.min()), int(keys.max())) if request.ids else (0, -1)
+        else:
+            low, high = (min(request.ids), max(request.ids)) if request.ids else (0, -1)
+        # Ids this version holds go without waiting; others are the daemon's to judge.
+        known = 0 <= low <= high < len(self)
+        return self._transport.prefetch(request, wait=not known)
 
     def read(self, key: SampleKey, offset: int = 0, length: int = 0, *, verify: bool = True
              ) -> memoryview:

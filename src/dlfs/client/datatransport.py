@@ -118,14 +118,20 @@ class DataPathTransport(DaemonTransport):
             request_id=logs.current_request_id()).samples,
             fallback=lambda: super(DataPathTransport, self).get_batch(request, out))
 
-    def prefetch(self, request: pb.PrefetchRequest) -> bool:
+    def prefetch(self, request: pb.PrefetchRequest, wait: bool = True) -> bool:
         """As gRPC's Prefetch (False: the daemon's queue dropped the hint), but a hint by
         ids rides the data path, as a GET_BATCH of no samples: a reader hinting
         every batch then pays no gRPC call per batch (and a forked worker can
-        hint at all).  Hints by path go over gRPC (they need the names resolved)."""
+        hint at all).  Unless `wait`, it is sent without waiting for the
+        daemon's answer (True: sent; see `DataPath.send_hints`).  Hints by
+        path go over gRPC (they need the names resolved)."""
         if request.paths or self.data_path() is None:
             return super().prefetch(request)
         hints = np.asarray(request.ids, dtype=np.int64)
+        if not wait:
+            return self._on_data_path(request.dataset, lambda data: data.send_hints(
+                request.dataset, hints, request_id=logs.current_request_id()) or True,
+                fallback=lambda: super(DataPathTransport, self).prefetch(request))
         return self._on_data_path(request.dataset, lambda data: not data.get_batch(
             request.dataset, np.empty(0, np.int64), hints=hints,
             request_id=logs.current_request_id()).hints_dropped,

@@ -254,8 +254,9 @@ class DaemonTransport:
         version the caller had, is unused here).  Raises NotFound."""
         return metadata.dataset_info(self, dataset)
 
-    def prefetch(self, request: pb.PrefetchRequest) -> bool:
-        """Send a read-ahead hint; False when the daemon's queue dropped it."""
+    def prefetch(self, request: pb.PrefetchRequest, wait: bool = True) -> bool:
+        """Send a read-ahead hint; False when the daemon's queue dropped it.  A gRPC call
+        always waits for its answer (`wait` matters on the data path)."""
         try:
             self.call("Prefetch", request, retry=False)
         except Overloaded:

@@ -44,7 +44,8 @@ def batch(connection, request: datawire.BatchRequest) -> None:
                 f"batch of {ids.size} samples holds {payload} bytes, over the limit of "
                 f"{config.batch_bytes_max} (--batch-bytes-max); split it into smaller batches")
         flags = datawire.BATCH_CRCS
-        if request.hints.size and not store.hint_ids(dataset, request.hints):
+        if request.hints.size and not store.hint_ids(dataset, request.hints,
+                                                     alone=not ids.size):
             flags |= datawire.BATCH_HINTS_DROPPED
         order = RequestOrder(dataset.extent[ids], dataset.offset[ids], lengths)
         header = datawire.batch_header(dataset.generation, lengths, dataset.crc[ids], flags)

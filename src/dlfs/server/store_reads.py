@@ -14,7 +14,7 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from dlfs import layout
+from dlfs import layout, limits
 from dlfs.errors import Overloaded
 from dlfs.server import planning, rangeplan
 from dlfs.server.directory import DatasetIndex
@@ -77,14 +77,14 @@ class StoreReads:
                                    describe=describe or dataset.describe, deadline=deadline,
                                    window_bytes=window_bytes)
 
-    def hint(self, dataset: DatasetIndex, plan: BatchPlan) -> None:
+    def hint(self, dataset: DatasetIndex, plan: BatchPlan, *, probed: bool = False) -> None:
         """Queue WILLNEED advice for a plan's ranges (a prefetch hint); returns at once.
 
         Raises Overloaded when the prefetch queue is full: the hint is
         dropped (and counted), which only costs speed.
         """
         try:
-            self._prefetcher.submit(dataset.dataset_id, plan)
+            self._prefetcher.submit(dataset.dataset_id, plan, probed=probed)
         except Overloaded:
             self.metrics.prefetch_hints.labels("dropped").inc()
             raise
@@ -110,16 +110,30 @@ class StoreReads:
             yield [(e, stack.enter_context(self._files.acquire(dataset.dataset_id, e)))
                    for e in np.unique(local).tolist()]
 
-    def hint_ids(self, dataset: DatasetIndex, ids) -> bool:
+    def hint_ids(self, dataset: DatasetIndex, ids, *, alone: bool = False) -> bool:
         """A prefetch hint for sample ids riding on a read, as GetBatch's prefetch_ids:
         a bad id fails the read (InvalidArgument), a full prefetch queue drops the
-        hint (returns False), and ids other members store are left to them."""
+        hint (returns False), and ids other members store are left to them.
+
+        `alone`: the request is only this hint (its sender need not wait for
+        the answer).  Its first samples are then probed on this thread and a
+        hint for cached data ends here (`Prefetcher.cached`); a hint riding a
+        read is handed on at once, so that the read is not delayed.
+        """
         ids = dataset.check_ids(np.asarray(ids, dtype=np.int64))
         if dataset.cluster is not None:
             ids = ids[dataset.extent[ids] != layout.NO_EXTENT]
+        if alone:
+            head = ids[:limits.nowait_probe_pieces]
+            if self._prefetcher.cached(dataset.dataset_id, dataset.extent[head].astype(np.int64),
+                                       dataset.offset[head].astype(np.int64),
+                                       dataset.length[head].astype(np.int64)):
+                self.metrics.prefetch_hints.labels("cached").inc()
+                return True
+        plan = planning.plan_batch(ids, dataset.extent, dataset.offset, dataset.length,
+                                   dataset.crc)
         try:
-            self.hint(dataset, planning.plan_batch(ids, dataset.extent, dataset.offset,
-                                                   dataset.length, dataset.crc))
+            self.hint(dataset, plan, probed=alone)
         except Overloaded:
             return False
         return True
