@@ -67,8 +67,10 @@ class PipelineStats:
     batches: int = 0  # batches handed to the caller
     samples: int = 0
     wait_s: float = 0.0  # time the caller spent waiting in next()
-    hints_sent: int = 0  # Prefetch RPCs the daemon accepted
-    hints_dropped: int = 0  # refused by the daemon's full queue, or skipped by a lagging sender
+    # Hints the daemon accepted, or (over the data path, where a hint is sent
+    # without waiting for the daemon's answer: Dataset.prefetch) sent.
+    hints_sent: int = 0
+    hints_dropped: int = 0  # skipped by a lagging sender, or refused when known at once
 
 
 def iter_batches(ds, order: Sequence[int], batch_size: int, prefetch: int = 4, *,
