@@ -25,8 +25,8 @@ import contextlib
 import contextvars
 import logging
 import re
+import os
 import sys
-import uuid
 from typing import TextIO
 
 from pythonjsonlogger.json import JsonFormatter
@@ -42,8 +42,12 @@ _WELL_FORMED = re.compile(r"[A-Za-z0-9._:-]{1,%d}" % limits.request_id_chars_max
 
 
 def new_request_id() -> str:
-    """A fresh random id: 16 hex digits (64 bits; collisions are negligible per log)."""
-    return uuid.uuid4().hex[:16]
+    """A fresh random id: 16 hex digits (64 bits; collisions are negligible per log).
+
+    Made for every request that came without one: 8 random bytes, a third of
+    what a UUID object costs.
+    """
+    return os.urandom(8).hex()
 
 
 def request_id_from(metadata) -> str:

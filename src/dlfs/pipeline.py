@@ -67,10 +67,8 @@ class PipelineStats:
     batches: int = 0  # batches handed to the caller
     samples: int = 0
     wait_s: float = 0.0  # time the caller spent waiting in next()
-    # Hints the daemon accepted, or (over the data path, where a hint is sent
-    # without waiting for the daemon's answer: Dataset.prefetch) sent.
-    hints_sent: int = 0
-    hints_dropped: int = 0  # skipped by a lagging sender, or refused when known at once
+    hints_sent: int = 0  # Prefetch RPCs the daemon accepted
+    hints_dropped: int = 0  # refused by the daemon's full queue, or skipped by a lagging sender
 
 
 def iter_batches(ds, order: Sequence[int], batch_size: int, prefetch: int = 4, *,
@@ -291,7 +289,9 @@ class BatchPipeline:
             return
         self._hinted_until = end
         if self._hints is None:
-            self._hints = HintSender(self._ds.prefetch, name="dlfs-pipeline-hints",
+            # A thread of its own: it may wait for each answer, so that the counts are exact.
+            self._hints = HintSender(lambda ids: self._ds.prefetch(ids, wait=True),
+                                     name="dlfs-pipeline-hints",
                                      timeline=self._timeline, stats=self.stats)
         ids = np.concatenate(self._batches[first:end])
         for start in range(0, len(ids), limits.pipeline_hint_ids_max):

@@ -78,11 +78,11 @@ class Concurrency:
             with self._changed:
                 self.running -= 1
 
-    def prefetch(self, ids):
+    def prefetch(self, ids, wait=False):
         with self._changed:
             self.hints.append((next(self._events), [int(i) for i in ids]))
         try:
-            return self.ds.prefetch(ids)
+            return self.ds.prefetch(ids, wait=wait)
         finally:
             if self.hints_first:
                 with self._changed:

@@ -199,8 +199,8 @@ def test_clairvoyant_hints_keep_the_order_and_reach_the_daemon(tree):
     one_accepted = threading.Event()
     send = ds.hint
 
-    def hint(indices):  # what PrefetchHints' thread calls: tells when the daemon took one
-        accepted = send(indices)
+    def hint(indices, wait=False):  # what PrefetchHints' thread calls: tells when one was taken
+        accepted = send(indices, wait=wait)
         if accepted:
             one_accepted.set()
         return accepted

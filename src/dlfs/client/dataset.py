@@ -99,7 +99,7 @@ class Dataset:
         """One sample by id or path."""
         return self.get_batch([key], verify=verify)[0]
 
-    def prefetch(self, keys: Iterable[SampleKey]) -> bool:
+    def prefetch(self, keys: Iterable[SampleKey], *, wait: bool = False) -> bool:
         """Hint that samples `keys` will be read soon; the daemon starts reading them
         into its page cache and this call returns at once.
 
@@ -107,9 +107,12 @@ class Dataset:
         dropped: only speed is lost), as far as known when the call returns:
         a hint by ids on the data path is sent without waiting for the
         daemon's answer (one `sendmsg`; the daemon plans it while the caller
-        goes on), and True then means sent.  Raises as get_batch does for
-        bad keys (ids outside this version's range are asked of the daemon
-        and waited for, so that it decides).
+        goes on), and True then means sent.  With `wait`, the call waits for
+        the answer, so that False reliably means dropped: for a thread that
+        sends hints in the background (the pipelines' do), where the round
+        trip delays nobody.  Raises as get_batch does for bad keys (ids
+        outside this version's range are asked of the daemon and waited
+        for, so that it decides).
         """
         request = pb.PrefetchRequest(dataset=self.name)
         if not fill_keys(request, keys):
@@ -120,7 +123,7 @@ class Dataset:
             low, high = (min(request.ids), max(request.ids)) if request.ids else (0, -1)
         # Ids this version holds go without waiting; others are the daemon's to judge.
         known = 0 <= low <= high < len(self)
-        return self._transport.prefetch(request, wait=not known)
+        return self._transport.prefetch(request, wait=wait or not known)
 
     def read(self, key: SampleKey, offset: int = 0, length: int = 0, *, verify: bool = True
              ) -> memoryview:

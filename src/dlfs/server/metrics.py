@@ -30,6 +30,7 @@ READ_METHODS = ("GetBatch", "GetSmallBatch", "ReadRange", "DataBatch", "DataRang
 class Metrics:
     def __init__(self):
         self.started = time.time()
+        self._served: dict = {}  # method -> its (batches, batch_latency) children
         self.registry = CollectorRegistry()
         r = self.registry
         self.samples_served = Counter("dlfs_samples_served", "Samples returned by reads", registry=r)
@@ -98,8 +99,12 @@ class Metrics:
     def count_served(self, method: str, samples: int, payload_bytes: int,
                      seconds: float) -> None:
         """Count one data path request (one of READ_METHODS) of `samples` samples."""
-        self.batches.labels(method).inc()
-        self.batch_latency.labels(method).observe(seconds)
+        children = self._served.get(method)
+        if children is None:  # once per method: labels() validates and locks each time
+            children = self._served[method] = (self.batches.labels(method),
+                                               self.batch_latency.labels(method))
+        children[0].inc()
+        children[1].observe(seconds)
         self.samples_served.inc(samples)
         self.bytes_served.inc(payload_bytes)
 

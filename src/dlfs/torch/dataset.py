@@ -192,16 +192,18 @@ class DLFSDataset(Dataset):
 
         return batch, default_collate([self.target(self._paths[p]) for p in positions.tolist()])
 
-    def hint(self, indices: Sequence[int]) -> bool:
+    def hint(self, indices: Sequence[int], *, wait: bool = False) -> bool:
         """Ask the daemon to read items `indices` into its page cache soon (see `PrefetchHints`).
 
         Returns False when the daemon's hint queue is full (the hint is
-        dropped).  One Prefetch RPC per `limits.pipeline_hint_ids_max` items.
+        dropped), as `dlfs.Dataset.prefetch` does (`wait` as there).  One
+        hint per `limits.pipeline_hint_ids_max` items.
         """
         ids = self.ids[self.positions(indices)]
         accepted = True
         for start in range(0, len(ids), limits.pipeline_hint_ids_max):
-            accepted = self._remote().prefetch(ids[start:start + limits.pipeline_hint_ids_max]) and accepted
+            accepted = self._remote().prefetch(ids[start:start + limits.pipeline_hint_ids_max],
+                                               wait=wait) and accepted
         return accepted
 
     def path(self, index: int) -> str:

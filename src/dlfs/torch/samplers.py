@@ -118,7 +118,9 @@ class PrefetchHints(Sampler[int]):
     def __iter__(self) -> Iterator[int]:
         order = list(iter(self.sampler))
         self.stats = PipelineStats()
-        sender = HintSender(self.dataset.hint, name="dlfs-torch-hints", stats=self.stats)
+        # A thread of its own: it may wait for each answer, so that the counts are exact.
+        sender = HintSender(lambda ids: self.dataset.hint(ids, wait=True), name="dlfs-torch-hints",
+                            stats=self.stats)
         try:
             hinted = 0
             for position, index in enumerate(order):
