@@ -56,6 +56,7 @@ def test_batches_match_the_source_over_each_socket(served, mode):
         ids = [5, 3, 5, paths.index("big/volume.raw"), paths.index("s/empty"), 0]
         got = ds.get_batch(ids)
         assert [bytes(s) for s in got] == [files[paths[i]] for i in ids]
+        assert all(s.readonly for s in got)  # views of a buffer the client recycles
         assert client.transport.data_path().endpoint.label.startswith(
             "unix:" if mode == "unix" else "127.0.0.1:")
         assert [bytes(s) for s in ds.get_batch(["s/007.bin", "s/001.bin"])] == \
@@ -75,6 +76,7 @@ def test_out_receives_the_batch_in_request_order(served):
         assert bytes(out[:len(expected)]) == expected and not out[len(expected):].any()
         assert [bytes(s) for s in samples] == [files[paths[i]] for i in ids]
         assert np.shares_memory(np.frombuffer(samples[0], np.uint8), out)
+        assert not any(s.readonly for s in samples)  # the caller's memory, as given
         with pytest.raises(dlfs.InvalidArgument, match="out holds 3 bytes"):
             client.dataset(name).get_batch(ids, out=bytearray(3))
         with pytest.raises(dlfs.InvalidArgument, match="writable"):

@@ -11,6 +11,7 @@ header carries.  No sample byte is copied in Python.
 from __future__ import annotations
 
 import array
+import bisect
 import logging
 import os
 import socket
@@ -293,8 +294,10 @@ class DataConnection:
                 raise datawire.FrameError("blocks came in reply to a batch")
             payload = _target(out, reply.payload_bytes, pool)
             view = memoryview(payload).cast("B")
+            # Samples handed out of a recycled buffer are read-only; `out` is the caller's.
+            source = view if out is not None else view.toreadonly()
             ends = np.cumsum(reply.lengths, dtype=np.uint64).tolist()
-            samples = [view[end - n:end] for end, n in zip(ends, reply.lengths.tolist())]
+            samples = [source[end - n:end] for end, n in zip(ends, reply.lengths.tolist())]
             checker = None
             if verify and reply.flags & datawire.BATCH_CRCS:
                 # Blocks are named by the bytes of the sample they hold.
@@ -308,9 +311,9 @@ class DataConnection:
         if checker is not None and checker.failure is not None:
             raise checker.failure
         if blocks:  # the asked range, cut out of its verified blocks
-            samples = [view[reply.skip:reply.skip + reply.length]]
-        return Received(reply.generation, [s.toreadonly() for s in samples] if out is None
-                        else samples, bool(reply.flags & datawire.BATCH_HINTS_DROPPED))
+            samples = [source[reply.skip:reply.skip + reply.length]]
+        return Received(reply.generation, samples,
+                        bool(reply.flags & datawire.BATCH_HINTS_DROPPED))
 
     def _receive_payload(self, payload: np.ndarray, checker: "_Checker | None" = None) -> None:
         """Receive the DATA frames of a payload into `payload`; `checker` verifies the
@@ -431,13 +434,18 @@ class _Checker:
         self.failure: DataCorruption | None = None
 
     def check_until(self, received: int) -> None:
-        i, ends, samples, crcs = self.next, self.ends, self.samples, self.crcs
-        while i < len(ends) and ends[i] <= received:
-            got = crc32c.crc32c(samples[i])
-            if got != crcs[i] and self.failure is None:
-                self.failure = self._mismatch(i, crcs[i], got)
-            i += 1
-        self.next = i
+        i = self.next
+        j = bisect.bisect_right(self.ends, received, i)
+        if j == i:
+            return
+        # One comprehension and one list comparison per frame, not a Python loop
+        # turn per sample (256 samples of 4 KiB: a tenth of the client's time).
+        got = list(map(crc32c.crc32c, self.samples[i:j]))
+        expected = self.crcs[i:j]
+        if got != expected and self.failure is None:
+            k = next(k for k, (a, b) in enumerate(zip(got, expected)) if a != b)
+            self.failure = self._mismatch(i + k, expected[k], got[k])
+        self.next = j
 
     def _mismatch(self, i: int, expected: int, got: int) -> DataCorruption:
         sample_id = int(self.ids[i])
