@@ -24,8 +24,8 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import logging
-import re
 import os
+import re
 import sys
 from typing import TextIO
 

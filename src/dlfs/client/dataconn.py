@@ -33,6 +33,7 @@ from dlfs.sockio import recv_exactly, send_all
 
 log = logging.getLogger(__name__)
 
+
 class Endpoint(NamedTuple):
     """Where a data path listens: (socket family, address) and a label for messages."""
 

@@ -117,12 +117,9 @@ class Dataset:
         request = pb.PrefetchRequest(dataset=self.name)
         if not fill_keys(request, keys):
             return True
-        if isinstance(keys, np.ndarray):
-            low, high = (int(keys.min()), int(keys.max())) if request.ids else (0, -1)
-        else:
-            low, high = (min(request.ids), max(request.ids)) if request.ids else (0, -1)
         # Ids this version holds go without waiting; others are the daemon's to judge.
-        known = 0 <= low <= high < len(self)
+        ids = np.asarray(request.ids, dtype=np.int64)
+        known = ids.size > 0 and 0 <= ids.min() and ids.max() < len(self)
         return self._transport.prefetch(request, wait=wait or not known)
 
     def read(self, key: SampleKey, offset: int = 0, length: int = 0, *, verify: bool = True

@@ -128,14 +128,16 @@ class DataPathTransport(DaemonTransport):
         if request.paths or self.data_path() is None:
             return super().prefetch(request)
         hints = np.asarray(request.ids, dtype=np.int64)
-        if not wait:
-            return self._on_data_path(request.dataset, lambda data: data.send_hints(
-                request.dataset, hints, request_id=logs.current_request_id()) or True,
-                fallback=lambda: super(DataPathTransport, self).prefetch(request))
-        return self._on_data_path(request.dataset, lambda data: not data.get_batch(
-            request.dataset, np.empty(0, np.int64), hints=hints,
-            request_id=logs.current_request_id()).hints_dropped,
-            fallback=lambda: super(DataPathTransport, self).prefetch(request))
+        if wait:
+            def send(data) -> bool:
+                return not data.get_batch(request.dataset, np.empty(0, np.int64), hints=hints,
+                                          request_id=logs.current_request_id()).hints_dropped
+        else:
+            def send(data) -> bool:
+                data.send_hints(request.dataset, hints, request_id=logs.current_request_id())
+                return True
+        return self._on_data_path(request.dataset, send,
+                                  fallback=lambda: super(DataPathTransport, self).prefetch(request))
 
     def dataset_info(self, dataset: str, known: DatasetInfo | None = None) -> DatasetInfo:
         """The current version of `dataset` (`known`: the version this client had).

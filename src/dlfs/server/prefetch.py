@@ -16,13 +16,11 @@ import logging
 import queue
 import threading
 
-import numpy as np
-
 from dlfs import limits, uring
 from dlfs.errors import DataCorruption, Overloaded
 from dlfs.server import ringreads
 from dlfs.server.extents import ExtentFiles
-from dlfs.server.planning import BatchPlan, PieceColumns, window_pieces
+from dlfs.server.planning import BatchPlan, window_pieces
 from dlfs.server.reader import advise_willneed
 
 log = logging.getLogger(__name__)
@@ -56,23 +54,22 @@ class Prefetcher:
                 f"the prefetch queue is full ({self._queue.maxsize} hints); this hint was "
                 "dropped, which only costs speed") from None
 
-    def cached(self, dataset_id: int, extent: np.ndarray, offset: np.ndarray,
-               length: np.ndarray) -> bool:
-        """Whether the page cache holds samples at (`extent`, `offset`, `length`), each
-        an int64 array (pass a hint's first `limits.nowait_probe_pieces`); a cached
-        hint is counted in `hints_cached` and needs nothing more.
+    def cached(self, dataset_id: int, pieces) -> bool:
+        """Whether the page cache holds file `pieces` of a hint (pass its first
+        `limits.nowait_probe_pieces`); a cached hint is counted in `hints_cached` and
+        needs nothing more.
 
-        Probed on the calling thread's ring, in one submission, before the
-        hint is planned: a thread serving a hint alone settles a warm one
-        here, without handing it to the prefetch thread (on two cores that
-        hand-off made the serving thread wait for the GIL behind the
+        Probed on the calling thread's ring, in one submission.  The prefetch
+        thread probes a hint so before advising it; a thread serving a hint
+        alone probes its first samples before even planning it and settles a
+        warm one there, without the hand-off to the prefetch thread (on two
+        cores that made the serving thread wait for the GIL behind the
         planning and probing: about 0.6 ms per hint of 256 samples).  False
         when io_uring is not in use (the prefetch thread then advises all).
         """
         ring = uring.for_this_thread() if self._io_uring else None
-        if ring is None or not length.size:
+        if ring is None or not len(pieces):
             return False
-        pieces = PieceColumns(extent, offset, np.zeros_like(offset), length)
         if not ringreads.all_cached(ring, self._files, dataset_id, pieces):
             return False
         self.hints_cached += 1
@@ -104,9 +101,7 @@ class Prefetcher:
             # A hint for data already cached (a warm epoch) costs the threads serving
             # reads nothing but one probe; otherwise one system call advises it all,
             # and this thread takes the GIL once per hint, not once per range.
-            if not probed and ringreads.all_cached(ring, self._files, dataset_id,
-                                                   pieces[:limits.nowait_probe_pieces]):
-                self.hints_cached += 1
+            if not probed and self.cached(dataset_id, pieces[:limits.nowait_probe_pieces]):
                 return
             ringreads.advise(ring, self._files, dataset_id, pieces, limits.willneed_chunk_bytes)
         else:

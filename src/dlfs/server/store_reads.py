@@ -125,9 +125,12 @@ class StoreReads:
             ids = ids[dataset.extent[ids] != layout.NO_EXTENT]
         if alone:
             head = ids[:limits.nowait_probe_pieces]
-            if self._prefetcher.cached(dataset.dataset_id, dataset.extent[head].astype(np.int64),
-                                       dataset.offset[head].astype(np.int64),
-                                       dataset.length[head].astype(np.int64)):
+            offset = dataset.offset[head].astype(np.int64)
+            # Pieces of whole samples, as a plan would cut them (buffer offsets unused).
+            pieces = planning.PieceColumns(dataset.extent[head].astype(np.int64), offset,
+                                           np.zeros_like(offset),
+                                           dataset.length[head].astype(np.int64))
+            if self._prefetcher.cached(dataset.dataset_id, pieces):
                 self.metrics.prefetch_hints.labels("cached").inc()
                 return True
         plan = planning.plan_batch(ids, dataset.extent, dataset.offset, dataset.length,
