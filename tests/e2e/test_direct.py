@@ -140,6 +140,9 @@ def test_direct_reads_report_corruption_and_truncation(daemon, tmp_path):
     with Client(daemon.address, direct=True) as local:
         with pytest.raises(dlfs.DataCorruption, match="checksum mismatch for sample 0"):
             local.get_batch([0], dataset="ds")
+        # The damaged sample second in a batch: the error names it, not the first.
+        with pytest.raises(dlfs.DataCorruption, match="checksum mismatch for sample 0 "):
+            local.get_batch([1, 0, 1], dataset="ds")
         assert bytes(local.get_batch([0], dataset="ds", verify=False)[0]).count(b"x") == 1
     os.truncate(extent, data.index(b"B" * 5000) + 10)
     with Client(daemon.address, direct=True) as local:
