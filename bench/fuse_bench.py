@@ -17,7 +17,12 @@ and measures, 1 and 4 reader threads:
   daemon's own get_batch bandwidth for the same file from this process;
 - requests per `open()`: what the mount's process was asked (its request
   counts, logged on SIGUSR1) during one more pass of each small-file row,
-  divided by the files opened.
+  divided by the files opened;
+- what each system call of a warm small-file read costs (open, the isatty
+  ioctl of Python's `open()`, read, close) on ext4 and through the mount,
+  and the mount's one round trip per `open()` (that ioctl, answered by
+  libfuse in C) with the reader and the mount's threads on one CPU and on
+  two: its floor, and what waking the other CPU adds.
 
 Prints a markdown table: median of the timed runs with min..max, and ratios
 against ext4 in the same cache state and against the naive mount.  Cold
@@ -156,6 +161,72 @@ def small_files(base: str, rels: list[str], cold: bool, threads: int, runs: int,
             for _ in range(runs)]
 
 
+def syscall_costs(bases: dict[str, str], rels: list[str], mount_pid: int,
+                  passes: int = 3) -> dict[str, dict[str, float]]:
+    """Mean microseconds of each system call of a warm whole-file read (os.open,
+    the TCGETS ioctl Python's buffered open() makes to ask isatty, os.read
+    until EOF, os.close), per reader after a warm-up pass; and for the mount
+    the ioctl alone with this thread and the mount's threads pinned to one
+    CPU ("same CPU") and to two ("other CPU").  Affinities are restored."""
+    import fcntl
+    import termios
+
+    def costs(paths: list[str]) -> dict[str, float]:
+        for path in paths:
+            read_whole(path)
+        spent = dict.fromkeys(("open", "isatty ioctl", "read", "close"), 0.0)
+        for _ in range(passes):
+            for path in paths:
+                t0 = time.perf_counter()
+                fd = os.open(path, os.O_RDONLY)
+                t1 = time.perf_counter()
+                try:
+                    fcntl.ioctl(fd, termios.TCGETS, bytes(64))
+                except OSError:
+                    pass  # ENOTTY: not a terminal, as for every file
+                t2 = time.perf_counter()
+                while os.read(fd, MiB):
+                    pass
+                t3 = time.perf_counter()
+                os.close(fd)
+                t4 = time.perf_counter()
+                for key, value in zip(spent, (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
+                    spent[key] += value
+        return {key: value / (passes * len(paths)) * 1e6 for key, value in spent.items()}
+
+    results = {reader: costs([os.path.join(base, rel) for rel in rels])
+               for reader, base in bases.items()}
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) >= 2 and shutil.which("taskset"):
+        paths = [os.path.join(bases["DLFS mount"], rel) for rel in rels]
+        try:
+            for label, reader_cpu in (("same CPU", cpus[0]), ("other CPU", cpus[1])):
+                subprocess.run(["taskset", "-a", "-p", "-c", str(cpus[0]), str(mount_pid)],
+                               check=True, stdout=subprocess.DEVNULL)
+                os.sched_setaffinity(0, {reader_cpu})
+                results[f"DLFS mount, {label}"] = {
+                    "isatty ioctl": costs(paths)["isatty ioctl"]}
+        finally:
+            os.sched_setaffinity(0, cpus)
+            subprocess.run(["taskset", "-a", "-p", "-c", ",".join(map(str, cpus)),
+                            str(mount_pid)], check=False, stdout=subprocess.DEVNULL)
+    return results
+
+
+def halt_polling_note() -> str:
+    """A sentence when this (virtual) machine's idle CPUs halt without polling first."""
+    try:
+        with open("/sys/module/haltpoll/parameters/guest_halt_poll_ns") as f:
+            poll_ns = int(f.read())
+    except (OSError, ValueError):
+        return ""
+    if poll_ns:
+        return ""
+    return ("Guest halt polling is off here (haltpoll guest_halt_poll_ns=0): an idle vCPU "
+            "halts at once, and waking it for a thread the kernel hands a FUSE request to "
+            "costs an exit to the host.")
+
+
 def requests_per_open(mount: MountProcess, base: str, rels: list[str], cold: bool
                       ) -> dict[str, float]:
     """Requests the mount answered per file during one pass (after drop_caches
@@ -201,17 +272,18 @@ def main(argv: list[str] | None = None) -> int:
     root = tempfile.mkdtemp(prefix="dlfs-fuse-bench-", dir=args.tmp)
     started = time.monotonic()
     try:
-        small, large, per_open = run(cfg, root, cold_ok)
+        small, large, per_open, syscalls = run(cfg, root, cold_ok)
     finally:
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)
-    print(report(cfg, small, large, per_open, cold_ok, time.monotonic() - started, args.quick))
+    print(report(cfg, small, large, per_open, syscalls, cold_ok, time.monotonic() - started,
+                 args.quick))
     return 0
 
 
-def run(cfg: dict, root: str, cold_ok: bool) -> tuple[dict, dict, dict]:
+def run(cfg: dict, root: str, cold_ok: bool) -> tuple[dict, dict, dict, dict]:
     """Measure everything; (small-file rates, large-file MB/s, requests per
-    open of the DLFS mount), keyed by row."""
+    open of the DLFS mount, microseconds per system call), keyed by row."""
     rng = np.random.default_rng(1)
     pick = random.Random(2)
     src = os.path.join(root, "src")
@@ -249,9 +321,14 @@ def run(cfg: dict, root: str, cold_ok: bool) -> tuple[dict, dict, dict]:
                     per_open[(workload, cache)] = requests_per_open(
                         dlfs, os.path.join(dlfs.mountpoint, "s" + workload), rels,
                         cache == "cold")
+            rels = pick.sample(trees["4k"], min(cfg["pass_4k"], 2000))
+            syscalls = syscall_costs(
+                {"ext4": os.path.join(src, "s4k"),
+                 "DLFS mount": os.path.join(dlfs.mountpoint, "s4k")}, rels,
+                dlfs.process.pid)
             large_results = measure_large(cfg, root, daemon.address, src, large[0], caches,
                                           naive.mountpoint)
-    return small, large_results, per_open
+    return small, large_results, per_open, syscalls
 
 
 def measure_large(cfg: dict, root: str, address: str, src: str, name: str, caches: list[str],
@@ -301,8 +378,8 @@ def git_revision() -> str:
         return "unknown"
 
 
-def report(cfg: dict, small: dict, large: dict, per_open: dict, cold_ok: bool,
-           elapsed_s: float, quick: bool) -> str:
+def report(cfg: dict, small: dict, large: dict, per_open: dict, syscalls: dict,
+           cold_ok: bool, elapsed_s: float, quick: bool) -> str:
     median = statistics.median
 
     def spread(values: list[float]) -> str:
@@ -356,8 +433,23 @@ def report(cfg: dict, small: dict, large: dict, per_open: dict, cold_ok: bool,
         lines.append(f"| {workload} files | {cache} | {text or 'none'} |")
     lines += ["", "Requests per open() count what reached the mount's Python code; Python "
               "3.11's buffered open() also sends one ioctl (isatty) per file, which libfuse "
-              "answers in C (dlfs/fuse/fs.py).",
-              "", "cold: the page caches of ext4, of the mount and of the daemon's extent "
+              "answers in C (dlfs/fuse/fs.py)."]
+    if syscalls:
+        kinds = ("open", "isatty ioctl", "read", "close")
+        lines += ["", "| warm 4 KiB file, 1 thread, µs per call | " + " | ".join(kinds)
+                  + " | sum |", "|---|" + "---:|" * (len(kinds) + 1)]
+        for reader, costs in syscalls.items():
+            cells = [f"{costs[k]:.1f}" if k in costs else "" for k in kinds]
+            total = f"{sum(costs.values()):.1f}" if len(costs) == len(kinds) else ""
+            lines.append(f"| {reader} | " + " | ".join(cells) + f" | {total} |")
+        lines += ["", "The ioctl is the one round trip an open() of a cached file costs "
+                  "through the mount (the kernel forwards every ioctl to a FUSE file system "
+                  "and remembers no answer).  Same CPU / other CPU: this thread and the "
+                  "mount's threads pinned to one CPU, or to different ones."]
+        note = halt_polling_note()
+        if note:
+            lines.append(note)
+    lines += ["", "cold: the page caches of ext4, of the mount and of the daemon's extent "
               "files are dropped before each timed pass; warm: a second pass over the same "
               "files (the second epoch).  The mount keeps names and attributes of files the "
               "kernel forgot (idle inodes), so a cold pass needs one RPC per file, for its bytes."]
