@@ -18,7 +18,7 @@ import os
 import shutil
 import threading
 from collections import OrderedDict
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from typing import Iterator
 
 from dlfs import layout, limits
@@ -272,6 +272,13 @@ class ExtentFiles:
             yield handle.fd
         finally:
             self._release(handle)
+
+    @contextmanager
+    def acquire_all(self, dataset_id: int, extent_nos: list[int]) -> Iterator[list[int]]:
+        """The fds of `extent_nos` (distinct), in that order, all held until the block
+        ends; those acquired so far are released if one fails."""
+        with ExitStack() as stack:
+            yield [stack.enter_context(self.acquire(dataset_id, e)) for e in extent_nos]
 
     def open_count(self) -> int:
         with self._lock:

@@ -38,10 +38,8 @@ def _descriptors(files: ExtentFiles, dataset_id: int, extent: np.ndarray):
     """The descriptor of each entry's extent (int32 array), each extent acquired once
     and held until the block ends."""
     extents, which = np.unique(extent, return_inverse=True)
-    with contextlib.ExitStack() as stack:
-        fds = np.array([stack.enter_context(files.acquire(dataset_id, e))
-                        for e in extents.tolist()], dtype=np.int32)
-        yield fds[which]
+    with files.acquire_all(dataset_id, extents.tolist()) as fds:
+        yield np.array(fds, dtype=np.int32)[which]
 
 
 def read(ring: uring.RingReads, files: ExtentFiles, dataset_id: int, pieces,

@@ -105,10 +105,9 @@ class StoreReads:
     def extent_descriptors(self, dataset: DatasetIndex) -> Iterator[list[tuple[int, int]]]:
         """(extent no, read-only fd) of every extent of `dataset` stored here, held open
         for the block (to pass them to a co-located client).  Headers are checked."""
-        local = dataset.extent[dataset.extent != layout.NO_EXTENT]
-        with contextlib.ExitStack() as stack:
-            yield [(e, stack.enter_context(self._files.acquire(dataset.dataset_id, e)))
-                   for e in np.unique(local).tolist()]
+        local = np.unique(dataset.extent[dataset.extent != layout.NO_EXTENT]).tolist()
+        with self._files.acquire_all(dataset.dataset_id, local) as fds:
+            yield list(zip(local, fds))
 
     def hint_ids(self, dataset: DatasetIndex, ids, *, alone: bool = False) -> bool:
         """A prefetch hint for sample ids riding on a read, as GetBatch's prefetch_ids:
