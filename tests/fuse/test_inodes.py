@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import sys
+import threading
+
 import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
@@ -46,6 +49,20 @@ class InodeTableMachine(RuleBasedStateMachine):
         if self.lookups.get(key, 0) > 0:
             assert node.inode == self.inode_of[key]
         assert node.lookups == self.lookups.get(key, 0)
+
+    @rule(key=st.sampled_from(KEYS))
+    def lookup_known(self, key):
+        """What a lookup answered in a libfuse thread does: a reference only if the
+        table has the node (live, or idle and not evicted yet)."""
+        node = self.table.lookup(key)
+        if node is None:
+            assert not self.lookups.get(key), "a live node was not found"
+            return
+        if self.lookups.get(key, 0) > 0:
+            assert node.inode == self.inode_of[key]
+        self.inode_of[key] = node.inode
+        self.lookups[key] = self.lookups.get(key, 0) + 1
+        assert node.lookups == self.lookups[key]
 
     @precondition(lambda self: any(self.lookups.values()))
     @rule(data=st.data())
@@ -95,3 +112,43 @@ def test_idle_nodes_keep_their_inode_until_evicted():
     b = table.node_for(KEYS[1], lambda: attrs_of(KEYS[1]))
     assert b.inode != a.inode  # numbers are never reused
     table.check_invariants()
+
+
+def test_lookups_from_other_threads_while_nodes_come_and_go():
+    """libfuse's worker threads look names up while the trio thread makes idle
+    nodes (evicting older ones) and forgets: no lost or doubled reference."""
+    table = InodeTable(ROOT_KEY, ROOT_ATTRS, idle_max=8)
+    keys = [("ds", 1, f"f{i}") for i in range(64)]
+    stop = threading.Event()
+    failures: list[BaseException] = []
+    found = [0]
+
+    def worker() -> None:
+        try:
+            while not stop.is_set():
+                for key in keys:
+                    node = table.lookup(key)
+                    if node is not None:  # the kernel took it, and later forgets it
+                        found[0] += 1
+                        table.forget(node.inode, 1)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            failures.append(exc)
+
+    threads = [threading.Thread(target=worker) for _ in range(3)]
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as the interpreter can
+    for thread in threads:
+        thread.start()
+    try:
+        for _ in range(300):
+            for key in keys:  # listings make nodes; eight idle ones stay
+                table.node_for(key, lambda key=key: attrs_of(key))
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join()
+        sys.setswitchinterval(interval)
+    assert not failures, failures
+    assert found[0] > 0
+    table.check_invariants()
+    assert all(node.lookups == 0 for node in table.nodes() if node is not table.root)

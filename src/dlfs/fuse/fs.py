@@ -9,11 +9,11 @@ kept at ingest.  Owner is the user who mounted; directories are
 What each request costs (requests reach this process only when the kernel
 has no answer cached):
 
-- lookup (`names`): nothing if the node is in the inode table (every entry a listing
-  returned is); else, the first time in a directory, one ListDir page that
-  brings the whole directory into the table if it fits (`siblings`), and
-  one Stat RPC if the name is still unknown; names under the root one
-  GetDataset RPC.
+- lookup (`names`): nothing if the node is in the inode table (every entry a
+  listing returned is), answered by the libfuse worker thread that took it;
+  else, the first time in a directory, one ListDir page that brings the
+  whole directory into the table if it fits (`siblings`), and one Stat RPC
+  if the name is still unknown; names under the root one GetDataset RPC.
 - getattr: nothing (attributes live in the inode table).
 - open: answered ENOSYS, which tells the kernel (FUSE no-open support) to
   stop sending OPEN, FLUSH and RELEASE for files altogether: an `open()`
@@ -34,10 +34,12 @@ has no answer cached):
   C (no handler here), without waking Python.
 - every write-ish request: EROFS (the mount is also read-only in the VFS).
 
-Requests the table can answer are answered on the spot, on the session's
-trio thread; the others become trio tasks whose blocking calls run in worker
-threads (`trio.to_thread`, at most `rpcs_in_flight_max` at once), so
-requests served from memory are never queued behind the network.  Only
+Requests the table can answer are answered on the spot: reads and lookups
+in the libfuse worker thread that took them (the table is thread-safe),
+the rest on the session's trio thread; the others become trio tasks whose
+blocking calls run in worker threads (`trio.to_thread`, at most
+`rpcs_in_flight_max` at once), so requests served from memory are never
+queued behind the network.  Only
 `FuseError` leaves a handler: DLFS errors become errno values through
 `errno_map`, anything else is logged as a bug and becomes EIO (session.py).
 
@@ -226,16 +228,21 @@ class DlfsOperations:
 
     # --- metadata --------------------------------------------------------------------
 
+    @inline
     @_handler()
     def lookup(self, req: int, parent_inode: int, name: bytes) -> Any:
+        # In libfuse's worker thread: a name the inode table knows is answered
+        # here (a cold pass over files the kernel forgot: one lookup per open),
+        # without waking the trio thread; the others become a trio task.
         parent = self._node(parent_inode)
         text = self.names.decode(name)
         if text == ".":
             return self._reply_node(req, parent)
         if text not in ("..", "") and not (self.multi and parent is self.table.root):
-            node = self.table.find(parent.child_key(text)) if parent.is_dir else None
+            node = self.table.lookup(parent.child_key(text)) if parent.is_dir else None
             if node is not None:  # known: answered from memory
-                return self._reply_node(req, node)
+                self.session.reply_entry(req, self._entry(node))
+                return None
         return self._lookup(req, parent, text)
 
     @_handler()

@@ -15,13 +15,16 @@ longer knows it, but the node is kept, least recently used first out, up to
 daemon call and gets the same inode number.  Live nodes (count > 0) are never
 dropped, so the table holds at most what the kernel holds plus the idle bound.
 
-Not thread-safe: used from the trio loop only.
+Thread-safe (one lock): the trio loop makes, evicts and forgets nodes;
+libfuse's worker threads look nodes up (`get`, `lookup`), which never
+removes one.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
+import threading
 from typing import Callable
 
 from dlfs.fuse.lowlevel import ROOT_INODE
@@ -92,6 +95,7 @@ class InodeTable:
         # Idle nodes in least-recently-used order (oldest first).
         self._idle: collections.OrderedDict[int, Node] = collections.OrderedDict()
         self._next_inode = ROOT_INODE + 1
+        self._lock = threading.Lock()
         self.root = self._add(ROOT_INODE, root_key, root_attrs)
         self.root.lookups = 1  # pinned
 
@@ -113,42 +117,49 @@ class InodeTable:
 
     def find(self, key: Key) -> Node | None:
         """The node of `key` if the table has it (live or idle), else None."""
-        node = self._by_key.get(key)
-        if node is not None and node.lookups == 0:
-            self._idle.move_to_end(node.inode)
-        return node
+        with self._lock:
+            return self._find(key)
+
+    def lookup(self, key: Key) -> Node | None:
+        """The node of `key` with one more kernel reference, if the table has it
+        (`find` and `ref` at once: no eviction can come between)."""
+        with self._lock:
+            node = self._find(key)
+            if node is not None:
+                self._ref(node)
+            return node
 
     def node_for(self, key: Key, attrs: Callable[[], Attrs]) -> Node:
         """The node of `key`, made from `attrs()` if the table does not have it.
 
         Does not change the lookup count; a new node starts idle.
         """
-        node = self.find(key)
-        if node is None:
-            inode = self._next_inode
-            self._next_inode += 1
-            node = self._add(inode, key, attrs())
-            self._idle[inode] = node
-            self._evict()
-        return node
+        with self._lock:
+            node = self._find(key)
+            if node is None:
+                inode = self._next_inode
+                self._next_inode += 1
+                node = self._add(inode, key, attrs())
+                self._idle[inode] = node
+                self._evict()
+            return node
 
     def ref(self, node: Node) -> None:
         """Count one more kernel reference (a lookup or readdirplus entry)."""
-        assert self._by_inode.get(node.inode) is node
-        if node.lookups == 0:
-            del self._idle[node.inode]
-        node.lookups += 1
+        with self._lock:
+            self._ref(node)
 
     def forget(self, inode: int, count: int) -> None:
         """The kernel dropped `count` references to `inode`.  Unknown inodes
         and over-large counts are ignored (forget must not fail)."""
-        node = self._by_inode.get(inode)
-        if node is None or node is self.root or node.lookups == 0:
-            return
-        node.lookups = max(0, node.lookups - count)
-        if node.lookups == 0:
-            self._idle[inode] = node
-            self._evict()
+        with self._lock:
+            node = self._by_inode.get(inode)
+            if node is None or node is self.root or node.lookups == 0:
+                return
+            node.lookups = max(0, node.lookups - count)
+            if node.lookups == 0:
+                self._idle[inode] = node
+                self._evict()
 
     def rekey_root(self, key: Key, attrs: Attrs) -> list[Node]:
         """Make the root the root of another dataset version: `key`, `attrs`.
@@ -157,23 +168,39 @@ class InodeTable:
         cached their names under the root).  They stay in the table as nodes
         of the old version (reads of them name it).  O(nodes).
         """
-        root = self.root
-        assert key not in self._by_key, key
-        old_dataset, old_generation, _ = root.key
-        children = [n for n in self._by_inode.values() if n is not root and
-                    n.key[:2] == (old_dataset, old_generation) and n.path and
-                    "/" not in n.path]
-        del self._by_key[root.key]
-        root.key = key
-        self._by_key[key] = root
-        root.is_dir, root.size, root.mode, root.mtime_ns = (attrs.is_dir, attrs.size,
-                                                            attrs.mode, attrs.mtime_ns)
-        return children
+        with self._lock:
+            root = self.root
+            assert key not in self._by_key, key
+            old_dataset, old_generation, _ = root.key
+            children = [n for n in self._by_inode.values() if n is not root and
+                        n.key[:2] == (old_dataset, old_generation) and n.path and
+                        "/" not in n.path]
+            del self._by_key[root.key]
+            root.key = key
+            self._by_key[key] = root
+            root.is_dir, root.size, root.mode, root.mtime_ns = (attrs.is_dir, attrs.size,
+                                                                attrs.mode, attrs.mtime_ns)
+            return children
 
     def drop_idle(self) -> None:
         """Drop every idle node (e.g. after the daemon's datasets changed)."""
-        while self._idle:
-            self._remove(self._idle.popitem(last=False)[1])
+        with self._lock:
+            while self._idle:
+                self._remove(self._idle.popitem(last=False)[1])
+
+    # --- with the lock held ----------------------------------------------------------------
+
+    def _find(self, key: Key) -> Node | None:
+        node = self._by_key.get(key)
+        if node is not None and node.lookups == 0:
+            self._idle.move_to_end(node.inode)
+        return node
+
+    def _ref(self, node: Node) -> None:
+        assert self._by_inode.get(node.inode) is node
+        if node.lookups == 0:
+            del self._idle[node.inode]
+        node.lookups += 1
 
     def _add(self, inode: int, key: Key, attrs: Attrs) -> Node:
         assert key not in self._by_key, key
@@ -193,6 +220,10 @@ class InodeTable:
 
     def check_invariants(self) -> None:
         """Assert the structure is consistent.  O(n); for tests."""
+        with self._lock:
+            self._check_invariants()
+
+    def _check_invariants(self) -> None:
         assert self._by_inode[ROOT_INODE] is self.root and self.root.lookups >= 1
         assert len(self._by_inode) == len(self._by_key)
         for inode, node in self._by_inode.items():
