@@ -132,7 +132,8 @@ class InodeTable:
     def node_for(self, key: Key, attrs: Callable[[], Attrs]) -> Node:
         """The node of `key`, made from `attrs()` if the table does not have it.
 
-        Does not change the lookup count; a new node starts idle.
+        Does not change the lookup count; a new node starts idle.  `attrs`
+        runs with the table's lock held: it must not use the table.
         """
         with self._lock:
             node = self._find(key)
