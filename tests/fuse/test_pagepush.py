@@ -55,10 +55,17 @@ def test_listed_files_are_pushed_after_the_first_read(daemon, mount_factory, tmp
     wait_until(lambda: pushed(m) is not None, "the push ended", PUSH_TIMEOUT_S)
     assert pushed(m)[0] == len(tree) - 1, m.log()[-3000:]  # the file read first: not again
     before = m.request_counts()
-    read_all(m, tree)
+    reclaimed = 0  # files the host's proactive reclaim took back since the push
+    for rel, data in sorted(tree.items()):
+        path = os.path.join(m.mountpoint, rel)
+        reclaimed += not mounting.page_cache_holds(path)
+        with open(path, "rb") as f:
+            assert f.read() == data
     after = m.request_counts()
-    assert after.get("read", 0) == before.get("read", 0), \
-        (before, after, m.log()[-3000:])  # all from the page cache
+    # Every file held by the page cache was read from it, without a READ.
+    assert after.get("read", 0) - before.get("read", 0) <= reclaimed, \
+        (before, after, reclaimed, m.log()[-3000:])
+    assert reclaimed <= len(tree) // 4, reclaimed  # the push did fill the page cache
 
 
 def test_no_push_when_the_daemon_does_not_warm_the_dataset(daemon_factory, mount_factory,
