@@ -15,7 +15,7 @@ import pytest
 
 from conftest import unique_name, write_tree
 from dlfs import Client
-from mounting import mount_factory, requires_fuse  # noqa: F401 (fixture)
+from mounting import mount_factory, page_cache_holds, requires_fuse  # noqa: F401 (fixture)
 
 pytestmark = requires_fuse
 
@@ -51,9 +51,11 @@ def test_warm_opens_reach_the_mount_not_at_all(small_dataset, mount_factory):
     # the push into the page cache the first read started (fuse/pagepush.py).
     assert first.get("read", 0) >= 1, first
 
+    reclaimed = 0  # files the host's proactive reclaim took back meanwhile
     for _ in range(OPENS_PER_FILE):  # later epochs: buffered and unbuffered, stat and mmap
         for rel in flat:
             path = os.path.join(m.mountpoint, rel)
+            reclaimed += not page_cache_holds(path)
             with open(path, "rb") as f:
                 assert f.read() == tree[rel]
             fd = os.open(path, os.O_RDONLY)
@@ -63,7 +65,10 @@ def test_warm_opens_reach_the_mount_not_at_all(small_dataset, mount_factory):
             finally:
                 os.close(fd)
     later = m.request_counts()
-    assert later == first, {k: later.get(k, 0) - first.get(k, 0) for k in later}
+    added = {k: later.get(k, 0) - first.get(k, 0) for k in later if later[k] != first.get(k, 0)}
+    # Nothing at all, but a READ for a file whose pages were reclaimed (mounting.py).
+    assert set(added) <= {"read"} and added.get("read", 0) <= reclaimed, (added, reclaimed)
+    assert reclaimed <= len(flat), reclaimed
 
 
 def test_reads_name_the_inode_without_open(small_dataset, mount_factory):
