@@ -87,8 +87,16 @@ def first_mismatch(data, crcs, block_bytes: int = BLOCK_BYTES) -> tuple[int, int
     """(block number within `data`, CRC read) of the first block of `data` that fails
     its CRC in `crcs`, or None.  `data` starts at a block boundary.  O(bytes)."""
     view = memoryview(data).cast("B")
-    for k, expected in enumerate(np.asarray(crcs).tolist()):
-        got = crc32c.crc32c(view[k * block_bytes:(k + 1) * block_bytes])
-        if got != expected:
-            return k, got
-    return None
+    return first_bad_piece([view[k * block_bytes:(k + 1) * block_bytes]
+                            for k in range(len(crcs))], np.asarray(crcs).tolist())
+
+
+def first_bad_piece(pieces: list, crcs: list[int]) -> tuple[int, int] | None:
+    """(index, CRC read) of the first of `pieces` whose CRC32C is not its entry of
+    `crcs`, or None.  O(bytes): one `map` and one list comparison, not a Python
+    loop turn per piece (256 samples of 4 KiB: a tenth of a client's time)."""
+    got = list(map(crc32c.crc32c, pieces))
+    if got == crcs:
+        return None
+    k = next(k for k, (a, b) in enumerate(zip(got, crcs)) if a != b)
+    return k, got[k]

@@ -23,10 +23,9 @@ import mmap
 import os
 import threading
 
-import crc32c
 import numpy as np
 
-from dlfs import layout, limits
+from dlfs import blockcrc, layout, limits
 from dlfs.client.buffers import copy_into
 from dlfs.client.datapath import DataPath
 from dlfs.client.datatransport import DataPathTransport
@@ -234,15 +233,13 @@ class DirectReader:
             _advise_willneed(extents, extent_nos, offsets, lengths)
         samples = [extents[e].view[o:o + n] for e, o, n in zip(extent_nos, offsets, lengths)]
         if verify:
-            # One map and one list comparison, not a loop turn per sample, as the
-            # data path's client checks a frame: 5-13 us less per 256 samples.
-            got = list(map(crc32c.crc32c, samples))
             expected = index.crc[ids].tolist()
-            if got != expected:
-                k = next(k for k, (a, b) in enumerate(zip(got, expected)) if a != b)
+            bad = blockcrc.first_bad_piece(samples, expected)
+            if bad is not None:
+                k, got = bad
                 raise DataCorruption(
                     f"checksum mismatch for sample {int(ids[k])} of dataset {self._dataset!r}: "
-                    f"stored CRC32C {expected[k]:08x}, read {got[k]:08x}; the extent is damaged")
+                    f"stored CRC32C {expected[k]:08x}, read {got:08x}; the extent is damaged")
         return samples
 
     @staticmethod
