@@ -131,6 +131,8 @@ class RingReads:
             self._cqes = np.frombuffer(self._cq_map, _CQE, count=cq_entries,
                                        offset=int(cq_off[5]))
             self._sqes[:] = np.zeros(1, _SQE)
+            # Each entry's user_data is its index in the round (results come back by it).
+            self._indices = np.arange(self.entries, dtype=np.uint64)
         except BaseException:
             self._close_fd()
             raise
@@ -188,7 +190,7 @@ class RingReads:
                 slots["addr"] = addresses[lo:hi]
                 slots["len"] = lengths[lo:hi]
                 slots["rw_flags"] = flags  # fadvise_advice for FADVISE
-                slots["user_data"] = np.arange(lo, hi, dtype=np.uint64)
+                slots["user_data"] = self._indices[lo:hi]
         self._sq_tail[0] = (tail + count) & 0xFFFFFFFF
         results = np.empty(count, np.int64)
         unsubmitted, done = count, 0
@@ -217,7 +219,11 @@ class RingReads:
         head, tail = int(self._cq_head[0]), int(self._cq_tail[0])
         ready = (tail - head) & 0xFFFFFFFF
         if ready:
-            cqe = self._cqes[(head + np.arange(ready)) & self._cq_mask]
+            first = head & self._cq_mask
+            if first + ready <= len(self._cqes):
+                cqe = self._cqes[first:first + ready]  # no wrap: a view, no gather
+            else:
+                cqe = self._cqes[(head + np.arange(ready)) & self._cq_mask]
             results[cqe["user_data"].astype(np.intp)] = cqe["res"]
             self._cq_head[0] = tail
         return ready
