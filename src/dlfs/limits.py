@@ -151,6 +151,13 @@ uring_entries = 1024
 # preadv against 92 us in one submission, 256 pieces 546 against 497 us;
 # with four batches in flight the submission also spares the GIL hand-offs.
 uring_pieces_min = 64
+# Data path windows sent by sendfile from the page cache (server/sendfiles.py,
+# Unix socket only): pieces must average at least this many bytes (one system
+# call per piece; 4 KiB pieces measured slower than one read and one send),
+# and a window of more pieces than the bound goes the read path (its
+# residency check is one cachestat call per piece).
+sendfile_piece_bytes_min = 64 * KiB
+sendfile_pieces_max = 256
 # Prefetch hints waiting for the prefetch thread; more are refused (a hint
 # that cannot be queued is dropped, never waited for).
 prefetch_queue_max = 64

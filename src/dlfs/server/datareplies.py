@@ -20,7 +20,7 @@ import numpy as np
 
 from dlfs import datawire, limits
 from dlfs.errors import InvalidArgument, PermissionDenied
-from dlfs.server import rangeplan
+from dlfs.server import rangeplan, sendfiles
 from dlfs.server.planning import RequestOrder
 
 
@@ -114,7 +114,8 @@ def stat_dataset(connection, name: str) -> None:
 
 def send_reply(connection, dataset, header: list, order: RequestOrder, count) -> None:
     """The BATCH frame `header`, then DATA frames of the payload, window by window, each
-    read into a pooled buffer.
+    read into a pooled buffer, or, on the Unix socket, sent from the page cache by
+    `sendfile` when its pieces are large and all cached (server/sendfiles.py).
 
     `count()` records the request as served once every byte was read and
     before the last frame goes out: a client that asks for the daemon's
@@ -127,11 +128,19 @@ def send_reply(connection, dataset, header: list, order: RequestOrder, count) ->
         return
     connection.send(header)
     store = connection.store
+    # Large cached samples to a client on this host: no copy in the daemon.
+    by_sendfile = store.config.sendfile and connection.sock.family == socket.AF_UNIX
     advised = 0  # payload bytes below this were asked of the device ahead of their window
     with connection.server.buffers.take() as buffer:
         for k, (start, stop) in enumerate(windows):
+            pieces = order.pieces(start, stop)
+            last = k == len(windows) - 1
+            if by_sendfile and sendfiles.worth(pieces) and store.send_cached(
+                    dataset, pieces, connection.sock, datawire.data_frame(stop - start),
+                    before=count if last else None):
+                continue
             window = buffer[:stop - start]
-            missed = store.read_into(dataset, order.pieces(start, stop), window)
+            missed = store.read_into(dataset, pieces, window)
             if missed and stop < order.payload_bytes:
                 # A cold reply: keep the device busy with the next windows while this
                 # one is sent, instead of asking for each only when its turn comes.
@@ -140,7 +149,7 @@ def send_reply(connection, dataset, header: list, order: RequestOrder, count) ->
                 if ahead > first:
                     store.advise(dataset, order.pieces(first, ahead))
                     advised = ahead
-            if k == len(windows) - 1:
+            if last:
                 count()
             connection.send([datawire.data_frame(stop - start), window])
 

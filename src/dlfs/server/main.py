@@ -77,6 +77,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="read the cached pieces of a window with one io_uring "
                              "submission instead of one preadv each (where the kernel "
                              "allows io_uring)")
+    parser.add_argument("--sendfile", choices=("on", "off"), default="on",
+                        help="on the data path's Unix socket, send windows of large cached "
+                             "samples with sendfile from the page cache instead of reading "
+                             "them into a buffer first")
     defaults = ServerConfig(data_dir=".")
     for field, help_text in SETTINGS_HELP.items():
         default = getattr(defaults, field)
@@ -90,6 +94,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
               if hasattr(args, f.name)}
     values["warm_on_first_read"] = getattr(args, "warm_on_first_read", "on") == "on"
     values["io_uring"] = getattr(args, "io_uring", "on") == "on"
+    values["sendfile"] = getattr(args, "sendfile", "on") == "on"
     return ServerConfig(**values)
 
 

@@ -49,6 +49,10 @@ class Metrics:
                                   "Ranges served from the page cache without waiting", registry=r)
         self.cache_misses = Counter("dlfs_cache_miss_ranges",
                                     "Ranges that had to wait for the device", registry=r)
+        self.sendfile_bytes = Counter(
+            "dlfs_sendfile_bytes",
+            "Payload bytes sent straight from the page cache by sendfile (no copy in the daemon)",
+            registry=r)
         self.prefetch_hints = Counter("dlfs_prefetch_hints", "Prefetch hints",
                                       ["outcome"], registry=r)
         self.errors = Counter("dlfs_errors", "Calls that ended with an error status",

@@ -15,11 +15,12 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from dlfs import layout, limits
-from dlfs.errors import Overloaded
-from dlfs.server import planning, rangeplan
+from dlfs.errors import DataCorruption, Overloaded
+from dlfs.server import planning, rangeplan, sendfiles
 from dlfs.server.directory import DatasetIndex
 from dlfs.server.planning import BatchPlan
 from dlfs.server.rangeplan import RangeRead
+from dlfs.server.reader import ShortRead
 from dlfs.server.scrub import scrub as scrub_dataset
 
 
@@ -96,6 +97,30 @@ class StoreReads:
         return self._engine.read_into(
             dataset.dataset_id, pieces, buffer,
             describe_extent=lambda extent: dataset.describe_extent(extent))
+
+    def send_cached(self, dataset: DatasetIndex, pieces, sock, head: bytes, *,
+                    before=None) -> bool:
+        """Send `head` and then file pieces of `dataset` (tiling one window, sent in
+        buffer-offset order) straight from the page cache to `sock` by `sendfile`,
+        if it holds every page of them; False, with nothing sent, otherwise (see
+        sendfiles.send).  `before()` runs once the pages are known cached, before
+        anything is sent.  Raises DataCorruption naming the extent when one ends
+        early (the window is padded first, so the framing stays whole), OSError
+        (socket.timeout: the peer stopped reading)."""
+        try:
+            if not sendfiles.send(sock, self._files, dataset.dataset_id, pieces, head,
+                                  before=before):
+                return False
+        except ShortRead as short:
+            raise DataCorruption(
+                f"{dataset.describe_extent(short.extent_no)} is truncated: reading "
+                f"{short.wanted} bytes at offset {short.file_offset} got {short.got}; "
+                "re-ingest the dataset") from None
+        # Cached ranges, as the read engine counts the ones it copies.
+        self.metrics.ranges_read.inc(len(pieces))
+        self.metrics.cache_hits.inc(len(pieces))
+        self.metrics.sendfile_bytes.inc(int(pieces.size.sum()))
+        return True
 
     def advise(self, dataset: DatasetIndex, pieces: list) -> None:
         """Start the device reads of file pieces of `dataset` without waiting for them."""

@@ -1,0 +1,155 @@
+"""Windows of cached large pieces sent straight from the page cache (`sendfile`), Unix socket only.
+
+Why (docs/DESIGN.md, "How the daemon sends"): reading a window into a
+buffer and sending it copies every byte twice in the daemon; `sendfile`
+hands the socket references to the extent's page-cache pages, and the
+receiver's `recv_into` makes the one copy.  On the 2-core test VM a Unix
+socket moved random 110 KB ranges that way at about 6 GB/s for 0.05
+sender CPU-seconds per GB, where the daemon's read-and-send path moved 2.3
+GB/s at 0.38.  Over loopback TCP `sendfile` measured slower than a copy, so
+TCP connections keep the read path.
+
+Only for windows whose pieces average at least
+`limits.sendfile_piece_bytes_min` (a system call per piece must be worth
+it) and whose pages are all in the page cache (`cachestat(2)`, Linux 6.5+,
+no byte copied): a `sendfile` of an uncached range would wait for the
+device a piece at a time, so those windows go the read path, which keeps
+the device queue full.  A piece that ends early (a truncated extent) is
+padded with zeros to the frame's announced length and reported as
+`ShortRead`: the connection then answers with an ERROR frame, and the
+client, which checks every sample's CRC32C, never hands out the zeros.
+Nothing here imports grpc.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import select
+import socket
+from contextlib import ExitStack
+from typing import Callable
+
+import numpy as np
+
+from dlfs import limits
+from dlfs.server.extents import ExtentFiles
+from dlfs.server.planning import PieceColumns
+from dlfs.server.reader import ShortRead
+
+_PAGE_BYTES = 4096
+# cachestat(2): the same number on every Linux architecture (after the unification).
+_SYS_CACHESTAT = 451
+
+
+class _CachestatRange(ctypes.Structure):
+    _fields_ = [("off", ctypes.c_uint64), ("len", ctypes.c_uint64)]
+
+
+class _Cachestat(ctypes.Structure):
+    _fields_ = [("nr_cache", ctypes.c_uint64), ("nr_dirty", ctypes.c_uint64),
+                ("nr_writeback", ctypes.c_uint64), ("nr_evicted", ctypes.c_uint64),
+                ("nr_recently_evicted", ctypes.c_uint64)]
+
+
+# PyDLL: cachestat never blocks, so the call keeps the GIL (handing it over and
+# back once per piece would cost more than the system call).
+_syscall = ctypes.PyDLL(None, use_errno=True).syscall
+_syscall.restype = ctypes.c_long
+_available = True  # False once the kernel said it has no cachestat
+
+
+def worth(pieces: PieceColumns) -> bool:
+    """Whether a window of `pieces` is large-piece enough to be sent by `sendfile`."""
+    count = len(pieces)
+    return 0 < count < limits.sendfile_pieces_max and \
+        int(pieces.size.sum()) >= count * limits.sendfile_piece_bytes_min
+
+
+def all_cached(fds: np.ndarray, pieces: PieceColumns) -> bool:
+    """Whether the page cache holds every page of every piece (one cachestat each).
+    False where the kernel has no cachestat (before Linux 6.5, or blocked)."""
+    global _available
+    if not _available:
+        return False
+    span, stat = _CachestatRange(), _Cachestat()
+    span_ref, stat_ref = ctypes.byref(span), ctypes.byref(stat)
+    for fd, offset, size in zip(fds.tolist(), pieces.file_offset.tolist(), pieces.size.tolist()):
+        first = offset - offset % _PAGE_BYTES
+        span.off, span.len = first, offset + size - first
+        if _syscall(ctypes.c_long(_SYS_CACHESTAT), ctypes.c_long(fd), span_ref, stat_ref,
+                    ctypes.c_long(0)) != 0:
+            if ctypes.get_errno() in (errno.ENOSYS, errno.EPERM):
+                _available = False
+            return False
+        if stat.nr_cache < -(-span.len // _PAGE_BYTES):
+            return False
+    return True
+
+
+def send(sock: socket.socket, files: ExtentFiles, dataset_id: int, pieces: PieceColumns,
+         head: bytes, *, before: Callable[[], None] | None = None) -> bool:
+    """Send `head`, then `pieces` in buffer-offset order (they must tile the window),
+    each by `sendfile` from its extent, if the page cache holds all of them.
+
+    Returns False, having sent nothing, when some page is not cached;
+    `before()` runs once they are known cached, before anything is sent.
+    Raises ShortRead after padding the window when an extent ends early,
+    socket.timeout when the peer stops reading for the socket's timeout,
+    OSError.
+    """
+    order = np.argsort(pieces.buffer_offset, kind="stable")
+    extent, offset, size = pieces.extent[order], pieces.file_offset[order], pieces.size[order]
+    with ExitStack() as stack:
+        numbers, which = np.unique(extent, return_inverse=True)
+        held = [stack.enter_context(files.acquire(dataset_id, int(e))) for e in numbers]
+        fds = np.array(held, dtype=np.int64)[which]
+        if not all_cached(fds, PieceColumns(extent, offset, offset, size)):
+            return False
+        if before is not None:
+            before()
+        timeout = sock.gettimeout()
+        _send_bytes(sock, head, timeout)
+        out = sock.fileno()
+        pieces_left = zip(extent.tolist(), fds.tolist(), offset.tolist(), size.tolist())
+        for index, (extent_no, fd, start, length) in enumerate(pieces_left):
+            got = _sendfile(out, fd, start, length, timeout)
+            if got < length:
+                # Keep the framing whole: the rest of the window as zeros, then the error.
+                _send_bytes(sock, bytes(int(size[index:].sum()) - got), timeout)
+                raise ShortRead(extent_no, start, length, got)
+    return True
+
+
+def _sendfile(out: int, fd: int, offset: int, count: int, timeout: float | None) -> int:
+    """`sendfile` until `count` bytes went out or the file ended; returns the bytes sent."""
+    sent = 0
+    while sent < count:
+        try:
+            n = os.sendfile(out, fd, offset + sent, count - sent)
+        except BlockingIOError:
+            _wait_writable(out, timeout)
+            continue
+        if n == 0:
+            break
+        sent += n
+    return sent
+
+
+def _send_bytes(sock: socket.socket, data: bytes, timeout: float | None) -> None:
+    view = memoryview(data)
+    while view:
+        try:
+            n = os.write(sock.fileno(), view)
+        except BlockingIOError:
+            _wait_writable(sock.fileno(), timeout)
+            continue
+        view = view[n:]
+
+
+def _wait_writable(fd: int, timeout: float | None) -> None:
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    if not poller.poll(None if timeout is None else timeout * 1000):
+        raise socket.timeout("the client stopped reading the reply")

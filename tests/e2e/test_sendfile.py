@@ -1,0 +1,173 @@
+"""Large cached samples sent from the page cache (`sendfile`) on the Unix socket, against
+real daemons: the bytes, which windows take that way, damage, a stalled client."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+
+import numpy as np
+import pytest
+
+import dlfs
+from conftest import metric_samples, write_tree
+from dlfs import Client, datawire
+from dlfs.server import sendfiles
+from dlfs.server.extents import ExtentFiles, ExtentStore
+from dlfs.server.planning import PieceColumns
+from dlfs.server.reader import ShortRead
+from dlfs.sockio import recv_exactly
+
+MiB = 1024 * 1024
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory):
+    rng = np.random.default_rng(11)
+    files = {f"img/{i:03d}.jpg": rng.bytes(int(rng.integers(70_000, 200_000)))
+             for i in range(60)}
+    files["small/a.bin"] = rng.bytes(3000)
+    files["vol/big.raw"] = rng.bytes(9 * MiB + 77)  # three 4 MiB windows
+    root = tmp_path_factory.mktemp("sendfile-src")
+    write_tree(root, files)
+    return root, files
+
+
+def sent_by_sendfile(client) -> float:
+    return metric_samples(client).get(("dlfs_sendfile_bytes_total", ()), 0.0)
+
+
+def drop_page_cache(daemon) -> None:
+    extent_dir = os.path.join(daemon.data_dir, "extents")
+    for dataset_dir in os.listdir(extent_dir):
+        for name in os.listdir(os.path.join(extent_dir, dataset_dir)):
+            fd = os.open(os.path.join(extent_dir, dataset_dir, name), os.O_RDONLY)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            os.close(fd)
+
+
+def test_cached_large_samples_go_by_sendfile_on_the_unix_socket_only(daemon_factory, tree):
+    root, files = tree
+    paths = sorted(files)
+    daemon = daemon_factory(extra_args=["--metrics-listen", "0", "--warm-on-first-read", "off"])
+    ids = [paths.index(p) for p in paths[::-1]] + [paths.index("vol/big.raw")]
+    expected = [files[paths[i]] for i in ids]
+    with Client(daemon.address, data_path="unix") as client:
+        client.ingest(str(root), "ds")
+        ds = client.dataset("ds")
+        drop_page_cache(daemon)
+        one_window = [paths.index(f"img/{i:03d}.jpg") for i in range(40, 20, -1)]
+        window_bytes = [files[paths[i]] for i in one_window]  # about 2.7 MB: one window
+        assert [bytes(s) for s in ds.get_batch(one_window)] == window_bytes  # cold: read
+        assert sent_by_sendfile(client) == 0 and client.status().cache_miss_ranges > 0
+        assert [bytes(s) for s in ds.get_batch(one_window)] == window_bytes  # cached now
+        assert sent_by_sendfile(client) == sum(len(b) for b in window_bytes)
+        assert [bytes(s) for s in ds.get_batch(ids)] == expected
+        by_sendfile = sent_by_sendfile(client)
+        # Every window of large samples; the window holding the 3 KB sample too
+        # (its pieces average over the threshold), the big one's three.
+        assert by_sendfile >= sum(len(files[p]) for p in paths if p != "small/a.bin")
+        assert bytes(ds.read("vol/big.raw", offset=5 * MiB + 3, length=MiB)) == \
+            files["vol/big.raw"][5 * MiB + 3:6 * MiB + 3]  # whole blocks, verified by the client
+        assert sent_by_sendfile(client) > by_sendfile
+    with Client(daemon.address, data_path="tcp") as client:
+        before = sent_by_sendfile(client)
+        assert [bytes(s) for s in client.dataset("ds").get_batch(ids)] == expected
+        assert sent_by_sendfile(client) == before  # TCP copies (sendfile measured slower there)
+
+
+def test_small_samples_and_the_switch_keep_the_read_path(daemon_factory, tree):
+    root, files = tree
+    daemon = daemon_factory(extra_args=["--metrics-listen", "0", "--sendfile", "off"])
+    with Client(daemon.address, data_path="unix") as client:
+        client.ingest(str(root), "ds")
+        ds = client.dataset("ds")
+        for _ in range(2):
+            assert bytes(ds.get_batch(["vol/big.raw"])[0]) == files["vol/big.raw"]
+        assert sent_by_sendfile(client) == 0
+    daemon = daemon_factory(extra_args=["--metrics-listen", "0"])
+    write_tree(root.parent / "small-src", {f"t/{i}.bin": i.to_bytes(2, "big") * 2048
+                                           for i in range(300)})
+    with Client(daemon.address, data_path="unix") as client:
+        client.ingest(str(root.parent / "small-src"), "small")
+        ds = client.dataset("small")
+        ids = np.random.default_rng(5).permutation(300)  # no two neighbours join
+        by_id = sorted(range(300), key=str)  # sample ids follow the paths' order
+        for _ in range(2):
+            got = ds.get_batch(ids)
+            assert [bytes(s) for s in got] == [by_id[i].to_bytes(2, "big") * 2048 for i in ids]
+        assert sent_by_sendfile(client) == 0  # 4 KiB pieces: one read and one send is cheaper
+
+
+def test_damage_in_a_sample_sent_by_sendfile_is_caught_by_the_client(daemon_factory, tmp_path):
+    samples = {"a.bin": b"A" * 200_000, "b.bin": b"B" * 200_000}
+    write_tree(tmp_path / "src", samples)
+    daemon = daemon_factory(extra_args=["--metrics-listen", "0"])
+    with Client(daemon.address, data_path="unix") as client:
+        client.ingest(str(tmp_path / "src"), "ds")
+    extent_dir = os.path.join(daemon.data_dir, "extents")
+    [dataset_dir] = os.listdir(extent_dir)
+    with open(os.path.join(extent_dir, dataset_dir, "000000.ext"), "r+b") as f:
+        f.seek(f.read().index(b"B" * 1000) + 150_000)
+        f.write(b"X")  # through the page cache: the next reads find it cached
+    with Client(daemon.address, data_path="unix") as client:
+        with pytest.raises(dlfs.DataCorruption, match="sample 1 'b.bin'"):
+            client.get_batch([0, 1], dataset="ds")
+        assert sent_by_sendfile(client) > 0
+
+
+def test_a_client_that_stops_reading_a_sendfile_reply_is_cut_off(daemon_factory, tree):
+    root, files = tree
+    daemon = daemon_factory(extra_args=["--datapath-stall-timeout-s", "2"])
+    with Client(daemon.address, data_path="unix") as client:
+        client.ingest(str(root), "ds")
+        ds = client.dataset("ds")
+        big = sorted(files).index("vol/big.raw")
+        assert bytes(ds.get_batch([big])[0]) == files["vol/big.raw"]  # now cached
+        endpoint = client.transport.data_path().endpoint
+        assert endpoint.family == socket.AF_UNIX
+        stalled = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        stalled.connect(endpoint.address)
+        stalled.sendall(datawire.hello(""))
+        header = bytearray(datawire.FRAME.size)
+        recv_exactly(stalled, memoryview(header))
+        stalled.recv(datawire.parse_frame(header)[2])
+        for b in datawire.get_batch("ds", np.array([big] * 40)):  # 360 MB, never read
+            stalled.sendall(b)
+        assert bytes(ds.get_batch([3])[0]) == files[sorted(files)[3]]  # others are served
+        give_up = time.monotonic() + 60
+        while client.status().data_connections > 1:
+            assert time.monotonic() < give_up, "the stalled connection was never closed"
+            time.sleep(0.2)
+        stalled.close()
+        assert bytes(ds.get_batch([big])[0]) == files["vol/big.raw"]
+
+
+def test_an_extent_that_ends_early_pads_the_window_and_says_so(tmp_path):
+    """Truncation between the residency check and the send: the window keeps its
+    announced length (zeros), then ShortRead; the race is forced by reporting the
+    pages cached."""
+    store = ExtentStore(str(tmp_path))
+    os.makedirs(os.path.dirname(store.extent_path(1, 0)))
+    from dlfs.layout import HEADER_BYTES, encode_header
+    with open(store.extent_path(1, 0), "wb") as f:
+        f.write(encode_header(1, 0, time.time_ns()) + b"x" * 100_000)
+    files = ExtentFiles(store)
+    pieces = PieceColumns(np.array([0, 0]), np.array([HEADER_BYTES, HEADER_BYTES + 70_000]),
+                          np.array([0, 70_000]), np.array([70_000, 70_000]))
+    here, there = socket.socketpair()
+    original = sendfiles.all_cached
+    sendfiles.all_cached = lambda fds, pieces: True
+    try:
+        with pytest.raises(ShortRead) as raised:
+            sendfiles.send(here, files, 1, pieces, b"HEAD")
+    finally:
+        sendfiles.all_cached = original
+        here.close()
+    got = bytearray()
+    while chunk := there.recv(1 << 20):
+        got += chunk
+    assert bytes(got) == b"HEAD" + b"x" * 100_000 + bytes(40_000)
+    assert (raised.value.extent_no, raised.value.got) == (0, 30_000)
+    files.close()
