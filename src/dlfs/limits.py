@@ -152,7 +152,7 @@ uring_entries = 1024
 # with four batches in flight the submission also spares the GIL hand-offs.
 uring_pieces_min = 64
 # Data path windows sent by sendfile from the page cache (server/sendfiles.py,
-# Unix socket only): pieces must average at least this many bytes (one system
+# --sendfile): pieces must average at least this many bytes (one system
 # call per piece; 4 KiB pieces measured slower than one read and one send),
 # and a window of more pieces than the bound goes the read path (its
 # residency check is one cachestat call per piece).

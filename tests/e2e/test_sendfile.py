@@ -1,5 +1,5 @@
-"""Large cached samples sent from the page cache (`sendfile`) on the Unix socket, against
-real daemons: the bytes, which windows take that way, damage, a stalled client."""
+"""Large cached samples sent from the page cache (`sendfile`), against real daemons: the
+bytes, which windows take that way, damage, a stalled client."""
 
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ def drop_page_cache(daemon) -> None:
             os.close(fd)
 
 
-def test_cached_large_samples_go_by_sendfile_on_the_unix_socket_only(daemon_factory, tree):
+def test_cached_large_samples_go_by_sendfile_on_either_socket(daemon_factory, tree):
     root, files = tree
     paths = sorted(files)
     daemon = daemon_factory(extra_args=["--metrics-listen", "0", "--warm-on-first-read", "off"])
@@ -74,7 +74,7 @@ def test_cached_large_samples_go_by_sendfile_on_the_unix_socket_only(daemon_fact
     with Client(daemon.address, data_path="tcp") as client:
         before = sent_by_sendfile(client)
         assert [bytes(s) for s in client.dataset("ds").get_batch(ids)] == expected
-        assert sent_by_sendfile(client) == before  # TCP copies (sendfile measured slower there)
+        assert sent_by_sendfile(client) - before >= sum(len(b) for b in expected) - 3000
 
 
 def test_small_samples_and_the_switch_keep_the_read_path(daemon_factory, tree):

@@ -82,9 +82,9 @@ class ServerConfig:
     # rather than one preadv each; off, or where the kernel refuses io_uring,
     # the preadv path.
     io_uring: bool = True
-    # On the Unix socket, send windows of large cached pieces with sendfile
-    # straight from the page cache (server/sendfiles.py) instead of reading
-    # them into a window buffer first.
+    # Send data path windows of large cached pieces with sendfile straight
+    # from the page cache (server/sendfiles.py) instead of reading them into
+    # a window buffer first.
     sendfile: bool = True
 
     def __post_init__(self):

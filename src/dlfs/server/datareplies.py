@@ -114,8 +114,8 @@ def stat_dataset(connection, name: str) -> None:
 
 def send_reply(connection, dataset, header: list, order: RequestOrder, count) -> None:
     """The BATCH frame `header`, then DATA frames of the payload, window by window, each
-    read into a pooled buffer, or, on the Unix socket, sent from the page cache by
-    `sendfile` when its pieces are large and all cached (server/sendfiles.py).
+    read into a pooled buffer, or sent from the page cache by `sendfile` when its
+    pieces are large and all cached (server/sendfiles.py).
 
     `count()` records the request as served once every byte was read and
     before the last frame goes out: a client that asks for the daemon's
@@ -128,8 +128,8 @@ def send_reply(connection, dataset, header: list, order: RequestOrder, count) ->
         return
     connection.send(header)
     store = connection.store
-    # Large cached samples to a client on this host: no copy in the daemon.
-    by_sendfile = store.config.sendfile and connection.sock.family == socket.AF_UNIX
+    # Large cached samples straight from the page cache: no copy in the daemon.
+    by_sendfile = store.config.sendfile
     advised = 0  # payload bytes below this were asked of the device ahead of their window
     with connection.server.buffers.take() as buffer:
         for k, (start, stop) in enumerate(windows):

@@ -78,9 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "submission instead of one preadv each (where the kernel "
                              "allows io_uring)")
     parser.add_argument("--sendfile", choices=("on", "off"), default="on",
-                        help="on the data path's Unix socket, send windows of large cached "
-                             "samples with sendfile from the page cache instead of reading "
-                             "them into a buffer first")
+                        help="on the data path, send windows of large cached samples with "
+                             "sendfile from the page cache instead of reading them into a "
+                             "buffer first")
     defaults = ServerConfig(data_dir=".")
     for field, help_text in SETTINGS_HELP.items():
         default = getattr(defaults, field)

@@ -1,13 +1,13 @@
-"""Windows of cached large pieces sent straight from the page cache (`sendfile`), Unix socket only.
+"""Windows of cached large pieces sent straight from the page cache (`sendfile`).
 
 Why (docs/DESIGN.md, "How the daemon sends"): reading a window into a
 buffer and sending it copies every byte twice in the daemon; `sendfile`
-hands the socket references to the extent's page-cache pages, and the
-receiver's `recv_into` makes the one copy.  On the 2-core test VM a Unix
-socket moved random 110 KB ranges that way at about 6 GB/s for 0.05
-sender CPU-seconds per GB, where the daemon's read-and-send path moved 2.3
-GB/s at 0.38.  Over loopback TCP `sendfile` measured slower than a copy, so
-TCP connections keep the read path.
+hands the socket references to the extent's page-cache pages (a NIC sends
+them by DMA; over loopback or a Unix socket the receiver's `recv_into`
+makes the one copy).  On the 2-core test VM random 110 KB ranges moved
+that way at 5.6-5.7 GB/s over loopback TCP for 0.13-0.15 sender
+CPU-seconds per GB (a Unix socket: 6-7 GB/s at 0.05-0.06), where reading
+into a buffer and sending it moved 2.2-2.8 GB/s at 0.36-0.45.
 
 Only for windows whose pieces average at least
 `limits.sendfile_piece_bytes_min` (a system call per piece must be worth
