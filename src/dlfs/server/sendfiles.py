@@ -28,7 +28,6 @@ import errno
 import os
 import select
 import socket
-from contextlib import ExitStack
 from typing import Callable
 
 import numpy as np
@@ -63,19 +62,20 @@ _available = True  # False once the kernel said it has no cachestat
 def worth(pieces: PieceColumns) -> bool:
     """Whether a window of `pieces` is large-piece enough to be sent by `sendfile`."""
     count = len(pieces)
-    return 0 < count < limits.sendfile_pieces_max and \
+    return 0 < count <= limits.sendfile_pieces_max and \
         int(pieces.size.sum()) >= count * limits.sendfile_piece_bytes_min
 
 
-def all_cached(fds: np.ndarray, pieces: PieceColumns) -> bool:
-    """Whether the page cache holds every page of every piece (one cachestat each).
-    False where the kernel has no cachestat (before Linux 6.5, or blocked)."""
+def all_cached(fds: np.ndarray, offsets: np.ndarray, sizes: np.ndarray) -> bool:
+    """Whether the page cache holds every page of `sizes[i]` bytes at `offsets[i]` of
+    `fds[i]`, for every i (one cachestat each).  False where the kernel has no
+    cachestat (before Linux 6.5, or blocked)."""
     global _available
     if not _available:
         return False
     span, stat = _CachestatRange(), _Cachestat()
     span_ref, stat_ref = ctypes.byref(span), ctypes.byref(stat)
-    for fd, offset, size in zip(fds.tolist(), pieces.file_offset.tolist(), pieces.size.tolist()):
+    for fd, offset, size in zip(fds.tolist(), offsets.tolist(), sizes.tolist()):
         first = offset - offset % _PAGE_BYTES
         span.off, span.len = first, offset + size - first
         if _syscall(ctypes.c_long(_SYS_CACHESTAT), ctypes.c_long(fd), span_ref, stat_ref,
@@ -101,11 +101,10 @@ def send(sock: socket.socket, files: ExtentFiles, dataset_id: int, pieces: Piece
     """
     order = np.argsort(pieces.buffer_offset, kind="stable")
     extent, offset, size = pieces.extent[order], pieces.file_offset[order], pieces.size[order]
-    with ExitStack() as stack:
-        numbers, which = np.unique(extent, return_inverse=True)
-        held = [stack.enter_context(files.acquire(dataset_id, int(e))) for e in numbers]
+    numbers, which = np.unique(extent, return_inverse=True)
+    with files.acquire_all(dataset_id, numbers.tolist()) as held:
         fds = np.array(held, dtype=np.int64)[which]
-        if not all_cached(fds, PieceColumns(extent, offset, offset, size)):
+        if not all_cached(fds, offset, size):
             return False
         if before is not None:
             before()
