@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import dlfs
-from conftest import unique_name, write_tree
+from conftest import evict_extents, unique_name, write_tree
 from dlfs import Client, datawire
 from dlfs.sockio import recv_exactly
 
@@ -353,12 +353,7 @@ def test_cold_and_warm_windows_give_the_same_bytes(daemon, tree):
         ds = client.dataset("ds")
         ids = list(range(len(paths)))[::-1]
         warm = [bytes(s) for s in ds.get_batch(ids)]
-        extent_dir = os.path.join(daemon.data_dir, "extents")
-        for dataset_dir in os.listdir(extent_dir):
-            for name in os.listdir(os.path.join(extent_dir, dataset_dir)):
-                fd = os.open(os.path.join(extent_dir, dataset_dir, name), os.O_RDONLY)
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-                os.close(fd)
+        evict_extents(daemon)
         cold = [bytes(s) for s in ds.get_batch(ids)]
         assert warm == cold == [files[paths[i]] for i in ids]
         assert client.status().cache_miss_ranges > 0  # the second batch really was cold

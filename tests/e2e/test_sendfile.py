@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import dlfs
-from conftest import metric_samples, write_tree
+from conftest import evict_extents, metric_samples, write_tree
 from dlfs import Client, datawire
 from dlfs.server import sendfiles
 from dlfs.server.extents import ExtentFiles, ExtentStore
@@ -38,15 +38,6 @@ def sent_by_sendfile(client) -> float:
     return metric_samples(client).get(("dlfs_sendfile_bytes_total", ()), 0.0)
 
 
-def drop_page_cache(daemon) -> None:
-    extent_dir = os.path.join(daemon.data_dir, "extents")
-    for dataset_dir in os.listdir(extent_dir):
-        for name in os.listdir(os.path.join(extent_dir, dataset_dir)):
-            fd = os.open(os.path.join(extent_dir, dataset_dir, name), os.O_RDONLY)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            os.close(fd)
-
-
 def test_cached_large_samples_go_by_sendfile_on_either_socket(daemon_factory, tree):
     root, files = tree
     paths = sorted(files)
@@ -56,7 +47,7 @@ def test_cached_large_samples_go_by_sendfile_on_either_socket(daemon_factory, tr
     with Client(daemon.address, data_path="unix") as client:
         client.ingest(str(root), "ds")
         ds = client.dataset("ds")
-        drop_page_cache(daemon)
+        evict_extents(daemon)
         one_window = [paths.index(f"img/{i:03d}.jpg") for i in range(40, 20, -1)]
         window_bytes = [files[paths[i]] for i in one_window]  # about 2.7 MB: one window
         assert [bytes(s) for s in ds.get_batch(one_window)] == window_bytes  # cold: read
