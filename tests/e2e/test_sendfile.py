@@ -54,18 +54,20 @@ def test_cached_large_samples_go_by_sendfile_on_either_socket(daemon_factory, tr
         assert sent_by_sendfile(client) == 0 and client.status().cache_miss_ranges > 0
         assert [bytes(s) for s in ds.get_batch(one_window)] == window_bytes  # cached now
         assert sent_by_sendfile(client) == sum(len(b) for b in window_bytes)
+        assert [bytes(s) for s in ds.get_batch(ids)] == expected  # caches the rest
+        before = sent_by_sendfile(client)
         assert [bytes(s) for s in ds.get_batch(ids)] == expected
-        by_sendfile = sent_by_sendfile(client)
-        # Every window of large samples; the window holding the 3 KB sample too
-        # (its pieces average over the threshold), the big one's three.
-        assert by_sendfile >= sum(len(files[p]) for p in paths if p != "small/a.bin")
+        # Every window, the one holding the 3 KB sample too (its pieces average
+        # over the threshold).
+        assert sent_by_sendfile(client) - before == sum(len(b) for b in expected)
+        before = sent_by_sendfile(client)
         assert bytes(ds.read("vol/big.raw", offset=5 * MiB + 3, length=MiB)) == \
             files["vol/big.raw"][5 * MiB + 3:6 * MiB + 3]  # whole blocks, verified by the client
-        assert sent_by_sendfile(client) > by_sendfile
+        assert sent_by_sendfile(client) - before == 2 * MiB
     with Client(daemon.address, data_path="tcp") as client:
         before = sent_by_sendfile(client)
         assert [bytes(s) for s in client.dataset("ds").get_batch(ids)] == expected
-        assert sent_by_sendfile(client) - before >= sum(len(b) for b in expected) - 3000
+        assert sent_by_sendfile(client) - before == sum(len(b) for b in expected)
 
 
 def test_small_samples_and_the_switch_keep_the_read_path(daemon_factory, tree):
