@@ -21,6 +21,10 @@ from dlfs.sockio import recv_exactly
 
 MiB = 1024 * 1024
 
+needs_cachestat = pytest.mark.skipif(not sendfiles.supported(),
+                                     reason="this kernel has no cachestat(2) (Linux 6.5+): "
+                                            "the daemon copies every window")
+
 
 @pytest.fixture(scope="module")
 def tree(tmp_path_factory):
@@ -38,6 +42,7 @@ def sent_by_sendfile(client) -> float:
     return metric_samples(client).get(("dlfs_sendfile_bytes_total", ()), 0.0)
 
 
+@needs_cachestat
 def test_cached_large_samples_go_by_sendfile_on_either_socket(daemon_factory, tree):
     root, files = tree
     paths = sorted(files)
@@ -93,6 +98,7 @@ def test_small_samples_and_the_switch_keep_the_read_path(daemon_factory, tree):
         assert sent_by_sendfile(client) == 0  # 4 KiB pieces: one read and one send is cheaper
 
 
+@needs_cachestat
 def test_damage_in_a_sample_sent_by_sendfile_is_caught_by_the_client(daemon_factory, tmp_path):
     samples = {"a.bin": b"A" * 200_000, "b.bin": b"B" * 200_000}
     write_tree(tmp_path / "src", samples)
@@ -110,6 +116,7 @@ def test_damage_in_a_sample_sent_by_sendfile_is_caught_by_the_client(daemon_fact
         assert sent_by_sendfile(client) > 0
 
 
+@needs_cachestat
 def test_a_client_that_stops_reading_a_sendfile_reply_is_cut_off(daemon_factory, tree):
     root, files = tree
     daemon = daemon_factory(extra_args=["--datapath-stall-timeout-s", "2"])

@@ -59,6 +59,16 @@ _syscall.restype = ctypes.c_long
 _available = True  # False once the kernel said it has no cachestat
 
 
+def supported() -> bool:
+    """Whether this kernel answers cachestat(2) here (Linux 6.5+, not refused by a
+    seccomp profile): without it every window takes the read path."""
+    fd = os.open(os.path.abspath(__file__), os.O_RDONLY)
+    try:
+        return all_cached(np.array([fd]), np.array([0]), np.array([0])) or _available
+    finally:
+        os.close(fd)
+
+
 def worth(pieces: PieceColumns) -> bool:
     """Whether a window of `pieces` is large-piece enough to be sent by `sendfile`."""
     count = len(pieces)
