@@ -216,6 +216,9 @@ def _print_status(st) -> None:
           f"{human_bytes(st.bytes_served)}; page-cache hits {hit_rate} of probed ranges")
     print(f"  calls in flight: {st.rpcs_in_flight}; data connections: {st.data_connections}; "
           f"errors: {errors}")
+    if st.sendfile:  # an older daemon does not say
+        print(f"  sendfile from the page cache: {st.sendfile}"
+              f"{f'; {human_bytes(st.sendfile_bytes)} sent so' if st.sendfile_bytes else ''}")
     print(f"  metrics: {'http://' + st.metrics_address + '/metrics' if st.metrics_address else 'not served (--metrics-listen)'}")
 
 

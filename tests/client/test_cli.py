@@ -116,6 +116,9 @@ def test_status_and_metrics_endpoint(daemon_factory, tmp_path):
     assert "datasets: 1, 10 samples" in out and "errors: NOT_FOUND 1" in out
     url = f"http://{status.metrics_address}/metrics"
     assert f"metrics: {url}" in out
+    # 100-byte samples never go by sendfile; whether it could is said either way.
+    assert f"sendfile from the page cache: {status.sendfile}\n" in out
+    assert status.sendfile.startswith(("on", "off: this kernel"))
     text = urllib.request.urlopen(url, timeout=10).read().decode()
     assert "dlfs_samples_served_total 3.0" in text
     assert 'dlfs_batch_latency_seconds_count{method="DataBatch"} 1.0' in text  # the data path

@@ -73,6 +73,8 @@ def test_cached_large_samples_go_by_sendfile_on_either_socket(daemon_factory, tr
         before = sent_by_sendfile(client)
         assert [bytes(s) for s in client.dataset("ds").get_batch(ids)] == expected
         assert sent_by_sendfile(client) - before == sum(len(b) for b in expected)
+        status = client.status()
+        assert (status.sendfile, status.sendfile_bytes) == ("on", sent_by_sendfile(client))
 
 
 def test_small_samples_and_the_switch_keep_the_read_path(daemon_factory, tree):
@@ -84,6 +86,8 @@ def test_small_samples_and_the_switch_keep_the_read_path(daemon_factory, tree):
         for _ in range(2):
             assert bytes(ds.get_batch(["vol/big.raw"])[0]) == files["vol/big.raw"]
         assert sent_by_sendfile(client) == 0
+        status = client.status()
+        assert (status.sendfile, status.sendfile_bytes) == ("off (--sendfile off)", 0)
     daemon = daemon_factory(extra_args=["--metrics-listen", "0"])
     write_tree(root.parent / "small-src", {f"t/{i}.bin": i.to_bytes(2, "big") * 2048
                                            for i in range(300)})

@@ -283,7 +283,7 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class StatusReply(_message.Message):
-    __slots__ = ("version", "uptime_s", "data_dir", "metrics_address", "datasets", "samples", "bytes", "catalog_bytes", "ingests_running", "rpcs_in_flight", "samples_served", "bytes_served", "batches_served", "cache_hit_ranges", "cache_miss_ranges", "errors", "data_connections")
+    __slots__ = ("version", "uptime_s", "data_dir", "metrics_address", "datasets", "samples", "bytes", "catalog_bytes", "ingests_running", "rpcs_in_flight", "samples_served", "bytes_served", "batches_served", "cache_hit_ranges", "cache_miss_ranges", "errors", "data_connections", "sendfile", "sendfile_bytes")
     class ErrorsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -308,6 +308,8 @@ class StatusReply(_message.Message):
     CACHE_MISS_RANGES_FIELD_NUMBER: _ClassVar[int]
     ERRORS_FIELD_NUMBER: _ClassVar[int]
     DATA_CONNECTIONS_FIELD_NUMBER: _ClassVar[int]
+    SENDFILE_FIELD_NUMBER: _ClassVar[int]
+    SENDFILE_BYTES_FIELD_NUMBER: _ClassVar[int]
     version: str
     uptime_s: float
     data_dir: str
@@ -325,7 +327,9 @@ class StatusReply(_message.Message):
     cache_miss_ranges: int
     errors: _containers.ScalarMap[str, int]
     data_connections: int
-    def __init__(self, version: _Optional[str] = ..., uptime_s: _Optional[float] = ..., data_dir: _Optional[str] = ..., metrics_address: _Optional[str] = ..., datasets: _Optional[int] = ..., samples: _Optional[int] = ..., bytes: _Optional[int] = ..., catalog_bytes: _Optional[int] = ..., ingests_running: _Optional[int] = ..., rpcs_in_flight: _Optional[int] = ..., samples_served: _Optional[int] = ..., bytes_served: _Optional[int] = ..., batches_served: _Optional[int] = ..., cache_hit_ranges: _Optional[int] = ..., cache_miss_ranges: _Optional[int] = ..., errors: _Optional[_Mapping[str, int]] = ..., data_connections: _Optional[int] = ...) -> None: ...
+    sendfile: str
+    sendfile_bytes: int
+    def __init__(self, version: _Optional[str] = ..., uptime_s: _Optional[float] = ..., data_dir: _Optional[str] = ..., metrics_address: _Optional[str] = ..., datasets: _Optional[int] = ..., samples: _Optional[int] = ..., bytes: _Optional[int] = ..., catalog_bytes: _Optional[int] = ..., ingests_running: _Optional[int] = ..., rpcs_in_flight: _Optional[int] = ..., samples_served: _Optional[int] = ..., bytes_served: _Optional[int] = ..., batches_served: _Optional[int] = ..., cache_hit_ranges: _Optional[int] = ..., cache_miss_ranges: _Optional[int] = ..., errors: _Optional[_Mapping[str, int]] = ..., data_connections: _Optional[int] = ..., sendfile: _Optional[str] = ..., sendfile_bytes: _Optional[int] = ...) -> None: ...
 
 class BatchChunk(_message.Message):
     __slots__ = ("data", "data_offset", "payload_bytes", "offsets", "lengths")

@@ -129,7 +129,7 @@ def send_reply(connection, dataset, header: list, order: RequestOrder, count) ->
     connection.send(header)
     store = connection.store
     # Large cached samples straight from the page cache: no copy in the daemon.
-    by_sendfile = store.config.sendfile
+    by_sendfile = store.sendfile
     advised = 0  # payload bytes below this were asked of the device ahead of their window
     with connection.server.buffers.take() as buffer:
         for k, (start, stop) in enumerate(windows):

@@ -121,7 +121,7 @@ class Metrics:
         self.catalog_bytes.set(catalog_bytes)
         self.open_extents.set(open_extents)
 
-    def status(self, data_dir: str, ingests_running: int) -> DaemonStatus:
+    def status(self, data_dir: str, ingests_running: int, sendfile: str = "") -> DaemonStatus:
         """The current values as a Status (the stored-data gauges as last set)."""
         errors = {s.labels["code"]: int(s.value) for s in self.errors.collect()[0].samples
                   if s.name.endswith("_total")}
@@ -139,4 +139,5 @@ class Metrics:
                                    for m in READ_METHODS)),
             cache_hit_ranges=int(self.value("dlfs_cache_hit_ranges_total")),
             cache_miss_ranges=int(self.value("dlfs_cache_miss_ranges_total")),
-            errors=errors, data_connections=int(self.value("dlfs_data_connections")))
+            errors=errors, data_connections=int(self.value("dlfs_data_connections")),
+            sendfile=sendfile, sendfile_bytes=int(self.value("dlfs_sendfile_bytes_total")))

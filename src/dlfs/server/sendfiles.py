@@ -69,6 +69,15 @@ def supported() -> bool:
         os.close(fd)
 
 
+def state(enabled: bool) -> str:
+    """What `dlfs status` says of this path: "on", or "off" and why."""
+    if not enabled:
+        return "off (--sendfile off)"
+    if not supported():
+        return "off: this kernel has no cachestat(2) (Linux 6.5+ needed)"
+    return "on"
+
+
 def worth(pieces: PieceColumns) -> bool:
     """Whether a window of `pieces` is large-piece enough to be sent by `sendfile`."""
     count = len(pieces)

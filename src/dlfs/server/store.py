@@ -25,7 +25,7 @@ from dlfs import layout
 from dlfs.errors import FailedPrecondition, NotFound, StaleGeneration, Unavailable
 from dlfs.paths import check_dataset_name
 from dlfs.server import catalog as cat
-from dlfs.server import records
+from dlfs.server import records, sendfiles
 from dlfs.server.config import ServerConfig
 from dlfs.server.directory import DatasetIndex, SampleDirectory, generation_of
 from dlfs.server.dirlock import DataDirLock
@@ -79,6 +79,13 @@ class Store(StoreIngests, StoreResumes, StoreReads):
         # None (no answer yet): how a member in doubt learns a striped ingest's
         # outcome.  Set by the daemon (decisions.py); None: it waits for a client.
         self.decisions = None
+        # Whether data path windows may go out by sendfile (config and kernel).
+        self.sendfile_state = sendfiles.state(config.sendfile)
+        self.sendfile = self.sendfile_state == "on"
+        if config.sendfile and not self.sendfile:
+            log.warning("sendfile from the page cache is %s: data path replies are read into "
+                        "buffers and sent, which costs the daemon more CPU per byte",
+                        self.sendfile_state)
 
     # --- lifecycle -------------------------------------------------------------
 
@@ -291,4 +298,5 @@ class Store(StoreIngests, StoreResumes, StoreReads):
                                 self._files.open_count())
         with self._mutex:
             running = self._ingests.active_count()
-        return self.metrics.status(os.path.abspath(self.config.data_dir), running)
+        return self.metrics.status(os.path.abspath(self.config.data_dir), running,
+                                   self.sendfile_state)
