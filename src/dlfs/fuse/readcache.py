@@ -10,8 +10,11 @@ RPC per piece would make a 110 KB image cost a round trip per piece and a
   fetches just the units it touches (h5py chunks, mmap page faults); once a
   reader moves sequentially, each RPC streams a *run* of up to
   `read_run_bytes_max`, and runs are kept in flight up to `read_ahead_bytes`
-  ahead of it.  Units become readable as their bytes arrive, so a reader
-  never waits for a whole run.
+  ahead of it.  Units become readable as their pieces arrive: over gRPC a
+  run streams in pieces; over the data path a run is one reply, handed
+  over once all of it arrived and was verified, so a READ waits for its
+  run (handing a reply over frame by frame did not measurably speed up a
+  sequential reader: docs/DESIGN.md).
 
 Fetched bytes are shared by every reader of the file (concurrent first reads
 wait for one fetch).  Bytes of a fetch that no read is waiting for (the rest
