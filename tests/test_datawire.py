@@ -41,6 +41,26 @@ def test_read_range_and_stat_round_trip():
     assert datawire.parse_stat_dataset(body) == ("ds", "id-1")
 
 
+def test_welcome_carries_the_daemons_features():
+    kind, body = split(datawire.welcome(1, 4 << 20, b"i" * 16))
+    assert kind == datawire.Kind.WELCOME
+    assert datawire.parse_welcome(body) == (1, 4 << 20, b"i" * 16, datawire.WELCOME_BLOCK_CRCS)
+    older = datawire.welcome(1, 4 << 20, b"i" * 16, features=0)  # as daemons before them
+    assert datawire.parse_welcome(split(older)[1])[3] == 0
+
+
+def test_block_crcs_round_trip():
+    kind, body = split(datawire.block_crcs("ds", 12, generation=4, request_id="r-1"))
+    assert kind == datawire.Kind.BLOCK_CRCS
+    assert datawire.parse_block_crcs(body) == ("ds", 4, 12, "r-1")
+    kind, body = split(datawire.crcs_reply(4, 1 << 20, np.array([1, 2**32 - 1])))
+    assert kind == datawire.Kind.CRCS
+    generation, block_bytes, crcs = datawire.parse_crcs_reply(body)
+    assert (generation, block_bytes, crcs.tolist()) == (4, 1 << 20, [1, 2**32 - 1])
+    # A sample whose blocks have no CRCs (ingested before them): none.
+    assert datawire.parse_crcs_reply(split(datawire.crcs_reply(4, 1 << 20, None))[1])[2] is None
+
+
 def test_batch_header_round_trip():
     lengths = np.array([3, 0, 5], dtype=np.uint64)
     crcs = np.array([1, 2, 3], dtype=np.uint32)
@@ -66,7 +86,8 @@ def test_errors_keep_their_class_and_message(error):
 def test_garbage_bodies_raise_frame_errors_only(body):
     for parse in (datawire.parse_hello, datawire.parse_get_batch, datawire.parse_read_range,
                   datawire.parse_stat_dataset, datawire.parse_batch_header,
-                  datawire.parse_welcome, datawire.parse_dataset_reply):
+                  datawire.parse_welcome, datawire.parse_dataset_reply,
+                  datawire.parse_block_crcs, datawire.parse_crcs_reply):
         try:
             parse(memoryview(body))
         except datawire.FrameError:

@@ -25,7 +25,7 @@ HELLO_MAGIC = b"DLFSDATA"
 
 FRAME = struct.Struct("<BBHI")  # kind, flags, reserved (0), body bytes
 HELLO = struct.Struct("<8sHH")  # magic, highest version the client speaks, token bytes
-WELCOME = struct.Struct("<HHI16s")  # version spoken, reserved, window bytes, daemon instance
+WELCOME = struct.Struct("<HHI16s")  # version spoken, features, window bytes, daemon instance
 GET_BATCH = struct.Struct("<QIIIHBB")  # generation, flags, ids, hint ids, name bytes,
 #                                        request id bytes, reserved
 READ_RANGE = struct.Struct("<QqQQIHBB")  # generation, sample id, offset, length, flags,
@@ -37,6 +37,9 @@ ERROR = struct.Struct("<HHIHH")  # status code, class name bytes, message bytes,
 #                                  request id bytes, reserved
 DATASET = struct.Struct("<QQQ")  # generation, samples, bytes
 INDEX = struct.Struct("<QQII")  # generation, samples, extents, reserved
+BLOCK_CRCS = struct.Struct("<QqHBB")  # generation, sample id, name bytes, request id bytes,
+#                                       reserved
+CRCS = struct.Struct("<QII")  # generation served, block bytes, CRCs that follow
 FDS = struct.Struct("<I")  # descriptors riding on this frame (SCM_RIGHTS)
 INGEST_START = struct.Struct("<QIHBB")  # resume from (files), flags, name bytes,
 #                                         request id bytes, reserved
@@ -69,6 +72,11 @@ BATCH_HINTS_DROPPED = 0x4
 # with block CRCs to whole blocks and answer with BATCH_BLOCKS.  A daemon that
 # predates it ignores it (and answers as without it).
 RANGE_BLOCKS = 0x1
+# WELCOME features (the u16 that daemons before them send as 0; clients before them
+# ignore it): the daemon answers BLOCK_CRCS.  A feature bit, not a new version, so
+# that clients and daemons of either age keep the data path between them.
+WELCOME_BLOCK_CRCS = 0x1
+WELCOME_FEATURES = WELCOME_BLOCK_CRCS  # what this daemon offers
 
 
 class Kind(enum.IntEnum):
@@ -81,6 +89,7 @@ class Kind(enum.IntEnum):
     INGEST_START = 6
     PIECE = 7
     INGEST_END = 8
+    BLOCK_CRCS = 9  # only to a daemon whose WELCOME has WELCOME_BLOCK_CRCS
     # daemon -> client
     WELCOME = 64
     ERROR = 65
@@ -91,6 +100,7 @@ class Kind(enum.IntEnum):
     FDS = 70
     INGEST_READY = 71
     INGESTED = 72
+    CRCS = 73
 
 
 # gRPC's numeric status codes, so both paths report failures the same way.
@@ -345,17 +355,18 @@ def parse_ingested(body) -> tuple[str, int, int, int, int, int]:
             extents)
 
 
-def welcome(version: int, window_bytes: int, instance: bytes) -> bytes:
-    body = WELCOME.pack(version, 0, window_bytes, instance)
+def welcome(version: int, window_bytes: int, instance: bytes,
+            features: int = WELCOME_FEATURES) -> bytes:
+    body = WELCOME.pack(version, features, window_bytes, instance)
     return frame(Kind.WELCOME, len(body)) + body
 
 
-def parse_welcome(body) -> tuple[int, int, bytes]:
-    """(version, window bytes, daemon instance id) of a WELCOME body."""
+def parse_welcome(body) -> tuple[int, int, bytes, int]:
+    """(version, window bytes, daemon instance id, features) of a WELCOME body."""
     if len(body) != WELCOME.size:
         raise FrameError("a WELCOME frame has the wrong size")
-    version, _, window_bytes, instance = WELCOME.unpack(body)
-    return version, window_bytes, instance
+    version, features, window_bytes, instance = WELCOME.unpack(body)
+    return version, window_bytes, instance, features
 
 
 def batch_header(generation: int, lengths: np.ndarray, crcs: np.ndarray, flags: int,
@@ -415,6 +426,42 @@ def parse_dataset_reply(body) -> tuple[int, int, int]:
     if len(body) != DATASET.size:
         raise FrameError("a DATASET frame has the wrong size")
     return DATASET.unpack(body)
+
+
+def block_crcs(dataset: str, sample_id: int, generation: int = 0, request_id: str = "") -> bytes:
+    name, rid = dataset.encode(), request_id.encode()
+    body = BLOCK_CRCS.pack(generation, sample_id, len(name), len(rid), 0) + name + rid
+    return frame(Kind.BLOCK_CRCS, len(body)) + body
+
+
+def parse_block_crcs(body) -> tuple[str, int, int, str]:
+    """(dataset, generation, sample id, request id) of a BLOCK_CRCS body."""
+    if len(body) < BLOCK_CRCS.size:
+        raise FrameError("a BLOCK_CRCS frame is shorter than its fixed part")
+    generation, sample_id, name_bytes, rid_bytes, _ = BLOCK_CRCS.unpack_from(body)
+    at = BLOCK_CRCS.size
+    if len(body) != at + name_bytes + rid_bytes:
+        raise FrameError("a BLOCK_CRCS frame's lengths do not match its body")
+    return (_text(body[at:at + name_bytes], "dataset name"), generation, sample_id,
+            _text(body[at + name_bytes:], "request id"))
+
+
+def crcs_reply(generation: int, block_bytes: int, crcs: np.ndarray | None) -> bytes:
+    """A CRCS frame: the CRC32C of every block of one sample; none when it has none."""
+    crcs = np.ascontiguousarray(crcs if crcs is not None else [], dtype="<u4")
+    body = CRCS.pack(generation, block_bytes, crcs.size) + crcs.tobytes()
+    return frame(Kind.CRCS, len(body)) + body
+
+
+def parse_crcs_reply(body) -> tuple[int, int, np.ndarray | None]:
+    """(generation, block bytes, CRC32C per block or None) of a CRCS body."""
+    if len(body) < CRCS.size:
+        raise FrameError("a CRCS frame is shorter than its fixed part")
+    generation, block_bytes, count = CRCS.unpack_from(body)
+    if len(body) != CRCS.size + 4 * count or (count and not block_bytes):
+        raise FrameError("a CRCS frame's count does not match its body")
+    crcs = np.frombuffer(body, "<u4", count, CRCS.size).copy() if count else None
+    return generation, block_bytes, crcs
 
 
 def index_header(generation: int, samples: int, extent_nos: np.ndarray) -> bytes:

@@ -259,6 +259,9 @@ datapath_buffer_bytes_max_default = 512 * MiB
 data_connect_timeout_s = 5.0
 # Descriptors passed in one FDS frame (the kernel takes at most 253 per message).
 datapath_fds_per_frame_max = 250
+# Samples whose block CRCs a co-located reader (Client(direct=True)) keeps, to check
+# parts of large samples it reads from the mapped extents (4 bytes per MiB each).
+direct_block_crc_samples_max = 65536
 # Data connections one client process keeps to one daemon (one request in
 # flight on each); callers beyond that wait for a free one.
 data_connections_max = 64

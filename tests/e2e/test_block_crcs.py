@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 
+import crc32c
 import numpy as np
 import pytest
 
@@ -32,11 +33,15 @@ BLOCK_ERROR = (f"block at bytes {BAD_BLOCK * MiB}..{(BAD_BLOCK + 1) * MiB} of sa
                "'big.bin' of dataset 'ds'")
 
 
-@pytest.mark.parametrize("data_path", [True, False], ids=["data-path", "grpc"])
+@pytest.mark.parametrize("data_path", [True, False, "direct"],
+                         ids=["data-path", "grpc", "direct"])
 def test_a_range_touching_the_damaged_block_fails_and_others_read(damaged, data_path):
+    """Through the daemon (data path, gRPC) and from the mapped extents of a co-located
+    client (`direct=True`, block CRCs asked of the daemon)."""
     daemon, files = damaged
     good = files["big.bin"]
-    with Client(daemon.address, data_path=data_path) as client:
+    options = {"direct": True} if data_path == "direct" else {"data_path": data_path}
+    with Client(daemon.address, **options) as client:
         ds = client.dataset("ds")
         # Inside the bad block, straddling into it, and the whole sample: all refused.
         for offset, length in ((BAD_BLOCK * MiB + 700, 100), (BAD_BLOCK * MiB - 10, 20),
@@ -44,7 +49,7 @@ def test_a_range_touching_the_damaged_block_fails_and_others_read(damaged, data_
             with pytest.raises(dlfs.DataCorruption, match="checksum mismatch") as caught:
                 ds.read("big.bin", offset, length)
             if length:
-                message = BLOCK_ERROR if data_path else \
+                message = BLOCK_ERROR if data_path in (True, "direct") else \
                     (f"block {BAD_BLOCK} (bytes {BAD_BLOCK * MiB}..{(BAD_BLOCK + 1) * MiB}) "
                      "of sample 0 'big.bin' of dataset 'ds'")
                 assert message in str(caught.value)
@@ -60,8 +65,45 @@ def test_a_range_touching_the_damaged_block_fails_and_others_read(damaged, data_
         # Unverified reads still hand out what is stored (for salvage).
         damaged_bytes = bytes(ds.read("big.bin", BAD_BLOCK * MiB, MiB, verify=False))
         assert damaged_bytes != good[BAD_BLOCK * MiB:(BAD_BLOCK + 1) * MiB]
-    if not data_path:  # the daemon verified, and says so in its log naming the sample
+    if data_path is False:  # the daemon verified, and says so in its log naming the sample
         assert "block 5 (bytes 5242880..6291456) of sample 0 'big.bin'" in daemon.log()
+
+
+def test_a_direct_range_is_a_view_of_the_extent_checked_by_its_blocks(damaged):
+    daemon, files = damaged
+    good = files["big.bin"]
+    with Client(daemon.address, direct=True) as client:
+        ds = client.dataset("ds")
+        part = ds.read("big.bin", 7 * MiB + 3, MiB)  # blocks 7 and 8, checked
+        assert bytes(part) == good[7 * MiB + 3:8 * MiB + 3] and part.readonly
+        # Long ranges come in pieces, from the mapped extent too.
+        pieces = list(ds.read_chunks("big.bin", 0, 4 * MiB + 1))
+        assert b"".join(bytes(p) for _, p in pieces) == good[:4 * MiB + 1]
+        with pytest.raises(dlfs.DataCorruption, match=BLOCK_ERROR):
+            list(ds.read_chunks("big.bin"))
+        reader = client.transport._reader("ds")
+        assert list(reader._block_crcs) == [0]  # asked of the daemon once
+        # The daemon says so for a sample of one block, and refuses bad ids.
+        data = client.transport.data_path()
+        generation, block_bytes, crcs = data.block_crcs("ds", 1)
+        assert (block_bytes, crcs.tolist()) == (MiB, [crc32c.crc32c(files["small.bin"])])
+        assert data.block_crcs("ds", 0)[2].size == 21  # 20 MiB and 4321 bytes
+        with pytest.raises(dlfs.InvalidArgument, match="sample id 2 is out of range"):
+            data.block_crcs("ds", 2)
+        with pytest.raises(dlfs.StaleGeneration):
+            data.block_crcs("ds", 0, generation + 1)
+    # A daemon that predates BLOCK_CRCS (no such feature in its WELCOME) cannot tell block
+    # CRCs: parts are then read through it (verified there by blocks), as before.
+    with Client(daemon.address, direct=True) as client:
+        ds = client.dataset("ds")
+        assert bytes(ds.get_batch([1])[0]) == files["small.bin"]  # the extents are mapped
+        data = client.transport.data_path()
+        with data._connection() as connection:
+            connection.features = 0
+        assert bytes(ds.read("big.bin", 2 * MiB, 10)) == good[2 * MiB:2 * MiB + 10]
+        assert client.transport._reader("ds")._block_crcs == {}
+        with pytest.raises(dlfs.DataCorruption, match=BLOCK_ERROR):
+            ds.read("big.bin", BAD_BLOCK * MiB, 10)
 
 
 def test_a_partial_read_costs_at_most_a_block_on_each_side(damaged):

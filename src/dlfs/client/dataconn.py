@@ -88,7 +88,8 @@ class DataConnection:
             kind, body = self._frame(limits.datapath_reply_header_bytes_max)
             if kind != datawire.Kind.WELCOME:
                 raise self._unexpected(kind, "WELCOME")
-            version, self.window_bytes, got_instance = datawire.parse_welcome(body)
+            version, self.window_bytes, got_instance, self.features = \
+                datawire.parse_welcome(body)
         except OSError as exc:
             self._sock.close()
             raise Unavailable(f"DLFS daemon's data path at {endpoint.label} cannot be reached "
@@ -151,6 +152,30 @@ class DataConnection:
         if kind != datawire.Kind.DATASET:
             raise self._unexpected(kind, "DATASET")
         return datawire.parse_dataset_reply(body)
+
+    def block_crcs(self, dataset: str, sample_id: int, generation: int = 0
+                   ) -> tuple[int, int, np.ndarray | None]:
+        """(generation, block bytes, CRC32C of each block or None) of one sample, for a
+        reader of the extents that checks parts of it.  Raises FailedPrecondition when
+        the daemon predates BLOCK_CRCS (its WELCOME lacks the feature; the error's
+        `predates_block_crcs` is set), and the daemon's errors."""
+        if not self.features & datawire.WELCOME_BLOCK_CRCS:
+            error = FailedPrecondition(
+                f"DLFS daemon's data path at {self.endpoint.label} predates block CRC "
+                "requests; upgrade the daemon")
+            error.predates_block_crcs = True
+            raise error
+        try:
+            self._sock.settimeout(self.reply_timeout_s)
+            self._settle()
+            self._sock.sendall(datawire.block_crcs(dataset, sample_id, generation,
+                                                   logs.current_request_id()))
+            kind, body = self._frame(limits.datapath_reply_header_bytes_max)
+            if kind != datawire.Kind.CRCS:
+                raise self._unexpected(kind, "CRCS")
+            return datawire.parse_crcs_reply(body)
+        except BaseException as exc:
+            raise self._failed(exc) from None
 
     def open_dataset(self, dataset: str, generation: int = 0) -> "OpenedDataset":
         """The dataset's index and read-only descriptors of its extents (Unix socket only).

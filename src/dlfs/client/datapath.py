@@ -143,6 +143,12 @@ class DataPath:
         with self._connection() as connection:
             return connection.stat_dataset(dataset)
 
+    def block_crcs(self, dataset: str, sample_id: int, generation: int = 0
+                   ) -> tuple[int, int, np.ndarray | None]:
+        """One sample's block CRCs (see DataConnection.block_crcs)."""
+        with self._connection() as connection:
+            return connection.block_crcs(dataset, sample_id, generation)
+
     def open_dataset(self, dataset: str, generation: int = 0) -> OpenedDataset:
         """The dataset's index and extent descriptors (see DataConnection.open_dataset)."""
         with self._connection() as connection:

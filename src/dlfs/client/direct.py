@@ -19,6 +19,7 @@ for any client.
 
 from __future__ import annotations
 
+import logging
 import mmap
 import os
 import threading
@@ -27,6 +28,7 @@ import numpy as np
 
 from dlfs import blockcrc, layout, limits
 from dlfs.client.buffers import copy_into
+from dlfs.client.dataconn import block_prefix
 from dlfs.client.datapath import DataPath
 from dlfs.client.datatransport import DataPathTransport
 from dlfs.client.requests import batch_size
@@ -38,6 +40,8 @@ from dlfs.errors import (
     Unavailable,
 )
 from dlfs.proto import dlfs_pb2 as pb
+
+log = logging.getLogger(__name__)
 
 
 class DirectTransport(DataPathTransport):
@@ -72,9 +76,57 @@ class DirectTransport(DataPathTransport):
         reader = self._reader(request.dataset)
         if request.prefetch_ids:
             reader.prefetch(request.prefetch_ids)
-        samples = reader.get_batch(self.ids_of(request), verify=not request.skip_verify,
-                                   generation=request.generation)
+        try:
+            samples = reader.get_batch(self.ids_of(request), verify=not request.skip_verify,
+                                       generation=request.generation)
+        except DataCorruption as exc:
+            raise self._with_path(exc, request.dataset) from None
         return samples if out is None else copy_into(out, samples)
+
+    def read_range(self, request: pb.ReadRangeRequest) -> memoryview:
+        """A view of the mapped extent, verified by blocks (DirectReader.read_range); from
+        a daemon too old to tell a sample's block CRCs, read through it instead."""
+        sample_id = request.id if not request.path else int(self.ids_of(
+            pb.GetBatchRequest(dataset=request.dataset, paths=[request.path]))[0])
+        try:
+            return self._reader(request.dataset).read_range(
+                sample_id, request.offset, request.length, verify=not request.skip_verify,
+                generation=request.generation)
+        except DataCorruption as exc:
+            raise self._with_path(exc, request.dataset) from None
+        except FailedPrecondition as exc:
+            if not getattr(exc, "predates_block_crcs", False):
+                raise
+            return super().read_range(request)  # the daemon checks the blocks, then sends
+
+    def read_chunks(self, request: pb.ReadRangeRequest):
+        """As the other transports: (position, piece) pairs, each at most
+        `limits.data_path_chunks_bytes_max`, read from the mapped extent."""
+        step = limits.data_path_chunks_bytes_max
+        position, left = 0, request.length
+        while True:
+            part = pb.ReadRangeRequest()
+            part.CopyFrom(request)
+            part.offset = request.offset + position
+            part.length = step if request.length == 0 else min(step, left)
+            piece = self.read_range(part)
+            if len(piece):
+                yield position, piece
+            position += len(piece)
+            left -= len(piece)
+            if len(piece) < part.length or (request.length and left <= 0):
+                return
+
+    def _with_path(self, exc: DataCorruption, dataset: str) -> DataCorruption:
+        """`exc` naming the sample's path too (one Lookup, on this error only), logged."""
+        sample_id = getattr(exc, "sample_id", None)
+        if sample_id is None:
+            return exc
+        block = getattr(exc, "block", None)
+        error = _mismatch(block_prefix(block) + self._describe(dataset, sample_id), sample_id,
+                          block, exc.expected, exc.got)
+        log.error("%s", error.message)
+        return error
 
     def _reader(self, dataset: str) -> "DirectReader":
         with self._readers_lock:
@@ -133,6 +185,10 @@ class DirectReader:
         self._dataset = dataset
         self._lock = threading.Lock()
         self._extents: dict[int, _Extent] = {}
+        # sample id -> (block bytes, CRC32C per block or None), of the mapped version;
+        # asked of the daemon at a sample's first partial read, at most
+        # `limits.direct_block_crc_samples_max` kept (oldest dropped first).
+        self._block_crcs: dict[int, tuple[int, np.ndarray | None]] = {}
         self._load()
 
     def _load(self) -> None:
@@ -160,6 +216,7 @@ class DirectReader:
         with self._lock:
             old, self._extents = self._extents, extents
             self._index = opened
+            self._block_crcs = {}
             # Any extent tells when the dataset was replaced or deleted: all go together.
             self._sentinel = next(iter(extents.values())).fd if extents else -1
         for extent in old.values():
@@ -191,6 +248,76 @@ class DirectReader:
                 f"served (the current one is {index.generation}); open it again")
         return self._read(ids, verify)
 
+    def read_range(self, sample_id: int, offset: int, length: int, *, verify: bool = True,
+                   generation: int = 0) -> memoryview:
+        """`length` bytes (0: to the end) at `offset` of one sample, clipped to it, as a
+        read-only view of the mapped extent.
+
+        Verified as the daemon's ranges are: a whole sample against its
+        CRC32C, a part of one against the CRC32Cs of the blocks around it
+        (dlfs.blockcrc; asked of the daemon once per sample), so every
+        byte returned was checked.  A large sample of a dataset ingested
+        before block CRCs cannot be checked in part.  Raises what get_batch
+        does, DataCorruption naming the block.
+        """
+        if self._replaced() or (generation and generation != self._index.generation):
+            self._load()
+        index = self._index
+        if generation and generation != index.generation:
+            raise StaleGeneration(
+                f"dataset {self._dataset!r} was replaced: version {generation} is no longer "
+                f"served (the current one is {index.generation}); open it again")
+        if offset < 0 or length < 0:
+            raise InvalidArgument(f"a range needs offset and length >= 0, not {offset} and "
+                                  f"{length}")
+        size = int(index.length[sample_id]) if 0 <= sample_id < index.samples else 0
+        start = min(offset, size)
+        stop = size if length == 0 else min(size, start + length)
+        if start == 0 and stop == size:
+            return self._read([sample_id], verify)[0]
+        whole = self._read([sample_id], False, advise=False)  # checks the id and extent
+        if start < stop:
+            # Only the part (and the blocks around it) is read: advise just those pages.
+            extent_no, base = int(index.extent[sample_id]), int(index.offset[sample_id])
+            first, last = blockcrc.widen(start, stop, size, limits.crc_block_bytes)
+            piece = ([extent_no], [base + first], [last - first])
+            if self._looks_cold(self._extents, *piece):
+                _advise_willneed(self._extents, *piece)
+        if verify and start < stop:
+            self._verify_blocks(index, sample_id, whole[0], start, stop)
+        return whole[0][start:stop]
+
+    def _verify_blocks(self, index, sample_id: int, whole: memoryview, start: int,
+                       stop: int) -> None:
+        block_bytes, crcs = self._crcs_of(index, sample_id)
+        if crcs is None:
+            return  # ingested before block CRCs: nothing to check a part against
+        first, last = blockcrc.widen(start, stop, len(whole), block_bytes)
+        k0 = first // block_bytes
+        blocks = [whole[b:min(b + block_bytes, last)] for b in range(first, last, block_bytes)]
+        expected = crcs[k0:k0 + len(blocks)].tolist()
+        bad = blockcrc.first_bad_piece(blocks, expected)
+        if bad is not None:
+            k, got = bad
+            lo = first + k * block_bytes
+            block = (lo, lo + len(blocks[k]))
+            raise _mismatch(block_prefix(block) + f"sample {sample_id} of dataset "
+                            f"{self._dataset!r}", sample_id, block, expected[k], got)
+
+    def _crcs_of(self, index, sample_id: int) -> tuple[int, np.ndarray | None]:
+        known = self._block_crcs.get(sample_id)
+        if known is not None:
+            return known
+        generation, block_bytes, crcs = self._data_path.block_crcs(
+            self._dataset, sample_id, index.generation)
+        known = (block_bytes, crcs)
+        with self._lock:
+            if self._index is index:
+                if len(self._block_crcs) >= limits.direct_block_crc_samples_max:
+                    del self._block_crcs[next(iter(self._block_crcs))]
+                self._block_crcs[sample_id] = known
+        return known
+
     def prefetch(self, ids) -> None:
         """Start reading samples `ids` into the page cache (madvise WILLNEED); returns at once."""
         index, extents = self._index, self._extents
@@ -201,7 +328,7 @@ class DirectReader:
             _advise_willneed(extents, extent_nos, index.offset[ids].tolist(),
                              index.length[ids].tolist())
 
-    def _read(self, ids, verify: bool) -> list[memoryview]:
+    def _read(self, ids, verify: bool, advise: bool = True) -> list[memoryview]:
         index, all_extents = self._index, self._extents
         ids = np.asarray(ids, dtype=np.int64)
         bad = (ids < 0) | (ids >= index.samples)
@@ -229,7 +356,7 @@ class DirectReader:
         extent_nos = extent_array.tolist()
         offsets = index.offset[ids].tolist()
         lengths = index.length[ids].tolist()
-        if self._looks_cold(extents, extent_nos, offsets, lengths):
+        if advise and self._looks_cold(extents, extent_nos, offsets, lengths):
             _advise_willneed(extents, extent_nos, offsets, lengths)
         samples = [extents[e].view[o:o + n] for e, o, n in zip(extent_nos, offsets, lengths)]
         if verify:
@@ -237,9 +364,8 @@ class DirectReader:
             bad = blockcrc.first_bad_piece(samples, expected)
             if bad is not None:
                 k, got = bad
-                raise DataCorruption(
-                    f"checksum mismatch for sample {int(ids[k])} of dataset {self._dataset!r}: "
-                    f"stored CRC32C {expected[k]:08x}, read {got:08x}; the extent is damaged")
+                raise _mismatch(f"sample {int(ids[k])} of dataset {self._dataset!r}",
+                                int(ids[k]), None, expected[k], got)
         return samples
 
     @staticmethod
@@ -261,6 +387,16 @@ class DirectReader:
             except BlockingIOError:
                 return True
         return False
+
+
+def _mismatch(what: str, sample_id: int, block, expected: int, got: int) -> DataCorruption:
+    """The error for bytes of a mapped extent that fail their CRC32C (`what` names the
+    sample, and the block when a part was checked)."""
+    error = DataCorruption(f"checksum mismatch for {what}: stored CRC32C {expected:08x}, "
+                           f"read {got:08x}; the extent is damaged (`dlfs scrub` lists the "
+                           "damaged samples)")
+    error.sample_id, error.block, error.expected, error.got = sample_id, block, expected, got
+    return error
 
 
 def _advise_willneed(extents, extent_nos, offsets, lengths) -> None:

@@ -119,6 +119,8 @@ class DataConnection:
             datareplies.open_dataset(self, *request)
         elif kind == datawire.Kind.INGEST_START:
             dataingest.ingest(self, request)
+        elif kind == datawire.Kind.BLOCK_CRCS:
+            datareplies.block_crcs(self, *request)
         else:
             datareplies.stat_dataset(self, request)
 
@@ -146,7 +148,8 @@ class DataConnection:
 # Requests by kind, named as in logs and in the dlfs_batches_total "method" label.
 _METHODS = {datawire.Kind.GET_BATCH: "DataBatch", datawire.Kind.READ_RANGE: "DataRange",
             datawire.Kind.STAT_DATASET: "DataStat", datawire.Kind.OPEN_DATASET: "DataOpen",
-            datawire.Kind.DATA: "DataBatch", datawire.Kind.INGEST_START: "DataIngest"}
+            datawire.Kind.DATA: "DataBatch", datawire.Kind.INGEST_START: "DataIngest",
+            datawire.Kind.BLOCK_CRCS: "DataBlockCrcs"}
 
 
 def _parse(kind: int, body: memoryview):
@@ -165,6 +168,9 @@ def _parse(kind: int, body: memoryview):
     if kind == datawire.Kind.INGEST_START:
         request = datawire.parse_ingest_start(body)
         return request, request.request_id
+    if kind == datawire.Kind.BLOCK_CRCS:
+        name, generation, sample_id, request_id = datawire.parse_block_crcs(body)
+        return (name, generation, sample_id), request_id
     raise datawire.FrameError(f"unknown request kind {kind}")
 
 

@@ -105,6 +105,16 @@ def open_dataset(connection, name: str, generation: int) -> None:
                 connection.send([datawire.data_frame(len(piece)), piece])
 
 
+def block_crcs(connection, name: str, generation: int, sample_id: int) -> None:
+    """BLOCK_CRCS: CRCS, the CRC32C of every block of one sample (dlfs.blockcrc): what a
+    co-located reader of the extents needs to verify a part of a large sample.  A sample
+    of one block has its own CRC; one ingested before block CRCs has none."""
+    with connection.store.reading(name, generation) as dataset:
+        dataset.check_local(dataset.check_ids([sample_id]))
+        connection.send([datawire.crcs_reply(dataset.generation, dataset.blocks.block_bytes,
+                                             dataset.block_crcs(sample_id))])
+
+
 def stat_dataset(connection, name: str) -> None:
     """STAT_DATASET: DATASET (the current version, samples and bytes)."""
     summary = connection.store.dataset(name).summary()
