@@ -320,6 +320,11 @@ mount_stores_in_flight_max = 4
 # 12).  Synchronous reads are not counted; each request waiting for the
 # daemon is a trio task, so many in flight cost little.
 mount_background_requests_max = 64
+# Splice READs of a co-located mount (fuse/splicereads.py): a pipe holds one READ's
+# reply, header page included, so twice the kernel's largest READ (1 MiB); one pipe
+# per READ in flight, at most this many (kernel memory: count x bytes).
+mount_splice_pipe_bytes = 2 * MiB
+mount_splice_pipes_max = 16
 # The kernel's read-ahead window for files of the mount (the FUSE bdi's
 # read_ahead_kb, set at mount time when this process may write it; the
 # kernel's default is 128 KiB).  Sequential readers of large files (np.load

@@ -40,6 +40,38 @@ def mount_factory(tmp_path):
         m.unmount()
 
 
+PIPE_MAX_SIZE = "/proc/sys/fs/pipe-max-size"
+
+
+@pytest.fixture
+def splice_pipes():
+    """Pipes big enough for the mount's splice READs (fuse/splicereads.py): raises
+    fs.pipe-max-size to 2 MiB for the test where it is lower (as root), restores it
+    after; skips where that is not allowed."""
+    from dlfs.fuse import splicereads
+
+    with open(PIPE_MAX_SIZE) as f:
+        before = f.read().strip()
+    raised = False
+    if splicereads.pipe_bytes_available():
+        try:
+            with open(PIPE_MAX_SIZE, "w") as f:
+                f.write(str(2 << 20))
+            raised = True
+        except OSError as exc:
+            pytest.skip(f"splice READs need pipes of 2 MiB, and {PIPE_MAX_SIZE} cannot be "
+                        f"raised here ({exc.strerror})")
+    yield
+    if raised:
+        with open(PIPE_MAX_SIZE, "w") as f:
+            f.write(before)
+
+
+def splice_reads(mount: MountProcess) -> dict:
+    """What the mount answered by splice so far ({"reads": N, "bytes": B, "off": why})."""
+    return mount.request_counts(label="splice reads")
+
+
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
 

@@ -11,20 +11,25 @@ import pytest
 from conftest import write_tree
 from damage import BAD_BLOCK, BIG, MiB, big_tree, flip_byte
 from dlfs import Client
-from mounting import mount_factory, requires_fuse  # noqa: F401 (fixture)
+from mounting import mount_factory, requires_fuse, splice_pipes, splice_reads  # noqa: F401
 
 pytestmark = requires_fuse
 
 
+@pytest.mark.parametrize("splice", ["off", "auto"], ids=["through-daemon", "splice"])
 def test_a_damaged_block_is_eio_through_the_mount_and_other_blocks_read(
-        daemon, mount_factory, tmp_path):
+        daemon, mount_factory, tmp_path, splice, request):
+    """Large files through the daemon's data path, and (co-located, `--splice auto`)
+    from the extent's pages, checked by the mount against the blocks' CRC32Cs."""
+    if splice == "auto":
+        request.getfixturevalue("splice_pipes")
     files = big_tree(tmp_path / "src")
     write_tree(tmp_path / "src", {"mid.bin": files["big.bin"][:6 * MiB]})  # fetched whole
     with Client(daemon.address) as client:
         client.ingest(str(tmp_path / "src"), "ds")
     flip_byte(daemon, "ds", 0, BAD_BLOCK * MiB + 777)  # big.bin
     flip_byte(daemon, "ds", 1, BAD_BLOCK * MiB + 777)  # mid.bin
-    mount = mount_factory(daemon.address, "--dataset", "ds")
+    mount = mount_factory(daemon.address, "--dataset", "ds", "--splice", splice)
     good = files["big.bin"]
     path = os.path.join(mount.mountpoint, "big.bin")
     fd = os.open(path, os.O_RDONLY)
@@ -53,3 +58,6 @@ def test_a_damaged_block_is_eio_through_the_mount_and_other_blocks_read(
     # daemon checks before sending on the gRPC stream only; `dlfs scrub`
     # names the block on the daemon's side).
     assert "'big.bin'" in mount.log() and "checksum mismatch" in mount.log()
+    if splice == "auto":  # the large file's good blocks came from the extent, by splice
+        assert splice_reads(mount)["reads"] >= 4
+        assert mount.request_counts(label="daemon calls").get("read_chunks", 0) == 0

@@ -128,6 +128,10 @@ class DirectTransport(DataPathTransport):
         log.error("%s", error.message)
         return error
 
+    def extent_reader(self, dataset: str) -> "DirectReader":
+        """The dataset's `DirectReader` (its extents mapped; fetched at the first call)."""
+        return self._reader(dataset)
+
     def _reader(self, dataset: str) -> "DirectReader":
         with self._readers_lock:
             reader = self._readers.get(dataset)
@@ -286,6 +290,49 @@ class DirectReader:
         if verify and start < stop:
             self._verify_blocks(index, sample_id, whole[0], start, stop)
         return whole[0][start:stop]
+
+    def extent_part(self, sample_id: int, offset: int, length: int, *, generation: int = 0
+                    ) -> tuple[int, int, int] | None:
+        """(descriptor, offset in the extent file, bytes) of a part of one sample, once
+        the blocks around it were checked, for a reader that hands the extent's pages
+        on without reading them itself (the mount's splice READs).  The descriptor is
+        the caller's to close (a duplicate: a reload cannot close it under it).  None
+        when the part is empty or cannot be checked by blocks (a dataset from before
+        block CRCs; a daemon without BLOCK_CRCS), or the dataset was reloaded
+        meanwhile: read it another way.  Raises what read_range does."""
+        if self._replaced() or (generation and generation != self._index.generation):
+            self._load()
+        with self._lock:
+            index, extents = self._index, self._extents
+        if generation and generation != index.generation:
+            raise StaleGeneration(
+                f"dataset {self._dataset!r} was replaced: version {generation} is no longer "
+                f"served (the current one is {index.generation}); open it again")
+        whole = self._read([sample_id], False, advise=False)[0]  # checks id and extent
+        size = len(whole)
+        start = min(max(offset, 0), size)
+        stop = min(size, start + max(length, 0))
+        if start >= stop:
+            return None
+        try:
+            block_bytes, crcs = self._crcs_of(index, sample_id)
+        except FailedPrecondition as exc:
+            if getattr(exc, "predates_block_crcs", False):
+                return None
+            raise
+        if crcs is None:
+            return None
+        extent_no, base = int(index.extent[sample_id]), int(index.offset[sample_id])
+        first, last = blockcrc.widen(start, stop, size, block_bytes)
+        piece = ([extent_no], [base + first], [last - first])
+        if self._looks_cold(extents, *piece):
+            _advise_willneed(extents, *piece)
+        self._verify_blocks(index, sample_id, whole, start, stop)
+        with self._lock:
+            if self._extents is not extents:
+                return None
+            fd = os.dup(extents[extent_no].fd)
+        return fd, base + start, stop - start
 
     def _verify_blocks(self, index, sample_id: int, whole: memoryview, start: int,
                        stop: int) -> None:

@@ -44,12 +44,29 @@ class Backend:
                              batch_timeout_s=read_timeout_s,
                              reconnect_timeout_s=reconnect_timeout_s)
         self.address = self.client.address
+        # Co-located reads of the extents (splicereads.py): made at the first use.
+        self._direct_options = dict(timeout_s=metadata_timeout_s, batch_timeout_s=read_timeout_s,
+                                    reconnect_timeout_s=reconnect_timeout_s)
+        self._direct: Client | None = None
         self._lock = threading.Lock()
         self._down_since: float | None = None
         self.calls: collections.Counter[str] = collections.Counter()
 
     def close(self) -> None:
         self.client.close()
+        if self._direct is not None:
+            self._direct.close()
+
+    def extent_reader(self, dataset: str):
+        """The dataset's extents, mapped from descriptors the daemon passes over its Unix
+        socket (client/direct.py `DirectReader`).  Raises FailedPrecondition or
+        PermissionDenied when this process cannot have them (another host, TLS, a
+        foreign user without a token)."""
+        with self._lock:
+            if self._direct is None:
+                self._direct = Client(self.address, direct=True, **self._direct_options)
+            direct = self._direct
+        return direct.transport.extent_reader(dataset)
 
     def reserve_reply_buffers(self, size: int, count: int) -> int:
         """Fault in `count` reply buffers of `size` bytes for the data path's

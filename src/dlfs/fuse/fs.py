@@ -80,6 +80,7 @@ from dlfs.fuse.names import Names
 from dlfs.fuse.pagepush import PagePush
 from dlfs.fuse.readcache import ReadCache
 from dlfs.fuse.session import Session, inline
+from dlfs.fuse.splicereads import SpliceReads
 from dlfs.fuse.wholereads import WholeReads
 
 log = logging.getLogger(__name__)
@@ -151,6 +152,8 @@ class DlfsOperations:
         self._session: Session | None = None
         self._statfs_last: tuple[int, int] = (0, 0)
         self._report_failure = FailureLog()
+        # Large files answered from the daemon's extent pages (co-located; set by main).
+        self.splice: SpliceReads | None = None
 
     def start(self, nursery: trio.Nursery, session: Session) -> None:
         """Bind to the session that answers and the nursery that runs read-ahead."""
@@ -320,6 +323,9 @@ class DlfsOperations:
                 self.session.reply_data(req, data)
                 self._read_done()
                 return None
+        elif self.splice is not None and self.splice.read(req, node, offset, size):
+            self._read_done()  # answered from the extent's pages, in this thread
+            return None
         return self._read(req, node, offset, size)  # a trio task answers
 
     @_handler(on_handle=True)

@@ -29,12 +29,13 @@ import trio
 
 from dlfs import errors, logs
 from dlfs import limits as fuse_limits
-from dlfs.fuse import lowlevel
+from dlfs.fuse import lowlevel, splicereads
 from dlfs.fuse.backend import Backend
 from dlfs.fuse.attributes import DIR_MODE, dataset_attrs, dataset_key
 from dlfs.fuse.fs import DlfsOperations
 from dlfs.fuse.inodes import ROOT_KEY, Attrs
 from dlfs.fuse.session import MountFailed, Session
+from dlfs.fuse.splicereads import SpliceReads
 
 log = logging.getLogger("dlfs.fuse")
 
@@ -86,6 +87,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="once the mount answers, write the pid of the process serving it "
                              "to PATH (an old PATH is removed at start); for scripts and "
                              "supervisors that wait for the mount")
+    parser.add_argument("--splice", choices=("auto", "off"), default="auto",
+                        help="auto (default): on the daemon's host, answer reads of large "
+                             "files from the daemon's extent pages by splice (needs pipes of "
+                             "2 MiB: fs.pipe-max-size >= 2097152 or CAP_SYS_RESOURCE); off: "
+                             "always through the daemon")
     parser.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     for name in ("cache_timeout", "reconnect_timeout", "metadata_timeout", "read_timeout"):
@@ -233,13 +239,16 @@ def run_foreground(args: argparse.Namespace) -> int:
                               max_background=fuse_limits.mount_background_requests_max)
         except (MountFailed, lowlevel.LibfuseMissing) as exc:
             raise MountError(f"{exc}; see the libfuse message above") from None
+        operations.splice = _splice_reads(args.splice, session, backend)
         try:
             trio.run(_serve, session, operations, args, what)
         finally:
             # Also after `fusermount3 -u` (then it is a no-op): never leave a
             # dead mount behind, whatever ended the loop.
             session.close()
-            _log_counts(session, backend)
+            if operations.splice is not None:
+                operations.splice.close()
+            _log_counts(session, backend, operations.splice)
         log.info("unmounted %s", args.mountpoint)
         return 0
     finally:
@@ -272,7 +281,7 @@ async def _serve(session: Session, operations: DlfsOperations, args: argparse.Na
 
         nursery.start_soon(run_fuse)
         nursery.start_soon(_stop_on_signal, session, nursery)
-        nursery.start_soon(_counts_on_signal, session, operations.backend)
+        nursery.start_soon(_counts_on_signal, session, operations.backend, operations.splice)
         nursery.start_soon(operations.follow_root_version)
         try:
             # A stat of the root goes through this very loop: once it answers,
@@ -329,17 +338,33 @@ async def _stop_on_signal(session: Session, nursery: trio.Nursery) -> None:
             return
 
 
-async def _counts_on_signal(session: Session, backend: Backend) -> None:
+async def _counts_on_signal(session: Session, backend: Backend,
+                            splice: SpliceReads | None = None) -> None:
     with trio.open_signal_receiver(signal.SIGUSR1) as signals:
         async for _ in signals:
-            _log_counts(session, backend)
+            _log_counts(session, backend, splice)
 
 
-def _log_counts(session: Session, backend: Backend) -> None:
+def _splice_reads(mode: str, session: Session, backend: Backend) -> SpliceReads | None:
+    """The splice READ path (fuse/splicereads.py), or None (off, or pipes too small)."""
+    if mode == "off":
+        return None
+    reason = splicereads.pipe_bytes_available()
+    if reason:
+        log.info("large files are read through the daemon: %s", reason)
+        return None
+    return SpliceReads(session, backend.extent_reader)
+
+
+def _log_counts(session: Session, backend: Backend, splice: SpliceReads | None = None) -> None:
     """Two lines: the requests the kernel sent and the calls made to the
-    daemon, by kind (`dlfs.launch.MountProcess.request_counts` parses them)."""
+    daemon, by kind (`dlfs.launch.MountProcess.request_counts` parses them);
+    a third for the READs answered by splice."""
     log.info("daemon calls: %s", json.dumps(dict(sorted(backend.calls.items()))))
     log.info("requests: %s", json.dumps(dict(sorted(session.counts.items()))))
+    if splice is not None:
+        log.info("splice reads: %s", json.dumps({"reads": splice.reads, "bytes": splice.bytes,
+                                                 "off": splice.off_reason}))
 
 
 def _keep_freed_memory() -> None:

@@ -316,6 +316,15 @@ class Session:
         self._lib.fuse_reply_buf(req, address, len(data))
         del owner
 
+    def reply_none(self, req: int) -> None:
+        """Free `req` without sending anything: its reply was written to the device
+        some other way (splicereads.py)."""
+        self._lib.fuse_reply_none(req)
+
+    def device_fd(self) -> int:
+        """The /dev/fuse descriptor replies are written to (one: the loop clones none)."""
+        return self._lib.fuse_session_fd(self._se)
+
     def reply_statfs(self, req: int, stats: ll.Statvfs) -> None:
         self._lib.fuse_reply_statfs(req, ctypes.byref(stats))
 

@@ -1,0 +1,233 @@
+"""READs of large files answered from the daemon's extent pages by `splice` (co-located mounts).
+
+Why (docs/DESIGN.md, "Splice READs"): through the daemon, a READ of a large
+file costs the daemon a send, the mount a receive into a buffer, a CRC
+pass, a copy into the page cache and trio's thread hand-offs; on two cores
+the mount's process is then the serial part of a long read.  A mount on the
+daemon's host can do better: with the extents' descriptors (passed over the
+daemon's Unix socket, as to `Client(direct=True)`; the data dir stays 0700)
+it checks the CRC32Cs of the blocks around the READ on a mapping of the
+extent, writes the reply's 16-byte header into a pipe, `splice`s the
+extent's page-cache pages behind it (references, no copy) and splices the
+pipe into /dev/fuse, where the kernel copies the pages into the file's page
+cache.  No sample byte passes through user space, and the worker thread that
+took the READ answers it.
+
+What it needs (else READs go through the daemon as before, said once in the
+log):
+- the daemon on this host passing descriptors to this user (`direct.py`);
+- pipes that hold a whole READ reply: the kernel's READs are up to 1 MiB
+  and the header takes a page of its own, so 2 MiB pipes
+  (`fs.pipe-max-size` of at least 2 MiB, or CAP_SYS_RESOURCE);
+- the request's `unique`: libfuse 3 has no call that returns it, so it is
+  read from its private `struct fuse_req`, where it follows the session
+  pointer (every libfuse 3 release so far).  Every value is checked (FUSE
+  uniques are even and not 0); a wrong one turns this path off for good.
+  The request is then freed by `fuse_reply_none`, which sends nothing;
+- block CRC32Cs for the sample (datasets ingested before them are read
+  through the daemon, which checks whole samples).
+
+Bounded: at most `limits.mount_splice_pipes_max` pipes (one per READ in
+flight; more READs wait for one).  A READ the path cannot serve (a short
+file, the dataset replaced meanwhile) goes the usual way.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import fcntl
+import logging
+import os
+import struct
+import threading
+from typing import Callable
+
+from dlfs import errors
+from dlfs import limits as fuse_limits
+from dlfs.fuse.attributes import read_generation
+from dlfs.fuse.inodes import Node
+
+log = logging.getLogger(__name__)
+
+_F_SETPIPE_SZ = 1031
+_PAGE_BYTES = 4096
+# struct fuse_out_header: total length, error (0), the request's unique.
+_OUT_HEADER = struct.Struct("<IiQ")
+# Where libfuse 3 keeps `unique` in its private struct fuse_req: after `se`.
+_UNIQUE_OFFSET = ctypes.sizeof(ctypes.c_void_p)
+
+# Reads the extents: (dataset) -> an object with `extent_part` (client/direct.py).
+OpenReader = Callable[[str], object]
+
+
+def pipe_bytes_available(wanted: int = fuse_limits.mount_splice_pipe_bytes) -> str:
+    """"" when pipes of `wanted` bytes can be made here, else why not."""
+    read_end, write_end = os.pipe()
+    try:
+        fcntl.fcntl(write_end, _F_SETPIPE_SZ, wanted)
+        return ""
+    except OSError as exc:
+        return (f"pipes of {wanted >> 20} MiB are refused ({exc.strerror}): raise "
+                f"fs.pipe-max-size to {wanted} (sysctl) or grant CAP_SYS_RESOURCE")
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+
+
+class _Pipes:
+    """Reusable pipes of `pipe_bytes`, at most `count_max` at once (thread-safe)."""
+
+    def __init__(self, pipe_bytes: int, count_max: int):
+        self.pipe_bytes = pipe_bytes
+        self._idle: list[tuple[int, int]] = []
+        self._slots = threading.BoundedSemaphore(count_max)
+        self._lock = threading.Lock()
+
+    def take(self) -> tuple[int, int]:
+        self._slots.acquire()
+        with self._lock:
+            if self._idle:
+                return self._idle.pop()
+        try:
+            read_end, write_end = os.pipe()
+            fcntl.fcntl(write_end, _F_SETPIPE_SZ, self.pipe_bytes)
+        except BaseException:
+            self._slots.release()
+            raise
+        return read_end, write_end
+
+    def give_back(self, pipe: tuple[int, int], *, empty: bool) -> None:
+        """Return a pipe; one that may still hold bytes is closed instead."""
+        if empty:
+            with self._lock:
+                self._idle.append(pipe)
+        else:
+            os.close(pipe[0])
+            os.close(pipe[1])
+        self._slots.release()
+
+    def close(self) -> None:
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for read_end, write_end in idle:
+            os.close(read_end)
+            os.close(write_end)
+
+
+class SpliceReads:
+    """Answers READs of large files from the extents (see the module docstring).
+
+    `read` runs in libfuse's worker threads.  `open_reader(dataset)` returns
+    the dataset's extent reader or raises (then that dataset's READs go the
+    usual way, said once in the log).
+    """
+
+    def __init__(self, session, open_reader: OpenReader, *,
+                 pipe_bytes: int = fuse_limits.mount_splice_pipe_bytes,
+                 pipes_max: int = fuse_limits.mount_splice_pipes_max):
+        self._session = session
+        self._open_reader = open_reader
+        self._pipes = _Pipes(pipe_bytes, pipes_max)
+        self._readers: dict[str, object | None] = {}
+        self._lock = threading.Lock()
+        self.off_reason = ""  # set once this path turned itself off
+        self.reads = 0  # READs answered here
+        self.bytes = 0
+
+    def close(self) -> None:
+        self._pipes.close()
+
+    def read(self, req: int, node: Node, offset: int, size: int) -> bool:
+        """Answer a READ of `node` from its extent; False (nothing sent) when this path
+        cannot, and the caller answers it.  Raises DlfsError (StaleGeneration,
+        DataCorruption, ...) for the caller to turn into an errno, and logs a
+        damaged block naming the sample."""
+        if self.off_reason or node.sample_id < 0:
+            return False
+        reader = self._reader(node.dataset)
+        if reader is None:
+            return False
+        try:
+            part = reader.extent_part(node.sample_id, offset, size,
+                                      generation=read_generation(node))
+        except errors.DataCorruption as exc:  # name the file, as reads through the daemon do
+            named = f"sample {node.sample_id} {node.path!r} of"
+            raise errors.DataCorruption(
+                exc.message.replace(f"sample {node.sample_id} of", named, 1)) from None
+        if part is None:
+            return False
+        fd, file_offset, length = part
+        try:
+            if not self._fits(file_offset, length):
+                return False
+            unique = ctypes.c_uint64.from_address(req + _UNIQUE_OFFSET).value
+            if unique == 0 or unique % 2:
+                self._turn_off(f"libfuse's request layout is not the expected one (unique "
+                               f"{unique:#x})")
+                return False
+            self._send(fd, file_offset, length, unique)
+        finally:
+            os.close(fd)
+        self._session.reply_none(req)
+        self.reads += 1
+        self.bytes += length
+        node.fetched_bytes += length
+        return True
+
+    def _fits(self, file_offset: int, length: int) -> bool:
+        """Whether the header's page and the pages the part spans fit one pipe."""
+        pages = (file_offset % _PAGE_BYTES + length + _PAGE_BYTES - 1) // _PAGE_BYTES
+        return 1 + pages <= self._pipes.pipe_bytes // _PAGE_BYTES
+
+    def _send(self, fd: int, file_offset: int, length: int, unique: int) -> None:
+        """The reply (header, then `length` bytes of `fd` at `file_offset`) into
+        /dev/fuse through a pipe.  A READ the kernel gave up on meanwhile
+        (interrupted: ENOENT) is simply dropped."""
+        total = _OUT_HEADER.size + length
+        pipe = self._pipes.take()
+        read_end, write_end = pipe
+        empty = False
+        try:
+            os.write(write_end, _OUT_HEADER.pack(total, 0, unique))
+            position, left = file_offset, length
+            while left:
+                moved = os.splice(fd, write_end, left, offset_src=position)
+                if moved <= 0:
+                    raise errors.DataCorruption(
+                        f"an extent ended {left} bytes early at offset {position}; "
+                        "re-ingest the dataset")
+                position += moved
+                left -= moved
+            left = total
+            device = self._session.device_fd()
+            while left:
+                moved = os.splice(read_end, device, left)
+                if moved <= 0:
+                    raise OSError(errno.EIO, "splice into /dev/fuse moved nothing")
+                left -= moved
+            empty = True
+        except OSError as exc:
+            if exc.errno == errno.ENOENT:  # the kernel dropped the request: nothing to answer
+                return
+            raise errors.Internal(f"answering a READ by splice failed: {exc}") from None
+        finally:
+            self._pipes.give_back(pipe, empty=empty)
+
+    def _reader(self, dataset: str):
+        with self._lock:
+            if dataset in self._readers:
+                return self._readers[dataset]
+        try:
+            reader = self._open_reader(dataset)
+        except errors.DlfsError as exc:
+            log.warning("large files of dataset %r are read through the daemon, not from its "
+                        "extents: %s", dataset, exc)
+            reader = None
+        with self._lock:
+            return self._readers.setdefault(dataset, reader)
+
+    def _turn_off(self, reason: str) -> None:
+        if not self.off_reason:
+            self.off_reason = reason
+            log.warning("large files are read through the daemon from now on: %s", reason)

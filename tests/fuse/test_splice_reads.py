@@ -1,0 +1,93 @@
+"""Large files of a co-located mount answered from the daemon's extent pages by splice
+(fuse/splicereads.py), against a real daemon and real mounts: the bytes, the daemon
+left out of it, a replaced dataset, the switch."""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+
+import numpy as np
+import pytest
+
+from conftest import write_tree
+from dlfs import Client
+from mounting import mount_factory, requires_fuse, splice_pipes, splice_reads  # noqa: F401
+
+pytestmark = requires_fuse
+
+MiB = 1 << 20
+
+
+@pytest.fixture
+def large_tree(tmp_path):
+    rng = np.random.default_rng(5)
+    # Sizes that do not fall on pages or blocks; one under the whole-file limit.
+    files = {"vol/a.npz": rng.bytes(23 * MiB + 123), "vol/b.npz": rng.bytes(9 * MiB + 4097),
+             "small.jpg": rng.bytes(110_000)}
+    write_tree(tmp_path / "src", files)
+    return tmp_path / "src", files
+
+
+def read_all(path: str, chunk: int = MiB) -> bytes:
+    with open(path, "rb", buffering=0) as f:
+        return b"".join(iter(lambda: f.read(chunk), b""))
+
+
+def test_large_files_come_from_the_extents_and_the_daemon_sends_nothing(
+        daemon, mount_factory, large_tree, splice_pipes):
+    src, files = large_tree
+    with Client(daemon.address) as client:
+        client.ingest(str(src), "ds")
+    mount = mount_factory(daemon.address, "--dataset", "ds")
+    for name in ("vol/a.npz", "vol/b.npz"):
+        assert hashlib.sha256(read_all(os.path.join(mount.mountpoint, name))).digest() == \
+            hashlib.sha256(files[name]).digest()
+    # Random reads of parts straddling blocks and pages, through a fresh mount.
+    fresh = mount_factory(daemon.address, "--dataset", "ds")
+    fd = os.open(os.path.join(fresh.mountpoint, "vol", "a.npz"), os.O_RDONLY)
+    try:
+        for offset in (5 * MiB - 3, 123, 22 * MiB + 77, 23 * MiB + 100):
+            assert os.pread(fd, 2 * MiB, offset) == files["vol/a.npz"][offset:offset + 2 * MiB]
+    finally:
+        os.close(fd)
+    assert read_all(os.path.join(mount.mountpoint, "small.jpg")) == files["small.jpg"]
+    answered = splice_reads(mount)
+    assert answered["off"] == "" and answered["reads"] >= 32
+    assert answered["bytes"] == len(files["vol/a.npz"]) + len(files["vol/b.npz"])
+    # No READ went to the daemon (the page push, which fetches on its own, aside).
+    assert mount.request_counts(label="daemon calls").get("read_chunks", 0) == 0
+    assert splice_reads(fresh)["reads"] >= 4
+
+
+def test_an_open_file_of_a_replaced_dataset_is_stale_not_mixed(
+        daemon, mount_factory, large_tree, splice_pipes, tmp_path):
+    src, files = large_tree
+    with Client(daemon.address) as client:
+        client.ingest(str(src), "ds")
+        mount = mount_factory(daemon.address, "--dataset", "ds")
+        fd = os.open(os.path.join(mount.mountpoint, "vol", "a.npz"), os.O_RDONLY)
+        try:
+            assert os.pread(fd, MiB, 0) == files["vol/a.npz"][:MiB]
+            write_tree(tmp_path / "v2", {"vol/a.npz": b"v2" * (12 * MiB)})
+            client.ingest(str(tmp_path / "v2"), "ds", replace=True)
+            # Bytes not yet read: from the old version or ESTALE, never the new one's.
+            try:
+                got = os.pread(fd, MiB, 20 * MiB)
+            except OSError as exc:
+                assert exc.errno == errno.ESTALE
+            else:
+                assert got == files["vol/a.npz"][20 * MiB:21 * MiB]
+        finally:
+            os.close(fd)
+
+
+def test_splice_off_reads_through_the_daemon(daemon, mount_factory, large_tree, splice_pipes):
+    src, files = large_tree
+    with Client(daemon.address) as client:
+        client.ingest(str(src), "ds")
+    mount = mount_factory(daemon.address, "--dataset", "ds", "--splice", "off")
+    assert read_all(os.path.join(mount.mountpoint, "vol", "b.npz")) == files["vol/b.npz"]
+    assert mount.request_counts(label="daemon calls").get("read_chunks", 0) > 0
+    assert "splice reads:" not in mount.log()  # the path does not exist in this mount
