@@ -300,7 +300,10 @@ class DirectReader:
         when the part is empty or cannot be checked by blocks (a dataset from before
         block CRCs; a daemon without BLOCK_CRCS), or the dataset was reloaded
         meanwhile: read it another way.  Raises what read_range does."""
-        if self._replaced() or (generation and generation != self._index.generation):
+        # A part of a named version needs no fstat: the mapped version serves it or
+        # is reloaded (then the new one serves it, or StaleGeneration).
+        if (generation and generation != self._index.generation) or \
+                (not generation and self._replaced()):
             self._load()
         with self._lock:
             index, extents = self._index, self._extents
@@ -308,7 +311,7 @@ class DirectReader:
             raise StaleGeneration(
                 f"dataset {self._dataset!r} was replaced: version {generation} is no longer "
                 f"served (the current one is {index.generation}); open it again")
-        whole = self._read([sample_id], False, advise=False)[0]  # checks id and extent
+        whole = self._sample_view(index, extents, sample_id)
         size = len(whole)
         start = min(max(offset, 0), size)
         stop = min(size, start + max(length, 0))
@@ -328,11 +331,37 @@ class DirectReader:
         if self._looks_cold(extents, *piece):
             _advise_willneed(extents, *piece)
         self._verify_blocks(index, sample_id, whole, start, stop)
-        with self._lock:
-            if self._extents is not extents:
-                return None
+        try:
             fd = os.dup(extents[extent_no].fd)
+        except OSError:
+            fd = -1
+        # A reload swaps the extents before it closes the old ones: if they are still
+        # the current ones now, the duplicate is of the right file.
+        if self._extents is not extents:
+            if fd >= 0:
+                os.close(fd)
+            return None
         return fd, base + start, stop - start
+
+    def _sample_view(self, index, extents, sample_id: int) -> memoryview:
+        """One sample's bytes in its mapped extent (nothing read), its id and extent
+        checked as `_read` checks them.  O(1)."""
+        if not 0 <= sample_id < index.samples:
+            raise InvalidArgument(
+                f"sample id {sample_id} is out of range for dataset {self._dataset!r}: valid "
+                f"ids are 0..{index.samples - 1}")
+        extent = extents.get(int(index.extent[sample_id]))
+        if extent is None:
+            raise FailedPrecondition(
+                f"sample {sample_id} of dataset {self._dataset!r} is stored on other daemons, "
+                "not on this one; read the striped dataset with Client([all its daemons])")
+        base, size = int(index.offset[sample_id]), int(index.length[sample_id])
+        if base + size > extent.size:
+            raise DataCorruption(
+                f"extent {int(index.extent[sample_id])} of dataset {self._dataset!r} is "
+                f"truncated: sample {sample_id} ends past its {extent.size} bytes; re-ingest "
+                "the dataset")
+        return extent.view[base:base + size]
 
     def _verify_blocks(self, index, sample_id: int, whole: memoryview, start: int,
                        stop: int) -> None:

@@ -134,6 +134,7 @@ class SpliceReads:
         self.off_reason = ""  # set once this path turned itself off
         self.reads = 0  # READs answered here
         self.bytes = 0
+        self._device = session.device_fd()
 
     def close(self) -> None:
         self._pipes.close()
@@ -200,9 +201,8 @@ class SpliceReads:
                 position += moved
                 left -= moved
             left = total
-            device = self._session.device_fd()
             while left:
-                moved = os.splice(read_end, device, left)
+                moved = os.splice(read_end, self._device, left)
                 if moved <= 0:
                     raise OSError(errno.EIO, "splice into /dev/fuse moved nothing")
                 left -= moved
