@@ -385,6 +385,8 @@ def markdown(results: dict) -> str:
         lines.append(proactive_reclaim())
     if results.get("fresh_memory"):
         lines.append(results["fresh_memory"])
+    if results.get("large_reads"):
+        lines.append(f"READs of large files through the mount: {results['large_reads']}.")
     return "\n".join(lines) + "\n"
 
 
@@ -405,9 +407,11 @@ def main(argv: list[str] | None = None) -> int:
     if reason:
         print(f"bench.dlio_mount: cannot run: {reason}", file=sys.stderr)
         return 2
-    results = run(args.dlio_python, args.quick, args.runs or (1 if args.quick else 2),
-                  os.path.abspath(args.data_dir), set(filter(None, args.cases.split(","))),
-                  lambda m: print(m, file=sys.stderr, flush=True))
+    with processes.splice_pipes() as large_reads:
+        results = run(args.dlio_python, args.quick, args.runs or (1 if args.quick else 2),
+                      os.path.abspath(args.data_dir), set(filter(None, args.cases.split(","))),
+                      lambda m: print(m, file=sys.stderr, flush=True))
+    results["large_reads"] = large_reads
     text = markdown(results)
     print(text)
     out = args.out or (None if args.quick else os.path.join(REPO, "bench", "results"))

@@ -7,6 +7,7 @@ import os
 import re
 
 import numpy as np
+import pytest
 
 import mounting
 from conftest import wait_until, write_tree
@@ -14,6 +15,7 @@ from dlfs import Client
 
 pytestmark = mounting.requires_fuse
 mount_factory = mounting.mount_factory  # the fixture, found by pytest in this module
+splice_pipes = mounting.splice_pipes  # the same
 
 KiB = 1024
 PUSH_TIMEOUT_S = 60.0  # a bound for a hang on a loaded machine, not a speed target
@@ -30,11 +32,11 @@ def pushed(mount) -> tuple[int, int] | None:
     return (int(found[-1][0]), int(found[-1][1])) if found else None
 
 
-def mount_listed(daemon, mount_factory, tmp_path, tree):
+def mount_listed(daemon, mount_factory, tmp_path, tree, *args):
     write_tree(tmp_path / "src", tree)
     with Client(daemon.address) as client:
         client.ingest(str(tmp_path / "src"), "ds", progress=False)
-    m = mount_factory(daemon.address, "--dataset", "ds")
+    m = mount_factory(daemon.address, "--dataset", "ds", *args)
     for c in range(3):
         os.listdir(os.path.join(m.mountpoint, f"c{c}"))  # the kernel now knows every file
     return m
@@ -95,14 +97,20 @@ def test_the_push_stays_within_half_the_daemons_warm_up_budget(daemon_factory, m
     read_all(m, tree)  # the rest is read on demand
 
 
-def test_large_files_are_pushed_too_in_pieces(daemon, mount_factory, tmp_path):
+@pytest.mark.parametrize("splice", ["off", "auto"], ids=["through-daemon", "splice"])
+def test_large_files_are_pushed_too_in_pieces(daemon, mount_factory, tmp_path, splice,
+                                              request):
     """Files over the whole-file limit (DLIO's NPZ volumes) follow the small ones,
-    fetched and stored in ranged pieces; a reader then sends the mount nothing."""
+    fetched and stored in ranged pieces (co-located with `--splice auto`: spliced
+    from the extent's pages, the daemon sends nothing); a reader then sends the
+    mount nothing."""
+    if splice == "auto":
+        request.getfixturevalue("splice_pipes")
     rng = np.random.default_rng(9)
     tree = {f"c{i % 3}/vol{i}.npz": rng.bytes(size)
             for i, size in enumerate((9 * 2**20 + 5, 17 * 2**20 + 333, 33 * 2**20))}
     tree["c0/small.txt"] = b"small"
-    m = mount_listed(daemon, mount_factory, tmp_path, tree)
+    m = mount_listed(daemon, mount_factory, tmp_path, tree, "--splice", splice)
     with open(os.path.join(m.mountpoint, "c0/small.txt"), "rb") as f:
         assert f.read() == b"small"
     wait_until(lambda: pushed(m) is not None, "the push ended", PUSH_TIMEOUT_S)
@@ -113,6 +121,13 @@ def test_large_files_are_pushed_too_in_pieces(daemon, mount_factory, tmp_path):
     # Nearly all from the page cache: unpushed, these 59 MiB cost hundreds of READs;
     # the kernel may still drop a few pushed pages before the reader gets to them.
     assert m.request_counts().get("read", 0) - before.get("read", 0) <= len(tree) * 2
+    daemon_reads = m.request_counts(label="daemon calls").get("read", 0)
+    if splice == "auto":
+        assert daemon_reads <= 1  # small.txt
+        assert mounting.splice_reads(m)["stored_bytes"] == sum(
+            len(d) for name, d in tree.items() if name.endswith(".npz"))
+    else:
+        assert daemon_reads >= 4  # the pieces of the large files
 
 
 def test_files_readers_fetched_whole_are_not_pushed_again(daemon, tmp_path):

@@ -162,7 +162,8 @@ class DlfsOperations:
         self._reserve_reply_buffers()
         if not self.multi:  # one dataset mounted: push its small files after the first read
             self.pages = PagePush(self._root_files, self._warm_budget_bytes, self._fetch_batch,
-                                  self._fetch_piece, self._store_pages, self._thread)
+                                  self._fetch_piece, self._store_pages, self._thread,
+                                  from_extent=self._store_from_extent)
             nursery.start_soon(self.pages.run)
 
     def _reserve_reply_buffers(self) -> None:
@@ -429,6 +430,9 @@ class DlfsOperations:
 
     def _store_pages(self, node: Node, offset: int, data: memoryview) -> None:
         self.session.notify_store(node.inode, offset, data)
+
+    def _store_from_extent(self, node: Node, offset: int, length: int) -> bool:
+        return self.splice is not None and self.splice.store(node, offset, length)
 
     def _fetch_whole_blocking(self, node: Node) -> memoryview:  # in a libfuse worker thread
         return self.backend.read(node.dataset, node.read_key, 0, 0, read_generation(node))

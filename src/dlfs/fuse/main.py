@@ -349,7 +349,7 @@ def _splice_reads(mode: str, session: Session, backend: Backend) -> SpliceReads 
     """The splice READ path (fuse/splicereads.py), or None (off, or pipes too small)."""
     if mode == "off":
         return None
-    reason = splicereads.pipe_bytes_available()
+    reason = splicereads.pipe_bytes_available() or splicereads.splice_refused()
     if reason:
         log.info("large files are read through the daemon: %s", reason)
         return None
@@ -364,6 +364,7 @@ def _log_counts(session: Session, backend: Backend, splice: SpliceReads | None =
     log.info("requests: %s", json.dumps(dict(sorted(session.counts.items()))))
     if splice is not None:
         log.info("splice reads: %s", json.dumps({"reads": splice.reads, "bytes": splice.bytes,
+                                                 "stored_bytes": splice.stored_bytes,
                                                  "off": splice.off_reason}))
 
 

@@ -11,9 +11,11 @@ reader opens later is a page-cache hit, as on a warm ext4.
 
 Larger files (over `whole_bytes_max`: DLIO's NPZ volumes, say) follow the
 small ones, each fetched in ranged reads of `piece_bytes` (block CRCs
-verified) and stored piece by piece: a first epoch over them otherwise runs
-every byte through the mount's own read path, which moved about 180 MB/s on
-two cores where a batched fetch moves several times that.
+verified) and stored piece by piece (on the daemon's host spliced from the
+extent's pages instead: `from_extent`, fuse/splicereads.py): a first epoch
+over them otherwise runs every byte through the mount's own read path,
+which moved about 180 MB/s on two cores where a batched fetch moves several
+times that.
 
 Bounded: at most half the daemon's warm-up budget (its page cache holds
 the extents too; a daemon with warm-ups off gets no push), one batch or
@@ -51,6 +53,9 @@ FetchBatch = Callable[[list[Node]], list[memoryview]]
 FetchRange = Callable[[Node, int, int], memoryview]
 # store(node, offset, data): copy into the kernel's page cache of node; blocks.
 StorePages = Callable[[Node, int, memoryview], None]
+# from_extent(node, offset, length) -> done: the same bytes straight from the daemon's
+# extent pages (a co-located mount: splicereads.py), verified; False: fetch them.
+StoreFromExtent = Callable[[Node, int, int], bool]
 
 
 class PagePush:
@@ -63,7 +68,8 @@ class PagePush:
                  whole_bytes_max: int = fuse_limits.mount_whole_sample_bytes_max,
                  batch_samples_max: int = fuse_limits.mount_push_batch_samples_max,
                  batch_bytes_max: int = fuse_limits.mount_push_batch_bytes_max,
-                 piece_bytes: int = fuse_limits.mount_push_piece_bytes):
+                 piece_bytes: int = fuse_limits.mount_push_piece_bytes,
+                 from_extent: StoreFromExtent | None = None):
         assert 0 < whole_bytes_max <= batch_bytes_max and batch_samples_max > 0
         assert piece_bytes > 0
         self._files = files  # on the trio thread: the kernel-known files to push
@@ -71,6 +77,7 @@ class PagePush:
         self._fetch = fetch
         self._fetch_range = fetch_range
         self._store = store
+        self._from_extent = from_extent
         self._run_thread = run_thread
         self.whole_bytes_max = whole_bytes_max
         self.batch_samples_max = batch_samples_max
@@ -152,6 +159,12 @@ class PagePush:
         """One large file, piece by piece (a reader may read it meanwhile: harmless)."""
         for offset in range(0, node.size, self.piece_bytes):
             length = min(self.piece_bytes, node.size - offset)
+            try:
+                if self._from_extent is not None and self._from_extent(node, offset, length):
+                    self.pushed_bytes += length
+                    continue
+            except OSError:  # the kernel forgot the inode: nothing to fill
+                return
             data = self._fetch_range(node, offset, length)
             if len(data) != length:
                 raise errors.FailedPrecondition(

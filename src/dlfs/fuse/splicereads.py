@@ -52,8 +52,12 @@ log = logging.getLogger(__name__)
 
 _F_SETPIPE_SZ = 1031
 _PAGE_BYTES = 4096
-# struct fuse_out_header: total length, error (0), the request's unique.
+# struct fuse_out_header: total length, error (0; a notification's code), the request's
+# unique (0 for a notification).
 _OUT_HEADER = struct.Struct("<IiQ")
+# struct fuse_notify_store_out: inode, offset, size, padding (FUSE_NOTIFY_STORE = 4).
+_NOTIFY_STORE = struct.Struct("<QQII")
+_FUSE_NOTIFY_STORE = 4
 # Where libfuse 3 keeps `unique` in its private struct fuse_req: after `se`.
 _UNIQUE_OFFSET = ctypes.sizeof(ctypes.c_void_p)
 
@@ -73,6 +77,32 @@ def pipe_bytes_available(wanted: int = fuse_limits.mount_splice_pipe_bytes) -> s
     finally:
         os.close(read_end)
         os.close(write_end)
+
+
+def splice_refused() -> str:
+    """"" when this process may splice a file into a pipe, else why not (a seccomp
+    profile, a kernel without splice)."""
+    read_end, write_end = os.pipe()
+    try:
+        fd = os.open(os.path.abspath(__file__), os.O_RDONLY)
+        try:
+            os.splice(fd, write_end, 16, offset_src=0)
+            return ""
+        except OSError as exc:
+            return f"splice(2) is refused here ({exc.strerror})"
+        finally:
+            os.close(fd)
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+
+
+class _Refused(Exception):
+    """splice(2) failed in a way that says it will always fail here."""
+
+
+# What a splice that can never work answers (a seccomp filter, no splice support).
+_REFUSED_ERRNOS = (errno.EPERM, errno.EACCES, errno.ENOSYS, errno.EINVAL)
 
 
 class _Pipes:
@@ -134,6 +164,7 @@ class SpliceReads:
         self.off_reason = ""  # set once this path turned itself off
         self.reads = 0  # READs answered here
         self.bytes = 0
+        self.stored_bytes = 0  # bytes the page push stored from the extents
         self._device = session.device_fd()
 
     def close(self) -> None:
@@ -167,7 +198,11 @@ class SpliceReads:
                 self._turn_off(f"libfuse's request layout is not the expected one (unique "
                                f"{unique:#x})")
                 return False
-            self._send(fd, file_offset, length, unique)
+            self._send(_OUT_HEADER.pack(_OUT_HEADER.size + length, 0, unique), fd,
+                       file_offset, length)
+        except _Refused as exc:
+            self._turn_off(str(exc))
+            return False  # nothing reached the kernel: the caller answers
         finally:
             os.close(fd)
         self._session.reply_none(req)
@@ -176,24 +211,64 @@ class SpliceReads:
         node.fetched_bytes += length
         return True
 
+    def store(self, node: Node, offset: int, length: int) -> bool:
+        """Put `length` bytes of `node` at `offset` into the kernel's page cache from the
+        extent's pages (FUSE_NOTIFY_STORE, spliced as READ replies are), once the blocks
+        around them were checked: the page push of large files.  False when this path
+        cannot (then fetch and store them the usual way).  Raises what `read` raises;
+        OSError ENOENT when the kernel forgot the inode."""
+        if self.off_reason or node.sample_id < 0:
+            return False
+        reader = self._reader(node.dataset)
+        if reader is None:
+            return False
+        part = reader.extent_part(node.sample_id, offset, length,
+                                  generation=read_generation(node))
+        if part is None:
+            return False
+        fd, file_offset, length = part
+        # Messages of at most `unit` bytes, so that each fits a pipe with its headers.
+        unit = self._pipes.pipe_bytes // 2
+        try:
+            for start in range(0, length, unit):
+                n = min(unit, length - start)
+                header = _OUT_HEADER.pack(_OUT_HEADER.size + _NOTIFY_STORE.size + n,
+                                          _FUSE_NOTIFY_STORE, 0) + \
+                    _NOTIFY_STORE.pack(node.inode, offset + start, n, 0)
+                if not self._send(header, fd, file_offset + start, n):
+                    raise OSError(errno.ENOENT, "the kernel forgot the inode")
+        except _Refused as exc:
+            self._turn_off(str(exc))
+            return False  # the caller fetches the piece and stores it the usual way
+        finally:
+            os.close(fd)
+        self.stored_bytes += length
+        return True
+
     def _fits(self, file_offset: int, length: int) -> bool:
         """Whether the header's page and the pages the part spans fit one pipe."""
         pages = (file_offset % _PAGE_BYTES + length + _PAGE_BYTES - 1) // _PAGE_BYTES
         return 1 + pages <= self._pipes.pipe_bytes // _PAGE_BYTES
 
-    def _send(self, fd: int, file_offset: int, length: int, unique: int) -> None:
-        """The reply (header, then `length` bytes of `fd` at `file_offset`) into
-        /dev/fuse through a pipe.  A READ the kernel gave up on meanwhile
-        (interrupted: ENOENT) is simply dropped."""
-        total = _OUT_HEADER.size + length
+    def _send(self, header: bytes, fd: int, file_offset: int, length: int) -> bool:
+        """One message (`header`, then `length` bytes of `fd` at `file_offset`) into
+        /dev/fuse through a pipe.  False when the kernel refused it with ENOENT (a
+        READ it gave up on meanwhile, or a store for an inode it forgot): dropped."""
+        total = len(header) + length
         pipe = self._pipes.take()
         read_end, write_end = pipe
         empty = False
         try:
-            os.write(write_end, _OUT_HEADER.pack(total, 0, unique))
+            os.write(write_end, header)
             position, left = file_offset, length
             while left:
-                moved = os.splice(fd, write_end, left, offset_src=position)
+                try:
+                    moved = os.splice(fd, write_end, left, offset_src=position)
+                except OSError as exc:
+                    if exc.errno in _REFUSED_ERRNOS:
+                        raise _Refused(f"splice(2) from an extent failed ({exc.strerror})") \
+                            from None
+                    raise
                 if moved <= 0:
                     raise errors.DataCorruption(
                         f"an extent ended {left} bytes early at offset {position}; "
@@ -208,11 +283,12 @@ class SpliceReads:
                 left -= moved
             empty = True
         except OSError as exc:
-            if exc.errno == errno.ENOENT:  # the kernel dropped the request: nothing to answer
-                return
-            raise errors.Internal(f"answering a READ by splice failed: {exc}") from None
+            if exc.errno == errno.ENOENT:
+                return False
+            raise errors.Internal(f"writing to /dev/fuse by splice failed: {exc}") from None
         finally:
             self._pipes.give_back(pipe, empty=empty)
+        return True
 
     def _reader(self, dataset: str):
         with self._lock:
