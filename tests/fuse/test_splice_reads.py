@@ -91,3 +91,20 @@ def test_splice_off_reads_through_the_daemon(daemon, mount_factory, large_tree, 
     assert read_all(os.path.join(mount.mountpoint, "vol", "b.npz")) == files["vol/b.npz"]
     assert mount.request_counts(label="daemon calls").get("read_chunks", 0) > 0
     assert "splice reads:" not in mount.log()  # the path does not exist in this mount
+
+
+def test_a_refused_splice_turns_the_path_off_and_reads_go_on(
+        daemon, mount_factory, large_tree, splice_pipes, monkeypatch):
+    """splice(2) refused after the start-up check (a seccomp filter added later; the
+    mount's fault hook): that READ and all later ones go through the daemon."""
+    src, files = large_tree
+    with Client(daemon.address) as client:
+        client.ingest(str(src), "ds")
+    monkeypatch.setenv("DLFS_MOUNT_SPLICE_FAULT", "EPERM")
+    mount = mount_factory(daemon.address, "--dataset", "ds")
+    assert read_all(os.path.join(mount.mountpoint, "vol", "a.npz")) == files["vol/a.npz"]
+    answered = splice_reads(mount)
+    # READs already past the check when the fault fired may still have been spliced.
+    assert answered["reads"] <= 16 and "Operation not permitted" in answered["off"]
+    assert "fault injected" in mount.log() and "through the daemon from now on" in mount.log()
+    assert mount.request_counts(label="daemon calls").get("read_chunks", 0) > 0

@@ -103,6 +103,10 @@ class _Refused(Exception):
 
 # What a splice that can never work answers (a seccomp filter, no splice support).
 _REFUSED_ERRNOS = (errno.EPERM, errno.EACCES, errno.ENOSYS, errno.EINVAL)
+# A test hook, off unless asked for: with DLFS_MOUNT_SPLICE_FAULT=ERRNO (a name such
+# as EPERM) in the mount's environment, its first splice from an extent fails with
+# that errno, as one would under a seccomp filter installed after the start-up probe.
+FAULT_ENV_VAR = "DLFS_MOUNT_SPLICE_FAULT"
 
 
 class _Pipes:
@@ -165,6 +169,8 @@ class SpliceReads:
         self.reads = 0  # READs answered here
         self.bytes = 0
         self.stored_bytes = 0  # bytes the page push stored from the extents
+        fault = os.environ.get(FAULT_ENV_VAR, "")
+        self._fault = getattr(errno, fault, 0) if fault else 0
         self._device = session.device_fd()
 
     def close(self) -> None:
@@ -263,6 +269,11 @@ class SpliceReads:
             position, left = file_offset, length
             while left:
                 try:
+                    if self._fault:
+                        number, self._fault = self._fault, 0
+                        log.warning("fault injected: splice from an extent fails with %s",
+                                    errno.errorcode[number])
+                        raise OSError(number, os.strerror(number))
                     moved = os.splice(fd, write_end, left, offset_src=position)
                 except OSError as exc:
                     if exc.errno in _REFUSED_ERRNOS:
