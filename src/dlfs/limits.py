@@ -320,11 +320,6 @@ mount_stores_in_flight_max = 4
 # 12).  Synchronous reads are not counted; each request waiting for the
 # daemon is a trio task, so many in flight cost little.
 mount_background_requests_max = 64
-# Splice READs of a co-located mount (fuse/splicereads.py): a pipe holds one READ's
-# reply, header page included, so twice the kernel's largest READ (1 MiB); one pipe
-# per READ in flight, at most this many (kernel memory: count x bytes).
-mount_splice_pipe_bytes = 2 * MiB
-mount_splice_pipes_max = 16
 # The kernel's read-ahead window for files of the mount (the FUSE bdi's
 # read_ahead_kb, set at mount time when this process may write it; the
 # kernel's default is 128 KiB).  Sequential readers of large files (np.load
@@ -338,6 +333,13 @@ mount_kernel_read_ahead_bytes = 8 * MiB
 # on the daemon, fuse/wholereads.py), and hand the rest to the trio thread:
 # enough that 8 readers of small files still leave threads for the rest.
 mount_fuse_threads_max = 16
+# Splice READs of a co-located mount (fuse/splicereads.py): a pipe holds one READ's
+# reply, header page included, so twice the kernel's largest READ (1 MiB).  One pipe
+# per message in flight: one per libfuse worker thread, and one more for the page
+# push, whose store can wait for a page lock that only a READ's reply releases (so
+# READs must never wait for the push's pipe).  Kernel memory: count x bytes.
+mount_splice_pipe_bytes = 2 * MiB
+mount_splice_pipes_max = mount_fuse_threads_max + 2
 
 # --- FUSE mount: data --------------------------------------------------------
 # Samples up to this size are fetched whole, with their CRC32C verified, on the

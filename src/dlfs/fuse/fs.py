@@ -21,9 +21,10 @@ has no answer cached):
   cache of a file is kept across opens (the kernel's default without OPEN).
   Reads name the file by inode, which is all this file system needs.
 - read: a file up to 8 MiB: one RPC on its first read, made by the libfuse
-  worker thread that took the request (`wholereads`); larger files: see
-  `readcache` (one RPC per run of 1 MiB units, shared by concurrent readers
-  and pushed ahead into the page cache).  Nothing once the page cache
+  worker thread that took the request (`wholereads`); larger files: on the
+  daemon's host, spliced from the extent's pages by that worker thread
+  (`splicereads`, no RPC), else see `readcache` (one RPC per run of 1 MiB
+  units, shared by concurrent readers and pushed ahead into the page cache).  Nothing once the page cache
   holds the bytes.  With one dataset mounted, the first read answered
   also starts `pagepush`: the listed small files go into the page cache
   in get_batch batches, so a later first read of them costs nothing.
