@@ -230,11 +230,8 @@ def parse_stat_dataset(body) -> tuple[str, str]:
     if len(body) < STAT_DATASET.size:
         raise FrameError("a STAT_DATASET frame is shorter than its fixed part")
     name_bytes, rid_bytes, _ = STAT_DATASET.unpack_from(body)
-    at = STAT_DATASET.size
-    if len(body) != at + name_bytes + rid_bytes:
-        raise FrameError("a STAT_DATASET frame's lengths do not match its body")
-    return (_text(body[at:at + name_bytes], "dataset name"),
-            _text(body[at + name_bytes:], "request id"))
+    return _name_and_request_id(body, STAT_DATASET.size, name_bytes, rid_bytes,
+                                "a STAT_DATASET frame")
 
 
 def open_dataset(dataset: str, generation: int = 0, request_id: str = "") -> bytes:
@@ -248,11 +245,9 @@ def parse_open_dataset(body) -> tuple[str, int, str]:
     if len(body) < OPEN_DATASET.size:
         raise FrameError("an OPEN_DATASET frame is shorter than its fixed part")
     generation, name_bytes, rid_bytes, _ = OPEN_DATASET.unpack_from(body)
-    at = OPEN_DATASET.size
-    if len(body) != at + name_bytes + rid_bytes:
-        raise FrameError("an OPEN_DATASET frame's lengths do not match its body")
-    return (_text(body[at:at + name_bytes], "dataset name"), generation,
-            _text(body[at + name_bytes:], "request id"))
+    name, rid = _name_and_request_id(body, OPEN_DATASET.size, name_bytes, rid_bytes,
+                                     "an OPEN_DATASET frame")
+    return name, generation, rid
 
 
 class IngestStartRequest(NamedTuple):
@@ -276,11 +271,9 @@ def parse_ingest_start(body) -> IngestStartRequest:
     if len(body) < INGEST_START.size:
         raise FrameError("an INGEST_START frame is shorter than its fixed part")
     resume_from, flags, name_bytes, rid_bytes, _ = INGEST_START.unpack_from(body)
-    at = INGEST_START.size
-    if len(body) != at + name_bytes + rid_bytes:
-        raise FrameError("an INGEST_START frame's lengths do not match its body")
-    return IngestStartRequest(_text(body[at:at + name_bytes], "dataset name"), flags,
-                              resume_from, _text(body[at + name_bytes:], "request id"))
+    name, rid = _name_and_request_id(body, INGEST_START.size, name_bytes, rid_bytes,
+                                     "an INGEST_START frame")
+    return IngestStartRequest(name, flags, resume_from, rid)
 
 
 def piece(path: bytes, data_bytes: int, *, first: bool, last: bool, size: int = 0,
@@ -439,10 +432,17 @@ def parse_block_crcs(body) -> tuple[str, int, int, str]:
     if len(body) < BLOCK_CRCS.size:
         raise FrameError("a BLOCK_CRCS frame is shorter than its fixed part")
     generation, sample_id, name_bytes, rid_bytes, _ = BLOCK_CRCS.unpack_from(body)
-    at = BLOCK_CRCS.size
+    name, rid = _name_and_request_id(body, BLOCK_CRCS.size, name_bytes, rid_bytes,
+                                     "a BLOCK_CRCS frame")
+    return name, generation, sample_id, rid
+
+
+def _name_and_request_id(body, at: int, name_bytes: int, rid_bytes: int,
+                         what: str) -> tuple[str, str]:
+    """The dataset name and request id that end a request body at byte `at`."""
     if len(body) != at + name_bytes + rid_bytes:
-        raise FrameError("a BLOCK_CRCS frame's lengths do not match its body")
-    return (_text(body[at:at + name_bytes], "dataset name"), generation, sample_id,
+        raise FrameError(f"{what}'s lengths do not match its body")
+    return (_text(body[at:at + name_bytes], "dataset name"),
             _text(body[at + name_bytes:], "request id"))
 
 

@@ -232,6 +232,23 @@ class DirectReader:
         for extent in old.values():
             extent.close()
 
+    def _version(self, generation: int, *, check_links: bool = True):
+        """The mapped version's index, reloaded first when `generation` names another
+        or (`check_links`, one fstat) the daemon unlinked the mapped one.  Raises
+        StaleGeneration when the version asked for is no longer served."""
+        if (generation and generation != self._index.generation) or \
+                (check_links and self._replaced()):
+            self._load()
+        index = self._index
+        if generation and generation != index.generation:
+            raise self._stale(generation, index)
+        return index
+
+    def _stale(self, generation: int, index) -> StaleGeneration:
+        return StaleGeneration(
+            f"dataset {self._dataset!r} was replaced: version {generation} is no longer "
+            f"served (the current one is {index.generation}); open it again")
+
     def _replaced(self) -> bool:
         """Whether the daemon unlinked this version's extents (one fstat)."""
         return self._sentinel >= 0 and os.fstat(self._sentinel).st_nlink == 0
@@ -243,13 +260,7 @@ class DirectReader:
         StaleGeneration when the daemon now has another (the mapped one is
         reloaded first if it was replaced).
         """
-        if self._replaced() or (generation and generation != self._index.generation):
-            self._load()
-        index = self._index
-        if generation and generation != index.generation:
-            raise StaleGeneration(
-                f"dataset {self._dataset!r} was replaced: version {generation} is no longer "
-                f"served (the current one is {index.generation}); open it again")
+        self._version(generation)
         return self._read(ids, verify)
 
     def read_range(self, sample_id: int, offset: int, length: int, *, verify: bool = True,
@@ -264,13 +275,7 @@ class DirectReader:
         before block CRCs cannot be checked in part.  Raises what get_batch
         does, DataCorruption naming the block.
         """
-        if self._replaced() or (generation and generation != self._index.generation):
-            self._load()
-        index = self._index
-        if generation and generation != index.generation:
-            raise StaleGeneration(
-                f"dataset {self._dataset!r} was replaced: version {generation} is no longer "
-                f"served (the current one is {index.generation}); open it again")
+        index = self._version(generation)
         if offset < 0 or length < 0:
             raise InvalidArgument(f"a range needs offset and length >= 0, not {offset} and "
                                   f"{length}")
@@ -302,15 +307,11 @@ class DirectReader:
         meanwhile: read it another way.  Raises what read_range does."""
         # A part of a named version needs no fstat: the mapped version serves it or
         # is reloaded (then the new one serves it, or StaleGeneration).
-        if (generation and generation != self._index.generation) or \
-                (not generation and self._replaced()):
-            self._load()
+        self._version(generation, check_links=not generation)
         with self._lock:
             index, extents = self._index, self._extents
         if generation and generation != index.generation:
-            raise StaleGeneration(
-                f"dataset {self._dataset!r} was replaced: version {generation} is no longer "
-                f"served (the current one is {index.generation}); open it again")
+            raise self._stale(generation, index)
         whole = self._sample_view(index, extents, sample_id)
         size = len(whole)
         start = min(max(offset, 0), size)
