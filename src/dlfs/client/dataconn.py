@@ -476,11 +476,25 @@ class _Checker:
         if self.first_byte is not None:
             hi = self.first_byte + self.ends[i]
             block = (hi - len(self.samples[i]), hi)
+        label = self.label
         error = checksum_mismatch(block_prefix(block) + f"sample {sample_id} of dataset "
-                                  f"{self.dataset!r}", self.label, expected, got)
-        error.sample_id, error.expected, error.got = sample_id, expected, got
-        error.endpoint, error.block = self.label, block
+                                  f"{self.dataset!r}", label, expected, got)
+        # What DataPathTransport needs to name the sample's path (`named_checksum_error`).
+        error.sample_id, error.block = sample_id, block
+        error.renamed = lambda what: checksum_mismatch(what, label, expected, got)
         return error
+
+
+def named_checksum_error(exc: DataCorruption, describe) -> DataCorruption:
+    """`exc` naming its sample as `describe(sample_id)` does (a path, say) when it is a
+    checksum mismatch that says how to (`sample_id`, `block`, `renamed`), logged; any
+    other DataCorruption as it is."""
+    sample_id = getattr(exc, "sample_id", None)
+    if sample_id is None:
+        return exc
+    error = exc.renamed(block_prefix(exc.block) + describe(sample_id))
+    log.error("%s", error.message)
+    return error
 
 
 def block_prefix(block: tuple[int, int] | None) -> str:

@@ -25,7 +25,7 @@ import numpy as np
 from dlfs import datawire, limits, logs
 from dlfs.client.buffers import BufferPool
 from dlfs.client.channel import grpc_usable
-from dlfs.client.dataconn import block_prefix, checksum_mismatch
+from dlfs.client.dataconn import named_checksum_error
 from dlfs.client.datapath import DataPath, endpoints
 from dlfs.client.requests import batch_size
 from dlfs.client.retry import call_with_retry
@@ -205,14 +205,7 @@ class DataPathTransport(DaemonTransport):
         except _NoDataPath:
             return fallback()
         except DataCorruption as exc:
-            sample_id = getattr(exc, "sample_id", None)
-            if sample_id is None:
-                raise
-            error = checksum_mismatch(
-                block_prefix(getattr(exc, "block", None)) + self._describe(dataset, sample_id),
-                exc.endpoint, exc.expected, exc.got)
-            log.error("%s", error.message)
-            raise error from None
+            raise self._with_path(exc, dataset) from None
         except Unavailable as exc:
             if self._worked:
                 raise
@@ -235,6 +228,11 @@ class DataPathTransport(DaemonTransport):
             self._data = _UNKNOWN if data is not None else None
         if isinstance(current, DataPath):
             current.close()
+
+    def _with_path(self, exc: DataCorruption, dataset: str) -> DataCorruption:
+        """A checksum mismatch naming the sample's path too (one Lookup, on this error
+        only), logged (dataconn.named_checksum_error)."""
+        return named_checksum_error(exc, lambda sample_id: self._describe(dataset, sample_id))
 
     def _describe(self, dataset: str, sample_id: int) -> str:
         """Sample ID 'PATH' of dataset 'NAME', for error messages (the path if it can be had)."""

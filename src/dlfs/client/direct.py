@@ -19,7 +19,6 @@ for any client.
 
 from __future__ import annotations
 
-import logging
 import mmap
 import os
 import threading
@@ -40,8 +39,6 @@ from dlfs.errors import (
     Unavailable,
 )
 from dlfs.proto import dlfs_pb2 as pb
-
-log = logging.getLogger(__name__)
 
 
 class DirectTransport(DataPathTransport):
@@ -117,17 +114,6 @@ class DirectTransport(DataPathTransport):
             if len(piece) < part.length or (request.length and left <= 0):
                 return
 
-    def _with_path(self, exc: DataCorruption, dataset: str) -> DataCorruption:
-        """`exc` naming the sample's path too (one Lookup, on this error only), logged."""
-        sample_id = getattr(exc, "sample_id", None)
-        if sample_id is None:
-            return exc
-        block = getattr(exc, "block", None)
-        error = _mismatch(block_prefix(block) + self._describe(dataset, sample_id), sample_id,
-                          block, exc.expected, exc.got)
-        log.error("%s", error.message)
-        return error
-
     def extent_reader(self, dataset: str) -> "DirectReader":
         """The dataset's `DirectReader` (its extents mapped; fetched at the first call)."""
         return self._reader(dataset)
@@ -189,7 +175,7 @@ class DirectReader:
         self._dataset = dataset
         self._lock = threading.Lock()
         self._extents: dict[int, _Extent] = {}
-        # sample id -> (block bytes, CRC32C per block or None), of the mapped version;
+        # (generation, sample id) -> (block bytes, CRC32C per block or None);
         # asked of the daemon at a sample's first partial read, at most
         # `limits.direct_block_crc_samples_max` kept (oldest dropped first).
         self._block_crcs: dict[int, tuple[int, np.ndarray | None]] = {}
@@ -231,6 +217,15 @@ class DirectReader:
             old, self._extents = self._extents, {}
         for extent in old.values():
             extent.close()
+
+    def _snapshot(self, generation: int, *, check_links: bool = True):
+        """(index, extents) of the version to read, taken together (see `_version`)."""
+        self._version(generation, check_links=check_links)
+        with self._lock:
+            index, extents = self._index, self._extents
+        if generation and generation != index.generation:
+            raise self._stale(generation, index)
+        return index, extents
 
     def _version(self, generation: int, *, check_links: bool = True):
         """The mapped version's index, reloaded first when `generation` names another
@@ -275,26 +270,23 @@ class DirectReader:
         before block CRCs cannot be checked in part.  Raises what get_batch
         does, DataCorruption naming the block.
         """
-        index = self._version(generation)
+        index, extents = self._snapshot(generation)
         if offset < 0 or length < 0:
             raise InvalidArgument(f"a range needs offset and length >= 0, not {offset} and "
                                   f"{length}")
-        size = int(index.length[sample_id]) if 0 <= sample_id < index.samples else 0
+        whole = self._sample_view(index, extents, sample_id)
+        size = len(whole)
         start = min(offset, size)
         stop = size if length == 0 else min(size, start + length)
         if start == 0 and stop == size:
             return self._read([sample_id], verify)[0]
-        whole = self._read([sample_id], False, advise=False)  # checks the id and extent
         if start < stop:
-            # Only the part (and the blocks around it) is read: advise just those pages.
-            extent_no, base = int(index.extent[sample_id]), int(index.offset[sample_id])
-            first, last = blockcrc.widen(start, stop, size, limits.crc_block_bytes)
-            piece = ([extent_no], [base + first], [last - first])
-            if self._looks_cold(self._extents, *piece):
-                _advise_willneed(self._extents, *piece)
-        if verify and start < stop:
-            self._verify_blocks(index, sample_id, whole[0], start, stop)
-        return whole[0][start:stop]
+            block_bytes, crcs = (self._crcs_of(index, sample_id) if verify
+                                 else (limits.crc_block_bytes, None))
+            self._advise_blocks(index, extents, sample_id, start, stop, block_bytes)
+            if crcs is not None:  # None: ingested before block CRCs, nothing to check against
+                self._verify_blocks(sample_id, whole, start, stop, block_bytes, crcs)
+        return whole[start:stop]
 
     def extent_part(self, sample_id: int, offset: int, length: int, *, generation: int = 0
                     ) -> tuple[int, int, int] | None:
@@ -307,11 +299,7 @@ class DirectReader:
         meanwhile: read it another way.  Raises what read_range does."""
         # A part of a named version needs no fstat: the mapped version serves it or
         # is reloaded (then the new one serves it, or StaleGeneration).
-        self._version(generation, check_links=not generation)
-        with self._lock:
-            index, extents = self._index, self._extents
-        if generation and generation != index.generation:
-            raise self._stale(generation, index)
+        index, extents = self._snapshot(generation, check_links=not generation)
         whole = self._sample_view(index, extents, sample_id)
         size = len(whole)
         start = min(max(offset, 0), size)
@@ -326,12 +314,9 @@ class DirectReader:
             raise
         if crcs is None:
             return None
+        self._advise_blocks(index, extents, sample_id, start, stop, block_bytes)
+        self._verify_blocks(sample_id, whole, start, stop, block_bytes, crcs)
         extent_no, base = int(index.extent[sample_id]), int(index.offset[sample_id])
-        first, last = blockcrc.widen(start, stop, size, block_bytes)
-        piece = ([extent_no], [base + first], [last - first])
-        if self._looks_cold(extents, *piece):
-            _advise_willneed(extents, *piece)
-        self._verify_blocks(index, sample_id, whole, start, stop)
         try:
             fd = os.dup(extents[extent_no].fd)
         except OSError:
@@ -364,11 +349,19 @@ class DirectReader:
                 "the dataset")
         return extent.view[base:base + size]
 
-    def _verify_blocks(self, index, sample_id: int, whole: memoryview, start: int,
-                       stop: int) -> None:
-        block_bytes, crcs = self._crcs_of(index, sample_id)
-        if crcs is None:
-            return  # ingested before block CRCs: nothing to check a part against
+    def _advise_blocks(self, index, extents, sample_id: int, start: int, stop: int,
+                       block_bytes: int) -> None:
+        """Only a part of the sample is read (and the blocks around it, to check them):
+        advise just those pages when they look cold."""
+        first, last = blockcrc.widen(start, stop, int(index.length[sample_id]), block_bytes)
+        piece = ([int(index.extent[sample_id])], [int(index.offset[sample_id]) + first],
+                 [last - first])
+        if self._looks_cold(extents, *piece):
+            _advise_willneed(extents, *piece)
+
+    def _verify_blocks(self, sample_id: int, whole: memoryview, start: int, stop: int,
+                       block_bytes: int, crcs: np.ndarray) -> None:
+        """Check the blocks of `whole` (one sample) around bytes [start, stop)."""
         first, last = blockcrc.widen(start, stop, len(whole), block_bytes)
         k0 = first // block_bytes
         blocks = [whole[b:min(b + block_bytes, last)] for b in range(first, last, block_bytes)]
@@ -382,17 +375,19 @@ class DirectReader:
                             f"{self._dataset!r}", sample_id, block, expected[k], got)
 
     def _crcs_of(self, index, sample_id: int) -> tuple[int, np.ndarray | None]:
-        known = self._block_crcs.get(sample_id)
+        """(block bytes, CRC32C per block or None) of a sample of version `index`."""
+        key = (index.generation, sample_id)  # a reload meanwhile must not mix versions
+        known = self._block_crcs.get(key)
         if known is not None:
             return known
-        generation, block_bytes, crcs = self._data_path.block_crcs(
+        _generation, block_bytes, crcs = self._data_path.block_crcs(
             self._dataset, sample_id, index.generation)
         known = (block_bytes, crcs)
         with self._lock:
             if self._index is index:
                 if len(self._block_crcs) >= limits.direct_block_crc_samples_max:
                     del self._block_crcs[next(iter(self._block_crcs))]
-                self._block_crcs[sample_id] = known
+                self._block_crcs[key] = known
         return known
 
     def prefetch(self, ids) -> None:
@@ -472,7 +467,9 @@ def _mismatch(what: str, sample_id: int, block, expected: int, got: int) -> Data
     error = DataCorruption(f"checksum mismatch for {what}: stored CRC32C {expected:08x}, "
                            f"read {got:08x}; the extent is damaged (`dlfs scrub` lists the "
                            "damaged samples)")
-    error.sample_id, error.block, error.expected, error.got = sample_id, block, expected, got
+    # What the transport needs to name the sample's path (dataconn.named_checksum_error).
+    error.sample_id, error.block = sample_id, block
+    error.renamed = lambda other: _mismatch(other, sample_id, block, expected, got)
     return error
 
 

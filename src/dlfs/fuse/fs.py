@@ -24,8 +24,8 @@ has no answer cached):
   worker thread that took the request (`wholereads`); larger files: on the
   daemon's host, spliced from the extent's pages by that worker thread
   (`splicereads`, no RPC), else see `readcache` (one RPC per run of 1 MiB
-  units, shared by concurrent readers and pushed ahead into the page cache).  Nothing once the page cache
-  holds the bytes.  With one dataset mounted, the first read answered
+  units, shared by concurrent readers and pushed ahead into the page
+  cache).  Nothing once the page cache holds the bytes.  With one dataset mounted, the first read answered
   also starts `pagepush`: the listed small files go into the page cache
   in get_batch batches, so a later first read of them costs nothing.
 - opendir / readdirplus: one ListDir RPC per `dir_page_entries` entries;

@@ -45,6 +45,7 @@ from typing import Callable
 
 from dlfs import errors
 from dlfs import limits as fuse_limits
+from dlfs.client.dataconn import named_checksum_error
 from dlfs.fuse.attributes import read_generation
 from dlfs.fuse.inodes import Node
 
@@ -181,18 +182,7 @@ class SpliceReads:
         cannot, and the caller answers it.  Raises DlfsError (StaleGeneration,
         DataCorruption, ...) for the caller to turn into an errno, and logs a
         damaged block naming the sample."""
-        if self.off_reason or node.sample_id < 0:
-            return False
-        reader = self._reader(node.dataset)
-        if reader is None:
-            return False
-        try:
-            part = reader.extent_part(node.sample_id, offset, size,
-                                      generation=read_generation(node))
-        except errors.DataCorruption as exc:  # name the file, as reads through the daemon do
-            named = f"sample {node.sample_id} {node.path!r} of"
-            raise errors.DataCorruption(
-                exc.message.replace(f"sample {node.sample_id} of", named, 1)) from None
+        part = self._part(node, offset, size)
         if part is None:
             return False
         fd, file_offset, length = part
@@ -223,13 +213,7 @@ class SpliceReads:
         around them were checked: the page push of large files.  False when this path
         cannot (then fetch and store them the usual way).  Raises what `read` raises;
         OSError ENOENT when the kernel forgot the inode."""
-        if self.off_reason or node.sample_id < 0:
-            return False
-        reader = self._reader(node.dataset)
-        if reader is None:
-            return False
-        part = reader.extent_part(node.sample_id, offset, length,
-                                  generation=read_generation(node))
+        part = self._part(node, offset, length)
         if part is None:
             return False
         fd, file_offset, length = part
@@ -250,6 +234,22 @@ class SpliceReads:
             os.close(fd)
         self.stored_bytes += length
         return True
+
+    def _part(self, node: Node, offset: int, length: int) -> tuple[int, int, int] | None:
+        """(descriptor, offset in the extent, bytes) of a checked part of `node`
+        (`DirectReader.extent_part`), or None when this path cannot serve it.  A
+        damaged block is raised naming the file, as reads through the daemon do."""
+        if self.off_reason or node.sample_id < 0:
+            return None
+        reader = self._reader(node.dataset)
+        if reader is None:
+            return None
+        try:
+            return reader.extent_part(node.sample_id, offset, length,
+                                      generation=read_generation(node))
+        except errors.DataCorruption as exc:
+            raise named_checksum_error(exc, lambda sample_id: f"sample {sample_id} "
+                                       f"{node.path!r} of dataset {node.dataset!r}") from None
 
     def _fits(self, file_offset: int, length: int) -> bool:
         """Whether the header's page and the pages the part spans fit one pipe."""

@@ -128,14 +128,14 @@ def send(sock: socket.socket, files: ExtentFiles, dataset_id: int, pieces: Piece
         if before is not None:
             before()
         timeout = sock.gettimeout()
-        _send_bytes(sock, head, timeout)
+        sock.sendall(head)
         out = sock.fileno()
         pieces_left = zip(extent.tolist(), fds.tolist(), offset.tolist(), size.tolist())
         for index, (extent_no, fd, start, length) in enumerate(pieces_left):
             got = _sendfile(out, fd, start, length, timeout)
             if got < length:
                 # Keep the framing whole: the rest of the window as zeros, then the error.
-                _send_bytes(sock, bytes(int(size[index:].sum()) - got), timeout)
+                sock.sendall(bytes(int(size[index:].sum()) - got))
                 raise ShortRead(extent_no, start, length, got)
     return True
 
@@ -153,17 +153,6 @@ def _sendfile(out: int, fd: int, offset: int, count: int, timeout: float | None)
             break
         sent += n
     return sent
-
-
-def _send_bytes(sock: socket.socket, data: bytes, timeout: float | None) -> None:
-    view = memoryview(data)
-    while view:
-        try:
-            n = os.write(sock.fileno(), view)
-        except BlockingIOError:
-            _wait_writable(sock.fileno(), timeout)
-            continue
-        view = view[n:]
 
 
 def _wait_writable(fd: int, timeout: float | None) -> None:
