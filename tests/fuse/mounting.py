@@ -67,6 +67,11 @@ def splice_pipes():
             f.write(before)
 
 
+def extent_reads(mount: MountProcess) -> dict:
+    """What the mount read whole from the daemon's extents so far ({"files": N, "bytes": B})."""
+    return mount.request_counts(label="extent reads")
+
+
 def splice_reads(mount: MountProcess) -> dict:
     """What the mount answered by splice so far ({"reads": N, "bytes": B, "off": why})."""
     return mount.request_counts(label="splice reads")

@@ -15,6 +15,7 @@ import pytest
 
 from conftest import unique_name, write_tree
 from dlfs import Client
+import mounting
 from mounting import mount_factory, page_cache_holds, requires_fuse  # noqa: F401 (fixture)
 
 pytestmark = requires_fuse
@@ -88,19 +89,28 @@ def test_reads_name_the_inode_without_open(small_dataset, mount_factory):
     assert after.get("open", 0) == before.get("open", 0) <= 1
 
 
+@pytest.mark.parametrize("extent_reads", ["auto", "off"])
 def test_paths_opened_without_a_listing_cost_one_listing_per_directory(small_dataset,
-                                                                       mount_factory):
+                                                                       mount_factory,
+                                                                       extent_reads):
     """A reader that knows its paths (a file list) and never lists: the first
-    lookup in a directory lists it, the others are answered from memory."""
+    lookup in a directory lists it, the others are answered from memory.  Each
+    file's bytes: one read of the extents (this mount is on the daemon's host),
+    or with `--extent-reads off` one whole-sample read through the daemon."""
     address, name, tree = small_dataset
-    m = mount_factory(address, "--dataset", name)
+    m = mount_factory(address, "--dataset", name, "--extent-reads", extent_reads)
     for rel in sorted(tree):
         with open(os.path.join(m.mountpoint, *rel.split("/")), "rb") as f:
             assert f.read() == tree[rel]
     calls = m.request_counts(label="daemon calls")
     assert calls.get("stat", 0) == 0, calls  # every name came with its directory
     assert calls["list_page"] == 2, calls  # the root and sub/
-    assert calls["read"] == len(tree), calls  # one whole-sample read per file
+    if extent_reads == "auto":  # read on demand, or by the page push the first read started
+        assert "read" not in calls, calls
+        counted = mounting.extent_reads(m)
+        assert counted["files"] + counted["batched_files"] >= len(tree), counted
+    else:
+        assert calls["read"] == len(tree), calls
 
 
 def test_a_sequential_reader_of_a_large_file_gets_large_reads(shared_daemon, tmp_path,

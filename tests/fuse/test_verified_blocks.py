@@ -16,12 +16,13 @@ from mounting import mount_factory, requires_fuse, splice_pipes, splice_reads  #
 pytestmark = requires_fuse
 
 
-@pytest.mark.parametrize("splice", ["off", "auto"], ids=["through-daemon", "splice"])
+@pytest.mark.parametrize("extent_reads", ["off", "auto"], ids=["through-daemon", "extents"])
 def test_a_damaged_block_is_eio_through_the_mount_and_other_blocks_read(
-        daemon, mount_factory, tmp_path, splice, request):
-    """Large files through the daemon's data path, and (co-located, `--splice auto`)
-    from the extent's pages, checked by the mount against the blocks' CRC32Cs."""
-    if splice == "auto":
+        daemon, mount_factory, tmp_path, extent_reads, request):
+    """Files through the daemon's data path, and (co-located, `--extent-reads auto`)
+    from the extents: large ones spliced from their pages, checked by the mount
+    against the blocks' CRC32Cs, the others read whole and checked whole."""
+    if extent_reads == "auto":
         request.getfixturevalue("splice_pipes")
     files = big_tree(tmp_path / "src")
     write_tree(tmp_path / "src", {"mid.bin": files["big.bin"][:6 * MiB]})  # fetched whole
@@ -29,7 +30,7 @@ def test_a_damaged_block_is_eio_through_the_mount_and_other_blocks_read(
         client.ingest(str(tmp_path / "src"), "ds")
     flip_byte(daemon, "ds", 0, BAD_BLOCK * MiB + 777)  # big.bin
     flip_byte(daemon, "ds", 1, BAD_BLOCK * MiB + 777)  # mid.bin
-    mount = mount_factory(daemon.address, "--dataset", "ds", "--splice", splice)
+    mount = mount_factory(daemon.address, "--dataset", "ds", "--extent-reads", extent_reads)
     good = files["big.bin"]
     path = os.path.join(mount.mountpoint, "big.bin")
     fd = os.open(path, os.O_RDONLY)
@@ -58,6 +59,8 @@ def test_a_damaged_block_is_eio_through_the_mount_and_other_blocks_read(
     # daemon checks before sending on the gRPC stream only; `dlfs scrub`
     # names the block on the daemon's side).
     assert "'big.bin'" in mount.log() and "checksum mismatch" in mount.log()
-    if splice == "auto":  # the large file's good blocks came from the extent, by splice
+    assert "'mid.bin'" in mount.log()
+    if extent_reads == "auto":  # the large file's good blocks came from the extent, by splice
         assert splice_reads(mount)["reads"] >= 4
-        assert mount.request_counts(label="daemon calls").get("read_chunks", 0) == 0
+        calls = mount.request_counts(label="daemon calls")
+        assert calls.get("read_chunks", 0) == calls.get("read", 0) == 0

@@ -23,6 +23,7 @@ import mmap
 import os
 import threading
 
+import crc32c
 import numpy as np
 
 from dlfs import blockcrc, layout, limits
@@ -257,6 +258,24 @@ class DirectReader:
         """
         self._version(generation)
         return self._read(ids, verify)
+
+    def sample(self, sample_id: int, *, generation: int = 0) -> memoryview:
+        """One whole sample, CRC32C verified, as a read-only view of the mapped extent:
+        what `get_batch([sample_id])` returns, without its per-batch array work (a
+        mount reads one file at a time; that work was most of its cost).  Raises what
+        get_batch does."""
+        index, extents = self._snapshot(generation)
+        view = self._sample_view(index, extents, sample_id)
+        extent_no, offset = int(index.extent[sample_id]), int(index.offset[sample_id])
+        piece = ([extent_no], [offset], [len(view)])
+        if self._looks_cold(extents, *piece):
+            _advise_willneed(extents, *piece)
+        expected = int(index.crc[sample_id])
+        got = crc32c.crc32c(view)
+        if got != expected:
+            raise _mismatch(f"sample {sample_id} of dataset {self._dataset!r}", sample_id,
+                            None, expected, got)
+        return view
 
     def read_range(self, sample_id: int, offset: int, length: int, *, verify: bool = True,
                    generation: int = 0) -> memoryview:

@@ -66,7 +66,9 @@ class Backend:
             if self._direct is None:
                 self._direct = Client(self.address, direct=True, **self._direct_options)
             direct = self._direct
-        return direct.transport.extent_reader(dataset)
+        # A daemon call (OPEN_DATASET the first time): counted, and its failures say the
+        # daemon is down as every call's do.
+        return self._run("extent_reader", lambda _c: direct.transport.extent_reader(dataset))
 
     def reserve_reply_buffers(self, size: int, count: int) -> int:
         """Fault in `count` reply buffers of `size` bytes for the data path's

@@ -20,10 +20,11 @@ has no answer cached):
   of a file whose name is cached costs no request at all, and the page
   cache of a file is kept across opens (the kernel's default without OPEN).
   Reads name the file by inode, which is all this file system needs.
-- read: a file up to 8 MiB: one RPC on its first read, made by the libfuse
-  worker thread that took the request (`wholereads`); larger files: on the
-  daemon's host, spliced from the extent's pages by that worker thread
-  (`splicereads`, no RPC), else see `readcache` (one RPC per run of 1 MiB
+- read: a file up to 8 MiB: read whole on its first read by the libfuse
+  worker thread that took the request (`wholereads`): on the daemon's host
+  from the mapped extent, checked there (`extentreads`, no RPC), else one
+  RPC; larger files: on the daemon's host, spliced from the extent's pages
+  by that worker thread (`splicereads`, no RPC), else see `readcache` (one RPC per run of 1 MiB
   units, shared by concurrent readers and pushed ahead into the page
   cache).  Nothing once the page cache holds the bytes.  With one dataset mounted, the first read answered
   also starts `pagepush`: the listed small files go into the page cache
@@ -81,6 +82,7 @@ from dlfs.fuse.names import Names
 from dlfs.fuse.pagepush import PagePush
 from dlfs.fuse.readcache import ReadCache
 from dlfs.fuse.session import Session, inline
+from dlfs.fuse.extentreads import ExtentReaders
 from dlfs.fuse.splicereads import SpliceReads
 from dlfs.fuse.wholereads import WholeReads
 
@@ -153,7 +155,9 @@ class DlfsOperations:
         self._session: Session | None = None
         self._statfs_last: tuple[int, int] = (0, 0)
         self._report_failure = FailureLog()
-        # Large files answered from the daemon's extent pages (co-located; set by main).
+        # The daemon's extents, on its host (set by main): small files read whole from
+        # them, large files spliced from their pages.
+        self.extents: ExtentReaders | None = None
         self.splice: SpliceReads | None = None
 
     def start(self, nursery: trio.Nursery, session: Session) -> None:
@@ -422,6 +426,10 @@ class DlfsOperations:
         return self.backend.warm_budget_bytes(self.table.root.dataset)
 
     def _fetch_batch(self, nodes: list[Node]) -> list[memoryview]:
+        if self.extents is not None:
+            datas = self.extents.batch(nodes)
+            if datas is not None:
+                return datas
         return self.backend.read_batch(nodes[0].dataset, [n.sample_id for n in nodes],
                                        read_generation(nodes[0]))
 
@@ -435,12 +443,15 @@ class DlfsOperations:
     def _store_from_extent(self, node: Node, offset: int, length: int) -> bool:
         return self.splice is not None and self.splice.store(node, offset, length)
 
-    def _fetch_whole_blocking(self, node: Node) -> memoryview:  # in a libfuse worker thread
+    def _fetch_whole_blocking(self, node: Node) -> memoryview:  # blocks: a worker thread
+        if self.extents is not None:
+            data = self.extents.whole(node)
+            if data is not None:
+                return data
         return self.backend.read(node.dataset, node.read_key, 0, 0, read_generation(node))
 
     async def _fetch_whole(self, node: Node) -> memoryview:
-        return await self._thread(self.backend.read, node.dataset, node.read_key, 0, 0,
-                                  read_generation(node))
+        return await self._thread(self._fetch_whole_blocking, node)
 
     async def _fetch_range(self, node: Node, offset: int, length: int,
                            deliver: Callable[[int, memoryview], None]) -> int:

@@ -35,6 +35,7 @@ from dlfs.fuse.attributes import DIR_MODE, dataset_attrs, dataset_key
 from dlfs.fuse.fs import DlfsOperations
 from dlfs.fuse.inodes import ROOT_KEY, Attrs
 from dlfs.fuse.session import MountFailed, Session
+from dlfs.fuse.extentreads import ExtentReaders
 from dlfs.fuse.splicereads import SpliceReads
 
 log = logging.getLogger("dlfs.fuse")
@@ -87,11 +88,16 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="once the mount answers, write the pid of the process serving it "
                              "to PATH (an old PATH is removed at start); for scripts and "
                              "supervisors that wait for the mount")
+    parser.add_argument("--extent-reads", choices=("auto", "off"), default="auto",
+                        help="auto (default): on the daemon's host, read files from the "
+                             "daemon's extents (descriptors it passes over its Unix socket), "
+                             "checked against their CRC32Cs, without a round trip; off: "
+                             "always through the daemon (also turns --splice off)")
     parser.add_argument("--splice", choices=("auto", "off"), default="auto",
-                        help="auto (default): on the daemon's host, answer reads of large "
+                        help="auto (default): with extent reads, answer reads of large "
                              "files from the daemon's extent pages by splice (needs pipes of "
                              "2 MiB: fs.pipe-max-size >= 2097152 or CAP_SYS_RESOURCE); off: "
-                             "always through the daemon")
+                             "large files through the daemon")
     parser.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     for name in ("cache_timeout", "reconnect_timeout", "metadata_timeout", "read_timeout"):
@@ -239,7 +245,9 @@ def run_foreground(args: argparse.Namespace) -> int:
                               max_background=fuse_limits.mount_background_requests_max)
         except (MountFailed, lowlevel.LibfuseMissing) as exc:
             raise MountError(f"{exc}; see the libfuse message above") from None
-        operations.splice = _splice_reads(args.splice, session, backend)
+        if args.extent_reads == "auto":
+            operations.extents = ExtentReaders(backend.extent_reader)
+            operations.splice = _splice_reads(args.splice, session, operations.extents)
         try:
             trio.run(_serve, session, operations, args, what)
         finally:
@@ -248,7 +256,7 @@ def run_foreground(args: argparse.Namespace) -> int:
             session.close()
             if operations.splice is not None:
                 operations.splice.close()
-            _log_counts(session, backend, operations.splice)
+            _log_counts(session, backend, operations.extents, operations.splice)
         log.info("unmounted %s", args.mountpoint)
         return 0
     finally:
@@ -281,7 +289,8 @@ async def _serve(session: Session, operations: DlfsOperations, args: argparse.Na
 
         nursery.start_soon(run_fuse)
         nursery.start_soon(_stop_on_signal, session, nursery)
-        nursery.start_soon(_counts_on_signal, session, operations.backend, operations.splice)
+        nursery.start_soon(_counts_on_signal, session, operations.backend, operations.extents,
+                           operations.splice)
         nursery.start_soon(operations.follow_root_version)
         try:
             # A stat of the root goes through this very loop: once it answers,
@@ -339,13 +348,14 @@ async def _stop_on_signal(session: Session, nursery: trio.Nursery) -> None:
 
 
 async def _counts_on_signal(session: Session, backend: Backend,
+                            extents: ExtentReaders | None = None,
                             splice: SpliceReads | None = None) -> None:
     with trio.open_signal_receiver(signal.SIGUSR1) as signals:
         async for _ in signals:
-            _log_counts(session, backend, splice)
+            _log_counts(session, backend, extents, splice)
 
 
-def _splice_reads(mode: str, session: Session, backend: Backend) -> SpliceReads | None:
+def _splice_reads(mode: str, session: Session, extents: ExtentReaders) -> SpliceReads | None:
     """The splice READ path (fuse/splicereads.py), or None (off, or pipes too small)."""
     if mode == "off":
         return None
@@ -353,15 +363,19 @@ def _splice_reads(mode: str, session: Session, backend: Backend) -> SpliceReads 
     if reason:
         log.info("large files are read through the daemon: %s", reason)
         return None
-    return SpliceReads(session, backend.extent_reader)
+    return SpliceReads(session, extents)
 
 
-def _log_counts(session: Session, backend: Backend, splice: SpliceReads | None = None) -> None:
+def _log_counts(session: Session, backend: Backend, extents: ExtentReaders | None = None,
+                splice: SpliceReads | None = None) -> None:
     """Two lines: the requests the kernel sent and the calls made to the
     daemon, by kind (`dlfs.launch.MountProcess.request_counts` parses them);
-    a third for the READs answered by splice."""
+    one for the files read from the extents and one for the READs answered
+    by splice."""
     log.info("daemon calls: %s", json.dumps(dict(sorted(backend.calls.items()))))
     log.info("requests: %s", json.dumps(dict(sorted(session.counts.items()))))
+    if extents is not None:
+        log.info("extent reads: %s", json.dumps(extents.counts()))
     if splice is not None:
         log.info("splice reads: %s", json.dumps({"reads": splice.reads, "bytes": splice.bytes,
                                                  "stored_bytes": splice.stored_bytes,

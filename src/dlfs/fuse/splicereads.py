@@ -41,12 +41,10 @@ import logging
 import os
 import struct
 import threading
-from typing import Callable
 
 from dlfs import errors
 from dlfs import limits as fuse_limits
-from dlfs.client.dataconn import named_checksum_error
-from dlfs.fuse.attributes import read_generation
+from dlfs.fuse.extentreads import ExtentReaders
 from dlfs.fuse.inodes import Node
 
 log = logging.getLogger(__name__)
@@ -61,9 +59,6 @@ _NOTIFY_STORE = struct.Struct("<QQII")
 _FUSE_NOTIFY_STORE = 4
 # Where libfuse 3 keeps `unique` in its private struct fuse_req: after `se`.
 _UNIQUE_OFFSET = ctypes.sizeof(ctypes.c_void_p)
-
-# Reads the extents: (dataset) -> an object with `extent_part` (client/direct.py).
-OpenReader = Callable[[str], object]
 
 
 def pipe_bytes_available(wanted: int = fuse_limits.mount_splice_pipe_bytes) -> str:
@@ -153,19 +148,16 @@ class _Pipes:
 class SpliceReads:
     """Answers READs of large files from the extents (see the module docstring).
 
-    `read` runs in libfuse's worker threads.  `open_reader(dataset)` returns
-    the dataset's extent reader or raises (then that dataset's READs go the
-    usual way, said once in the log).
+    `read` runs in libfuse's worker threads.  The parts come checked from
+    `extents` (a dataset without extents here: its READs go the usual way).
     """
 
-    def __init__(self, session, open_reader: OpenReader, *,
+    def __init__(self, session, extents: ExtentReaders, *,
                  pipe_bytes: int = fuse_limits.mount_splice_pipe_bytes,
                  pipes_max: int = fuse_limits.mount_splice_pipes_max):
         self._session = session
-        self._open_reader = open_reader
+        self._extents = extents
         self._pipes = _Pipes(pipe_bytes, pipes_max)
-        self._readers: dict[str, object | None] = {}
-        self._lock = threading.Lock()
         self.off_reason = ""  # set once this path turned itself off
         self.reads = 0  # READs answered here
         self.bytes = 0
@@ -236,20 +228,11 @@ class SpliceReads:
         return True
 
     def _part(self, node: Node, offset: int, length: int) -> tuple[int, int, int] | None:
-        """(descriptor, offset in the extent, bytes) of a checked part of `node`
-        (`DirectReader.extent_part`), or None when this path cannot serve it.  A
-        damaged block is raised naming the file, as reads through the daemon do."""
-        if self.off_reason or node.sample_id < 0:
+        """(descriptor, offset in the extent, bytes) of a checked part of `node`, or None
+        when this path cannot serve it (a damaged block raises, naming the file)."""
+        if self.off_reason:
             return None
-        reader = self._reader(node.dataset)
-        if reader is None:
-            return None
-        try:
-            return reader.extent_part(node.sample_id, offset, length,
-                                      generation=read_generation(node))
-        except errors.DataCorruption as exc:
-            raise named_checksum_error(exc, lambda sample_id: f"sample {sample_id} "
-                                       f"{node.path!r} of dataset {node.dataset!r}") from None
+        return self._extents.part(node, offset, length)
 
     def _fits(self, file_offset: int, length: int) -> bool:
         """Whether the header's page and the pages the part spans fit one pipe."""
@@ -300,19 +283,6 @@ class SpliceReads:
         finally:
             self._pipes.give_back(pipe, empty=empty)
         return True
-
-    def _reader(self, dataset: str):
-        with self._lock:
-            if dataset in self._readers:
-                return self._readers[dataset]
-        try:
-            reader = self._open_reader(dataset)
-        except errors.DlfsError as exc:
-            log.warning("large files of dataset %r are read through the daemon, not from its "
-                        "extents: %s", dataset, exc)
-            reader = None
-        with self._lock:
-            return self._readers.setdefault(dataset, reader)
 
     def _turn_off(self, reason: str) -> None:
         if not self.off_reason:

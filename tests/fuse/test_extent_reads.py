@@ -1,0 +1,88 @@
+"""Small files of a co-located mount read whole from the daemon's extents
+(fuse/extentreads.py), against a real daemon and real mounts: the bytes, the
+daemon left out of it, a damaged file, the daemon away, the switch."""
+
+from __future__ import annotations
+
+import errno
+import os
+
+import numpy as np
+import pytest
+
+from conftest import write_tree
+from damage import flip_byte
+from dlfs import Client
+from mounting import extent_reads, mount_factory, requires_fuse  # noqa: F401 (fixture)
+
+pytestmark = requires_fuse
+
+
+@pytest.fixture
+def tree(daemon, tmp_path) -> dict[str, bytes]:
+    rng = np.random.default_rng(21)
+    # Sizes around pages and the kernel's first read of a file; an empty file.
+    files = {f"c{i % 3}/{i:03d}.jpg": rng.bytes(size)
+             for i, size in enumerate((1, 4095, 4096, 4097, 65_536, 110_000, 131_073,
+                                       2 * 2**20 + 5, 0))}
+    write_tree(tmp_path / "src", files)
+    with Client(daemon.address) as client:
+        client.ingest(str(tmp_path / "src"), "ds")
+    return files
+
+
+def read(mount, rel: str) -> bytes:
+    with open(os.path.join(mount.mountpoint, rel), "rb") as f:
+        return f.read()
+
+
+def test_small_files_come_from_the_extents_and_the_daemon_sends_nothing(
+        daemon, mount_factory, tree):
+    mount = mount_factory(daemon.address, "--dataset", "ds")
+    for rel, data in sorted(tree.items()):
+        assert read(mount, rel) == data, rel
+    assert "read" not in mount.request_counts(label="daemon calls")
+    counted = extent_reads(mount)
+    # Each file (the empty one needs no read) read on demand, or in a batch by the
+    # page push the first read started (it reads from the extents too).
+    assert counted["files"] + counted["batched_files"] >= len(tree) - 1
+    assert counted["bytes"] + counted["batched_bytes"] >= sum(len(d) for d in tree.values())
+
+
+def test_a_damaged_file_is_eio_naming_it_and_the_others_read(daemon, mount_factory, tree):
+    names = sorted(tree)  # ingest order: sample ids follow the sorted paths
+    damaged = names.index("c2/005.jpg")
+    flip_byte(daemon, "ds", damaged, 50_000)
+    mount = mount_factory(daemon.address, "--dataset", "ds")
+    with pytest.raises(OSError) as caught:
+        read(mount, "c2/005.jpg")
+    assert caught.value.errno == errno.EIO
+    assert "checksum mismatch" in mount.log() and "'c2/005.jpg'" in mount.log()
+    for rel in names:
+        if rel != "c2/005.jpg":
+            assert read(mount, rel) == tree[rel], rel
+    assert "read" not in mount.request_counts(label="daemon calls")  # no retry elsewhere
+
+
+def test_reads_go_on_while_the_daemon_is_away(daemon, mount_factory, tree):
+    """The extents are mapped and the names known: files not read before the
+    daemon stopped still read (listing an unlisted directory would need it)."""
+    mount = mount_factory(daemon.address, "--dataset", "ds")
+    names = sorted(tree)
+    assert sorted(os.path.join(d, f) for d in ("c0", "c1", "c2")
+                  for f in os.listdir(os.path.join(mount.mountpoint, d))) == names
+    assert read(mount, names[0]) == tree[names[0]]  # maps the extents
+    port = daemon.address.rpartition(":")[2]
+    daemon.stop()
+    for rel in names[1:]:
+        assert read(mount, rel) == tree[rel], rel
+    daemon.start(f"127.0.0.1:{port}")
+    assert read(mount, names[1]) == tree[names[1]]
+
+
+def test_extent_reads_off_reads_through_the_daemon(daemon, mount_factory, tree):
+    mount = mount_factory(daemon.address, "--dataset", "ds", "--extent-reads", "off")
+    for rel, data in sorted(tree.items()):
+        assert read(mount, rel) == data, rel
+    assert mount.request_counts(label="daemon calls")["read"] == len(tree) - 1
+    assert "extent reads:" not in mount.log()
