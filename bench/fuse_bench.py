@@ -230,22 +230,32 @@ def halt_polling_note() -> str:
 def requests_per_open(mount: MountProcess, base: str, rels: list[str], cold: bool
                       ) -> dict[str, float]:
     """Requests the mount answered per file during one pass (after drop_caches
-    if `cold`, else after a warm-up pass), by kind, and the calls it made to
-    the daemon ("daemon stat", "daemon read", ...)."""
+    if `cold`, else after a warm-up pass), by kind, the calls it made to the
+    daemon ("daemon stat", "daemon read", ...) and the files it read from the
+    daemon's extents itself ("extent files")."""
     paths = [os.path.join(base, rel) for rel in rels]
     if cold:
         drop_caches()
     else:
         timed_pass(paths, 1)
-    before = {**mount.request_counts(), **prefixed(mount.request_counts(label="daemon calls"))}
+    before = counts_of(mount)
     timed_pass(paths, 1)
-    after = {**mount.request_counts(), **prefixed(mount.request_counts(label="daemon calls"))}
+    after = counts_of(mount)
     return {kind: (after[kind] - before.get(kind, 0)) / len(paths) for kind in after
             if after[kind] != before.get(kind, 0)}
 
 
-def prefixed(calls: dict[str, int]) -> dict[str, int]:
-    return {f"daemon {kind}": count for kind, count in calls.items()}
+def counts_of(mount: MountProcess) -> dict[str, int]:
+    counts = {**mount.request_counts(),
+              **prefixed("daemon", mount.request_counts(label="daemon calls"))}
+    if "extent reads:" in mount.log():  # a mount with extent reads (its host's daemon)
+        counts.update(prefixed("extent", {"files": mount.request_counts(
+            label="extent reads")["files"]}))
+    return counts
+
+
+def prefixed(prefix: str, calls: dict[str, int]) -> dict[str, int]:
+    return {f"{prefix} {kind}": count for kind, count in calls.items()}
 
 
 def sequential_read(path: str) -> float:
@@ -428,14 +438,15 @@ def report(cfg: dict, small: dict, large: dict, per_open: dict, syscalls: dict,
         lines.append(f"| {label} | {cache} | {value:,.0f} | {spread(large[key])} | "
                      f"{ratio(value, median(large[versus])) if versus else ''} | "
                      f"{ratio(value, get_batch) if key in ('mount', 'naive') else ''} |")
-    lines += ["", "| DLFS mount, 1 thread | cache | requests and daemon calls per open() (by kind) |",
-              "|---|---|---|"]
+    lines += ["", "| DLFS mount, 1 thread | cache | requests, daemon calls and extent reads "
+              "per open() (by kind) |", "|---|---|---|"]
     for (workload, cache), kinds in per_open.items():
         text = ", ".join(f"{kind} {value:.2f}" for kind, value in sorted(kinds.items()))
         lines.append(f"| {workload} files | {cache} | {text or 'none'} |")
-    lines += ["", "Requests per open() count what reached the mount's Python code; Python "
-              "3.11's buffered open() also sends one ioctl (isatty) per file, which libfuse "
-              "answers in C (dlfs/fuse/fs.py)."]
+    lines += ["", "Requests per open() count what reached the mount's Python code (extent "
+              "files: files it read whole from the daemon's extents, on the daemon's host, "
+              "instead of asking the daemon); Python 3.11's buffered open() also sends one "
+              "ioctl (isatty) per file, which libfuse answers in C (dlfs/fuse/fs.py)."]
     if syscalls:
         kinds = ("open", "isatty ioctl", "read", "close")
         lines += ["", "| warm 4 KiB file, 1 thread, µs per call | " + " | ".join(kinds)
