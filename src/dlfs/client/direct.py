@@ -245,6 +245,15 @@ class DirectReader:
             f"dataset {self._dataset!r} was replaced: version {generation} is no longer "
             f"served (the current one is {index.generation}); open it again")
 
+    def _elsewhere(self, sample_id: int) -> FailedPrecondition:
+        """The error for a sample of a striped dataset that other daemons store; it says
+        so (`stored_elsewhere`) for readers that can ask the daemons instead."""
+        error = FailedPrecondition(
+            f"sample {sample_id} of dataset {self._dataset!r} is stored on other daemons, "
+            "not on this one; read the striped dataset with Client([all its daemons])")
+        error.stored_elsewhere = True
+        return error
+
     def _replaced(self) -> bool:
         """Whether the daemon unlinked this version's extents (one fstat)."""
         return self._sentinel >= 0 and os.fstat(self._sentinel).st_nlink == 0
@@ -357,9 +366,7 @@ class DirectReader:
                 f"ids are 0..{index.samples - 1}")
         extent = extents.get(int(index.extent[sample_id]))
         if extent is None:
-            raise FailedPrecondition(
-                f"sample {sample_id} of dataset {self._dataset!r} is stored on other daemons, "
-                "not on this one; read the striped dataset with Client([all its daemons])")
+            raise self._elsewhere(sample_id)
         base, size = int(index.offset[sample_id]), int(index.length[sample_id])
         if base + size > extent.size:
             raise DataCorruption(
@@ -433,10 +440,7 @@ class DirectReader:
         for e in np.unique(extent_array).tolist():
             extent = all_extents.get(e)
             if extent is None:
-                raise FailedPrecondition(
-                    f"sample {int(ids[np.argmax(extent_array == e)])} of dataset "
-                    f"{self._dataset!r} is stored on other daemons, not on this one; read the "
-                    "striped dataset with Client([all its daemons])")
+                raise self._elsewhere(int(ids[np.argmax(extent_array == e)]))
             beyond = (extent_array == e) & (ends > extent.size)
             if beyond.any():
                 raise DataCorruption(

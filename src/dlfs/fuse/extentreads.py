@@ -56,21 +56,20 @@ class ExtentReaders:
 
     def whole(self, node: Node) -> memoryview | None:
         """All bytes of file `node`, CRC32C verified, as a view of the mapped extent; None
-        when its dataset's extents are not to be had here (read it through the daemon).
+        when its dataset's extents are not to be had here, or it is a sample of a
+        striped dataset that other daemons store (read it through the daemon).
         Raises DataCorruption naming the file, StaleGeneration, NotFound (the dataset was
-        deleted), FailedPrecondition (the sample is on another daemon); Unavailable or
-        DeadlineExceeded when the daemon does not answer the first read of a dataset
-        (which opens its extents) or a reload of a replaced one."""
+        deleted); Unavailable or DeadlineExceeded when the daemon does not answer the
+        first read of a dataset (which opens its extents) or a reload of a replaced one."""
         reader = self._usable(node)
         if reader is None:
             return None
-        try:
-            data = reader.sample(node.sample_id, generation=read_generation(node))
-        except errors.DataCorruption as exc:
-            raise _named(exc, node) from None
-        with self._lock:
-            self.files += 1
-            self.bytes += len(data)
+        data = _checked(lambda: reader.sample(node.sample_id, generation=read_generation(node)),
+                        [node])
+        if data is not None:
+            with self._lock:
+                self.files += 1
+                self.bytes += len(data)
         return data
 
     def batch(self, nodes: list[Node]) -> list[memoryview] | None:
@@ -79,16 +78,12 @@ class ExtentReaders:
         reader = self._usable(nodes[0]) if nodes else None
         if reader is None or any(n.sample_id < 0 for n in nodes):
             return None
-        try:
-            datas = reader.get_batch([n.sample_id for n in nodes],
-                                     generation=read_generation(nodes[0]))
-        except errors.DataCorruption as exc:
-            damaged = next((n for n in nodes if n.sample_id == getattr(exc, "sample_id", -1)),
-                           None)
-            raise (_named(exc, damaged) if damaged is not None else exc) from None
-        with self._lock:
-            self.batched_files += len(datas)
-            self.batched_bytes += sum(len(d) for d in datas)
+        datas = _checked(lambda: reader.get_batch([n.sample_id for n in nodes],
+                                                  generation=read_generation(nodes[0])), nodes)
+        if datas is not None:
+            with self._lock:
+                self.batched_files += len(datas)
+                self.batched_bytes += sum(len(d) for d in datas)
         return datas
 
     def part(self, node: Node, offset: int, length: int) -> tuple[int, int, int] | None:
@@ -98,11 +93,8 @@ class ExtentReaders:
         reader = self._usable(node)
         if reader is None:
             return None
-        try:
-            return reader.extent_part(node.sample_id, offset, length,
-                                      generation=read_generation(node))
-        except errors.DataCorruption as exc:
-            raise _named(exc, node) from None
+        return _checked(lambda: reader.extent_part(node.sample_id, offset, length,
+                                                   generation=read_generation(node)), [node])
 
     def counts(self) -> dict[str, int]:
         """What was read from the extents so far (the mount logs it on SIGUSR1)."""
@@ -131,6 +123,20 @@ class ExtentReaders:
             reader = None
         with self._lock:
             return self._readers.setdefault(dataset, reader)
+
+
+def _checked(read, nodes: list[Node]):
+    """`read()`, whose DataCorruption names its file's path (one of `nodes`), as reads
+    through the daemon do; None when a sample is stored on other daemons (striped)."""
+    try:
+        return read()
+    except errors.DataCorruption as exc:
+        damaged = next((n for n in nodes if n.sample_id == getattr(exc, "sample_id", -1)), None)
+        raise (exc if damaged is None else _named(exc, damaged)) from None
+    except errors.FailedPrecondition as exc:
+        if getattr(exc, "stored_elsewhere", False):
+            return None
+        raise
 
 
 def _named(exc: errors.DataCorruption, node: Node) -> errors.DataCorruption:
