@@ -179,3 +179,34 @@ def test_get_batch_carries_a_prefetch_hint(daemon_factory, tmp_path, direct):
         else:
             with pytest.raises(dlfs.InvalidArgument, match="sample id 64 is out of range"):
                 client.get_batch([1], dataset="ds", prefetch=[64])
+
+
+def test_one_sample_read_whole_is_checked_and_names_its_version(daemon, tmp_path):
+    """`DirectReader.sample` (what a co-located mount reads a small file with): the
+    bytes get_batch returns, a damaged byte raises naming the sample, and a
+    version the daemon replaced is StaleGeneration."""
+    rng = np.random.default_rng(8)
+    tree = {f"{i:02d}": rng.bytes(size) for i, size in enumerate((0, 1, 4096, 110_000))}
+    write_tree(tmp_path / "src", tree)
+    with Client(daemon.address) as remote, Client(daemon.address, direct=True) as local:
+        remote.ingest(str(tmp_path / "src"), "ds")
+        reader = local.transport.extent_reader("ds")
+        generation = local.dataset("ds").info.generation
+        for sample_id, rel in enumerate(sorted(tree)):
+            assert bytes(reader.sample(sample_id, generation=generation)) == tree[rel]
+        [dataset_dir] = os.listdir(os.path.join(daemon.data_dir, "extents"))
+        with open(os.path.join(daemon.data_dir, "extents", dataset_dir, "000000.ext"),
+                  "r+b") as f:
+            data = f.read()
+            f.seek(data.index(tree["03"]) + 50_000)
+            f.write(bytes([tree["03"][50_000] ^ 1]))
+        with pytest.raises(dlfs.DataCorruption, match="checksum mismatch for sample 3") as info:
+            reader.sample(3)
+        assert info.value.sample_id == 3
+        with pytest.raises(dlfs.InvalidArgument, match="out of range"):
+            reader.sample(4)
+        write_tree(tmp_path / "v2", {"only": b"new"})
+        remote.ingest(str(tmp_path / "v2"), "ds", replace=True)
+        with pytest.raises(dlfs.StaleGeneration):
+            reader.sample(1, generation=generation)
+        assert bytes(reader.sample(0)) == b"new"

@@ -97,20 +97,22 @@ def test_the_push_stays_within_half_the_daemons_warm_up_budget(daemon_factory, m
     read_all(m, tree)  # the rest is read on demand
 
 
-@pytest.mark.parametrize("splice", ["off", "auto"], ids=["through-daemon", "splice"])
-def test_large_files_are_pushed_too_in_pieces(daemon, mount_factory, tmp_path, splice,
+@pytest.mark.parametrize("how", ["through-daemon", "extents", "splice"])
+def test_large_files_are_pushed_too_in_pieces(daemon, mount_factory, tmp_path, how,
                                               request):
     """Files over the whole-file limit (DLIO's NPZ volumes) follow the small ones,
-    fetched and stored in ranged pieces (co-located with `--splice auto`: spliced
-    from the extent's pages, the daemon sends nothing); a reader then sends the
-    mount nothing."""
-    if splice == "auto":
+    fetched and stored in ranged pieces (co-located: read from the extents, or with
+    `--splice auto` spliced from their pages; the daemon sends nothing); a reader
+    then sends the mount nothing."""
+    if how == "splice":
         request.getfixturevalue("splice_pipes")
+    options = {"through-daemon": ["--extent-reads", "off"], "extents": ["--splice", "off"],
+               "splice": ["--splice", "auto"]}[how]
     rng = np.random.default_rng(9)
     tree = {f"c{i % 3}/vol{i}.npz": rng.bytes(size)
             for i, size in enumerate((9 * 2**20 + 5, 17 * 2**20 + 333, 33 * 2**20))}
     tree["c0/small.txt"] = b"small"
-    m = mount_listed(daemon, mount_factory, tmp_path, tree, "--splice", splice)
+    m = mount_listed(daemon, mount_factory, tmp_path, tree, *options)
     with open(os.path.join(m.mountpoint, "c0/small.txt"), "rb") as f:
         assert f.read() == b"small"
     wait_until(lambda: pushed(m) is not None, "the push ended", PUSH_TIMEOUT_S)
@@ -122,10 +124,13 @@ def test_large_files_are_pushed_too_in_pieces(daemon, mount_factory, tmp_path, s
     # the kernel may still drop a few pushed pages before the reader gets to them.
     assert m.request_counts().get("read", 0) - before.get("read", 0) <= len(tree) * 2
     daemon_reads = m.request_counts(label="daemon calls").get("read", 0)
-    if splice == "auto":
-        assert daemon_reads <= 1  # small.txt
-        assert mounting.splice_reads(m)["stored_bytes"] == sum(
-            len(d) for name, d in tree.items() if name.endswith(".npz"))
+    volumes = sum(len(d) for name, d in tree.items() if name.endswith(".npz"))
+    if how == "splice":
+        assert daemon_reads == 0
+        assert mounting.splice_reads(m)["stored_bytes"] == volumes
+    elif how == "extents":
+        assert daemon_reads == 0
+        assert mounting.extent_reads(m)["range_bytes"] >= volumes
     else:
         assert daemon_reads >= 4  # the pieces of the large files
 

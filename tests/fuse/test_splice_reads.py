@@ -13,7 +13,8 @@ import pytest
 
 from conftest import write_tree
 from dlfs import Client
-from mounting import mount_factory, requires_fuse, splice_pipes, splice_reads  # noqa: F401
+from mounting import (extent_reads, mount_factory, requires_fuse, splice_pipes,  # noqa: F401
+                      splice_reads)
 
 pytestmark = requires_fuse
 
@@ -83,20 +84,36 @@ def test_an_open_file_of_a_replaced_dataset_is_stale_not_mixed(
             os.close(fd)
 
 
-def test_splice_off_reads_through_the_daemon(daemon, mount_factory, large_tree, splice_pipes):
+def test_splice_off_reads_parts_of_the_extents(daemon, mount_factory, large_tree,
+                                               splice_pipes):
+    """Without splice (`--splice off`, or no 2 MiB pipes) a co-located mount still reads
+    large files from the extents: block-checked views copied into the kernel's page
+    cache; with `--extent-reads off` they come through the daemon."""
     src, files = large_tree
     with Client(daemon.address) as client:
         client.ingest(str(src), "ds")
     mount = mount_factory(daemon.address, "--dataset", "ds", "--splice", "off")
     assert read_all(os.path.join(mount.mountpoint, "vol", "b.npz")) == files["vol/b.npz"]
-    assert mount.request_counts(label="daemon calls").get("read_chunks", 0) > 0
+    fd = os.open(os.path.join(mount.mountpoint, "vol", "a.npz"), os.O_RDONLY)
+    try:
+        for offset in (5 * MiB - 3, 22 * MiB + 77):
+            assert os.pread(fd, MiB, offset) == files["vol/a.npz"][offset:offset + MiB]
+    finally:
+        os.close(fd)
+    calls = mount.request_counts(label="daemon calls")
+    assert calls.get("read_chunks", 0) == calls.get("read", 0) == 0, calls
+    assert extent_reads(mount)["range_bytes"] >= len(files["vol/b.npz"])
     assert "splice reads:" not in mount.log()  # the path does not exist in this mount
+    through = mount_factory(daemon.address, "--dataset", "ds", "--extent-reads", "off")
+    assert read_all(os.path.join(through.mountpoint, "vol", "b.npz")) == files["vol/b.npz"]
+    assert through.request_counts(label="daemon calls").get("read_chunks", 0) > 0
 
 
 def test_a_refused_splice_turns_the_path_off_and_reads_go_on(
         daemon, mount_factory, large_tree, splice_pipes, monkeypatch):
     """splice(2) refused after the start-up check (a seccomp filter added later; the
-    mount's fault hook): that READ and all later ones go through the daemon."""
+    mount's fault hook): that READ and all later ones are read from the extents and
+    copied, as without splice."""
     src, files = large_tree
     with Client(daemon.address) as client:
         client.ingest(str(src), "ds")
@@ -106,5 +123,6 @@ def test_a_refused_splice_turns_the_path_off_and_reads_go_on(
     answered = splice_reads(mount)
     # READs already past the check when the fault fired may still have been spliced.
     assert answered["reads"] <= 16 and "Operation not permitted" in answered["off"]
-    assert "fault injected" in mount.log() and "through the daemon from now on" in mount.log()
-    assert mount.request_counts(label="daemon calls").get("read_chunks", 0) > 0
+    assert "fault injected" in mount.log() and "without splice from now on" in mount.log()
+    assert mount.request_counts(label="daemon calls").get("read_chunks", 0) == 0
+    assert extent_reads(mount)["range_bytes"] > 0

@@ -53,6 +53,7 @@ class ExtentReaders:
         self.bytes = 0
         self.batched_files = 0  # ... and in batches (the page push)
         self.batched_bytes = 0
+        self.range_bytes = 0  # parts of large files (when they are not spliced)
 
     def whole(self, node: Node) -> memoryview | None:
         """All bytes of file `node`, CRC32C verified, as a view of the mapped extent; None
@@ -86,6 +87,21 @@ class ExtentReaders:
                 self.batched_bytes += sum(len(d) for d in datas)
         return datas
 
+    def range(self, node: Node, offset: int, length: int) -> memoryview | None:
+        """`length` bytes of file `node` at `offset` (clipped to the file) as a view of the
+        mapped extent, checked against the CRC32Cs of the blocks around them
+        (`DirectReader.read_range`); None when it cannot be read from the extents here
+        (as `whole`; also a daemon without block CRCs).  Raises what `whole` raises."""
+        reader = self._usable(node)
+        if reader is None:
+            return None
+        data = _checked(lambda: reader.read_range(node.sample_id, offset, length,
+                                                  generation=read_generation(node)), [node])
+        if data is not None:
+            with self._lock:
+                self.range_bytes += len(data)
+        return data
+
     def part(self, node: Node, offset: int, length: int) -> tuple[int, int, int] | None:
         """(descriptor, offset in the extent, bytes) of a checked part of file `node`
         (`DirectReader.extent_part`: the descriptor is the caller's to close), or None
@@ -100,7 +116,8 @@ class ExtentReaders:
         """What was read from the extents so far (the mount logs it on SIGUSR1)."""
         with self._lock:
             return {"files": self.files, "bytes": self.bytes,
-                    "batched_files": self.batched_files, "batched_bytes": self.batched_bytes}
+                    "batched_files": self.batched_files, "batched_bytes": self.batched_bytes,
+                    "range_bytes": self.range_bytes}
 
     def _usable(self, node: Node):
         if node.sample_id < 0:  # a directory, or a file known by path only
@@ -127,14 +144,17 @@ class ExtentReaders:
 
 def _checked(read, nodes: list[Node]):
     """`read()`, whose DataCorruption names its file's path (one of `nodes`), as reads
-    through the daemon do; None when a sample is stored on other daemons (striped)."""
+    through the daemon do; None when the daemon must serve it: a sample stored on
+    other daemons (striped), a part of one when the daemon has no block CRCs."""
     try:
         return read()
     except errors.DataCorruption as exc:
         damaged = next((n for n in nodes if n.sample_id == getattr(exc, "sample_id", -1)), None)
         raise (exc if damaged is None else _named(exc, damaged)) from None
     except errors.FailedPrecondition as exc:
-        if getattr(exc, "stored_elsewhere", False):
+        # Striped, and stored by other daemons; or a daemon without block CRCs.
+        if getattr(exc, "stored_elsewhere", False) or getattr(exc, "predates_block_crcs",
+                                                                  False):
             return None
         raise
 

@@ -24,9 +24,9 @@ has no answer cached):
   worker thread that took the request (`wholereads`): on the daemon's host
   from the mapped extent, checked there (`extentreads`, no RPC), else one
   RPC; larger files: on the daemon's host, spliced from the extent's pages
-  by that worker thread (`splicereads`, no RPC), else see `readcache` (one RPC per run of 1 MiB
-  units, shared by concurrent readers and pushed ahead into the page
-  cache).  Nothing once the page cache holds the bytes.  With one dataset mounted, the first read answered
+  by that worker thread (`splicereads`, no RPC), else see `readcache` (one
+  RPC per run of 1 MiB units, shared by concurrent readers and pushed ahead
+  into the page cache).  Nothing once the page cache holds the bytes.  With one dataset mounted, the first read answered
   also starts `pagepush`: the listed small files go into the page cache
   in get_batch batches, so a later first read of them costs nothing.
 - opendir / readdirplus: one ListDir RPC per `dir_page_entries` entries;
@@ -76,13 +76,13 @@ from dlfs.fuse.attributes import dataset_attrs, dataset_key, entry_of, read_gene
 from dlfs.fuse.backend import Backend
 from dlfs.fuse.dirlist import DirStream
 from dlfs.fuse.errno_map import FuseError
+from dlfs.fuse.extentreads import ExtentReaders
 from dlfs.fuse.failurelog import FailureLog
 from dlfs.fuse.inodes import ROOT_KEY, Attrs, InodeTable, Key, Node
 from dlfs.fuse.names import Names
 from dlfs.fuse.pagepush import PagePush
 from dlfs.fuse.readcache import ReadCache
 from dlfs.fuse.session import Session, inline
-from dlfs.fuse.extentreads import ExtentReaders
 from dlfs.fuse.splicereads import SpliceReads
 from dlfs.fuse.wholereads import WholeReads
 
@@ -434,6 +434,10 @@ class DlfsOperations:
                                        read_generation(nodes[0]))
 
     def _fetch_piece(self, node: Node, offset: int, length: int) -> memoryview:
+        if self.extents is not None:
+            data = self.extents.range(node, offset, length)
+            if data is not None:
+                return data
         return self.backend.read(node.dataset, node.read_key, offset, length,
                                  read_generation(node))
 
@@ -455,6 +459,11 @@ class DlfsOperations:
 
     async def _fetch_range(self, node: Node, offset: int, length: int,
                            deliver: Callable[[int, memoryview], None]) -> int:
+        if self.extents is not None:  # on the daemon's host: one checked view, no copy
+            data = await self._thread(self.extents.range, node, offset, length)
+            if data is not None:
+                deliver(0, data)
+                return len(data)
         token = trio.lowlevel.current_trio_token()
 
         def deliver_on_loop(position: int, piece: memoryview) -> None:  # in the worker thread

@@ -97,7 +97,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="auto (default): with extent reads, answer reads of large "
                              "files from the daemon's extent pages by splice (needs pipes of "
                              "2 MiB: fs.pipe-max-size >= 2097152 or CAP_SYS_RESOURCE); off: "
-                             "large files through the daemon")
+                             "large files read from the extents and copied")
     parser.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     for name in ("cache_timeout", "reconnect_timeout", "metadata_timeout", "read_timeout"):
@@ -361,7 +361,7 @@ def _splice_reads(mode: str, session: Session, extents: ExtentReaders) -> Splice
         return None
     reason = splicereads.pipe_bytes_available() or splicereads.splice_refused()
     if reason:
-        log.info("large files are read through the daemon: %s", reason)
+        log.info("large files are read without splice: %s", reason)
         return None
     return SpliceReads(session, extents)
 

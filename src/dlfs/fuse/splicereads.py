@@ -13,8 +13,8 @@ pipe into /dev/fuse, where the kernel copies the pages into the file's page
 cache.  No sample byte passes through user space, and the worker thread that
 took the READ answers it.
 
-What it needs (else READs go through the daemon as before, said once in the
-log):
+What it needs (else READs are answered the usual way: parts read from the
+extents and copied, or through the daemon; said once in the log):
 - the daemon on this host passing descriptors to this user (`direct.py`);
 - pipes that hold a whole READ reply: the kernel's READs are up to 1 MiB
   and the header takes a page of its own, so 2 MiB pipes
@@ -287,4 +287,4 @@ class SpliceReads:
     def _turn_off(self, reason: str) -> None:
         if not self.off_reason:
             self.off_reason = reason
-            log.warning("large files are read through the daemon from now on: %s", reason)
+            log.warning("large files are read without splice from now on: %s", reason)
