@@ -465,7 +465,8 @@ def report(cfg: dict, small: dict, large: dict, per_open: dict, syscalls: dict,
     lines += ["", "cold: the page caches of ext4, of the mount and of the daemon's extent "
               "files are dropped before each timed pass; warm: a second pass over the same "
               "files (the second epoch).  The mount keeps names and attributes of files the "
-              "kernel forgot (idle inodes), so a cold pass needs one RPC per file, for its bytes."]
+              "kernel forgot (idle inodes), so a cold pass needs one read per file, for its "
+              "bytes: from the daemon's extents on its host (this run), else one RPC."]
     from bench.report import fresh_memory, proactive_reclaim
 
     if proactive_reclaim():
