@@ -210,3 +210,26 @@ def test_one_sample_read_whole_is_checked_and_names_its_version(daemon, tmp_path
         with pytest.raises(dlfs.StaleGeneration):
             reader.sample(1, generation=generation)
         assert bytes(reader.sample(0)) == b"new"
+
+
+def test_more_extents_than_the_open_files_limit_allows_says_so(daemon_factory, tmp_path):
+    """The kernel installs passed descriptors only up to RLIMIT_NOFILE and drops the
+    rest: the client says which limit to raise (it used to call that a protocol error
+    of the daemon), and reads through the daemon still work."""
+    import resource
+
+    daemon = daemon_factory(extra_args=["--extent-bytes-max", "65536"])
+    tree = {f"{i:03d}": os.urandom(20_000) for i in range(300)}  # about 100 extents
+    write_tree(tmp_path / "src", tree)
+    with Client(daemon.address) as remote:
+        remote.ingest(str(tmp_path / "src"), "ds")
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    with Client(daemon.address, direct=True) as local:
+        # Room for the connections, not for the extents.
+        resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 30, hard))
+        try:
+            with pytest.raises(dlfs.FailedPrecondition, match="RLIMIT_NOFILE"):
+                local.transport.extent_reader("ds")
+        finally:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        assert bytes(local.get_batch([7], dataset="ds")[0]) == tree["007"]

@@ -14,6 +14,7 @@ import array
 import bisect
 import logging
 import os
+import resource
 import socket
 from typing import NamedTuple
 
@@ -283,7 +284,8 @@ class DataConnection:
                for fd in array.array("i", raw[:len(raw) - len(raw) % 4])]
         try:
             if flags & socket.MSG_CTRUNC:
-                raise datawire.FrameError("descriptors were cut off (too many in one frame)")
+                self.broken = True  # the frames behind these descriptors are still in flight
+                raise _descriptors_cut_off(len(fds))
             if not data:
                 raise ConnectionResetError(0, "connection closed before the descriptors")
             frame = bytearray(data)
@@ -422,6 +424,21 @@ class DataConnection:
             return Unavailable(f"DLFS daemon's data path at {self.endpoint.label} dropped the "
                                f"connection ({exc.strerror or exc})")
         return exc
+
+
+def _descriptors_cut_off(received: int) -> Exception:
+    """Why the kernel cut an FDS frame's descriptors off.  The daemon sends at most
+    `datapath_fds_per_frame_max` a frame and there is room for that many, so a cut
+    below it means this process may open no more files (the kernel installs
+    descriptors up to RLIMIT_NOFILE and drops the rest); at it, a daemon that sent
+    more than a frame may carry."""
+    if received < limits.datapath_fds_per_frame_max:
+        soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        return FailedPrecondition(
+            f"this process may open at most {soft} files (RLIMIT_NOFILE), fewer than the "
+            "dataset's extents need as descriptors; raise the limit (ulimit -n, "
+            "LimitNOFILE= in a systemd unit) or read without direct=True")
+    return datawire.FrameError("descriptors were cut off (too many in one frame)")
 
 
 def _target(out, size: int, pool: BufferPool) -> np.ndarray:

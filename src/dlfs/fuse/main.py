@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import re
+import resource
 import select
 import signal
 import subprocess
@@ -222,6 +223,7 @@ def _send(fd: int, message: bytes) -> None:
 
 def run_foreground(args: argparse.Namespace) -> int:
     _keep_freed_memory()
+    _raise_open_files_limit()
     try:
         backend = Backend(args.address, reconnect_timeout_s=args.reconnect_timeout,
                           metadata_timeout_s=args.metadata_timeout,
@@ -380,6 +382,19 @@ def _log_counts(session: Session, backend: Backend, extents: ExtentReaders | Non
         log.info("splice reads: %s", json.dumps({"reads": splice.reads, "bytes": splice.bytes,
                                                  "stored_bytes": splice.stored_bytes,
                                                  "off": splice.off_reason}))
+
+
+def _raise_open_files_limit() -> None:
+    """Raise this process's soft RLIMIT_NOFILE to its hard limit: on the daemon's host
+    the mount holds a descriptor per extent of every dataset it reads (1 GiB each by
+    default), and the usual soft limit of 1024 would cap that at about a terabyte.
+    A dataset that still needs more is read through the daemon (the log says why)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or soft < hard):
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError) as exc:
+            log.debug("open-files limit stays at %d: %s", soft, exc)
 
 
 def _keep_freed_memory() -> None:
