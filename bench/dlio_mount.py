@@ -1,6 +1,6 @@
 """`python -m bench.dlio_mount [--quick]`: the real DLIO benchmark through the mount and from ext4.
 
-    .venv/bin/python -m bench.dlio_mount             # about 6 minutes on 2 cores (+ data once)
+    .venv/bin/python -m bench.dlio_mount             # about 12 minutes on 2 cores (+ data once)
     .venv/bin/python -m bench.dlio_mount --quick     # tiny data, one run (tests/bench runs it)
     ./dev bench --workloads dlio                      # the same through ./dev
 
@@ -15,7 +15,12 @@ DLFS_WITH_DLIO=1) over datasets DLIO generates itself:
 - `resnet50-over-budget`: the resnet50 data again, served by a daemon whose
   `--warm-memory-share` is set so that its warm-up budget holds only
   `OVER_BUDGET_SHARE` of the dataset: the warm-up stops there and the rest
-  of the first epoch is read from the device through the mount.
+  of the first epoch is read from the device through the mount;
+- `resnet50-over-budget-via-daemon`: the same with `--extent-reads off`:
+  the mount on the daemon's host otherwise reads files from the daemon's
+  extents itself, which a mount on another host cannot; this is what such
+  a mount does (each file beyond the push a round trip to the daemon).
+  Not in --quick.
 
 Each case runs the same DLIO command (same `read_threads`, batch size and
 emulated compute) twice per run: once with `data_folder` on ext4, once on
@@ -79,6 +84,8 @@ class Case:
     workload: str  # DLIO's config name
     overrides: tuple[str, ...]  # ++workload.* settings (dataset, reader, train)
     budget_share_of_data: float | None = None  # the daemon's warm-up budget / the data's bytes
+    mount_args: tuple[str, ...] = ()  # more `dlfs-mount` options
+    label: str = ""  # what the options mean, for the report
 
     def dataset_overrides(self) -> list[str]:
         return [o for o in self.overrides if o.startswith("++workload.dataset.")]
@@ -107,9 +114,14 @@ def cases(quick: bool) -> list[Case]:
     epochs = 2 if quick else 3
     jpeg = resnet50(128 if quick else 4096, epochs)
     npz = unet3d(8 if quick else 64, (1 if quick else 16) * MiB, epochs)
-    return [Case("resnet50", "resnet50", "resnet50_a100", jpeg),
-            Case("unet3d", "unet3d", "unet3d_a100", npz),
-            Case("resnet50-over-budget", "resnet50", "resnet50_a100", jpeg, OVER_BUDGET_SHARE)]
+    chosen = [Case("resnet50", "resnet50", "resnet50_a100", jpeg),
+              Case("unet3d", "unet3d", "unet3d_a100", npz),
+              Case("resnet50-over-budget", "resnet50", "resnet50_a100", jpeg, OVER_BUDGET_SHARE)]
+    if not quick:  # the same mount code as above but for where the bytes come from
+        chosen.append(Case("resnet50-over-budget-via-daemon", "resnet50", "resnet50_a100", jpeg,
+                           OVER_BUDGET_SHARE, ("--extent-reads", "off"),
+                           "every read through the daemon, as from another host"))
+    return chosen
 
 
 # --- DLIO ---------------------------------------------------------------------------------------
@@ -265,7 +277,8 @@ def mount_run(python: str, case: Case, data_dir: str, data_bytes: int, out_dir: 
     with processes.daemon(os.path.join(root, "dlfs"), os.path.join(logs, "daemon.log"),
                           args) as daemon:
         mount = MountProcess(daemon.address, os.path.join(data_dir, "mnt"),
-                             os.path.join(logs, "mount.log"), ["--dataset", case.data])
+                             os.path.join(logs, "mount.log"),
+                             ["--dataset", case.data, *case.mount_args])
         with mount, WarmWatch(daemon.address, case.data) as warm:
             caches.make_cold([])
             drops = page_cache_drops()
@@ -300,6 +313,8 @@ def run(python: str, quick: bool, runs: int, data_dir: str, only: set[str], log)
                  "files": files, "bytes": data_bytes, "ext4": [], "mount": []}
         if case.budget_share_of_data is not None:
             entry["warm_budget_bytes"] = int(case.budget_share_of_data * data_bytes)
+        if case.mount_args:
+            entry["mount_args"], entry["label"] = list(case.mount_args), case.label
         out = os.path.join(data_dir, "out", case.key)
         for run_no in range(runs):
             entry["ext4"].append(undisturbed(
@@ -351,6 +366,8 @@ def markdown(results: dict) -> str:
         data = f"{entry['files']:,} files, {entry['bytes'] / MiB:,.0f} MiB"
         if "warm_budget_bytes" in entry:
             data += f", warm-up budget {entry['warm_budget_bytes'] / MiB:,.0f} MiB"
+        if entry.get("label"):
+            data += f"; {entry['label']} (`{' '.join(entry['mount_args'])}`)"
         for row in epoch_rows(entry):
             verdict = "met" if row["met"] else "**missed**"
             lines.append(f"| {entry['key']} | {data} | {row['epoch']} | {spread(row['ext4'])} | "
