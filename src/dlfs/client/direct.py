@@ -274,17 +274,7 @@ class DirectReader:
         mount reads one file at a time; that work was most of its cost).  Raises what
         get_batch does."""
         index, extents = self._snapshot(generation)
-        view = self._sample_view(index, extents, sample_id)
-        extent_no, offset = int(index.extent[sample_id]), int(index.offset[sample_id])
-        piece = ([extent_no], [offset], [len(view)])
-        if self._looks_cold(extents, *piece):
-            _advise_willneed(extents, *piece)
-        expected = int(index.crc[sample_id])
-        got = crc32c.crc32c(view)
-        if got != expected:
-            raise _mismatch(f"sample {sample_id} of dataset {self._dataset!r}", sample_id,
-                            None, expected, got)
-        return view
+        return self._whole(index, extents, sample_id, verify=True)
 
     def read_range(self, sample_id: int, offset: int, length: int, *, verify: bool = True,
                    generation: int = 0) -> memoryview:
@@ -307,7 +297,7 @@ class DirectReader:
         start = min(offset, size)
         stop = size if length == 0 else min(size, start + length)
         if start == 0 and stop == size:
-            return self._read([sample_id], verify)[0]
+            return self._whole(index, extents, sample_id, verify)
         if start < stop:
             block_bytes, crcs = (self._crcs_of(index, sample_id) if verify
                                  else (limits.crc_block_bytes, None))
@@ -375,14 +365,33 @@ class DirectReader:
                 "the dataset")
         return extent.view[base:base + size]
 
+    def _whole(self, index, extents, sample_id: int, verify: bool) -> memoryview:
+        """One whole sample of version `index` (advised when cold), checked against its
+        CRC32C when `verify`."""
+        view = self._sample_view(index, extents, sample_id)
+        self._advise_if_cold(extents, int(index.extent[sample_id]),
+                             int(index.offset[sample_id]), len(view))
+        if verify:
+            expected = int(index.crc[sample_id])
+            got = crc32c.crc32c(view)
+            if got != expected:
+                raise _mismatch(f"sample {sample_id} of dataset {self._dataset!r}", sample_id,
+                                None, expected, got)
+        return view
+
     def _advise_blocks(self, index, extents, sample_id: int, start: int, stop: int,
                        block_bytes: int) -> None:
         """Only a part of the sample is read (and the blocks around it, to check them):
         advise just those pages when they look cold."""
         first, last = blockcrc.widen(start, stop, int(index.length[sample_id]), block_bytes)
-        piece = ([int(index.extent[sample_id])], [int(index.offset[sample_id]) + first],
-                 [last - first])
-        if self._looks_cold(extents, *piece):
+        self._advise_if_cold(extents, int(index.extent[sample_id]),
+                             int(index.offset[sample_id]) + first, last - first)
+
+    @classmethod
+    def _advise_if_cold(cls, extents, extent_no: int, offset: int, length: int) -> None:
+        """One piece of one extent: WILLNEED when a probe finds it not cached."""
+        piece = ([extent_no], [offset], [length])
+        if cls._looks_cold(extents, *piece):
             _advise_willneed(extents, *piece)
 
     def _verify_blocks(self, sample_id: int, whole: memoryview, start: int, stop: int,
@@ -426,7 +435,7 @@ class DirectReader:
             _advise_willneed(extents, extent_nos, index.offset[ids].tolist(),
                              index.length[ids].tolist())
 
-    def _read(self, ids, verify: bool, advise: bool = True) -> list[memoryview]:
+    def _read(self, ids, verify: bool) -> list[memoryview]:
         index, all_extents = self._index, self._extents
         ids = np.asarray(ids, dtype=np.int64)
         bad = (ids < 0) | (ids >= index.samples)
@@ -451,7 +460,7 @@ class DirectReader:
         extent_nos = extent_array.tolist()
         offsets = index.offset[ids].tolist()
         lengths = index.length[ids].tolist()
-        if advise and self._looks_cold(extents, extent_nos, offsets, lengths):
+        if self._looks_cold(extents, extent_nos, offsets, lengths):
             _advise_willneed(extents, extent_nos, offsets, lengths)
         samples = [extents[e].view[o:o + n] for e, o, n in zip(extent_nos, offsets, lengths)]
         if verify:

@@ -26,9 +26,10 @@ has no answer cached):
   RPC; larger files: on the daemon's host, spliced from the extent's pages
   by that worker thread (`splicereads`, no RPC), else see `readcache` (one
   RPC per run of 1 MiB units, shared by concurrent readers and pushed ahead
-  into the page cache).  Nothing once the page cache holds the bytes.  With one dataset mounted, the first read answered
-  also starts `pagepush`: the listed small files go into the page cache
-  in get_batch batches, so a later first read of them costs nothing.
+  into the page cache).  Nothing once the page cache holds the bytes.  With
+  one dataset mounted, the first read answered also starts `pagepush`: the
+  listed small files go into the page cache in get_batch batches, so a
+  later first read of them costs nothing.
 - opendir / readdirplus: one ListDir RPC per `dir_page_entries` entries;
   each entry comes with its attributes (the kernel then needs no lookup
   for it) and the kernel caches the listing (`cache_readdir`).

@@ -33,10 +33,10 @@ from dlfs import limits as fuse_limits
 from dlfs.fuse import lowlevel, splicereads
 from dlfs.fuse.backend import Backend
 from dlfs.fuse.attributes import DIR_MODE, dataset_attrs, dataset_key
+from dlfs.fuse.extentreads import ExtentReaders
 from dlfs.fuse.fs import DlfsOperations
 from dlfs.fuse.inodes import ROOT_KEY, Attrs
 from dlfs.fuse.session import MountFailed, Session
-from dlfs.fuse.extentreads import ExtentReaders
 from dlfs.fuse.splicereads import SpliceReads
 
 log = logging.getLogger("dlfs.fuse")
