@@ -28,8 +28,9 @@ import os
 import shutil
 import time
 
-import crc32c
 import numpy as np
+
+from dlfs.crc import crc32c
 
 GENERATOR_VERSION = 1
 KiB = 1024
@@ -193,7 +194,7 @@ def _prepare(workload: Workload, data_dir: str, dlfs_data_dir: str, log) -> Prep
         rng = np.random.default_rng([workload.seed, 3])
         for sample_id, (path, size) in enumerate(zip(paths, sizes.tolist())):
             data = rng.bytes(size)
-            crcs[sample_id] = crc32c.crc32c(data)
+            crcs[sample_id] = crc32c(data)
             for writer in writers:
                 writer.add(sample_id, path, data)
         dataset_id = writers[2].dataset_id

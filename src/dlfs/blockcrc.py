@@ -18,10 +18,10 @@ range reads); pure arithmetic, no I/O.
 
 from __future__ import annotations
 
-import crc32c
 import numpy as np
 
 from dlfs import limits
+from dlfs.crc import crc32c
 
 BLOCK_BYTES = limits.crc_block_bytes
 
@@ -68,7 +68,7 @@ class BlockHasher:
         view = memoryview(data).cast("B")
         while len(view):
             take = min(len(view), self.block_bytes - self._filled)
-            self._running = crc32c.crc32c(view[:take], self._running)
+            self._running = crc32c(view[:take], self._running)
             self._filled += take
             view = view[take:]
             if self._filled == self.block_bytes:
@@ -95,7 +95,7 @@ def first_bad_piece(pieces: list, crcs: list[int]) -> tuple[int, int] | None:
     """(index, CRC read) of the first of `pieces` whose CRC32C is not its entry of
     `crcs`, or None.  O(bytes): one `map` and one list comparison, not a Python
     loop turn per piece (256 samples of 4 KiB: a tenth of a client's time)."""
-    got = list(map(crc32c.crc32c, pieces))
+    got = list(map(crc32c, pieces))
     if got == crcs:
         return None
     k = next(k for k, (a, b) in enumerate(zip(got, crcs)) if a != b)

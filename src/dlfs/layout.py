@@ -22,8 +22,7 @@ from __future__ import annotations
 import os
 import struct
 
-import crc32c
-
+from dlfs.crc import crc32c
 from dlfs.errors import DataCorruption
 
 LOCK_FILE = "LOCK"
@@ -65,7 +64,7 @@ def extent_path(data_dir: str, dataset_id: int, extent_no: int) -> str:
 def encode_header(dataset_id: int, extent_no: int, created_ns: int) -> bytes:
     """The HEADER_BYTES that start an extent file."""
     body = _HEADER.pack(MAGIC, FORMAT_VERSION, dataset_id, extent_no, created_ns)
-    body += _HEADER_CRC.pack(crc32c.crc32c(body))
+    body += _HEADER_CRC.pack(crc32c(body))
     return body.ljust(HEADER_BYTES, b"\0")
 
 
@@ -76,7 +75,7 @@ def check_header(raw: bytes, dataset_id: int, extent_no: int, path: str) -> None
         raise DataCorruption(f"extent {path} is truncated inside its header")
     magic, version, got_dataset, got_extent, _created = _HEADER.unpack_from(raw)
     (crc,) = _HEADER_CRC.unpack_from(raw, _HEADER.size)
-    if magic != MAGIC or crc != crc32c.crc32c(raw[: _HEADER.size]):
+    if magic != MAGIC or crc != crc32c(raw[: _HEADER.size]):
         raise DataCorruption(f"extent {path} has a damaged header (bad magic or checksum)")
     if version != FORMAT_VERSION:
         raise DataCorruption(

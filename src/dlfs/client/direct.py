@@ -23,7 +23,6 @@ import mmap
 import os
 import threading
 
-import crc32c
 import numpy as np
 
 from dlfs import blockcrc, layout, limits
@@ -32,6 +31,7 @@ from dlfs.client.dataconn import block_prefix
 from dlfs.client.datapath import DataPath
 from dlfs.client.datatransport import DataPathTransport
 from dlfs.client.requests import batch_size
+from dlfs.crc import crc32c
 from dlfs.errors import (
     DataCorruption,
     FailedPrecondition,
@@ -373,7 +373,7 @@ class DirectReader:
                              int(index.offset[sample_id]), len(view))
         if verify:
             expected = int(index.crc[sample_id])
-            got = crc32c.crc32c(view)
+            got = crc32c(view)
             if got != expected:
                 raise _mismatch(f"sample {sample_id} of dataset {self._dataset!r}", sample_id,
                                 None, expected, got)

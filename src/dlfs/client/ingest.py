@@ -23,7 +23,6 @@ import dataclasses
 import logging
 from typing import Iterator
 
-import crc32c
 import grpc
 
 from dlfs import ingest_digest, limits
@@ -33,6 +32,7 @@ from dlfs.client.errors import from_rpc_error
 from dlfs.client.progress import IngestProgress, IngestStats, human_bytes, progress_mode
 from dlfs.client.readpool import READERS_DEFAULT, ReadPool
 from dlfs.client.sources import SourceFile, SourceSet, TreeSource
+from dlfs.crc import crc32c
 from dlfs.errors import (AlreadyExists, DlfsError, FailedPrecondition, InvalidArgument, NotFound,
                          ResumeConflict, Unavailable)
 from dlfs.paths import check_dataset_name
@@ -113,7 +113,7 @@ def sample_pieces(head: pb.IngestPiece, chunks) -> Iterator[pb.IngestPiece]:
     crc = 0
     piece = head
     for data, last in chunks:
-        crc = crc32c.crc32c(data, crc)
+        crc = crc32c(data, crc)
         piece.data = data
         if last:
             piece.crc32c = crc
@@ -214,7 +214,7 @@ def ordered_files(pool, meter: IngestProgress, duplicates: Duplicates | None):
         elif current is None:  # progress only (the end of an archive)
             meter.advance(source_bytes)
             continue
-        crc = crc32c.crc32c(data, crc)
+        crc = crc32c(data, crc)
         if last:
             current = None
         meter.advance(source_bytes, len(data), int(last))

@@ -28,9 +28,8 @@ import os
 import struct
 import threading
 
-import crc32c
-
 from dlfs import limits
+from dlfs.crc import crc32c
 from dlfs.errors import DlfsError, FailedPrecondition
 from dlfs.server import faults
 from dlfs.server.extents import fsync_dir, no_space_error
@@ -66,13 +65,13 @@ def encode_record(record_type: RecordType, payload: bytes) -> bytes:
     if len(payload) > limits.catalog_record_bytes_max:
         raise ValueError(f"catalog record of {len(payload)} bytes exceeds the limit")
     head = struct.pack("<III", RECORD_MAGIC, int(record_type), len(payload))
-    crc = crc32c.crc32c(payload, crc32c.crc32c(head))
+    crc = crc32c(payload, crc32c(head))
     return head + struct.pack("<I", crc) + payload
 
 
 def _file_header(version: int = FORMAT_VERSION) -> bytes:
     body = _FILE_HEADER.pack(FILE_MAGIC, version)
-    return body + struct.pack("<I", crc32c.crc32c(body))
+    return body + struct.pack("<I", crc32c(body))
 
 
 @dataclasses.dataclass
@@ -154,8 +153,8 @@ def _check_record(view: memoryview, pos: int, size: int) -> str:
     end = pos + RECORD_HEADER_BYTES + length
     if end > size:
         return "record runs past the end of the file (torn)"
-    expected = crc32c.crc32c(view[pos + RECORD_HEADER_BYTES:end],
-                             crc32c.crc32c(view[pos:pos + 12]))
+    expected = crc32c(view[pos + RECORD_HEADER_BYTES:end],
+                             crc32c(view[pos:pos + 12]))
     if crc != expected:
         return "record checksum mismatch" + (" (torn)" if end == size else "")
     if rtype not in RECORD_TYPES:

@@ -21,11 +21,11 @@ import stat as stat_module
 import threading
 import time
 
-import crc32c
 import numpy as np
 
 from dlfs import ingest_digest, limits
 from dlfs.blockcrc import BLOCK_BYTES, BlockHasher
+from dlfs.crc import crc32c
 from dlfs.errors import DataCorruption, InvalidArgument, Unavailable
 from dlfs.layout import NO_EXTENT
 from dlfs.paths import check_sample_path
@@ -226,7 +226,7 @@ class IngestSession:
             self._check_running()
             self._writer.write(data)
             file.received += len(data)
-            file.crc = crc32c.crc32c(data, file.crc)
+            file.crc = crc32c(data, file.crc)
             if file.blocks is not None:
                 file.blocks.update(data)
             if file.received == file.size:

@@ -31,10 +31,10 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable, Iterator
 
-import crc32c
 import numpy as np
 
 from dlfs import limits, uring
+from dlfs.crc import crc32c
 from dlfs.errors import DataCorruption, DeadlineExceeded, Overloaded
 from dlfs.server import ringreads
 from dlfs.server.extents import ExtentFiles
@@ -302,10 +302,10 @@ class _Verifier:
         window_bytes = len(buffer)
         for i, (lo, hi, crc) in enumerate(zip(offsets, ends, expected)):
             if lo >= 0 and hi <= window_bytes:  # the common case: the whole sample is here
-                if crc32c.crc32c(buffer[lo:hi]) != crc:
-                    self._fail(first + i, crc32c.crc32c(buffer[lo:hi]))
+                if crc32c(buffer[lo:hi]) != crc:
+                    self._fail(first + i, crc32c(buffer[lo:hi]))
                 continue
-            value = crc32c.crc32c(buffer[max(lo, 0):min(hi, window_bytes)],
+            value = crc32c(buffer[max(lo, 0):min(hi, window_bytes)],
                                   self.running if lo < 0 else 0)
             if hi <= window_bytes:
                 if value != crc:
