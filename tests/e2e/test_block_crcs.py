@@ -175,7 +175,7 @@ def test_datasets_from_before_block_crcs_still_read(daemon, tmp_path):
 
 def test_block_hasher_matches_any_piece_size():
     data = np.random.default_rng(3).bytes(3 * blockcrc.BLOCK_BYTES + 17)
-    expected = [blockcrc.crc32c.crc32c(data[i:i + blockcrc.BLOCK_BYTES])
+    expected = [crc32c.crc32c(data[i:i + blockcrc.BLOCK_BYTES])
                 for i in range(0, len(data), blockcrc.BLOCK_BYTES)]
     for piece in (1000, blockcrc.BLOCK_BYTES, 3 * blockcrc.BLOCK_BYTES + 100):
         hasher = blockcrc.BlockHasher()

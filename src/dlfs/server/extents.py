@@ -277,6 +277,10 @@ class ExtentFiles:
     def acquire_all(self, dataset_id: int, extent_nos: list[int]) -> Iterator[list[int]]:
         """The fds of `extent_nos` (distinct), in that order, all held until the block
         ends; those acquired so far are released if one fails."""
+        if len(extent_nos) == 1:  # the usual case, without the stack's cost
+            with self.acquire(dataset_id, extent_nos[0]) as fd:
+                yield [fd]
+            return
         with ExitStack() as stack:
             yield [stack.enter_context(self.acquire(dataset_id, e)) for e in extent_nos]
 

@@ -182,6 +182,10 @@ def window_pieces(plan: BatchPlan, start: int, stop: int) -> list[Piece]:
                     (lo[keep] - start).tolist(), (hi - lo)[keep].tolist()))
 
 
+_ZERO_OFFSET = np.zeros(1, dtype=np.int64)
+_ZERO_OFFSET.flags.writeable = False
+
+
 class RequestOrder:
     """The payload of samples (extent, offset, length) sent in the given order."""
 
@@ -202,6 +206,9 @@ class RequestOrder:
     def pieces(self, start: int, stop: int) -> PieceColumns:
         """The file pieces filling payload bytes [start, stop), window offsets from `start`,
         sorted by extent and offset, adjacent ones joined."""
+        if self.length.size == 1:  # one sample, as a mount asks for a file: no search or sort
+            return PieceColumns(self.extent, self.offset + start, _ZERO_OFFSET,
+                                np.array([stop - start], dtype=np.int64))
         first = int(np.searchsorted(self.end, start, side="right"))
         last = int(np.searchsorted(self.begin, stop, side="left"))
         begin, end = self.begin[first:last], self.end[first:last]

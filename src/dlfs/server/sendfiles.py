@@ -38,6 +38,7 @@ from dlfs.server.planning import PieceColumns
 from dlfs.server.reader import ShortRead
 
 _PAGE_BYTES = 4096
+_FIRST = np.zeros(1, dtype=np.intp)  # the one extent of a one-piece window
 # cachestat(2): the same number on every Linux architecture (after the unification).
 _SYS_CACHESTAT = 451
 
@@ -118,9 +119,13 @@ def send(sock: socket.socket, files: ExtentFiles, dataset_id: int, pieces: Piece
     socket.timeout when the peer stops reading for the socket's timeout,
     OSError.
     """
-    order = np.argsort(pieces.buffer_offset, kind="stable")
-    extent, offset, size = pieces.extent[order], pieces.file_offset[order], pieces.size[order]
-    numbers, which = np.unique(extent, return_inverse=True)
+    if len(pieces) == 1:  # one sample (a mount's file): nothing to order
+        extent, offset, size = pieces.extent, pieces.file_offset, pieces.size
+        numbers, which = extent, _FIRST
+    else:
+        order = np.argsort(pieces.buffer_offset, kind="stable")
+        extent, offset, size = pieces.extent[order], pieces.file_offset[order], pieces.size[order]
+        numbers, which = np.unique(extent, return_inverse=True)
     with files.acquire_all(dataset_id, numbers.tolist()) as held:
         fds = np.array(held, dtype=np.int64)[which]
         if not all_cached(fds, offset, size):
