@@ -153,8 +153,7 @@ def _check_record(view: memoryview, pos: int, size: int) -> str:
     end = pos + RECORD_HEADER_BYTES + length
     if end > size:
         return "record runs past the end of the file (torn)"
-    expected = crc32c(view[pos + RECORD_HEADER_BYTES:end],
-                             crc32c(view[pos:pos + 12]))
+    expected = crc32c(view[pos + RECORD_HEADER_BYTES:end], crc32c(view[pos:pos + 12]))
     if crc != expected:
         return "record checksum mismatch" + (" (torn)" if end == size else "")
     if rtype not in RECORD_TYPES:

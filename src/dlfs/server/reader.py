@@ -306,7 +306,7 @@ class _Verifier:
                     self._fail(first + i, crc32c(buffer[lo:hi]))
                 continue
             value = crc32c(buffer[max(lo, 0):min(hi, window_bytes)],
-                                  self.running if lo < 0 else 0)
+                           self.running if lo < 0 else 0)
             if hi <= window_bytes:
                 if value != crc:
                     self._fail(first + i, value)
