@@ -28,7 +28,7 @@ from dlfs.errors import Internal, InvalidArgument, Unavailable
 from dlfs.pipeline import batch_count
 from dlfs.ring.helper import serve
 from dlfs.ring.packing import Packed
-from dlfs.ring.protocol import raise_error
+from dlfs.ring.protocol import Channel, raise_error
 
 log = logging.getLogger(__name__)
 
@@ -64,8 +64,10 @@ class BatchRing:
         try:
             os.ftruncate(fd, total)
             self._memory = np.frombuffer(mmap.mmap(fd, total), dtype=np.uint8)
+            self._address = self._memory.ctypes.data  # asked once: numpy's ctypes is slow
             ctx = multiprocessing.get_context(context)
             self._conn, child = ctx.Pipe()
+            self._channel = Channel(self._conn)
             self._process = ctx.Process(
                 target=serve, name="dlfs-readahead", daemon=True,
                 args=(child, ticket, slot_bytes, slots))
@@ -110,7 +112,7 @@ class BatchRing:
             raise InvalidArgument(f"the read-ahead epoch has only {self._batches} batches")
         while True:
             self._send_freed()
-            if self._outstanding >= self.slots and not self._conn.poll(0):
+            if self._outstanding >= self.slots and not self._channel.poll(0):
                 gc.collect()  # a batch in a reference cycle is free only after a collection
                 self._send_freed()
                 if self._outstanding >= self.slots:
@@ -132,7 +134,7 @@ class BatchRing:
             self._next_number += 1
             lengths = None if ragged is None else np.frombuffer(ragged, dtype=np.int64)
             total = count * size if lengths is None else int(lengths.sum())
-            lease = _SlotLease(self._memory, slot * self.slot_bytes, total)
+            lease = _SlotLease(self._memory, self._address + slot * self.slot_bytes, total)
             self._outstanding += 1
             weakref.finalize(lease, self._freed.append, slot)
             return Packed(np.asarray(lease), count, size, lengths)
@@ -152,7 +154,7 @@ class BatchRing:
             return
         self._closed = True
         try:
-            self._conn.send(("stop",))
+            self._channel.send(("stop",))
         except OSError:
             pass
         self._process.join(limits.readahead_stop_timeout_s)
@@ -184,7 +186,7 @@ class BatchRing:
 
     def _send(self, message) -> None:
         try:
-            self._conn.send(message)
+            self._channel.send(message)
         except OSError:
             raise self._ended() from None
 
@@ -197,7 +199,7 @@ class BatchRing:
     def _receive(self, timeout: float | None):
         """The helper's next message; Unavailable if it dies or (with `timeout`) stays silent."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        while not self._conn.poll(_LIVENESS_POLL_S):
+        while not self._channel.poll(_LIVENESS_POLL_S):
             if not self._process.is_alive():
                 self.close()
                 raise Unavailable(f"the read-ahead process exited (code "
@@ -206,7 +208,7 @@ class BatchRing:
                 self.close()
                 raise Unavailable(f"the read-ahead process did not start within {timeout:g} s")
         try:
-            return self._conn.recv()
+            return self._channel.recv()
         except (EOFError, OSError):
             raise self._ended() from None
 
@@ -223,9 +225,10 @@ class _SlotLease:
 
     __slots__ = ("__array_interface__", "_memory", "__weakref__")
 
-    def __init__(self, memory: np.ndarray, start: int, size: int):
+    def __init__(self, memory: np.ndarray, address: int, size: int):
+        """`size` bytes at `address`, inside `memory` (which the lease keeps mapped)."""
         self._memory = memory
-        self.__array_interface__ = {"data": (memory.ctypes.data + start, False),
+        self.__array_interface__ = {"data": (address, False),
                                     "shape": (size,), "typestr": "|u1", "version": 3}
 
 

@@ -20,7 +20,7 @@ import numpy as np
 
 from dlfs.pipeline import iter_batches
 from dlfs.profile import SpoolTimeline
-from dlfs.ring.protocol import report_error
+from dlfs.ring.protocol import Channel, report_error
 
 # madvise(MADV_POPULATE_WRITE), Linux 5.14+ (the mmap module does not name it).
 _MADV_POPULATE_WRITE = 23
@@ -42,9 +42,9 @@ class _Slots:
     the main loop and ends the current pipeline (`_Interrupted`).
     """
 
-    def __init__(self, conn, memory: np.ndarray, mapping: mmap.mmap, slot_bytes: int,
-                 slots: int):
-        self.conn = conn
+    def __init__(self, channel: Channel, memory: np.ndarray, mapping: mmap.mmap,
+                 slot_bytes: int, slots: int):
+        self.channel = channel
         self.memory = memory
         self.mapping = mapping
         self.slot_bytes = slot_bytes
@@ -55,9 +55,9 @@ class _Slots:
 
     def take(self, number: int, wait: bool) -> np.ndarray | None:
         while not self.free:
-            if not wait and not self.conn.poll(0):
+            if not wait and not self.channel.poll(0):
                 return None
-            message = self.conn.recv()
+            message = self.channel.recv()
             if message[0] != "free":
                 self.pending.append(message)
                 raise _Interrupted()
@@ -90,6 +90,7 @@ def serve(conn, ticket, slot_bytes: int, slots: int) -> None:
     batch is reported at its number and ends its epoch.
     """
     ds = pipeline = None
+    channel = Channel(conn)
     try:
         try:
             fd = reduction.recv_handle(conn)
@@ -99,14 +100,14 @@ def serve(conn, ticket, slot_bytes: int, slots: int) -> None:
             ds = ticket.open()
             ds.prepare()
         except Exception as exc:  # noqa: BLE001 - reported to the parent, which raises it
-            report_error(conn, 0, -1, exc)
+            report_error(channel, 0, -1, exc)
             return
-        conn.send(("ready",))
-        ring = _Slots(conn, memory, mapping, slot_bytes, slots)
+        channel.send(("ready",))
+        ring = _Slots(channel, memory, mapping, slot_bytes, slots)
         epoch = number = 0
         while True:
-            while pipeline is None or ring.pending or conn.poll(0):
-                message = ring.pending.popleft() if ring.pending else conn.recv()
+            while pipeline is None or ring.pending or channel.poll(0):
+                message = ring.pending.popleft() if ring.pending else channel.recv()
                 if message[0] == "free":
                     ring.free.append(message[1])
                 elif message[0] == "stop":
@@ -135,7 +136,7 @@ def serve(conn, ticket, slot_bytes: int, slots: int) -> None:
                 ring.abandon()
                 continue
             except Exception as exc:  # noqa: BLE001 - the parent raises it at this batch
-                report_error(conn, epoch, number, exc)
+                report_error(channel, epoch, number, exc)
                 pipeline.close()
                 pipeline = None
                 ring.abandon()
@@ -145,7 +146,7 @@ def serve(conn, ticket, slot_bytes: int, slots: int) -> None:
                                   count=len(batch.samples))
             size = int(lengths[0]) if len(lengths) else 0
             ragged = None if (lengths == size).all() else lengths.tobytes()
-            conn.send(("batch", epoch, number, slot, len(lengths), -1 if ragged else size,
+            channel.send(("batch", epoch, number, slot, len(lengths), -1 if ragged else size,
                        ragged))
             number += 1
     except (EOFError, OSError, KeyboardInterrupt):
