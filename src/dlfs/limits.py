@@ -87,6 +87,9 @@ warm_memory_share_default = 0.5
 warm_memory_share_max = 0.9
 # One warm-up read: large, so the device sees sequential reads of many MiB.
 warm_read_bytes = 8 * MiB
+# The last bytes before a warm-up's budget ends, read with the kernel's read-ahead off
+# (it runs up to two windows, 2 x 8 MiB on a virtio disk, past what is read).
+warm_advised_tail_bytes = 32 * MiB
 # Warm-ups waiting for the warm-up thread; more are refused (`dlfs warm`) or
 # skipped (a first read).
 warm_queue_max = 16

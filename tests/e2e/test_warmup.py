@@ -125,13 +125,17 @@ def test_dlfs_warm_reads_the_whole_dataset_into_the_page_cache(daemon_factory, t
     assert listing.stdout.rstrip().endswith("(warm)"), listing.stdout
 
 
-def test_a_dataset_over_the_budget_is_warmed_up_to_it_and_says_so(daemon_factory, tmp_path):
-    budget = 2 * MiB
+# A budget within the advised tail (read-ahead off from the start), and one past it (the
+# kernel's sequential read-ahead first, then the advised tail: it must not run past).
+@pytest.mark.parametrize("budget_mib, data_mib", [(2, 8), (40, 72)])
+def test_a_dataset_over_the_budget_is_warmed_up_to_it_and_says_so(daemon_factory, tmp_path,
+                                                                    budget_mib, data_mib):
+    budget = budget_mib * MiB
     share = budget / memory_bytes()
     daemon = daemon_factory(extra_args=["--warm-memory-share", repr(share),
                                         "--warm-on-first-read", "off",
                                         "--metrics-listen", "127.0.0.1:0"])
-    make_dataset(daemon, tmp_path, 8)
+    make_dataset(daemon, tmp_path, data_mib)
     [extent] = extent_files(daemon)
     size = os.path.getsize(extent)
     drop_cache([extent])

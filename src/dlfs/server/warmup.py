@@ -6,9 +6,14 @@ random reads into page-cache hits.  A warm-up reads each extent of the
 dataset stored here, in extent and offset order, in `warm_read_bytes`
 pieces (`sendfile` to /dev/null: the kernel reads each piece into the page
 cache and copies it nowhere, at under half the CPU of a `preadv` into a
-buffer; the next piece is advised WILLNEED first so the device always has
-work queued), on one background thread, never more than the *budget*: `--warm-memory-share` of the
-daemon's memory (the machine's, or its cgroup limit if lower).
+buffer), on one background thread, never more than the *budget*:
+`--warm-memory-share` of the daemon's memory (the machine's, or its cgroup
+limit if lower).  The kernel's own sequential read-ahead keeps the device
+busy and fills the page cache in large folios, at about a tenth of the CPU
+of advising each piece WILLNEED (which fills it in 4 KiB pages) and no
+slower (docs/DESIGN.md, "Dataset warm-up"); only the last
+`warm_advised_tail_bytes` before the budget ends are read with read-ahead
+off and each next piece advised, so that nothing past the budget is read.
 
 The budget is shared: datasets warmed earlier are counted until a newer
 warm-up needs their room (oldest first; the kernel decides what actually
@@ -85,6 +90,7 @@ class Warmer:
 
     def __init__(self, data_dir: str, budget_bytes: int, is_current, *, metrics,
                  read_bytes: int = limits.warm_read_bytes,
+                 tail_bytes: int = limits.warm_advised_tail_bytes,
                  queue_max: int = limits.warm_queue_max):
         assert budget_bytes >= 0 and read_bytes > 0
         self.data_dir = data_dir
@@ -93,6 +99,7 @@ class Warmer:
         self._metrics = metrics
         metrics.warm_budget_bytes.set(budget_bytes)
         self._read_bytes = read_bytes
+        self._tail_bytes = tail_bytes
         self._lock = threading.Lock()
         self._status: dict[str, WarmStatus] = {}  # by dataset name: its latest warm-up
         self._counted: collections.OrderedDict[str, int] = collections.OrderedDict()
@@ -179,6 +186,9 @@ class Warmer:
         """Read the dataset's extents in order until `goal` bytes, sending them to the
         descriptor `null` (/dev/null); set the final state."""
         warmed = 0
+        # Only a budget that cuts the dataset short needs the advised tail: otherwise
+        # read-ahead ends at the last extent's end anyway.
+        tail = self._tail_bytes if goal < status.bytes_total else 0
         for extent_no in _local_extents(dataset):
             path = layout.extent_path(self.data_dir, dataset.dataset_id, extent_no)
             try:
@@ -186,23 +196,28 @@ class Warmer:
             except FileNotFoundError:
                 return self._set(status, STOPPED, message="the dataset was deleted or replaced")
             try:
-                # No read-ahead of the kernel's own: what is read is what is advised
-                # below, so a warm-up stops at its budget (splice read-ahead, with
-                # SEQUENTIAL, ran megabytes past it).
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
                 size = os.fstat(fd).st_size
                 position = 0
+                advised = False  # in the budget's tail: read-ahead off, pieces advised
                 while position < size and warmed < goal:
                     if self._closed or not self._is_current(dataset.name, dataset.generation):
                         return self._set(status, STOPPED,
                                          message="the dataset was replaced, deleted, or the "
                                                  "daemon is stopping")
                     step = min(self._read_bytes, size - position, goal - warmed)
-                    ahead = min(self._read_bytes, size - position - step, goal - warmed - step)
-                    if position == 0:
-                        os.posix_fadvise(fd, 0, step, os.POSIX_FADV_WILLNEED)
-                    if ahead > 0:  # queue the next piece while this one is read
-                        os.posix_fadvise(fd, position + step, ahead, os.POSIX_FADV_WILLNEED)
+                    if not advised and goal - warmed <= tail:
+                        # The kernel's read-ahead runs up to a window past what is read;
+                        # from here on only what is advised is read, so the warm-up stops
+                        # at its budget.
+                        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+                        os.posix_fadvise(fd, position, step, os.POSIX_FADV_WILLNEED)
+                        advised = True
+                    if advised:  # queue the next piece while this one is read
+                        ahead = min(self._read_bytes, size - position - step,
+                                    goal - warmed - step)
+                        if ahead > 0:
+                            os.posix_fadvise(fd, position + step, ahead,
+                                             os.POSIX_FADV_WILLNEED)
                     got = os.sendfile(null, fd, position, step)
                     if got <= 0:
                         break
