@@ -147,7 +147,7 @@ def serve(conn, ticket, slot_bytes: int, slots: int) -> None:
             size = int(lengths[0]) if len(lengths) else 0
             ragged = None if (lengths == size).all() else lengths.tobytes()
             channel.send(("batch", epoch, number, slot, len(lengths), -1 if ragged else size,
-                       ragged))
+                          ragged))
             number += 1
     except (EOFError, OSError, KeyboardInterrupt):
         pass  # the parent is gone or stopping: nothing to report to

@@ -72,7 +72,7 @@ def report_error(channel: Channel, epoch: int, number: int, exc: BaseException) 
         channel.send(("error", epoch, number, type(exc).__name__, exc.message))
     else:
         channel.send(("error", epoch, number, "Internal",
-                   f"read-ahead process failed: {type(exc).__name__}: {exc}"))
+                      f"read-ahead process failed: {type(exc).__name__}: {exc}"))
 
 
 def raise_error(message) -> None:
