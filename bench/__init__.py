@@ -8,7 +8,7 @@ Modules, in the order data flows:
 
 - `datagen`     generate the workloads (cached between runs) in three stores:
                 a one-file-per-sample tree, an LMDB, a DLFS data dir
-- `processes`   the daemon as `dlfs.launch` starts it, logging warnings only
+- `processes`   the daemon as `dlfs.tools.launch` starts it, logging warnings only
 - `contenders`  one class per way of reading a batch
 - `ceilings`    the limits, timing themselves: fio, raw TCP, raw Unix sendfile
 - `rawsend`     the sender child process of the raw ceilings

@@ -25,7 +25,7 @@ from bench import datagen, dlio_mount, ingest_bench, memory, processes, report, 
 from bench.contenders import BenchEnv
 from bench.lineup import all_contenders
 from bench.measure import CacheControl, proc_status_kib
-from dlfs.launch import MountProcess, fuse_unavailable
+from dlfs.tools.launch import MountProcess, fuse_unavailable
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DLIO = "dlio"  # the --workloads name of bench.dlio_mount

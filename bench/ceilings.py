@@ -32,7 +32,7 @@ import numpy as np
 from bench.contenders import Contender
 from bench.datagen import Prepared, batch_sequence
 from bench.measure import CpuMeter, Measurement, RunResult, check_samples
-from dlfs.layout import HEADER_BYTES
+from dlfs.formats.disk_layout import HEADER_BYTES
 from dlfs.sockio import recv_exactly
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -288,7 +288,7 @@ def sample_locations(prepared: Prepared) -> tuple[list[str], np.ndarray, np.ndar
 
     `datagen` writes the samples in id order through the daemon's `Store`,
     which packs them back to back after each extent's header
-    (`dlfs.layout.HEADER_BYTES`) and starts a new extent when one is full;
+    (`dlfs.formats.disk_layout.HEADER_BYTES`) and starts a new extent when one is full;
     so walking the sizes in id order over the files' sizes gives every
     place.  Raises RuntimeError when the files do not add up that way.
     Cost: one stat per extent file and a Python loop over the samples.

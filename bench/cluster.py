@@ -8,7 +8,7 @@
    share the same two cores and page cache, so this shows the cost of
    splitting a batch (more, smaller RPCs in parallel), not the gain of more
    nodes; on real nodes each daemon brings its own NVMe and cores.
-2. *Model*: rendezvous placement (the real `dlfs.client.placement.place`) of
+2. *Model*: rendezvous placement (the real `dlfs.client.cluster.placement.place`) of
    1,000,000 samples on 10..1,000 daemons: per-daemon load spread, the
    fraction of samples moved when one daemon is added, and the throughput a
    batch of 256 gets when each daemon serves its part at the single-daemon
@@ -30,7 +30,7 @@ import numpy as np
 
 from bench import processes
 from dlfs import Client
-from dlfs.client.placement import place
+from dlfs.client.cluster.placement import place
 
 BATCH = 256
 

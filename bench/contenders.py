@@ -329,7 +329,7 @@ class DlfsPrefetch(DlfsGetBatch):
     """One batch in flight plus a `Dataset.prefetch` hint for the next one.
 
     What a training loop that knows its sampler order does (and what
-    `dlfs.pipeline` does): before waiting for batch i it tells the daemon
+    `dlfs.training.pipeline` does): before waiting for batch i it tells the daemon
     about batch i+1, so the daemon's reads of the next batch overlap this
     one's transfer.  The hint is a quick unary gRPC call on every transport
     (also timed, in the batch's latency).

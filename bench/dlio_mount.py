@@ -59,8 +59,8 @@ from bench.fuse_bench import page_cache_drops
 from bench.measure import CacheControl, git_info, process_cpu_s
 from bench.report import fresh_memory, proactive_reclaim
 from dlfs import Client
-from dlfs.launch import MountProcess, fuse_unavailable
-from dlfs.server.warmup import memory_bytes
+from dlfs.tools.launch import MountProcess, fuse_unavailable
+from dlfs.server.read.warmup import memory_bytes
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MiB = 1 << 20

@@ -47,7 +47,7 @@ import numpy as np
 
 from bench import processes
 from dlfs import Client
-from dlfs.launch import MountProcess
+from dlfs.tools.launch import MountProcess
 
 MiB = 1024 * 1024
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

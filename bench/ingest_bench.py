@@ -45,7 +45,7 @@ import numpy as np
 
 from bench import latency_fs, processes
 from dlfs import Client
-from dlfs.client.readpool import READERS_DEFAULT
+from dlfs.staging.read_pool import READERS_DEFAULT
 
 LATENCY_US = 1000
 LATENCY_FILES = 3000

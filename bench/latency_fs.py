@@ -15,7 +15,7 @@ import shutil
 import subprocess
 import time
 
-from dlfs.launch import fuse_unavailable
+from dlfs.tools.launch import fuse_unavailable
 
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "latencyfs.c")
 

@@ -48,8 +48,8 @@ def _child_build(n: int) -> dict:
     """Runs in a fresh process: RSS before and after building an n-sample index."""
     import numpy as np
 
-    from dlfs.server.records import SampleBlock
-    from dlfs.server.directory import DatasetIndex
+    from dlfs.server.core.catalog_records import SampleBlock
+    from dlfs.server.core.directory import DatasetIndex
 
     gc.collect()
     pid = os.getpid()

@@ -1,4 +1,4 @@
-"""The processes a benchmark run starts, as `dlfs.launch` starts them, set up for measuring.
+"""The processes a benchmark run starts, as `dlfs.tools.launch` starts them, set up for measuring.
 
 Both are real subprocesses, started the way an operator starts them, and
 stopped by the caller's `with` block (the daemon: SIGTERM, then SIGKILL
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 
-from dlfs.launch import DaemonProcess
+from dlfs.tools.launch import DaemonProcess
 
 # Warnings only: a benchmark measures reads, not the daemon's log.  No
 # warm-up on first read: rows measure the read path they name, cold or warm;

@@ -46,7 +46,7 @@ with `dlfs.torch.ShuffleShardSampler` (same order for all):
 
 and, without a DataLoader, DLFS's own in-process loader:
 
-- ``dlfs-pipeline`` / ``dlfs-pipeline-direct``: `dlfs.pipeline.iter_rows`
+- ``dlfs-pipeline`` / ``dlfs-pipeline-direct``: `dlfs.training.pipeline.iter_rows`
   (``prefetch`` batches in flight on threads of the training process), each
   batch received straight into a ``[B, L]`` array that ``torch.from_numpy``
   makes the batch tensor, with its labels, same order; no worker
@@ -56,8 +56,8 @@ Reported per epoch: accelerator utilisation = compute time / wall time
 (wall from ``iter(loader)``, so worker start-up counts, as in DLIO) and
 samples/s.  A second table measures clairvoyant prefetch on cold epochs:
 the same loader with and without hints (`dlfs.torch.PrefetchHints`; and the
-`dlfs.pipeline.iter_rows` with ``hint_ahead``).  With
-``--trace-dir`` each run also writes a `dlfs.profile` timeline.
+`dlfs.training.pipeline.iter_rows` with ``hint_ahead``).  With
+``--trace-dir`` each run also writes a `dlfs.training.profile` timeline.
 
 Data: N files of 110 KiB random bytes in 10 class folders under
 ``--data-dir`` (generated once, reused), ingested into a daemon started
@@ -262,7 +262,7 @@ def train_epoch(batches_factory, compute_s: float, trace_path: str | None = None
     Wall time runs from before ``iter()`` (worker start-up counts) to the end of
     the last step; compute time is the measured sleeps.
     """
-    from dlfs.profile import Timeline
+    from dlfs.training.profile import Timeline
 
     with Timeline(trace_path, print_summary=False) as tl:
         started = time.perf_counter()
@@ -324,7 +324,7 @@ def dataloader_epochs(kind: str, plan: Plan, compute_ms: float, epoch0: int, env
 
 
 class PipelineLoader:
-    """An epoch of `dlfs.pipeline.iter_rows` as (uint8 batch tensor, labels) pairs."""
+    """An epoch of `dlfs.training.pipeline.iter_rows` as (uint8 batch tensor, labels) pairs."""
 
     def __init__(self, env: dict, plan: Plan, order: list[int], direct: bool, hint_ahead: int,
                  prefetch: int):
@@ -340,7 +340,7 @@ class PipelineLoader:
         import torch
 
         from dlfs import Client
-        from dlfs.pipeline import iter_rows
+        from dlfs.training.pipeline import iter_rows
 
         order = np.asarray(self.order, dtype=np.int64)
         options = {"direct": True} if self.direct else NETWORK
@@ -474,7 +474,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data-dir", default="/var/tmp/dlfs-train-bench",
                         help="generated files, the daemon's data dir and logs (reused)")
     parser.add_argument("--out", default="", help="write results JSON here")
-    parser.add_argument("--trace-dir", default="", help="write a dlfs.profile trace per epoch")
+    parser.add_argument("--trace-dir", default="", help="write a dlfs.training.profile trace per "
+                        "epoch")
     parser.add_argument("--compute-ms", default="",
                         help="comma-separated compute times per batch (default: the plan's)")
     parser.add_argument("--workers", type=int, help="DataLoader num_workers (default 4)")

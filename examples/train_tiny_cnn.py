@@ -15,7 +15,7 @@ What it does:
    class folders, JPEG decoded in the DataLoader workers) and
    `ShuffleShardSampler` (a new order each epoch; in a torch.distributed
    job each rank would read its own share);
-4. prints loss and accuracy per epoch, then the `dlfs.profile` I/O table:
+4. prints loss and accuracy per epoch, then the `dlfs.training.profile` I/O table:
    how much of the time the loop waited for data.
 """
 
@@ -35,7 +35,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from dlfs import Client
-from dlfs.profile import Timeline
+from dlfs.training.profile import Timeline
 from dlfs.torch import DLFSDataset, ShuffleShardSampler
 
 CLASSES = ("disc", "square", "stripes")

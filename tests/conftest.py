@@ -9,7 +9,7 @@ import uuid
 import pytest
 
 from dlfs import Client
-from dlfs.launch import DaemonProcess, fuse_unavailable
+from dlfs.tools.launch import DaemonProcess, fuse_unavailable
 
 # Skipped on a developer machine without FUSE; under CI (.ci/run sets CI=true)
 # a missing FUSE is a failure, not a skip.

@@ -7,67 +7,68 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dlfs import datawire, errors
+from dlfs import errors
+from dlfs.formats import datapath_frames as frames
 
 
 def split(frame: bytes) -> tuple[int, bytes]:
-    kind, _flags, length = datawire.parse_frame(frame[:datawire.FRAME.size])
-    body = frame[datawire.FRAME.size:]
+    kind, _flags, length = frames.parse_frame(frame[:frames.FRAME.size])
+    body = frame[frames.FRAME.size:]
     assert len(body) == length
     return kind, body
 
 
 def test_hello_round_trip():
-    kind, body = split(datawire.hello("s3cr3t-token-0123"))
-    assert kind == datawire.Kind.HELLO
-    assert datawire.parse_hello(body) == (datawire.VERSION, "s3cr3t-token-0123")
+    kind, body = split(frames.hello("s3cr3t-token-0123"))
+    assert kind == frames.Kind.HELLO
+    assert frames.parse_hello(body) == (frames.VERSION, "s3cr3t-token-0123")
 
 
 def test_get_batch_round_trip():
     ids = np.array([5, 3, 5, 2**40], dtype=np.int64)
-    kind, body = split(b"".join(bytes(b) for b in datawire.get_batch(
+    kind, body = split(b"".join(bytes(b) for b in frames.get_batch(
         "ds.v1", ids, generation=7, hints=np.array([9]), request_id="step-3")))
-    assert kind == datawire.Kind.GET_BATCH
-    request = datawire.parse_get_batch(memoryview(body))
+    assert kind == frames.Kind.GET_BATCH
+    request = frames.parse_get_batch(memoryview(body))
     assert (request.dataset, request.generation, request.request_id) == ("ds.v1", 7, "step-3")
     assert request.ids.tolist() == ids.tolist() and request.hints.tolist() == [9]
 
 
 def test_read_range_and_stat_round_trip():
-    kind, body = split(datawire.read_range("ds", 12, 100, 0, generation=3))
-    assert kind == datawire.Kind.READ_RANGE
-    assert datawire.parse_read_range(body)[:5] == ("ds", 3, 12, 100, 0)
-    kind, body = split(datawire.stat_dataset("ds", "id-1"))
-    assert datawire.parse_stat_dataset(body) == ("ds", "id-1")
+    kind, body = split(frames.read_range("ds", 12, 100, 0, generation=3))
+    assert kind == frames.Kind.READ_RANGE
+    assert frames.parse_read_range(body)[:5] == ("ds", 3, 12, 100, 0)
+    kind, body = split(frames.stat_dataset("ds", "id-1"))
+    assert frames.parse_stat_dataset(body) == ("ds", "id-1")
 
 
 def test_welcome_carries_the_daemons_features():
-    kind, body = split(datawire.welcome(1, 4 << 20, b"i" * 16))
-    assert kind == datawire.Kind.WELCOME
-    assert datawire.parse_welcome(body) == (1, 4 << 20, b"i" * 16, datawire.WELCOME_BLOCK_CRCS)
-    older = datawire.welcome(1, 4 << 20, b"i" * 16, features=0)  # as daemons before them
-    assert datawire.parse_welcome(split(older)[1])[3] == 0
+    kind, body = split(frames.welcome(1, 4 << 20, b"i" * 16))
+    assert kind == frames.Kind.WELCOME
+    assert frames.parse_welcome(body) == (1, 4 << 20, b"i" * 16, frames.WELCOME_BLOCK_CRCS)
+    older = frames.welcome(1, 4 << 20, b"i" * 16, features=0)  # as daemons before them
+    assert frames.parse_welcome(split(older)[1])[3] == 0
 
 
 def test_block_crcs_round_trip():
-    kind, body = split(datawire.block_crcs("ds", 12, generation=4, request_id="r-1"))
-    assert kind == datawire.Kind.BLOCK_CRCS
-    assert datawire.parse_block_crcs(body) == ("ds", 4, 12, "r-1")
-    kind, body = split(datawire.crcs_reply(4, 1 << 20, np.array([1, 2**32 - 1])))
-    assert kind == datawire.Kind.CRCS
-    generation, block_bytes, crcs = datawire.parse_crcs_reply(body)
+    kind, body = split(frames.block_crcs("ds", 12, generation=4, request_id="r-1"))
+    assert kind == frames.Kind.BLOCK_CRCS
+    assert frames.parse_block_crcs(body) == ("ds", 4, 12, "r-1")
+    kind, body = split(frames.crcs_reply(4, 1 << 20, np.array([1, 2**32 - 1])))
+    assert kind == frames.Kind.CRCS
+    generation, block_bytes, crcs = frames.parse_crcs_reply(body)
     assert (generation, block_bytes, crcs.tolist()) == (4, 1 << 20, [1, 2**32 - 1])
     # A sample whose blocks have no CRCs (ingested before them): none.
-    assert datawire.parse_crcs_reply(split(datawire.crcs_reply(4, 1 << 20, None))[1])[2] is None
+    assert frames.parse_crcs_reply(split(frames.crcs_reply(4, 1 << 20, None))[1])[2] is None
 
 
 def test_batch_header_round_trip():
     lengths = np.array([3, 0, 5], dtype=np.uint64)
     crcs = np.array([1, 2, 3], dtype=np.uint32)
-    kind, body = split(b"".join(bytes(b) for b in datawire.batch_header(9, lengths, crcs,
-                                                                         datawire.BATCH_CRCS)))
-    reply = datawire.parse_batch_header(memoryview(body))
-    assert (reply.generation, reply.payload_bytes, reply.flags) == (9, 8, datawire.BATCH_CRCS)
+    kind, body = split(b"".join(bytes(b) for b in frames.batch_header(9, lengths, crcs,
+                                                                         frames.BATCH_CRCS)))
+    reply = frames.parse_batch_header(memoryview(body))
+    assert (reply.generation, reply.payload_bytes, reply.flags) == (9, 8, frames.BATCH_CRCS)
     assert reply.lengths.tolist() == [3, 0, 5] and reply.crcs.tolist() == [1, 2, 3]
 
 
@@ -75,20 +76,20 @@ def test_batch_header_round_trip():
                                    errors.StorageFull("disk full"),
                                    errors.DataCorruption("sample 3 is damaged")])
 def test_errors_keep_their_class_and_message(error):
-    kind, body = split(datawire.error(error))
-    assert kind == datawire.Kind.ERROR
-    back = datawire.parse_error(body, "host:1")
+    kind, body = split(frames.error(error))
+    assert kind == frames.Kind.ERROR
+    back = frames.parse_error(body, "host:1")
     assert type(back) is type(error) and back.message == error.message
 
 
 @settings(max_examples=500, deadline=None)
 @given(st.binary(max_size=200))
 def test_garbage_bodies_raise_frame_errors_only(body):
-    for parse in (datawire.parse_hello, datawire.parse_get_batch, datawire.parse_read_range,
-                  datawire.parse_stat_dataset, datawire.parse_batch_header,
-                  datawire.parse_welcome, datawire.parse_dataset_reply,
-                  datawire.parse_block_crcs, datawire.parse_crcs_reply):
+    for parse in (frames.parse_hello, frames.parse_get_batch, frames.parse_read_range,
+                  frames.parse_stat_dataset, frames.parse_batch_header,
+                  frames.parse_welcome, frames.parse_dataset_reply,
+                  frames.parse_block_crcs, frames.parse_crcs_reply):
         try:
             parse(memoryview(body))
-        except datawire.FrameError:
+        except frames.FrameError:
             pass

@@ -6,7 +6,7 @@
     samples = ds.get_batch([7, 3, 7, 12])
 
 `Client`, `Dataset` and the value types are loaded on first use, so that
-importing any part of the package (the daemon imports `dlfs.layout`,
+importing any part of the package (the daemon imports `dlfs.formats.disk_layout`,
 `dlfs.limits`, ...) does not load the client, gRPC stubs included.
 """
 

@@ -25,9 +25,9 @@ import os
 import sys
 
 from dlfs.client import Client
-from dlfs.client.progress import IngestStats, human_bytes
-from dlfs.client.readpool import READERS_DEFAULT
-from dlfs.client.sources import SKIP_KINDS, SourceSet, open_sources
+from dlfs.staging.progress import IngestStats, human_bytes
+from dlfs.staging.read_pool import READERS_DEFAULT
+from dlfs.staging.sources import SKIP_KINDS, SourceSet, open_sources
 from dlfs.errors import DlfsError, InvalidArgument
 from dlfs.paths import split_dataset_path
 
@@ -62,7 +62,7 @@ def cmd_ingest(client: Client, args) -> int:
 
 def _dry_run(sources: SourceSet, name: str) -> int:
     """List what an ingest of `sources` would take and skip, without a daemon."""
-    from dlfs.client.ingest import Duplicates
+    from dlfs.client.ingest_upload import Duplicates
 
     sources.scan()
     duplicates = Duplicates() if sources.needs_duplicate_check else None
@@ -125,7 +125,7 @@ def cmd_warm(client: Client, args) -> int:
     else:
         infos = client.warm(args.name)
         if not args.no_wait:
-            from dlfs.client import warm as warmups
+            from dlfs.client import warm_calls as warmups
 
             infos = warmups.wait(client.transport, args.name)
     for info in infos:

@@ -143,7 +143,7 @@ willneed_chunk_bytes = 128 * KiB
 # it is deemed cold: when none of the first this many hit the page cache, the
 # rest are not probed one syscall each but advised and read from the device.
 nowait_probe_pieces = 16
-# Submission slots of a thread's io_uring (dlfs/uring.py): the reads one system
+# Submission slots of a thread's io_uring (dlfs/server/read/uring.py): the reads one system
 # call submits at most (a 4 MiB window of 4 KiB samples is 1,024 pieces).  A
 # ring costs about 100 KiB of kernel memory (64-byte entries, a completion
 # queue twice as long); each thread that reads such windows has one.
@@ -154,7 +154,7 @@ uring_entries = 1024
 # preadv against 92 us in one submission, 256 pieces 546 against 497 us;
 # with four batches in flight the submission also spares the GIL hand-offs.
 uring_pieces_min = 64
-# Data path windows sent by sendfile from the page cache (server/sendfiles.py,
+# Data path windows sent by sendfile from the page cache (server/read/sendfiles.py,
 # --sendfile): pieces must average at least this many bytes (one system
 # call per piece; 4 KiB pieces measured slower than one read and one send),
 # and a window of more pieces than the bound goes the read path (its
@@ -455,7 +455,7 @@ mount_ready_timeout_s = 120.0
 # before they are abandoned and the file system is unmounted.
 mount_shutdown_grace_s = 5.0
 
-# --- training side (dlfs.sampler, dlfs.pipeline, dlfs.profile) ---------------
+# --- training side (dlfs.training: shard_order, pipeline, profile) ---------------------------------
 # Samples one shuffle may cover: the permutation is held in memory as int64
 # (8 bytes a sample), so this bounds it at 8 GiB; far beyond any dataset's
 # sample count that fits a daemon's in-memory directory.

@@ -55,7 +55,7 @@ class DaemonStatus:
     cache_miss_ranges: int
     errors: dict  # calls that failed, by status code name
     data_connections: int = 0  # connections open on the data path
-    sendfile: str = ""  # "on", or "off" and why (server/sendfiles.py)
+    sendfile: str = ""  # "on", or "off" and why (server/read/sendfiles.py)
     sendfile_bytes: int = 0  # payload bytes sent from the page cache by sendfile
     # Filled in by whoever knows them: the daemon's gRPC layer, the client.
     version: str = ""

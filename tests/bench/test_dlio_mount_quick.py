@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from dlfs.launch import fuse_unavailable
+from dlfs.tools.launch import fuse_unavailable
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DLIO_PYTHON = os.environ.get("DLFS_TEST_DLIO_PYTHON", "")

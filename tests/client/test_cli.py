@@ -48,7 +48,8 @@ def test_cli_reports_a_down_daemon(tmp_path):
 
 
 def test_server_help_lists_every_limit():
-    out = subprocess.run([sys.executable, "-m", "dlfs.server.main", "--help"], capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "dlfs.server.server_cli", "--help"],
+                         capture_output=True,
                          check=True).stdout.decode()
     for flag in ("--batch-ids-max", "--batch-bytes-max", "--message-bytes-max", "--reader-threads",
                  "--rpcs-concurrent-max", "--ingests-concurrent-max", "--extent-bytes-max",
@@ -57,7 +58,8 @@ def test_server_help_lists_every_limit():
 
 
 def test_server_refuses_a_data_dir_in_use(daemon):
-    result = subprocess.run([sys.executable, "-m", "dlfs.server.main", "--data-dir", daemon.data_dir,
+    result = subprocess.run([sys.executable, "-m", "dlfs.server.server_cli",
+                             "--data-dir", daemon.data_dir,
                              "--listen", "127.0.0.1:0"], capture_output=True, timeout=60)
     assert result.returncode == 2
     assert b"is in use by another dlfs-server" in result.stderr

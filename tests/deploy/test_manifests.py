@@ -79,7 +79,7 @@ def _only(name: str, kind: str) -> dict:
 def _flags(args: list[str]) -> dict[str, str | bool]:
     """A container's dlfs-server args as {--flag: value} (True for a switch), after
     checking that dlfs-server's own parser takes them."""
-    from dlfs.server.main import build_parser
+    from dlfs.server.server_cli import build_parser
 
     build_parser().parse_args(args)  # exits (SystemExit) on a flag it does not know
     flags: dict[str, str | bool] = {}

@@ -16,7 +16,8 @@ import pytest
 
 import dlfs
 from damage import BAD_BLOCK, BIG, MiB, big_tree, flip_byte
-from dlfs import Client, blockcrc
+from dlfs import Client
+from dlfs.formats import block_crcs
 
 
 @pytest.fixture
@@ -132,11 +133,11 @@ def test_block_crcs_survive_a_restart_and_compaction(daemon, tmp_path):
 
 def write_old_format(data_dir: str) -> None:
     """Rewrite a stopped daemon's catalog as format version 1 wrote it: no BLOCKS records."""
-    from dlfs.server import catalog as cat  # here: importing it defines an error class that
+    from dlfs.server.core import catalog as cat  # here: importing it defines an error class that
     # tests/fuse/test_errno_map.py would then find among DlfsError's subclasses
 
     path = os.path.join(data_dir, "catalog.log")
-    from dlfs.server.records import RecordType
+    from dlfs.server.core.catalog_records import RecordType
 
     records = [(t, p) for t, p in cat.scan(path).records if t is not RecordType.BLOCKS]
     with open(path, "wb") as f:
@@ -152,7 +153,7 @@ def test_datasets_from_before_block_crcs_still_read(daemon, tmp_path):
     daemon.stop()
     write_old_format(daemon.data_dir)
     daemon.start()
-    from dlfs.server import catalog as cat
+    from dlfs.server.core import catalog as cat
 
     with open(os.path.join(daemon.data_dir, "catalog.log"), "rb") as f:
         assert cat.scan(f.name).version == 2  # upgraded on open: older daemons refuse it
@@ -174,16 +175,16 @@ def test_datasets_from_before_block_crcs_still_read(daemon, tmp_path):
 
 
 def test_block_hasher_matches_any_piece_size():
-    data = np.random.default_rng(3).bytes(3 * blockcrc.BLOCK_BYTES + 17)
-    expected = [crc32c.crc32c(data[i:i + blockcrc.BLOCK_BYTES])
-                for i in range(0, len(data), blockcrc.BLOCK_BYTES)]
-    for piece in (1000, blockcrc.BLOCK_BYTES, 3 * blockcrc.BLOCK_BYTES + 100):
-        hasher = blockcrc.BlockHasher()
+    data = np.random.default_rng(3).bytes(3 * block_crcs.BLOCK_BYTES + 17)
+    expected = [crc32c.crc32c(data[i:i + block_crcs.BLOCK_BYTES])
+                for i in range(0, len(data), block_crcs.BLOCK_BYTES)]
+    for piece in (1000, block_crcs.BLOCK_BYTES, 3 * block_crcs.BLOCK_BYTES + 100):
+        hasher = block_crcs.BlockHasher()
         for i in range(0, len(data), piece):
             hasher.update(data[i:i + piece])
         assert hasher.finish(len(data)) == expected
-    small = blockcrc.BlockHasher()
+    small = block_crcs.BlockHasher()
     small.update(b"abc")
     assert small.finish(3) == []
-    assert blockcrc.widen(10, 20, 100, 8) == (8, 24)
-    assert blockcrc.widen(10, 99, 100, 8) == (8, 100)
+    assert block_crcs.widen(10, 20, 100, 8) == (8, 24)
+    assert block_crcs.widen(10, 99, 100, 8) == (8, 100)

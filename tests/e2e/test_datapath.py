@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 
 import dlfs
 from conftest import evict_extents, unique_name, write_tree
-from dlfs import Client, datawire
+from dlfs import Client
+from dlfs.formats import datapath_frames as frames
 from dlfs.sockio import recv_exactly
 
 MiB = 1024 * 1024
@@ -163,10 +164,10 @@ def raw_connection(daemon) -> socket.socket:
 
 
 def read_frame(sock) -> tuple[int, bytes]:
-    header = bytearray(datawire.FRAME.size)
+    header = bytearray(frames.FRAME.size)
     if not recv_exactly(sock, memoryview(header), eof_ok=True):
         return 0, b""
-    kind, _flags, length = datawire.parse_frame(header)
+    kind, _flags, length = frames.parse_frame(header)
     body = bytearray(length)
     recv_exactly(sock, memoryview(body))
     return kind, bytes(body)
@@ -182,35 +183,35 @@ def test_a_token_is_required_when_the_daemon_has_tokens(daemon_factory, tmp_path
         port = client.transport.data_path().tcp_port
     for token in ("", "wrong-token-wrong-token"):
         with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
-            sock.sendall(datawire.hello(token))
+            sock.sendall(frames.hello(token))
             kind, body = read_frame(sock)
-            assert kind == datawire.Kind.ERROR
-            assert isinstance(datawire.parse_error(body, "x"), dlfs.Unauthenticated)
+            assert kind == frames.Kind.ERROR
+            assert isinstance(frames.parse_error(body, "x"), dlfs.Unauthenticated)
             assert read_frame(sock) == (0, b"")  # and the daemon hung up
     with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
-        sock.sendall(datawire.hello(TOKEN))
-        assert read_frame(sock)[0] == datawire.Kind.WELCOME
+        sock.sendall(frames.hello(TOKEN))
+        assert read_frame(sock)[0] == frames.Kind.WELCOME
 
 
 def test_malformed_frames_get_an_error_and_a_closed_connection(served):
     daemon, name, _files = served
     cases = [
         b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",  # not our protocol at all
-        datawire.frame(datawire.Kind.GET_BATCH, 0),  # a request before HELLO
-        datawire.FRAME.pack(datawire.Kind.HELLO, 0, 0, 1 << 30),  # a huge body
+        frames.frame(frames.Kind.GET_BATCH, 0),  # a request before HELLO
+        frames.FRAME.pack(frames.Kind.HELLO, 0, 0, 1 << 30),  # a huge body
     ]
     for raw in cases:
         with raw_connection(daemon) as sock:
             sock.sendall(raw)
             kind, body = read_frame(sock)
-            assert kind == datawire.Kind.ERROR
-            assert isinstance(datawire.parse_error(body, "x"), dlfs.InvalidArgument)
+            assert kind == frames.Kind.ERROR
+            assert isinstance(frames.parse_error(body, "x"), dlfs.InvalidArgument)
             assert read_frame(sock) == (0, b"")
     with raw_connection(daemon) as sock:  # valid HELLO, then a frame of an unknown kind
-        sock.sendall(datawire.hello(""))
-        assert read_frame(sock)[0] == datawire.Kind.WELCOME
-        sock.sendall(datawire.frame(99, 4) + b"abcd")
-        assert read_frame(sock)[0] == datawire.Kind.ERROR
+        sock.sendall(frames.hello(""))
+        assert read_frame(sock)[0] == frames.Kind.WELCOME
+        sock.sendall(frames.frame(99, 4) + b"abcd")
+        assert read_frame(sock)[0] == frames.Kind.ERROR
         assert read_frame(sock) == (0, b"")
     with Client(daemon.address) as client:
         assert len(client.dataset(name).get_batch([1, 2])) == 2
@@ -219,14 +220,14 @@ def test_malformed_frames_get_an_error_and_a_closed_connection(served):
 @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
 @given(st.lists(st.tuples(st.sampled_from([0, 1, 2, 3, 4, 64, 66, 255]), st.binary(max_size=64)),
                 min_size=1, max_size=4))
-def test_fuzzed_frames_never_hurt_the_daemon(served, frames):
+def test_fuzzed_frames_never_hurt_the_daemon(served, fuzzed):
     daemon, name, _files = served
     with raw_connection(daemon) as sock:
         sock.settimeout(10)
         try:
-            sock.sendall(datawire.hello(""))
-            for kind, body in frames:
-                sock.sendall(datawire.frame(kind, len(body)) + body)
+            sock.sendall(frames.hello(""))
+            for kind, body in fuzzed:
+                sock.sendall(frames.frame(kind, len(body)) + body)
             sock.shutdown(socket.SHUT_WR)
             while read_frame(sock)[0]:
                 pass
@@ -241,12 +242,12 @@ def test_a_client_that_dies_mid_reply_costs_nothing(served):
     big = paths_of(files).index("big/volume.raw")
     code = f"""
 import socket, sys
-from dlfs import datawire
+from dlfs.formats import datapath_frames as frames
 import numpy as np
 sock = socket.create_connection(("127.0.0.1", {raw_port(daemon)}))
-sock.sendall(datawire.hello(""))
+sock.sendall(frames.hello(""))
 sock.recv(100)
-for b in datawire.get_batch({name!r}, np.array([{big}] * 8)):
+for b in frames.get_batch({name!r}, np.array([{big}] * 8)):
     sock.sendall(b)
 sock.recv(65536)
 import os; os._exit(0)
@@ -280,9 +281,9 @@ def test_a_client_that_stops_reading_is_cut_off_and_memory_stays_bounded(daemon_
         for _ in range(4):  # each asks for ~450 MB and reads nothing
             sock = socket.create_connection(("127.0.0.1", port))
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-            sock.sendall(datawire.hello(""))
+            sock.sendall(frames.hello(""))
             read_frame(sock)
-            for b in datawire.get_batch("ds", np.array([big] * 48)):
+            for b in frames.get_batch("ds", np.array([big] * 48)):
                 sock.sendall(b)
             stalled.append(sock)
         # Meanwhile everyone else is served: the buffer pool (two windows) is not held

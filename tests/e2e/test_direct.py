@@ -13,7 +13,7 @@ import pytest
 import dlfs
 from conftest import write_tree
 from dlfs import Client
-from dlfs.client.dataconn import DataConnection
+from dlfs.client.transport.datapath_conn import DataConnection
 
 
 def test_direct_reads_match_daemon_reads(daemon, tmp_path):
@@ -73,7 +73,8 @@ def test_descriptors_go_to_the_daemons_user_or_a_token_holder(daemon_factory, tm
     # interpreter itself may live where nobody cannot read, as under /root).
     read = ("import os, sys, grpc, numpy, crc32c\n"
             "from dlfs.client.client import Client\n"
-            "import dlfs.client.direct, dlfs.client.datapath, dlfs.client.ingest\n"
+            "import dlfs.client.transport.direct_transport, dlfs.client.transport.datapath_pool, "
+            "dlfs.client.ingest_upload\n"
             "os.setuid(65534)\n"
             "c = Client(sys.argv[1], direct=True, token=sys.argv[2])\n"
             "print(bytes(c.get_batch([0], dataset='ds')[0]).decode())")

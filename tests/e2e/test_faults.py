@@ -1,6 +1,6 @@
 """Whatever disk operation fails, a restart finds one whole version of every dataset.
 
-A randomized loop drives the daemon's fault hook (`dlfs.server.faults`,
+A randomized loop drives the daemon's fault hook (`dlfs.server.core.faults`,
 ``DLFS_FAULT=OP:N:ACTION``): an errno or a SIGKILL at a random step of an
 ingest, a resumable ingest (then resumed), a replace, a delete, or the
 catalog replay and compaction at start.
@@ -21,7 +21,7 @@ import pytest
 import dlfs
 from conftest import read_dataset, wait_until, write_tree
 from dlfs import Client
-from dlfs.launch import LaunchError
+from dlfs.tools.launch import LaunchError
 
 # Injected faults the loop must see fire (each followed by a restart and the checks).
 FAULTS_MIN = int(os.environ.get("DLFS_FAULTS_MIN", "50"))

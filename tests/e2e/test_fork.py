@@ -22,7 +22,7 @@ import pytest
 import dlfs
 from conftest import write_tree
 from dlfs import Client, DatasetTicket
-from dlfs.client.channel import FORK_SUPPORT_ENV, fork_support_enabled
+from dlfs.client.transport.grpc_channel import FORK_SUPPORT_ENV, fork_support_enabled
 
 CHILD_TIMEOUT_S = 60
 
@@ -140,7 +140,7 @@ def test_a_forked_child_reads_a_striped_dataset_without_grpc(
 CORE_SCRIPT = """
 import gc, glob, os, sys
 from dlfs import Client
-from dlfs.client.channel import grpc_core_held
+from dlfs.client.transport.grpc_channel import grpc_core_held
 
 def grpc_threads():
     names = []

@@ -10,7 +10,7 @@ import sys
 
 from conftest import read_dataset, requires_fuse, write_tree
 from dlfs import Client
-from dlfs.launch import DaemonProcess, wait_for_file
+from dlfs.tools.launch import DaemonProcess, wait_for_file
 
 POWERCUT_FS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                            "powercut_fs.py")

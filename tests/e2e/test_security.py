@@ -11,7 +11,7 @@ import pytest
 import dlfs
 from conftest import write_tree
 from dlfs import Client
-from dlfs.launch import DaemonProcess
+from dlfs.tools.launch import DaemonProcess
 from dlfs.proto import dlfs_pb2 as pb
 
 READ_TOKEN = "r" * 8 + "-read-token-0123"

@@ -12,11 +12,12 @@ import pytest
 
 import dlfs
 from conftest import evict_extents, metric_samples, write_tree
-from dlfs import Client, datawire
-from dlfs.server import sendfiles
-from dlfs.server.extents import ExtentFiles, ExtentStore
-from dlfs.server.planning import PieceColumns
-from dlfs.server.reader import ShortRead
+from dlfs import Client
+from dlfs.formats import datapath_frames as frames
+from dlfs.server.read import sendfiles
+from dlfs.server.core.extents import ExtentFiles, ExtentStore
+from dlfs.server.read.batch_planning import PieceColumns
+from dlfs.server.read.read_engine import ShortRead
 from dlfs.sockio import recv_exactly
 
 MiB = 1024 * 1024
@@ -133,11 +134,11 @@ def test_a_client_that_stops_reading_a_sendfile_reply_is_cut_off(daemon_factory,
         assert endpoint.family == socket.AF_UNIX
         stalled = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         stalled.connect(endpoint.address)
-        stalled.sendall(datawire.hello(""))
-        header = bytearray(datawire.FRAME.size)
+        stalled.sendall(frames.hello(""))
+        header = bytearray(frames.FRAME.size)
         recv_exactly(stalled, memoryview(header))
-        stalled.recv(datawire.parse_frame(header)[2])
-        for b in datawire.get_batch("ds", np.array([big] * 40)):  # 360 MB, never read
+        stalled.recv(frames.parse_frame(header)[2])
+        for b in frames.get_batch("ds", np.array([big] * 40)):  # 360 MB, never read
             stalled.sendall(b)
         assert bytes(ds.get_batch([3])[0]) == files[sorted(files)[3]]  # others are served
         give_up = time.monotonic() + 60
@@ -154,7 +155,7 @@ def test_an_extent_that_ends_early_pads_the_window_and_says_so(tmp_path):
     pages cached."""
     store = ExtentStore(str(tmp_path))
     os.makedirs(os.path.dirname(store.extent_path(1, 0)))
-    from dlfs.layout import HEADER_BYTES, encode_header
+    from dlfs.formats.disk_layout import HEADER_BYTES, encode_header
     with open(store.extent_path(1, 0), "wb") as f:
         f.write(encode_header(1, 0, time.time_ns()) + b"x" * 100_000)
     files = ExtentFiles(store)

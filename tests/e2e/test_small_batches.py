@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from conftest import metric_samples, write_tree
-from dlfs import Client, limits, wire
+from dlfs import Client, limits
+from dlfs.formats import grpc_chunks
 from dlfs.proto import dlfs_pb2 as pb
 from dlfs.proto import dlfs_pb2_grpc
 
@@ -64,7 +65,7 @@ def test_a_reply_larger_than_one_message_falls_back_to_the_stream(loaded):
         raw = channel.unary_unary("/dlfs.v1.Dlfs/GetSmallBatch",
                                   request_serializer=pb.GetBatchRequest.SerializeToString,
                                   response_deserializer=None)
-        header, payload = wire.decode_chunk(raw(pb.GetBatchRequest(
+        header, payload = grpc_chunks.decode_chunk(raw(pb.GetBatchRequest(
             dataset="ds", paths=["small/03", "small/04"]), timeout=10))
         assert header.payload_bytes == len(payload) == 1003 + 1004
         assert bytes(payload) == files["small/03"] + files["small/04"]

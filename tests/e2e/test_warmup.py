@@ -17,7 +17,7 @@ import pytest
 
 from conftest import metric_samples, write_tree
 from dlfs import Client
-from dlfs.server.warmup import memory_bytes
+from dlfs.server.read.warmup import memory_bytes
 
 MiB = 1024 * 1024
 PAGE = 4096
@@ -194,7 +194,7 @@ def test_first_reads_do_not_warm_when_turned_off(daemon_factory, tmp_path):
 
 @pytest.mark.parametrize("share", ["-0.1", "0.95"])
 def test_a_share_out_of_range_is_refused(tmp_path, share):
-    result = subprocess.run([sys.executable, "-m", "dlfs.server.main", "--data-dir",
+    result = subprocess.run([sys.executable, "-m", "dlfs.server.server_cli", "--data-dir",
                              str(tmp_path / "d"), "--warm-memory-share", share],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and "warm_memory_share must be in 0..0.9" in result.stderr

@@ -4,8 +4,8 @@ Test modules import `mount_factory` (a fixture) and `requires_fuse` from
 here; a conftest.py in this directory would shadow tests/conftest.py's
 helpers (`from conftest import write_tree`), hence a plain module.
 
-`mount_factory` starts ``python -m dlfs.fuse.main ADDR MNT --foreground`` as
-a user would under systemd (`dlfs.launch.MountProcess`), returns once the
+`mount_factory` starts ``python -m dlfs.fuse.mount_cli ADDR MNT --foreground`` as
+a user would under systemd (`dlfs.tools.launch.MountProcess`), returns once the
 mount answers, and at teardown unmounts with ``fusermount3 -u`` (lazily if
 busy) and reaps the process, even when the test failed.
 """
@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from conftest import requires_fuse  # noqa: F401 - the FUSE tests import it from here
-from dlfs.launch import MountProcess
+from dlfs.tools.launch import MountProcess
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ import pytest
 import dlfs
 from conftest import write_tree
 from dlfs import Client
-from dlfs.client.ingest import SourceFile, WalkReport, walk_tree
+from dlfs.client.ingest_upload import SourceFile, WalkReport, walk_tree
 from mounting import mount_factory, requires_fuse  # noqa: F401 (fixture)
 
 pytestmark = requires_fuse

@@ -21,7 +21,7 @@ import pytest
 
 from conftest import unique_name, write_tree
 from dlfs import Client
-from dlfs.launch import POLL_INTERVAL_S, STOP_GRACE_S, is_mounted, unmount
+from dlfs.tools.launch import POLL_INTERVAL_S, STOP_GRACE_S, is_mounted, unmount
 from mounting import mount_factory, requires_fuse, splice_reads  # noqa: F401 (fixture)
 
 pytestmark = requires_fuse
@@ -465,7 +465,7 @@ def test_background_mode_returns_when_usable(dataset, tmp_path):
     mountpoint = str(tmp_path / "bg")
     os.mkdir(mountpoint)
     log_path = str(tmp_path / "bg.log")
-    result = subprocess.run([sys.executable, "-m", "dlfs.fuse.main", address, mountpoint,
+    result = subprocess.run([sys.executable, "-m", "dlfs.fuse.mount_cli", address, mountpoint,
                              "--log-file", log_path], capture_output=True, text=True, timeout=60)
     try:
         assert result.returncode == 0, result.stderr
@@ -491,7 +491,7 @@ def test_mount_errors_are_clear(dataset, tmp_path):
     os.mkdir(mountpoint)
 
     def mount(*argv):
-        return subprocess.run([sys.executable, "-m", "dlfs.fuse.main", *argv],
+        return subprocess.run([sys.executable, "-m", "dlfs.fuse.mount_cli", *argv],
                               capture_output=True, text=True, timeout=60)
 
     result = mount("127.0.0.1:1", mountpoint, "--reconnect-timeout", "1")

@@ -1,5 +1,5 @@
 """A byte flipped on disk inside a large file: the mount answers EIO for the
-damaged block and keeps serving the others (block CRC32Cs, dlfs.blockcrc)."""
+damaged block and keeps serving the others (block CRC32Cs, dlfs.formats.block_crcs)."""
 
 from __future__ import annotations
 

@@ -6,15 +6,15 @@ import crc32c
 import numpy as np
 import pytest
 
-from dlfs import blockcrc
+from dlfs.formats import block_crcs
 from dlfs.errors import InvalidArgument
-from dlfs.server import catalog as cat
-from dlfs.server import records
-from dlfs.server import replay
+from dlfs.server.core import catalog as cat
+from dlfs.server.core import catalog_records as records
+from dlfs.server.core import catalog_replay
 from dlfs.server.config import ServerConfig
 from dlfs.server.store import Store
 
-B = blockcrc.BLOCK_BYTES
+B = block_crcs.BLOCK_BYTES
 
 
 def open_store(path) -> Store:
@@ -72,14 +72,14 @@ def test_block_crcs_and_empty_dirs_survive_restart_and_compaction(tmp_path):
     kinds = [t for t, _ in found]
     assert kinds.count(records.RecordType.BLOCKS) == 1 and kinds.count(records.RecordType.DIRS) == 1
     # What compaction writes for a live dataset replays to the same dataset.
-    replayed, _ = replay.replay(found)
+    replayed, _ = catalog_replay.replay(found)
     [(dataset_id, entry)] = replayed.items()
     rewritten = records.start_records(dataset_id, entry.created_ns, entry.name)
     for block in entry.blocks:
         rewritten += records.block_records(dataset_id, block)
     rewritten += records.dirs_records(dataset_id, entry.dirs)
     rewritten.append((records.RecordType.SEAL, records.encode_seal(dataset_id)))
-    again, _ = replay.replay(rewritten)
+    again, _ = catalog_replay.replay(rewritten)
     assert again[dataset_id].dirs == entry.dirs
     block = records.SampleBlock.concat(again[dataset_id].blocks)
     assert block.block_crc.tolist() == records.SampleBlock.concat(entry.blocks).block_crc.tolist()
@@ -96,7 +96,7 @@ def test_a_blocks_record_that_does_not_fit_its_samples_is_ignored(tmp_path):
             dataset_id, block_bytes, crcs = records.decode_blocks(payload)
             payload = records.encode_blocks(dataset_id, block_bytes, crcs[:-1])
         found.append((record_type, payload))
-    replayed, _ = replay.replay(found)
+    replayed, _ = catalog_replay.replay(found)
     [entry] = replayed.values()
     block = records.SampleBlock.concat(entry.blocks)
     assert block.block_crc is None  # whole-sample CRCs only, as for format 1

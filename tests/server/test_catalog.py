@@ -8,8 +8,8 @@ import shutil
 import numpy as np
 import pytest
 
-from dlfs.server import catalog as cat
-from dlfs.server import records
+from dlfs.server.core import catalog as cat
+from dlfs.server.core import catalog_records as records
 
 
 def block(paths, extent=0, start=4096):

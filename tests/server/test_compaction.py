@@ -58,7 +58,7 @@ def test_striped_dataset_survives_restart_and_compaction(tmp_path):
     import pytest
 
     from dlfs.errors import FailedPrecondition
-    from dlfs.server.directory import Cluster
+    from dlfs.server.core.directory import Cluster
 
     config = ServerConfig(data_dir=str(tmp_path / "data"))
     cluster = Cluster(("a:1", "b:2"), 1, 0)

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from dlfs.server.directio import DirectAppender, open_appender
+from dlfs.server.core.directio import DirectAppender, open_appender
 
 
 def test_writes_and_flushes_in_any_pattern_read_back_exactly(tmp_path):

@@ -11,17 +11,17 @@ import time
 import numpy as np
 import pytest
 
-from dlfs import uring
-from dlfs.client.buffers import BufferPool
-from dlfs.client.datapath import DataPath, endpoints
-from dlfs.client.datatransport import DataPathHint
+from dlfs.server.read import uring
+from dlfs.client.reply_buffers import BufferPool
+from dlfs.client.transport.datapath_pool import DataPath, endpoints
+from dlfs.client.transport.datapath_transport import DataPathHint
 from dlfs.server.config import ServerConfig
-from dlfs.server.datapath import DataPathServer
-from dlfs.server.extents import ExtentFiles
-from dlfs.server.planning import plan_batch
-from dlfs.server.prefetch import Prefetcher
+from dlfs.server.datapath.listener import DataPathServer
+from dlfs.server.core.extents import ExtentFiles
+from dlfs.server.read.batch_planning import plan_batch
+from dlfs.server.read.prefetch import Prefetcher
 from dlfs.server.store import Store
-from tests.server.test_reader import drop_cached_pages, write_samples
+from tests.server.test_read_engine import drop_cached_pages, write_samples
 
 
 def resident(store, extent_no: int, offset: int) -> bool:

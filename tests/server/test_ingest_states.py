@@ -11,7 +11,7 @@ from conftest import store_read as read
 from dlfs.errors import (AlreadyExists, FailedPrecondition, InvalidArgument, NotFound,
                          StaleGeneration, Unavailable)
 from dlfs.server.config import ServerConfig
-from dlfs.server.ingest_registry import IngestState
+from dlfs.server.ingest.ingest_registry import IngestState
 from dlfs.server.store import Store
 
 
@@ -58,7 +58,7 @@ def test_a_read_of_the_generation_a_prepared_member_awaits_is_stale_not_missing(
     """A cluster reader that learnt a new version from a member that committed it
     reaches this one before its commit: StaleGeneration, which readers wait out,
     not NotFound, which they take as a deleted dataset."""
-    from dlfs.server.directory import Cluster
+    from dlfs.server.core.directory import Cluster
 
     generation = (1 << 62) | 7
     session = store.begin_ingest("ds", cluster=Cluster(("a:1", "b:2"), 1, 1, generation))

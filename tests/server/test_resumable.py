@@ -8,11 +8,11 @@ import time
 import pytest
 
 from conftest import store_read
-from dlfs import ingest_digest
+from dlfs.formats import ingest_digest
 from dlfs.errors import AlreadyExists, DataCorruption, NotFound, ResumeConflict, Unavailable
-from dlfs.server import catalog as cat
+from dlfs.server.core import catalog as cat
 from dlfs.server.config import ServerConfig
-from dlfs.server.ingest_registry import IngestState
+from dlfs.server.ingest.ingest_registry import IngestState
 from dlfs.server.store import Store
 
 

@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dlfs.server.planning import RequestOrder
+from dlfs.server.read.batch_planning import RequestOrder
 
 FILE_BYTES = 4096
 

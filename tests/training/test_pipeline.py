@@ -1,4 +1,4 @@
-"""dlfs.pipeline.iter_batches against a real daemon: order, bounds, hints, clean shutdown."""
+"""dlfs.training.pipeline.iter_batches against a real daemon: order, bounds, hints, clean shutdown."""
 
 from __future__ import annotations
 
@@ -10,9 +10,10 @@ import pytest
 
 from conftest import unique_name, write_tree
 from dlfs import Client, InvalidArgument
-from dlfs import limits, pipeline
-from dlfs.pipeline import iter_batches
-from dlfs.sampler import ShuffleShard
+from dlfs import limits
+from dlfs.training import pipeline
+from dlfs.training.pipeline import iter_batches
+from dlfs.training.shard_order import ShuffleShard
 
 SAMPLES = 53
 # A wait for another thread that never ends fails the test instead of hanging it.  Not
@@ -297,7 +298,7 @@ def test_rows_of_different_sizes_fail_at_their_batch(rows_dataset):
 def test_rows_take_the_sizes_given(rows_dataset):
     ds, ids, _odd = rows_dataset
     sizes = ds.listing()[1]
-    with ds.iter_rows(ids[:4], 4, sizes=sizes) as batches:
+    with pipeline.iter_rows(ds, ids[:4], 4, sizes=sizes) as batches:
         assert next(batches).samples.shape == (4, ROW_BYTES)
     with pytest.raises(InvalidArgument, match="beyond the 3 sizes"):
         pipeline.iter_rows(ds, [0, 1, 5], batch_size=2, sizes=sizes[:3])

@@ -1,4 +1,5 @@
-"""dlfs.profile.Timeline: per-batch wait/decode/step, summary, and a valid Chrome/Perfetto trace."""
+"""dlfs.training.profile.Timeline: per-batch wait/decode/step, summary, and a valid Chrome/Perfetto
+trace."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ import pytest
 
 from conftest import unique_name, write_tree
 from dlfs import Client
-from dlfs.pipeline import iter_batches
-from dlfs.profile import SPOOL_PREFIX, Timeline, format_summary, spool_span
+from dlfs.training.pipeline import iter_batches
+from dlfs.training.profile import SPOOL_PREFIX, Timeline, format_summary, spool_span
 
 SAMPLES = 40
 STEP_S = 0.02

@@ -8,7 +8,7 @@ torch = pytest.importorskip("torch")
 from torch.utils.data import DistributedSampler  # noqa: E402
 
 from dlfs.errors import InvalidArgument  # noqa: E402
-from dlfs.sampler import ShuffleShard, shard  # noqa: E402
+from dlfs.training.shard_order import ShuffleShard, shard  # noqa: E402
 from dlfs.torch import ShuffleShardSampler  # noqa: E402
 
 SIZES = (1, 2, 5, 7, 36, 37, 100)

@@ -10,7 +10,7 @@ client-side copy, buffer protocol (``np.frombuffer``, ``io.BytesIO``,
 ``bytes(sample)``).  All samples of one batch share one payload buffer,
 which lives as long as any of them does.
 
-A client holds one transport (`dlfs.client.transport`): a single daemon
+A client holds one transport (`dlfs.client.transport.grpc_transport`): a single daemon
 over gRPC, a co-located daemon whose extent files it reads itself, or a
 router over several daemons.  They answer the same calls, so nothing here
 depends on which.
@@ -24,22 +24,23 @@ import sys
 from typing import Iterable, Iterator, Sequence
 
 from dlfs import limits
-from dlfs.client import convert, metadata
-from dlfs.client import warm as warmups
-from dlfs.client.buffers import BufferPool
-from dlfs.client.cluster import ClusterRouter
-from dlfs.client.convert import DatasetInfo, Entry
+from dlfs.client import metadata
+from dlfs.client.transport import grpc_types
+from dlfs.client import warm_calls as warmups
+from dlfs.client.reply_buffers import BufferPool
+from dlfs.client.cluster.router import ClusterRouter
+from dlfs.client.transport.grpc_types import DatasetInfo, Entry
 from dlfs.client.dataset import Dataset
-from dlfs.client.datatransport import DataPathTransport
-from dlfs.client.direct import DirectTransport
+from dlfs.client.transport.datapath_transport import DataPathTransport
+from dlfs.client.transport.direct_transport import DirectTransport
 from dlfs.client.metadata import members_disagree
-from dlfs.client.progress import IngestStats
-from dlfs.client.readpool import READERS_DEFAULT
-from dlfs.client.settle import SettleReport
-from dlfs.client.settle import settle as settle_ingest
-from dlfs.client.sources import open_sources
+from dlfs.staging.progress import IngestStats
+from dlfs.staging.read_pool import READERS_DEFAULT
+from dlfs.client.cluster.settle import SettleReport
+from dlfs.client.cluster.settle import settle as settle_ingest
+from dlfs.staging.sources import open_sources
 from dlfs.client.requests import SampleKey, batch_request
-from dlfs.client.transport import DaemonTransport
+from dlfs.client.transport.grpc_transport import DaemonTransport
 from dlfs.errors import DlfsError, InvalidArgument, NotFound, Unavailable
 from dlfs.paths import check_dataset_name
 from dlfs.proto import dlfs_pb2 as pb
@@ -52,7 +53,7 @@ class Client:
     `address` is ``HOST:PORT``, or several (a list, or one string separated
     by ','): then datasets striped over those daemons are read from all of
     them, each sample from a live holder, with failover to replicas (see
-    `dlfs.client.cluster`).  The client is thread-safe; after `os.fork` make
+    `dlfs.client.cluster.router`).  The client is thread-safe; after `os.fork` make
     a new one in the child.
 
     `token` (default: $DLFS_TOKEN) authenticates to a daemon started with
@@ -72,7 +73,7 @@ class Client:
     With `direct=True` the client must run on the daemon's host: the daemon
     passes its extent files over its Unix socket and batches are served
     from them, mapped into this process, as views of the page cache (see
-    `dlfs.client.direct`); metadata still comes from the daemon.
+    `dlfs.client.transport.direct_transport`); metadata still comes from the daemon.
     FailedPrecondition is raised at the first batch otherwise.
 
     `data_path_hints` ({address: where its data path listens}) is what a
@@ -156,7 +157,7 @@ class Client:
         """
         def listing(member) -> list[DatasetInfo]:
             reply = member.call("ListDatasets", pb.ListDatasetsRequest())
-            return [convert.dataset_info(d) for d in reply.datasets]
+            return [grpc_types.dataset_info(d) for d in reply.datasets]
 
         results = _sole_failure_raised(self.transport.each(listing))
         if all(isinstance(r, DlfsError) for r in results.values()):
@@ -187,7 +188,7 @@ class Client:
         check_dataset_name(name)
         request = pb.DeleteDatasetRequest(dataset=name)
         results = _sole_failure_raised(self.transport.each(
-            lambda member: convert.dataset_info(member.call("DeleteDataset", request,
+            lambda member: grpc_types.dataset_info(member.call("DeleteDataset", request,
                                                             retry=False))))
         refused = [r for r in results.values()
                    if isinstance(r, DlfsError) and not isinstance(r, (NotFound, Unavailable))]
@@ -207,7 +208,7 @@ class Client:
 
         The first member's decision is applied now; with `first_member_lost`
         (it is gone for good) the other members decide: commit if one of
-        them had committed, else abort.  See `dlfs.client.settle`.  Raises
+        them had committed, else abort.  See `dlfs.client.cluster.settle`.  Raises
         FailedPrecondition, Unavailable, NotFound.
         """
         check_dataset_name(name)
@@ -258,7 +259,7 @@ class Client:
 
         `archives`: directories name directories of archives.  `readers`:
         files read at once.  `resumable`: a broken-off ingest is kept on the
-        daemon for `resume=True`.  See `dlfs.client.sources` for the file
+        daemon for `resume=True`.  See `dlfs.staging.sources` for the file
         selection rules, and `upload`.
         """
         check_dataset_name(name)
@@ -273,7 +274,7 @@ class Client:
                progress: bool | str | None = None, replicas: int = 1,
                readers: int = READERS_DEFAULT, resumable: bool = False, resume: bool = False,
                via: str = "auto", stats: IngestStats | None = None) -> DatasetInfo:
-        """Upload a `walk_tree` report or a `dlfs.client.sources.SourceSet` as dataset `name`.
+        """Upload a `walk_tree` report or a `dlfs.staging.sources.SourceSet` as dataset `name`.
 
         Several daemons: the dataset is striped over all of them, each sample
         stored on `replicas` of them (docs/cluster.md).
@@ -288,13 +289,13 @@ class Client:
         """Re-place dataset `name` on this client's daemons (e.g. after adding one).
 
         Only copies whose holder changes cross the network; see
-        `dlfs.client.rebalance`.  Returns a `RebalanceReport`.  Raises
+        `dlfs.client.cluster.rebalance`.  Returns a `RebalanceReport`.  Raises
         InvalidArgument with a single address, NotFound, Unavailable.
         """
         check_dataset_name(name)
         return self.transport.rebalance(name, replicas=replicas, progress=progress)
 
-    def status(self) -> convert.DaemonStatus:
+    def status(self) -> grpc_types.DaemonStatus:
         """The daemon's health and counters (what `dlfs status` prints).
 
         Several daemons: the first member that answers; see `statuses`.
@@ -370,8 +371,8 @@ def _sole_failure_raised(results: dict) -> dict:
     return results
 
 
-def _status(member) -> convert.DaemonStatus:
-    return convert.daemon_status(member.address, member.call("Status", pb.StatusRequest()))
+def _status(member) -> grpc_types.DaemonStatus:
+    return grpc_types.daemon_status(member.address, member.call("Status", pb.StatusRequest()))
 
 
 def _scrub(member, name: str, show: bool) -> ScrubReport:
@@ -388,7 +389,7 @@ def _scrub(member, name: str, show: bool) -> ScrubReport:
                            file=sys.stderr)
             if bar is not None:
                 bar.update(update.bytes_checked - bar.n)
-            damaged.extend(zip(map(convert.entry, update.damaged), update.reasons))
+            damaged.extend(zip(map(grpc_types.entry, update.damaged), update.reasons))
             if update.done:
                 return ScrubReport(update.samples_checked, update.bytes_checked, damaged)
     finally:

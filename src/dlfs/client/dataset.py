@@ -81,20 +81,6 @@ class Dataset:
         """
         self._transport.prepare(self.name)
 
-    def iter_batches(self, order, batch_size: int, prefetch: int = 4, **options):
-        """Batches of `order` (sample ids) with `prefetch` batches in flight, so I/O
-        overlaps the caller's compute.  See `dlfs.pipeline.iter_batches`."""
-        from dlfs import pipeline
-
-        return pipeline.iter_batches(self, order, batch_size, prefetch=prefetch, **options)
-
-    def iter_rows(self, order, batch_size: int, prefetch: int = 4, **options):
-        """Batches of `order` whose samples share one size, each received straight into a
-        ``[B, L]`` uint8 array.  See `dlfs.pipeline.iter_rows`."""
-        from dlfs import pipeline
-
-        return pipeline.iter_rows(self, order, batch_size, prefetch=prefetch, **options)
-
     def get(self, key: SampleKey, *, verify: bool = True) -> memoryview:
         """One sample by id or path."""
         return self.get_batch([key], verify=verify)[0]
@@ -128,7 +114,7 @@ class Dataset:
 
         One round trip.  With `verify`, every byte returned was checked: the
         whole sample against its CRC32C, a part against the CRC32Cs of the
-        1 MiB blocks it touches (dlfs.blockcrc; at most a block more is read
+        1 MiB blocks it touches (dlfs.formats.block_crcs; at most a block more is read
         on each side).  Parts of samples over 1 MiB of datasets ingested
         before block CRCs cannot be checked.  Raises DataCorruption naming
         the sample (and block).

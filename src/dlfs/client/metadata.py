@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Iterator, Sequence
 
 from dlfs import limits
-from dlfs.client import convert
+from dlfs.client.transport import grpc_types
 from dlfs.client.requests import SampleKey, fill_keys
 from dlfs.paths import normalize_dir_path
 from dlfs.proto import dlfs_pb2 as pb
@@ -20,13 +20,14 @@ from dlfs.types import DatasetInfo, Entry
 
 def dataset_info(transport, dataset: str) -> DatasetInfo:
     """The summary of the current version of `dataset`.  Raises NotFound."""
-    return convert.dataset_info(transport.call("GetDataset", pb.GetDatasetRequest(dataset=dataset)))
+    request = pb.GetDatasetRequest(dataset=dataset)
+    return grpc_types.dataset_info(transport.call("GetDataset", request))
 
 
 def stat(transport, dataset: str, path: str) -> Entry:
     """Metadata of a file or directory of `dataset` ("" is its root).  Raises NotFound."""
     request = pb.StatRequest(dataset=dataset, path=normalize_dir_path(path))
-    return convert.entry(transport.call("Stat", request))
+    return grpc_types.entry(transport.call("Stat", request))
 
 
 def list_page(transport, dataset: str, path: str = "", start_after: str = "",
@@ -36,7 +37,7 @@ def list_page(transport, dataset: str, path: str = "", start_after: str = "",
     reply = transport.call("ListDir", pb.ListDirRequest(
         dataset=dataset, path=normalize_dir_path(path), start_after=start_after,
         page_size=page_size))
-    return [convert.entry(e) for e in reply.entries], reply.more
+    return [grpc_types.entry(e) for e in reply.entries], reply.more
 
 
 def listdir(transport, dataset: str, path: str = "", *,
@@ -55,7 +56,7 @@ def lookup(transport, dataset: str, keys: Sequence[SampleKey]) -> list[Entry]:
     """Entries of samples by ids or paths, in order (at most limits.lookup_items_max)."""
     request = pb.LookupRequest(dataset=dataset)
     fill_keys(request, keys)
-    return [convert.entry(e) for e in transport.call("Lookup", request).entries]
+    return [grpc_types.entry(e) for e in transport.call("Lookup", request).entries]
 
 
 def all_entries(transport, dataset: str, samples: int) -> list[Entry]:

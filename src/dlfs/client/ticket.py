@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 
 from dlfs.client.client import Client
-from dlfs.client.cluster import ClusterRouter
+from dlfs.client.cluster.router import ClusterRouter
 from dlfs.client.dataset import Dataset
 from dlfs.types import DatasetInfo
 
@@ -27,7 +27,7 @@ class DatasetTicket:
     addresses: tuple
     options: dict  # Client keyword arguments
     info: DatasetInfo
-    data_path_hints: dict  # address -> datatransport.DataPathHint
+    data_path_hints: dict  # address -> datapath_transport.DataPathHint
     placement: object = None  # cluster.Placement of a dataset read through several daemons
 
     @classmethod

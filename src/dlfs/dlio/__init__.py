@@ -32,5 +32,5 @@ lists as ``DATA_ROOT/train/img_1.jpeg`` is read as sample
 exist there (the original tree, or the FUSE mount).
 
 These modules import ``dlio_benchmark`` and are only for use inside it;
-`dlfs.dlio.source` holds the DLIO-free part.
+`dlfs.dlio.dlio_source` holds the DLIO-free part.
 """

@@ -32,7 +32,7 @@ from dlio_benchmark.common.enumerations import DataLoaderType, DatasetType
 from dlio_benchmark.data_loader.base_data_loader import BaseDataLoader
 from dlio_benchmark.data_loader.torch_data_loader import dlio_sampler
 
-from dlfs.dlio.source import DlfsSource, decode
+from dlfs.dlio.dlio_source import DlfsSource, decode
 
 
 class DlfsBatchDataset(Dataset):

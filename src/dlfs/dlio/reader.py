@@ -9,7 +9,7 @@ DLIO keeps its own data loader.  Its index-based (pytorch) loader asks the
 reader for one sample at a time (`read_index`), so each sample is one
 round trip (``ds.get``); the iterator-based path (`next`) fetches the
 files of each batch with one get_batch.  Fetched bytes are decoded as
-DLIO's reader for ``dataset.format`` would (`dlfs.dlio.source.decode`).
+DLIO's reader for ``dataset.format`` would (`dlfs.dlio.dlio_source.decode`).
 For whole-batch fetches under the pytorch loader use
 `dlfs.dlio.data_loader.DLFSDataLoader` instead.
 """
@@ -20,7 +20,7 @@ import numpy as np
 
 from dlio_benchmark.reader.reader_handler import FormatReader
 
-from dlfs.dlio.source import DlfsSource, decode
+from dlfs.dlio.dlio_source import DlfsSource, decode
 
 
 class DLFSReader(FormatReader):

@@ -24,7 +24,7 @@ from typing import Callable, TypeVar
 
 from dlfs import Client, errors
 from dlfs.client.requests import SampleKey, batch_request, range_request
-from dlfs.client.convert import DatasetInfo, Entry
+from dlfs.client.transport.grpc_types import DatasetInfo, Entry
 from dlfs import limits as fuse_limits
 from dlfs.fuse.errno_map import DAEMON_DOWN
 
@@ -59,7 +59,7 @@ class Backend:
 
     def extent_reader(self, dataset: str):
         """The dataset's extents, mapped from descriptors the daemon passes over its Unix
-        socket (client/direct.py `DirectReader`).  Raises FailedPrecondition or
+        socket (client/transport/direct_transport.py `DirectReader`).  Raises FailedPrecondition or
         PermissionDenied when this process cannot have them (another host, TLS, a
         foreign user without a token)."""
         with self._lock:
@@ -140,7 +140,7 @@ class Backend:
         a reply-sized buffer (unlike `read`), so a large range costs one RPC
         and reaches the caller piece by piece.  The daemon verifies every
         piece before sending it (the CRC32C of each block it touches, see
-        dlfs.blockcrc; for datasets ingested before block CRCs, nothing), so
+        dlfs.formats.block_crcs; for datasets ingested before block CRCs, nothing), so
         a damaged block ends the stream with DataCorruption after the pieces
         before it.  UNAVAILABLE before the first piece is retried like every
         read; a stream that breaks later raises.  Raises what `read` does.

@@ -24,13 +24,13 @@ Modules, one side each:
 - `batch_ring`: `BatchRing`, the training process's side (memory, slots,
   the helper's lifetime, batches handed out);
 - `helper`: `serve`, the helper process's side (a DLFS client running
-  `dlfs.pipeline.iter_batches`, each batch received into a free slot);
+  `dlfs.training.pipeline.iter_batches`, each batch received into a free slot);
 - `protocol`: the pipe messages between the two, and how errors travel;
 - `packing`: samples back to back in a flat buffer (`pack_into`,
   `stack_into`, `Packed`), numpy only.
 """
 
 from dlfs.ring.batch_ring import BatchRing
-from dlfs.ring.packing import Packed, one_size, pack_into, stack_into
+from dlfs.training.packing import Packed, one_size, pack_into, stack_into
 
 __all__ = ["BatchRing", "Packed", "one_size", "pack_into", "stack_into"]

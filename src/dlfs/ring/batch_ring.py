@@ -25,10 +25,10 @@ import numpy as np
 
 from dlfs import limits
 from dlfs.errors import Internal, InvalidArgument, Unavailable
-from dlfs.pipeline import batch_count
+from dlfs.training.pipeline import batch_count
 from dlfs.ring.helper import serve
-from dlfs.ring.packing import Packed
-from dlfs.ring.protocol import Channel, raise_error
+from dlfs.training.packing import Packed
+from dlfs.ring.ring_channel import Channel, raise_error
 
 log = logging.getLogger(__name__)
 
@@ -234,6 +234,6 @@ class _SlotLease:
 
 def _import_helper_modules(client_options: dict) -> None:
     """Import what the helper runs lazily, so a forked helper starts without importing it."""
-    importlib.import_module("dlfs.client.datatransport")
+    importlib.import_module("dlfs.client.transport.datapath_transport")
     if client_options.get("direct"):
-        importlib.import_module("dlfs.client.direct")
+        importlib.import_module("dlfs.client.transport.direct_transport")

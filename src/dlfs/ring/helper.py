@@ -2,10 +2,10 @@
 
 `serve` is the process's whole life: a DLFS client of its own (opened from
 the parent's `DatasetTicket`, so it starts without a gRPC call) running
-`dlfs.pipeline.iter_batches` for the epoch's order, each batch received
+`dlfs.training.pipeline.iter_batches` for the epoch's order, each batch received
 straight into a free slot, the samples back to back (`get_batch(out=)`:
 over the data path no byte is copied in Python), then telling the parent
-where it is (`dlfs.ring.protocol`).  Nothing here runs in the training
+where it is (`dlfs.ring.ring_channel`).  Nothing here runs in the training
 process.
 """
 
@@ -18,9 +18,9 @@ from multiprocessing import reduction
 
 import numpy as np
 
-from dlfs.pipeline import iter_batches
-from dlfs.profile import SpoolTimeline
-from dlfs.ring.protocol import Channel, report_error
+from dlfs.training.pipeline import iter_batches
+from dlfs.training.profile import SpoolTimeline
+from dlfs.ring.ring_channel import Channel, report_error
 
 # madvise(MADV_POPULATE_WRITE), Linux 5.14+ (the mmap module does not name it).
 _MADV_POPULATE_WRITE = 23

@@ -78,12 +78,12 @@ class ServerConfig:
     # fill (0: none), and whether the first read of a dataset starts one.
     warm_memory_share: float = limits.warm_memory_share_default
     warm_on_first_read: bool = True
-    # Read a window's cached pieces with one io_uring submission (dlfs/uring.py)
+    # Read a window's cached pieces with one io_uring submission (dlfs/server/read/uring.py)
     # rather than one preadv each; off, or where the kernel refuses io_uring,
     # the preadv path.
     io_uring: bool = True
     # Send data path windows of large cached pieces with sendfile straight
-    # from the page cache (server/sendfiles.py) instead of reading them into
+    # from the page cache (server/read/sendfiles.py) instead of reading them into
     # a window buffer first.
     sendfile: bool = True
 

@@ -10,15 +10,15 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from dlfs import datawire
+from dlfs.formats import datapath_frames as frames
 from dlfs.proto import dlfs_pb2_grpc
 from dlfs.server.auth import Authorizer, load_tokens
-from dlfs.server.callguard import CallGuard
+from dlfs.server.grpc.call_guard import CallGuard
 from dlfs.server.config import long_call_slots
-from dlfs.server.datapath import DataPathInfo, DataPathServer
-from dlfs.server.decisions import DecisionClient
-from dlfs.server.interceptor import ErrorInterceptor, tolerant
-from dlfs.server.service import DlfsServicer
+from dlfs.server.datapath.listener import DataPathInfo, DataPathServer
+from dlfs.server.grpc.decisions import DecisionClient
+from dlfs.server.grpc.interceptor import ErrorInterceptor, tolerant
+from dlfs.server.grpc.service import DlfsServicer
 from dlfs.server.store import Store
 
 log = logging.getLogger(__name__)
@@ -118,8 +118,8 @@ class Daemon:
         if self.data_path is None:
             reason = ("the daemon serves TLS; reads go through gRPC" if config.tls_cert
                       else "the daemon was started with --data-port -1")
-            return DataPathInfo(False, reason, datawire.VERSION, 0, "", self.instance)
-        return DataPathInfo(True, "", datawire.VERSION, self.data_path.port,
+            return DataPathInfo(False, reason, frames.VERSION, 0, "", self.instance)
+        return DataPathInfo(True, "", frames.VERSION, self.data_path.port,
                             self.data_path.unix_socket, self.instance)
 
     def stop(self, grace_s: float = 5.0) -> None:
@@ -144,7 +144,7 @@ class _HandlerCapture:
         self.handlers = handlers
 
 
-# Replies of these methods are encoded by dlfs.wire and pass through as bytes.
+# Replies of these methods are encoded by dlfs.formats.grpc_chunks and pass through as bytes.
 _PRE_ENCODED_REPLIES = ("GetBatch", "GetSmallBatch", "ReadRange")
 
 

@@ -1,6 +1,6 @@
 """Store: the daemon's storage core behind one object.
 
-Owns the data dir (locked against a second daemon, dirlock.py), the
+Owns the data dir (locked against a second daemon, datadir_lock.py), the
 catalog, the extent files, the sample directory and the read engine.
 `Store.open` replays the catalog into the directory (replay.py).  Every
 mutation goes through here so catalog, directory and extents stay
@@ -9,7 +9,7 @@ ingest_registry.py), publishes and deletes datasets, and frees a dataset's
 extents when its last read lease ends (leases.py).  Data flows one way:
 service -> store -> directory / read engine -> extent files.
 
-The data dir layout is in `dlfs.layout`.  Nothing here imports grpc.
+The data dir layout is in `dlfs.formats.disk_layout`.  Nothing here imports grpc.
 """
 
 from __future__ import annotations
@@ -21,25 +21,26 @@ import threading
 import time
 from typing import ContextManager
 
-from dlfs import layout
+from dlfs.formats import disk_layout as layout
 from dlfs.errors import FailedPrecondition, NotFound, StaleGeneration, Unavailable
 from dlfs.paths import check_dataset_name
-from dlfs.server import catalog as cat
-from dlfs.server import records, sendfiles
+from dlfs.server.core import catalog as cat
+from dlfs.server.core import catalog_records as records
+from dlfs.server.read import sendfiles
 from dlfs.server.config import ServerConfig
-from dlfs.server.directory import DatasetIndex, SampleDirectory, generation_of
-from dlfs.server.dirlock import DataDirLock
-from dlfs.server.extents import ExtentFiles, ExtentStore, fsync_dir
-from dlfs.server.ingest_registry import IngestRegistry, IngestState
-from dlfs.server.leases import ReadLeases
+from dlfs.server.core.directory import DatasetIndex, SampleDirectory, generation_of
+from dlfs.server.core.datadir_lock import DataDirLock
+from dlfs.server.core.extents import ExtentFiles, ExtentStore, fsync_dir
+from dlfs.server.ingest.ingest_registry import IngestRegistry, IngestState
+from dlfs.server.core.read_leases import ReadLeases
 from dlfs.server.metrics import Metrics
-from dlfs.server.prefetch import Prefetcher
-from dlfs.server.reader import ReadEngine
-from dlfs.server.replay import release_free_heap, restore
+from dlfs.server.read.prefetch import Prefetcher
+from dlfs.server.read.read_engine import ReadEngine
+from dlfs.server.core.catalog_replay import release_free_heap, restore
 from dlfs.server.store_ingests import StoreIngests
 from dlfs.server.store_reads import StoreReads
 from dlfs.server.store_resumes import StoreResumes
-from dlfs.server.warmup import Warmer, WarmStatus, memory_bytes
+from dlfs.server.read.warmup import Warmer, WarmStatus, memory_bytes
 from dlfs.types import DaemonStatus, DatasetInfo
 
 log = logging.getLogger(__name__)

@@ -21,11 +21,11 @@ import time
 
 from dlfs.errors import AlreadyExists, DlfsError, NotFound, Overloaded
 from dlfs.paths import check_dataset_name
-from dlfs.server import faults, records
-from dlfs.server.directory import Cluster, DatasetIndex, generation_of
-from dlfs.server.extents import ExtentWriter
-from dlfs.server.ingest import IngestSession, RecoveredIngest
-from dlfs.server.ingest_registry import IngestState
+from dlfs.server.core import faults, catalog_records as records
+from dlfs.server.core.directory import Cluster, DatasetIndex, generation_of
+from dlfs.server.core.extents import ExtentWriter
+from dlfs.server.ingest.ingest_session import IngestSession, RecoveredIngest
+from dlfs.server.ingest.ingest_registry import IngestState
 from dlfs.types import DatasetInfo
 
 log = logging.getLogger(__name__)
@@ -37,7 +37,7 @@ class StoreIngests:
     def begin_ingest(self, name: str, replace: bool = False,
                      cluster: Cluster | None = None, resumable: bool = False) -> IngestSession:
         """Start an ingest of dataset `name` (RECEIVING): a BEGIN record, an extent directory;
-        `resumable`: and a first CHECKPOINT (resumable.py).
+        `resumable`: and a first CHECKPOINT (checkpoints.py).
 
         Raises AlreadyExists (name taken without `replace`, being ingested,
         or a parked ingest of that name), Overloaded (too many ingests),

@@ -14,14 +14,15 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from dlfs import layout, limits
+from dlfs import limits
+from dlfs.formats import disk_layout as layout
 from dlfs.errors import DataCorruption, Overloaded
-from dlfs.server import planning, rangeplan, sendfiles
-from dlfs.server.directory import DatasetIndex
-from dlfs.server.planning import BatchPlan
-from dlfs.server.rangeplan import RangeRead
-from dlfs.server.reader import ShortRead
-from dlfs.server.scrub import scrub as scrub_dataset
+from dlfs.server.read import batch_planning, range_planning, sendfiles
+from dlfs.server.core.directory import DatasetIndex
+from dlfs.server.read.batch_planning import BatchPlan
+from dlfs.server.read.range_planning import RangeRead
+from dlfs.server.read.read_engine import ShortRead
+from dlfs.server.read.scrub import scrub as scrub_dataset
 
 
 class StoreReads:
@@ -29,14 +30,14 @@ class StoreReads:
 
     def plan(self, dataset: DatasetIndex, ids: Sequence[int] | None = None,
              paths: Sequence[str] | None = None) -> tuple[np.ndarray, BatchPlan]:
-        """Validate a batch and plan its read: (ids, plan).  See planning.plan_request."""
-        return planning.plan_request(dataset, ids, paths, self.config)
+        """Validate a batch and plan its read: (ids, plan).  See batch_planning.plan_request."""
+        return batch_planning.plan_request(dataset, ids, paths, self.config)
 
     def plan_range(self, dataset: DatasetIndex, sample_id: int, offset: int, length: int
                    ) -> RangeRead:
         """Plan a byte range of one sample, in whole blocks when it can be verified so.
-        See rangeplan.plan_range."""
-        return rangeplan.plan_range(dataset, sample_id, offset, length, self.config)
+        See range_planning.plan_range."""
+        return range_planning.plan_range(dataset, sample_id, offset, length, self.config)
 
     def read_range(self, dataset: DatasetIndex, read: RangeRead, *, verify: bool = True,
                    deadline: float | None = None) -> Iterator[tuple[int, memoryview]]:
@@ -47,10 +48,10 @@ class StoreReads:
         naming the sample (and block), DeadlineExceeded.
         """
         windows = self.read(dataset, read.plan, verify=verify and read.checkable,
-                            deadline=deadline, describe=rangeplan.describe(dataset, read),
-                            window_bytes=rangeplan.window_bytes(
+                            deadline=deadline, describe=range_planning.describe(dataset, read),
+                            window_bytes=range_planning.window_bytes(
                                 read, self.config.chunk_bytes, dataset.blocks.block_bytes))
-        return rangeplan.trim(windows, read.skip, read.length)
+        return range_planning.trim(windows, read.skip, read.length)
 
     def read_sample(self, dataset: DatasetIndex, sample_id: int) -> Iterator[memoryview]:
         """The bytes of one locally stored sample, in windows, CRC32C-checked (whole, or
@@ -151,13 +152,13 @@ class StoreReads:
             head = ids[:limits.nowait_probe_pieces]
             offset = dataset.offset[head].astype(np.int64)
             # Pieces of whole samples, as a plan would cut them (buffer offsets unused).
-            pieces = planning.PieceColumns(dataset.extent[head].astype(np.int64), offset,
+            pieces = batch_planning.PieceColumns(dataset.extent[head].astype(np.int64), offset,
                                            np.zeros_like(offset),
                                            dataset.length[head].astype(np.int64))
             if self._prefetcher.cached(dataset.dataset_id, pieces):
                 self.metrics.prefetch_hints.labels("cached").inc()
                 return True
-        plan = planning.plan_batch(ids, dataset.extent, dataset.offset, dataset.length,
+        plan = batch_planning.plan_batch(ids, dataset.extent, dataset.offset, dataset.length,
                                    dataset.crc)
         try:
             self.hint(dataset, plan, probed=alone)

@@ -3,7 +3,7 @@
 A part of `Store` (store.py), as a class it inherits from, like
 store_ingests.py: the methods run under the Store's lock and move ingest
 states only through the registry.  What a checkpoint is, and what replay
-makes of it, is in resumable.py.
+makes of it, is in checkpoints.py.
 
 A resumable ingest whose stream breaks off while it RECEIVEs is PARKED: its
 last checkpoint is durable, the dataset stays invisible, and a resume
@@ -20,11 +20,11 @@ import time
 
 from dlfs.errors import NotFound, ResumeConflict
 from dlfs.paths import check_dataset_name
-from dlfs.server.directory import Cluster
-from dlfs.server.extents import ExtentWriter
-from dlfs.server.ingest import IngestSession
-from dlfs.server.ingest_registry import IngestState
-from dlfs.server.resumable import ParkedIngest, ProgressInfo
+from dlfs.server.core.directory import Cluster
+from dlfs.server.core.extents import ExtentWriter
+from dlfs.server.ingest.ingest_session import IngestSession
+from dlfs.server.ingest.ingest_registry import IngestState
+from dlfs.server.core.checkpoints import ParkedIngest, ProgressInfo
 
 log = logging.getLogger(__name__)
 

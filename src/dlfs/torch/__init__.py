@@ -23,12 +23,12 @@ Modules, one job each (everything public is importable from here):
 - `folders`: which samples lie below a root, and ImageFolder-style labels;
 
 Forked workers read over the data path only: gRPC is unusable after a fork
-(`dlfs.client.channel.check_grpc_usable`; `fork_support_enabled` tells
+(`dlfs.client.transport.grpc_channel.check_grpc_usable`; `fork_support_enabled` tells
 whether gRPC's own fork support was switched on).
 """
 
-from dlfs.client.channel import FORK_SUPPORT_ENV, fork_support_enabled
-from dlfs.torch.dataset import TARGET_PARENT_DIR, BatchSource, DLFSDataset
+from dlfs.client.transport.grpc_channel import FORK_SUPPORT_ENV, fork_support_enabled
+from dlfs.torch.torch_dataset import TARGET_PARENT_DIR, BatchSource, DLFSDataset
 from dlfs.torch.readahead import ReadAhead
 from dlfs.torch.samplers import PrefetchHints, ShuffleShardSampler, torch_permutation
 from dlfs.torch.tensors import stack_samples, to_tensor

@@ -1,7 +1,7 @@
 """`ReadAhead`: a batch sampler whose batches a helper process has already read (`dlfs.ring`).
 
 The sampler side cuts the order into batches and starts the ring's epoch;
-the dataset side is a `dlfs.torch.dataset.BatchSource` attached to the
+the dataset side is a `dlfs.torch.torch_dataset.BatchSource` attached to the
 `DLFSDataset`, so ``ds[indices]`` takes each batch from the ring instead of
 fetching it.
 """
@@ -16,11 +16,11 @@ import torch
 from torch.utils.data import Sampler
 
 from dlfs import limits
-from dlfs.checks import check_int
+from dlfs.training.checks import check_int
 from dlfs.errors import InvalidArgument
-from dlfs.pipeline import batch_count
+from dlfs.training.pipeline import batch_count
 from dlfs.ring import BatchRing
-from dlfs.torch.dataset import DLFSDataset
+from dlfs.torch.torch_dataset import DLFSDataset
 
 
 class ReadAhead(Sampler[list[int]]):
@@ -53,7 +53,7 @@ class ReadAhead(Sampler[list[int]]):
     Needs ``num_workers=0``: workers fetch for themselves, which is detected
     at the second batch (InvalidArgument).  `hint_ahead` > 0 also sends
     clairvoyant prefetch hints that many batches beyond those in flight
-    (opt-in, as in `dlfs.pipeline.iter_batches`).  Leaving an epoch early
+    (opt-in, as in `dlfs.training.pipeline.iter_batches`).  Leaving an epoch early
     (``break``, an exception, dropping the loader's iterator) stops its
     reads; `close()` (or garbage collection, or interpreter exit) stops the
     helper.  `multiprocessing_context` picks its start method (default: the

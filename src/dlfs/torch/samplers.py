@@ -9,13 +9,13 @@ import torch
 from torch.utils.data import Sampler
 
 from dlfs import limits
-from dlfs.checks import check_int
+from dlfs.training.checks import check_int
 from dlfs.errors import InvalidArgument
-from dlfs.pipeline import HintSender, PipelineStats
-from dlfs.sampler import ShuffleShard, numpy_permutation
+from dlfs.training.pipeline import HintSender, PipelineStats
+from dlfs.training.shard_order import ShuffleShard, numpy_permutation
 
 if TYPE_CHECKING:
-    from dlfs.torch.dataset import DLFSDataset
+    from dlfs.torch.torch_dataset import DLFSDataset
 
 
 def torch_permutation(n: int, seed: int) -> list[int]:
@@ -34,7 +34,7 @@ class ShuffleShardSampler(Sampler[int]):
     0 and 1.  ``generator="torch"`` (default) draws ``torch.randperm`` on a
     generator seeded with ``seed + epoch``, so the index lists equal
     DistributedSampler's for the same arguments; ``generator="numpy"``
-    draws the order of the torch-free `dlfs.sampler.ShuffleShard` (for
+    draws the order of the torch-free `dlfs.training.shard_order.ShuffleShard` (for
     tools that must compute the order without torch).
 
     `indices(epoch)` gives any epoch's list without changing the current
@@ -87,7 +87,7 @@ class PrefetchHints(Sampler[int]):
     yields what `sampler` yields.  Before it hands out position ``i`` it
     makes sure items ``[i, i + ahead)`` of the epoch's order have been
     queued as hints (`DLFSDataset.hint`, one Prefetch RPC per `chunk`
-    items), which a `dlfs.pipeline.HintSender` thread of the main process
+    items), which a `dlfs.training.pipeline.HintSender` thread of the main process
     sends, so the DataLoader never waits for a hint's round trip.  Choose
     `ahead` beyond what the loader already has in flight
     (``num_workers * prefetch_factor`` batches) so the daemon reads ahead of

@@ -1,0 +1,1 @@
+"""Several daemons: routing by placement, striped ingest, rebalance, settle."""

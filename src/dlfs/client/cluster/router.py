@@ -1,0 +1,425 @@
+"""`ClusterRouter`: the transport of a client of several daemons.
+
+`Client(["A", "B", "C"])` holds one `DaemonTransport` per member and this
+router, which offers the same methods as a single transport and decides
+which member serves what:
+
+- metadata calls (stat, listdir, lookup, dataset info) go to any live member:
+  every member of a striped dataset holds its whole directory;
+- a batch is split by placement: each sample goes to the first live daemon
+  among its holders, the parts are fetched in parallel and the samples are
+  returned in request order;
+- placement is learned from the daemons (GetIndex carries each sample's
+  holders and the member list), never recomputed by readers;
+- a member that fails with UNAVAILABLE is marked down for
+  `limits.member_down_s` and its part of the batch is retried on the next
+  holder; with no live holder left the error names the daemon and the
+  samples.  A member that is back is used again once its mark expires.
+
+Striped ingest and rebalancing are in `dlfs.client.cluster.striped_ingest` and
+`dlfs.client.cluster.rebalance`.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import dataclasses
+import logging
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, Iterator, TypeVar
+
+import numpy as np
+
+from dlfs import limits
+from dlfs.client import metadata
+from dlfs.client.reply_buffers import copy_into
+from dlfs.client.requests import batch_size
+from dlfs.client.transport.grpc_transport import DaemonTransport
+from dlfs.errors import (
+    DlfsError,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    StaleGeneration,
+    Unavailable,
+)
+from dlfs.proto import dlfs_pb2 as pb
+from dlfs.types import DatasetInfo
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    """Where a dataset's samples live, as its daemons reported it."""
+
+    members: tuple  # addresses in placement order; () for a one-daemon dataset
+    holders: np.ndarray | None  # uint16 (samples, replicas); None for a one-daemon dataset
+    owner: str  # for a one-daemon dataset: the daemon that has it
+    generation: int  # the version it describes; every part of a batch names it
+
+
+class ClusterRouter:
+    """Routes the calls of a multi-daemon `Client` to its members.  Thread-safe.
+
+    `make_member(address)` builds a member's `DaemonTransport`.  `clock`
+    (default `time.monotonic`) times the down marks; tests replace it to
+    let a mark expire without waiting.
+    """
+
+    def __init__(self, make_member: Callable[[str], DaemonTransport], addresses: list[str], *,
+                 clock: Callable[[], float] = time.monotonic):
+        self._make_member = make_member
+        self._lock = threading.Lock()
+        self.clock = clock
+        self.members = {address: make_member(address) for address in addresses}
+        self.address = ",".join(addresses)
+        self.addresses = tuple(addresses)
+        self._down_until: dict[str, float] = {}
+        self._placements: dict[str, Placement] = {}
+        self._pool = ThreadPoolExecutor(max_workers=limits.cluster_calls_in_flight_max,
+                                        thread_name_prefix="dlfs-cluster")
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        for member in list(self.members.values()):
+            member.close()
+
+    def __repr__(self) -> str:
+        return f"ClusterRouter({self.address!r})"
+
+    # --- members ---------------------------------------------------------------
+
+    def member(self, address: str) -> DaemonTransport:
+        """The transport of `address`, created when placement names a new member."""
+        with self._lock:
+            transport = self.members.get(address)
+            if transport is None:
+                transport = self.members[address] = self._make_member(address)
+            return transport
+
+    def is_down(self, address: str) -> bool:
+        until = self._down_until.get(address)
+        return until is not None and self.clock() < until
+
+    def mark_down(self, address: str, error: Exception) -> None:
+        if not self.is_down(address):
+            log.warning("DLFS daemon %s is down (%s); reads go to replicas for %.0f s",
+                        address, error, limits.member_down_s)
+        self._down_until[address] = self.clock() + limits.member_down_s
+
+    def _ordered(self) -> list[str]:
+        """Members, live ones first (a member marked down is still tried last)."""
+        return sorted(self.members, key=self.is_down)
+
+    def submit(self, function, *args, **kwargs):
+        """Run `function` on the router's pool in the caller's context (its request id travels)."""
+        return self._pool.submit(contextvars.copy_context().run, function, *args, **kwargs)
+
+    # --- control plane -------------------------------------------------------------
+
+    def call(self, method: str, request, *, timeout_s: float | None = None,
+             retry: bool = True):
+        """Unary call `method` on the first member that answers it (see `call_any`)."""
+        return self.call_any(lambda member: member.call(method, request, timeout_s=timeout_s,
+                                                        retry=retry))
+
+    def call_any(self, call: Callable[[DaemonTransport], T]) -> T:
+        """`call(member)` on the first member that answers it.
+
+        Unavailable members are marked down and skipped; NotFound tries the
+        next member too (a one-daemon dataset lives on one member only).
+        Raises the last error when every member failed.
+        """
+        last: Exception | None = None
+        for address in self._ordered():
+            try:
+                return call(self.member(address))
+            except Unavailable as exc:
+                self.mark_down(address, exc)
+                last = exc
+            except NotFound as exc:
+                last = exc
+        assert last is not None
+        raise last
+
+    def each(self, call: Callable[[DaemonTransport], T]) -> dict[str, T | DlfsError]:
+        """`call(member)` on every member in parallel: address -> result, or its DlfsError."""
+        futures = {a: self.submit(call, self.member(a)) for a in list(self.members)}
+        results: dict = {}
+        for address, future in futures.items():
+            try:
+                results[address] = future.result()
+            except DlfsError as exc:
+                if isinstance(exc, Unavailable):
+                    self.mark_down(address, exc)
+                results[address] = exc
+        return results
+
+    def upload(self, source, name: str, *, replace: bool, progress, replicas: int, **options):
+        """Stripe `source` over every member (see `striped.ingest_striped`)."""
+        from dlfs.client.cluster.striped_ingest import ingest_striped
+
+        try:
+            return ingest_striped(self, source, name, replace=replace, replicas=replicas,
+                                  progress=progress, **options)
+        finally:
+            self.forget(name)
+
+    def rebalance(self, name: str, *, replicas: int | None, progress: bool | None):
+        """Re-place dataset `name` on the members (see `dlfs.client.cluster.rebalance`)."""
+        from dlfs.client.cluster.rebalance import rebalance
+
+        return rebalance(self, name, replicas=replicas, progress=progress)
+
+    # --- placement ----------------------------------------------------------------
+
+    def placement(self, dataset: str, refresh: bool = False) -> Placement:
+        with self._lock:
+            known = self._placements.get(dataset)
+        if known is not None and not refresh:
+            return known
+        address, (members, holders, generation) = self.call_any(
+            lambda member: (member.address, _placement_of(member.index(dataset))))
+        placement = Placement(members, holders, "" if members else address, generation)
+        with self._lock:
+            self._placements[dataset] = placement
+        return placement
+
+    def data_path_hints(self) -> dict:
+        """{address: where its data path listens} of every member that answers."""
+        hints: dict = {}
+        for result in self.each(lambda member: member.data_path_hints()).values():
+            if isinstance(result, dict):
+                hints.update(result)
+        return hints
+
+    def adopt(self, dataset: str, placement: Placement) -> None:
+        """Use `placement` for `dataset` (another process's, from a `DatasetTicket`)
+        instead of asking a member for it (GetIndex, a gRPC call)."""
+        with self._lock:
+            self._placements[dataset] = placement
+
+    def forget(self, dataset: str) -> None:
+        """Drop the cached placement (after an ingest replaced the dataset)."""
+        with self._lock:
+            self._placements.pop(dataset, None)
+
+    def holder_of(self, dataset: str, sample_id: int) -> DaemonTransport:
+        """The member that should serve one sample (its first live holder)."""
+        placement = self.placement(dataset)
+        if not placement.members:
+            return self.member(placement.owner)
+        if not 0 <= sample_id < len(placement.holders):
+            raise InvalidArgument(f"sample id {sample_id} is out of range for dataset {dataset!r}")
+        return self.member(self._choose(placement, np.array([sample_id]), set())[0])
+
+    # --- reads ---------------------------------------------------------------------
+
+    def prepare(self, dataset: str) -> None:
+        """Nothing to set up: placement is learned at the first batch."""
+
+    def ids_of(self, request) -> np.ndarray:
+        """The sample ids a GetBatch or Prefetch request names; paths cost one Lookup."""
+        return self.call_any(lambda member: member.ids_of(request))
+
+    def get_batch(self, request: pb.GetBatchRequest, out=None) -> list[memoryview]:
+        """The samples of a GetBatchRequest in request order, each part from a live holder.
+
+        With `out`, the parts are copied into it (see `buffers.copy_into`).
+        """
+        if not batch_size(request):
+            return []
+        samples = self.get_ids(request.dataset, self.ids_of(request),
+                               verify=not request.skip_verify,
+                               prefetch=np.asarray(request.prefetch_ids, dtype=np.int64),
+                               generation=request.generation)
+        return samples if out is None else copy_into(out, samples)
+
+    def get_ids(self, dataset: str, ids: np.ndarray, *, verify: bool, prefetch: np.ndarray,
+                generation: int = 0) -> list[memoryview]:
+        """Samples `ids` of version `generation` (0: the current one) in request order,
+        each part from a live holder, in parallel.
+
+        The cached placement is for one version; every part names it, so a
+        member holding another version refuses its part and no batch mixes
+        versions.  A placement that does not match is learned again; then
+        StaleGeneration (the dataset was replaced, or its members still
+        disagree after `limits.striped_settle_s`: a commit that did not reach
+        all of them).
+        """
+        settle_until = None
+        for attempt in range(limits.striped_settle_attempts_max):
+            placement = self.placement(dataset, refresh=attempt > 0)
+            if generation and placement.generation and placement.generation != generation:
+                if attempt:
+                    raise StaleGeneration(
+                        f"dataset {dataset!r} was replaced: version {generation} is no longer "
+                        f"served (the current one is {placement.generation}); open it again")
+                continue
+            try:
+                return self._get_ids(dataset, placement, ids, verify, prefetch)
+            except _OutOfRange:
+                if attempt:
+                    raise InvalidArgument(_out_of_range(dataset, ids, placement)) from None
+                # The cached placement may be of an older, smaller version: learn it again.
+            except StaleGeneration as exc:
+                # Members disagree while a striped commit reaches them one after
+                # the other, or until a member the commit missed learns the
+                # decision (limits.in_doubt_poll_s): wait that out, then give up.
+                settle_until = settle_until or self.clock() + limits.striped_settle_s
+                if attempt and self.clock() >= settle_until:
+                    raise StaleGeneration(
+                        f"the daemons of dataset {dataset!r} serve different versions ({exc}) "
+                        f"for over {limits.striped_settle_s:.0f} s; a striped commit did not "
+                        "reach all of them: `dlfs datasets` shows which, or ingest it again "
+                        "with --replace") from None
+                if attempt:
+                    backoff = limits.retry_backoff_s
+                    time.sleep(backoff[min(attempt, len(backoff)) - 1])
+            except (NotFound, FailedPrecondition):
+                if attempt:
+                    raise  # the dataset really is gone or damaged
+                # Placement changed (dataset replaced): learn it again once.
+        raise StaleGeneration(f"the daemons of dataset {dataset!r} kept serving different "
+                              "versions; ingest it again with --replace")
+
+    def read_range(self, request: pb.ReadRangeRequest) -> memoryview:
+        """A byte range of one sample from a live holder, failing over to replicas."""
+        request = self._by_id(request)
+        for _attempt in range(limits.replicas_max):
+            member = self.holder_of(request.dataset, request.id)
+            try:
+                return member.read_range(request)
+            except Unavailable as exc:
+                self.mark_down(member.address, exc)
+        raise Unavailable(f"no holder of sample {request.id} of dataset {request.dataset!r} "
+                          "answers")
+
+    def read_chunks(self, request: pb.ReadRangeRequest) -> Iterator[tuple[int, memoryview]]:
+        """The pieces of a byte range of one sample, from its first live holder."""
+        request = self._by_id(request)
+        return self.holder_of(request.dataset, request.id).read_chunks(request)
+
+    def dataset_info(self, dataset: str, known: DatasetInfo | None = None) -> DatasetInfo:
+        """The summary of the current version of `dataset` from any live member
+        (`known` is unused).  Raises NotFound."""
+        return metadata.dataset_info(self, dataset)
+
+    def prefetch(self, request: pb.PrefetchRequest, wait: bool = True) -> bool:
+        """Send hints for the request's samples to their first live holders (fire and forget)."""
+        ids = self.ids_of(request)
+        placement = self.placement(request.dataset)
+        if not placement.members:
+            return self.member(placement.owner).prefetch(request, wait)
+        self._hint(request.dataset, placement, ids)
+        return True
+
+    def _by_id(self, request: pb.ReadRangeRequest) -> pb.ReadRangeRequest:
+        """The same range request naming its sample by id (paths cost one Lookup)."""
+        if not request.path:
+            return request
+        lookup = pb.LookupRequest(dataset=request.dataset, paths=[request.path])
+        by_id = pb.ReadRangeRequest()
+        by_id.CopyFrom(request)
+        by_id.id = self.call("Lookup", lookup).entries[0].id
+        by_id.ClearField("path")
+        return by_id
+
+    def _get_ids(self, dataset: str, placement: Placement, ids: np.ndarray, verify: bool,
+                 prefetch: np.ndarray) -> list[memoryview]:
+        if not placement.members:
+            request = pb.GetBatchRequest(dataset=dataset, ids=ids.tolist(),
+                                         prefetch_ids=prefetch.tolist(), skip_verify=not verify,
+                                         generation=placement.generation)
+            return self.member(placement.owner).get_batch(request)
+        if ids.size and (ids.min() < 0 or ids.max() >= len(placement.holders)):
+            raise _OutOfRange()
+        if prefetch.size:
+            self._hint(dataset, placement, prefetch)
+        result: list = [None] * ids.size
+        pending = np.arange(ids.size)
+        excluded: set[str] = set()
+        while pending.size:
+            chosen = self._choose(placement, ids[pending], excluded)
+            futures = {}
+            for address in np.unique(chosen):
+                positions = pending[chosen == address]
+                part = pb.GetBatchRequest(dataset=dataset, ids=ids[positions].tolist(),
+                                          skip_verify=not verify,
+                                          generation=placement.generation)
+                futures[address] = (positions, self.submit(self.member(address).get_batch, part))
+            retry = []
+            for address, (positions, future) in futures.items():
+                try:
+                    for position, sample in zip(positions.tolist(), future.result()):
+                        result[position] = sample
+                except Unavailable as exc:
+                    self.mark_down(address, exc)
+                    excluded.add(address)
+                    retry.append(positions)
+            pending = np.concatenate(retry) if retry else pending[:0]
+        return result
+
+    def _choose(self, placement: Placement, ids: np.ndarray, excluded: set[str]) -> np.ndarray:
+        """Per sample, the address of its first holder that is live and not excluded."""
+        holders = placement.holders[ids]
+        members = placement.members
+        usable = np.array([a not in excluded and not self.is_down(a) for a in members])
+        if not usable.any():  # every member marked down: try them again rather than fail blind
+            usable = np.array([a not in excluded for a in members])
+        ok = usable[holders]
+        has_one = ok.any(axis=1)
+        if not has_one.all():
+            first = int(np.argmax(~has_one))
+            lost = ", ".join(members[h] for h in holders[first])
+            raise Unavailable(
+                f"sample {int(ids[first])} (and {int((~has_one).sum()) - 1} more of this batch) "
+                f"is stored only on {lost}, and none of them answers; start that daemon again, "
+                "or ingest with --replicas 2 or more to survive the loss of one")
+        column = np.argmax(ok, axis=1)
+        chosen_index = holders[np.arange(len(ids)), column]
+        return np.asarray(members, dtype=object)[chosen_index]
+
+    def _hint(self, dataset: str, placement: Placement, ids: np.ndarray) -> None:
+        ids = ids[(ids >= 0) & (ids < len(placement.holders))]
+        if not ids.size:
+            return
+        chosen = self._choose(placement, ids, set())
+        for address in np.unique(chosen):
+            # Fire and forget: a hint must never slow the batch down.
+            self.submit(_quiet_prefetch, self.member(address), dataset, ids[chosen == address])
+
+
+class _OutOfRange(Exception):
+    """A batch names ids past the cached placement (which may be of an older version)."""
+
+
+def _out_of_range(dataset: str, ids: np.ndarray, placement: Placement) -> str:
+    bad = int(ids[(ids < 0) | (ids >= len(placement.holders))][0])
+    return (f"sample id {bad} is out of range for dataset {dataset!r}: valid ids are "
+            f"0..{len(placement.holders) - 1}")
+
+
+def _placement_of(chunks: list[pb.IndexChunk]) -> tuple[tuple, np.ndarray | None, int]:
+    """(members, holders, generation) of a dataset from its GetIndex stream."""
+    members: tuple = ()
+    replicas = 0
+    for chunk in chunks:
+        if chunk.members:
+            members, replicas = tuple(chunk.members), chunk.replicas
+    generation = chunks[0].generation if chunks else 0
+    if not members:
+        return (), None, generation
+    holders = np.frombuffer(b"".join(c.holders for c in chunks), "<u2").reshape(-1, replicas)
+    return members, holders, generation
+
+
+def _quiet_prefetch(member: DaemonTransport, dataset: str, ids: np.ndarray) -> None:
+    try:
+        member.prefetch(pb.PrefetchRequest(dataset=dataset, ids=ids.tolist()))
+    except DlfsError as exc:
+        log.debug("prefetch hint to %s dropped: %s", member.address, exc)

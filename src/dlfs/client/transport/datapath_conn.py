@@ -1,0 +1,520 @@
+"""One connection to a daemon's data path, one request at a time (the client side).
+
+`DataConnection` speaks the frames of `dlfs/proto/datapath.md`: HELLO and
+WELCOME (checking the daemon's instance id), then GET_BATCH / READ_RANGE /
+STAT_DATASET / OPEN_DATASET.  Every reply's payload is received with
+`recv_into` straight into a buffer: the caller's `out`, or a recycled one
+from a `BufferPool`; each sample is checked against the CRC32C the reply
+header carries.  No sample byte is copied in Python.
+"""
+
+from __future__ import annotations
+
+import array
+import bisect
+import logging
+import os
+import resource
+import socket
+from typing import NamedTuple
+
+import numpy as np
+
+from dlfs import limits, logs
+from dlfs.formats import block_crcs, datapath_frames as frames
+from dlfs.client.reply_buffers import BufferPool, out_array
+from dlfs.errors import (
+    DataCorruption,
+    DeadlineExceeded,
+    DlfsError,
+    FailedPrecondition,
+    Unavailable,
+)
+from dlfs.sockio import recv_exactly, send_all
+
+log = logging.getLogger(__name__)
+
+
+class Endpoint(NamedTuple):
+    """Where a data path listens: (socket family, address) and a label for messages."""
+
+    family: int
+    address: object  # (host, port) for TCP, a path or b"\0name" for a Unix socket
+    label: str
+
+
+class OpenedDataset(NamedTuple):
+    """A dataset's version, its location arrays (id order) and its extents' descriptors."""
+
+    generation: int
+    samples: int
+    fds: dict  # extent no -> read-only descriptor (the receiver closes them)
+    extent: np.ndarray  # uint32 per sample; 0xFFFFFFFF: stored by another daemon
+    offset: np.ndarray  # uint64
+    length: np.ndarray  # uint64
+    crc: np.ndarray  # uint32
+
+
+class Received(NamedTuple):
+    """One reply: the generation it was served from and the samples in request order."""
+
+    generation: int
+    samples: list[memoryview]
+    hints_dropped: bool = False  # the daemon's prefetch queue dropped the request's hints
+
+
+class DataConnection:
+    """One connection to a daemon's data path; one request at a time.  Not thread-safe.
+
+    Raises Unavailable when the daemon cannot be reached or the connection
+    breaks, DeadlineExceeded when a reply stalls past `reply_timeout_s`,
+    and the daemon's typed errors.  After any exception but a typed error
+    from the daemon, `broken` is set and the connection must be closed.
+    """
+
+    def __init__(self, endpoint: Endpoint, token: str, instance: bytes, *,
+                 connect_timeout_s: float, reply_timeout_s: float):
+        self.endpoint = endpoint
+        self.reply_timeout_s = reply_timeout_s
+        self.broken = False
+        self.hints_dropped = 0  # hints sent without waiting that the daemon's queue dropped
+        self._unanswered_hints = 0  # replies of hints sent without waiting, still to be read
+        self._header = bytearray(frames.FRAME.size)
+        self._sock = socket.socket(endpoint.family, socket.SOCK_STREAM)
+        try:
+            self._sock.settimeout(connect_timeout_s)
+            self._sock.connect(endpoint.address)
+            if endpoint.family != socket.AF_UNIX:
+                self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self._sock.sendall(frames.hello(token))
+            kind, body = self._frame(limits.datapath_reply_header_bytes_max)
+            if kind != frames.Kind.WELCOME:
+                raise self._unexpected(kind, "WELCOME")
+            version, self.window_bytes, got_instance, self.features = \
+                frames.parse_welcome(body)
+        except OSError as exc:
+            self._sock.close()
+            raise Unavailable(f"DLFS daemon's data path at {endpoint.label} cannot be reached "
+                              f"({exc.strerror or exc}); is dlfs-server running there?") from None
+        except BaseException:
+            self._sock.close()
+            raise
+        if instance and got_instance != instance:
+            self._sock.close()
+            raise FailedPrecondition(f"{endpoint.label} is another daemon's data path")
+        self.version = version
+
+    def close(self) -> None:
+        self._sock.close()
+
+    # --- requests ---------------------------------------------------------------------
+
+    def get_batch(self, request: list, ids: np.ndarray, dataset: str, *, verify: bool,
+                  out, pool: BufferPool) -> Received:
+        """Send a GET_BATCH frame (`request`, from `frames.get_batch`) and receive its reply."""
+        return self._exchange(request, ids, dataset, verify, out, pool)
+
+    def send_hint(self, request: list) -> None:
+        """Send a GET_BATCH of hints alone (`request`) without waiting for its reply.
+
+        The reply (one BATCH frame) is read before this connection's next
+        request, so a hint costs its sender one `sendmsg`; the daemon plans
+        and advises it while the sender goes on.  A reply saying the
+        daemon's prefetch queue dropped the hint counts in `hints_dropped`;
+        a typed error answering it is logged at debug level and dropped (a
+        hint only costs speed, and the next read of that dataset meets the
+        same trouble with its own exception).  At most
+        `limits.datapath_hints_unanswered_max` replies wait to be read.
+        """
+        try:
+            self._sock.settimeout(self.reply_timeout_s)
+            if self._unanswered_hints >= limits.datapath_hints_unanswered_max:
+                self._settle()
+            send_all(self._sock, request)
+        except BaseException as exc:
+            raise self._failed(exc) from None
+        self._unanswered_hints += 1
+
+    def read_range(self, request: bytes, sample_id: int, offset: int, dataset: str, *,
+                   verify: bool, pool: BufferPool) -> Received:
+        """Send a READ_RANGE frame (`request`, asking for bytes from `offset`) and receive
+        its reply: one item, the range, verified whole or block by block."""
+        return self._exchange([request], np.array([sample_id]), dataset, verify, None, pool,
+                              offset)
+
+    def stat_dataset(self, dataset: str) -> tuple[int, int, int]:
+        """(generation, samples, bytes) of the dataset's current version."""
+        try:
+            self._sock.settimeout(self.reply_timeout_s)
+            self._settle()
+            self._sock.sendall(frames.stat_dataset(dataset))
+            kind, body = self._frame(frames.DATASET.size)
+        except BaseException as exc:
+            raise self._failed(exc) from None
+        if kind != frames.Kind.DATASET:
+            raise self._unexpected(kind, "DATASET")
+        return frames.parse_dataset_reply(body)
+
+    def block_crcs(self, dataset: str, sample_id: int, generation: int = 0
+                   ) -> tuple[int, int, np.ndarray | None]:
+        """(generation, block bytes, CRC32C of each block or None) of one sample, for a
+        reader of the extents that checks parts of it.  Raises FailedPrecondition when
+        the daemon predates BLOCK_CRCS (its WELCOME lacks the feature; the error's
+        `predates_block_crcs` is set), and the daemon's errors."""
+        if not self.features & frames.WELCOME_BLOCK_CRCS:
+            error = FailedPrecondition(
+                f"DLFS daemon's data path at {self.endpoint.label} predates block CRC "
+                "requests; upgrade the daemon")
+            error.predates_block_crcs = True
+            raise error
+        try:
+            self._sock.settimeout(self.reply_timeout_s)
+            self._settle()
+            self._sock.sendall(frames.block_crcs(dataset, sample_id, generation,
+                                                   logs.current_request_id()))
+            kind, body = self._frame(limits.datapath_reply_header_bytes_max)
+            if kind != frames.Kind.CRCS:
+                raise self._unexpected(kind, "CRCS")
+            return frames.parse_crcs_reply(body)
+        except BaseException as exc:
+            raise self._failed(exc) from None
+
+    def open_dataset(self, dataset: str, generation: int = 0) -> "OpenedDataset":
+        """The dataset's index and read-only descriptors of its extents (Unix socket only).
+
+        The caller owns the descriptors (close them).  Raises the daemon's
+        typed errors (PermissionDenied over TCP or for a foreign user).
+        """
+        fds: list[int] = []
+        try:
+            self._sock.settimeout(self.reply_timeout_s)
+            self._settle()
+            self._sock.sendall(frames.open_dataset(dataset, generation,
+                                                     logs.current_request_id()))
+            kind, body = self._frame(limits.datapath_reply_header_bytes_max)
+            if kind != frames.Kind.INDEX:
+                raise self._unexpected(kind, "INDEX")
+            generation, samples, extent_nos = frames.parse_index_header(body)
+            while len(fds) < len(extent_nos):
+                fds.extend(self._receive_fds())
+            if len(fds) != len(extent_nos):
+                raise frames.FrameError("more descriptors than extents arrived")
+            arrays = np.empty(samples * frames.INDEX_BYTES_PER_SAMPLE, dtype=np.uint8)
+            self._receive_payload(arrays)
+        except BaseException as exc:
+            for fd in fds:
+                os.close(fd)
+            raise self._failed(exc) from None
+        n = samples
+        return OpenedDataset(
+            generation, samples, dict(zip(extent_nos.tolist(), fds)),
+            arrays[:4 * n].view("<u4"), arrays[4 * n:12 * n].view("<u8"),
+            arrays[12 * n:20 * n].view("<u8"), arrays[20 * n:].view("<u4"))
+
+    # --- ingest (dlfs.client.transport.datapath_upload) -------------------------------------
+
+    def start_ingest(self, start: bytes, timeout_s: float) -> int:
+        """Send INGEST_START; return the files the daemon already holds (INGEST_READY)."""
+        try:
+            self._sock.settimeout(timeout_s)
+            self._sock.sendall(start)
+            kind, body = self._frame(frames.INGEST_READY.size)
+        except BaseException as exc:
+            raise self._failed(exc) from None
+        if kind != frames.Kind.INGEST_READY:
+            raise self._unexpected(kind, "INGEST_READY")
+        return frames.parse_ingest_ready(body)
+
+    def widen_send_buffer(self, size: int) -> None:
+        """Let `size` bytes be in flight (capped by net.core.wmem_max): a long one-way
+        stream (an ingest) then needs far fewer wake-ups of either side."""
+        try:
+            self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, size)
+        except OSError:
+            pass
+
+    def send_frames(self, buffers: list) -> None:
+        """Send frames of an ingest; raises the daemon's ERROR if it answered one."""
+        try:
+            send_all(self._sock, buffers)
+        except OSError as exc:
+            self.raise_pending(wait_s=1.0)  # the daemon may have said why it stopped reading
+            raise self._failed(exc) from None
+
+    def raise_pending(self, wait_s: float = 0.0) -> None:
+        """Raise the daemon's ERROR frame if one has arrived (within `wait_s`); an ingest
+        hears nothing else before its end."""
+        try:
+            self._sock.settimeout(wait_s)
+            waiting = self._sock.recv(1, socket.MSG_PEEK | (socket.MSG_DONTWAIT if not wait_s
+                                                            else 0))
+        except (BlockingIOError, socket.timeout, InterruptedError):
+            return
+        except OSError:
+            return
+        finally:
+            self._sock.settimeout(self.reply_timeout_s)
+        if not waiting:
+            self.broken = True
+            raise Unavailable(f"DLFS daemon's data path at {self.endpoint.label} closed the "
+                              "connection in the middle of an ingest")
+        try:
+            kind, _body = self._frame(limits.datapath_reply_header_bytes_max)
+        except BaseException as exc:
+            raise self._failed(exc) from None
+        raise self._unexpected(kind, "nothing")
+
+    def finish_ingest(self, timeout_s: float) -> tuple:
+        """Wait for INGESTED: (name, generation, samples, bytes, created ns, extents)."""
+        try:
+            self._sock.settimeout(timeout_s)
+            kind, body = self._frame(frames.INGESTED.size + 1024)
+        except BaseException as exc:
+            raise self._failed(exc) from None
+        if kind != frames.Kind.INGESTED:
+            raise self._unexpected(kind, "INGESTED")
+        return frames.parse_ingested(body)
+
+    def _receive_fds(self) -> list[int]:
+        """One FDS frame: its descriptors, which ride on its first byte (SCM_RIGHTS)."""
+        size = frames.FRAME.size + frames.FDS.size
+        space = socket.CMSG_SPACE(limits.datapath_fds_per_frame_max * 4)
+        data, ancillary, flags, _ = self._sock.recvmsg(size, space)
+        fds = [fd for level, kind, raw in ancillary
+               if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS
+               for fd in array.array("i", raw[:len(raw) - len(raw) % 4])]
+        try:
+            if flags & socket.MSG_CTRUNC:
+                self.broken = True  # the frames behind these descriptors are still in flight
+                raise _descriptors_cut_off(len(fds))
+            if not data:
+                raise ConnectionResetError(0, "connection closed before the descriptors")
+            frame = bytearray(data)
+            if len(frame) < size:
+                rest = bytearray(size - len(frame))
+                recv_exactly(self._sock, memoryview(rest))
+                frame += rest
+            kind, _flags, length = frames.parse_frame(frame[:frames.FRAME.size])
+            if kind != frames.Kind.FDS or length != frames.FDS.size:
+                raise self._unexpected(kind, "FDS")
+            (count,) = frames.FDS.unpack_from(frame, frames.FRAME.size)
+            if count != len(fds):
+                raise frames.FrameError(f"an FDS frame announced {count} descriptors and "
+                                          f"carried {len(fds)}")
+        except BaseException:
+            for fd in fds:
+                os.close(fd)
+            raise
+        return fds
+
+    def _exchange(self, request: list, ids: np.ndarray, dataset: str, verify: bool, out,
+                  pool: BufferPool, offset: int = 0) -> Received:
+        try:
+            self._sock.settimeout(self.reply_timeout_s)
+            self._settle()
+            send_all(self._sock, request)
+            kind, body = self._frame(limits.datapath_reply_header_bytes_max)
+            if kind != frames.Kind.BATCH:
+                raise self._unexpected(kind, "BATCH")
+            reply = frames.parse_batch_header(body)
+            blocks = bool(reply.flags & frames.BATCH_BLOCKS)
+            if blocks and (ids.size != 1 or out is not None):
+                raise frames.FrameError("blocks came in reply to a batch")
+            payload = _target(out, reply.payload_bytes, pool)
+            view = memoryview(payload).cast("B")
+            # Samples handed out of a recycled buffer are read-only; `out` is the caller's.
+            source = view if out is not None else view.toreadonly()
+            ends = np.cumsum(reply.lengths, dtype=np.uint64).tolist()
+            samples = [source[end - n:end] for end, n in zip(ends, reply.lengths.tolist())]
+            checker = None
+            if verify and reply.flags & frames.BATCH_CRCS:
+                # Blocks are named by the bytes of the sample they hold.
+                first = offset - reply.skip if blocks else None
+                checker = _Checker(samples, ends, reply.crcs,
+                                   np.repeat(ids, len(samples)) if blocks else ids, dataset,
+                                   self.endpoint.label, first)
+            self._receive_payload(payload, checker)
+        except BaseException as exc:
+            raise self._failed(exc) from None
+        if checker is not None and checker.failure is not None:
+            raise checker.failure
+        if blocks:  # the asked range, cut out of its verified blocks
+            samples = [source[reply.skip:reply.skip + reply.length]]
+        return Received(reply.generation, samples,
+                        bool(reply.flags & frames.BATCH_HINTS_DROPPED))
+
+    def _receive_payload(self, payload: np.ndarray, checker: "_Checker | None" = None) -> None:
+        """Receive the DATA frames of a payload into `payload`; `checker` verifies the
+        samples each frame completes while the next one is still on its way."""
+        view = memoryview(payload).cast("B")
+        filled = 0
+        if checker is not None:
+            checker.check_until(0)  # empty samples at the start
+        while filled < len(view):
+            kind, length = self._frame_header()
+            if kind == frames.Kind.ERROR:
+                raise frames.parse_error(self._body(length), self.endpoint.label)
+            if kind != frames.Kind.DATA or length > len(view) - filled:
+                raise self._unexpected(kind, "DATA within the announced payload")
+            recv_exactly(self._sock, view[filled:filled + length])
+            filled += length
+            if checker is not None:
+                checker.check_until(filled)
+
+    def _settle(self) -> None:
+        """Read the replies of the hints `send_hint` sent (see there); the socket's timeout
+        is set.  Raises what `_frame` raises but the daemon's typed errors."""
+        while self._unanswered_hints:
+            self._unanswered_hints -= 1
+            try:
+                kind, body = self._frame(limits.datapath_reply_header_bytes_max)
+            except DlfsError as exc:
+                if isinstance(exc, (Unavailable, DeadlineExceeded)):
+                    raise
+                log.debug("a prefetch hint sent to %s was refused: %s", self.endpoint.label, exc)
+                continue
+            if kind != frames.Kind.BATCH:
+                raise self._unexpected(kind, "BATCH")
+            reply = frames.parse_batch_header(body)
+            if reply.payload_bytes:
+                raise frames.FrameError("samples came in reply to hints alone")
+            if reply.flags & frames.BATCH_HINTS_DROPPED:
+                self.hints_dropped += 1
+
+    # --- frames -------------------------------------------------------------------------
+
+    def _frame_header(self) -> tuple[int, int]:
+        recv_exactly(self._sock, memoryview(self._header))
+        kind, _flags, length = frames.parse_frame(self._header)
+        return kind, length
+
+    def _body(self, length: int) -> memoryview:
+        body = memoryview(bytearray(length))
+        recv_exactly(self._sock, body)
+        return body
+
+    def _frame(self, body_bytes_max: int) -> tuple[int, memoryview]:
+        """The next frame (kind, body); an ERROR frame is raised as its typed error."""
+        kind, length = self._frame_header()
+        if length > max(body_bytes_max, limits.datapath_error_frame_bytes_max):
+            raise frames.FrameError(f"a frame of kind {kind} announces {length} bytes")
+        body = self._body(length)
+        if kind == frames.Kind.ERROR:
+            raise frames.parse_error(body, self.endpoint.label)
+        return kind, body
+
+    def _unexpected(self, kind: int, wanted: str) -> Exception:
+        self.broken = True
+        return Unavailable(f"DLFS daemon's data path at {self.endpoint.label} sent frame kind "
+                           f"{kind} where {wanted} was due; the connection was closed")
+
+    def _failed(self, exc: BaseException) -> BaseException:
+        """The error to raise for `exc`; marks the connection broken unless the daemon
+        answered with a typed error at a frame boundary."""
+        if isinstance(exc, DlfsError) and not isinstance(exc, (Unavailable, DeadlineExceeded)) \
+                and not self.broken:
+            return exc
+        self.broken = True
+        if isinstance(exc, socket.timeout):
+            return DeadlineExceeded(f"DLFS daemon's data path at {self.endpoint.label} sent "
+                                    f"nothing for {self.reply_timeout_s:g} s")
+        if isinstance(exc, frames.FrameError):
+            return Unavailable(f"DLFS daemon's data path at {self.endpoint.label} broke the "
+                               f"protocol ({exc}); the connection was closed")
+        if isinstance(exc, OSError):
+            return Unavailable(f"DLFS daemon's data path at {self.endpoint.label} dropped the "
+                               f"connection ({exc.strerror or exc})")
+        return exc
+
+
+def _descriptors_cut_off(received: int) -> Exception:
+    """Why the kernel cut an FDS frame's descriptors off.  The daemon sends at most
+    `datapath_fds_per_frame_max` a frame and there is room for that many, so a cut
+    below it means this process may open no more files (the kernel installs
+    descriptors up to RLIMIT_NOFILE and drops the rest); at it, a daemon that sent
+    more than a frame may carry."""
+    if received < limits.datapath_fds_per_frame_max:
+        soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        return FailedPrecondition(
+            f"this process may open at most {soft} files (RLIMIT_NOFILE), fewer than the "
+            "dataset's extents need as descriptors; raise the limit (ulimit -n, "
+            "LimitNOFILE= in a systemd unit) or read without direct=True")
+    return frames.FrameError("descriptors were cut off (too many in one frame)")
+
+
+def _target(out, size: int, pool: BufferPool) -> np.ndarray:
+    """The uint8 array a payload of `size` bytes is received into."""
+    return pool.take(size) if out is None else out_array(out, size)
+
+
+def checksum_mismatch(sample: str, label: str, expected: int, got: int) -> DataCorruption:
+    """The error for a sample (named by `sample`) whose bytes fail their CRC32C here."""
+    return DataCorruption(
+        f"checksum mismatch for {sample} (received from {label}): stored CRC32C "
+        f"{expected:08x}, received {got:08x}; the daemon's copy or the transfer is damaged "
+        "(`dlfs scrub` checks the daemon's copy)")
+
+
+class _Checker:
+    """Verifies each sample's CRC32C once the payload bytes received cover it.
+
+    The first mismatch is kept (`failure`) and raised after the whole reply
+    arrived, so the connection stays usable.  O(samples) in all.
+    """
+
+    def __init__(self, samples: list[memoryview], ends: list[int], crcs: np.ndarray,
+                 ids: np.ndarray, dataset: str, label: str, first_byte: int | None = None):
+        # Items are blocks of one sample whose payload starts at `first_byte` of it
+        # (None: items are whole samples).
+        self.first_byte = first_byte
+        self.samples = samples
+        self.ends = ends
+        self.crcs = crcs.tolist()
+        self.ids = ids
+        self.dataset = dataset
+        self.label = label
+        self.next = 0
+        self.failure: DataCorruption | None = None
+
+    def check_until(self, received: int) -> None:
+        i = self.next
+        j = bisect.bisect_right(self.ends, received, i)
+        if j == i:
+            return
+        expected = self.crcs[i:j]
+        bad = block_crcs.first_bad_piece(self.samples[i:j], expected)
+        if bad is not None and self.failure is None:
+            k, got = bad
+            self.failure = self._mismatch(i + k, expected[k], got)
+        self.next = j
+
+    def _mismatch(self, i: int, expected: int, got: int) -> DataCorruption:
+        sample_id = int(self.ids[i])
+        block = None
+        if self.first_byte is not None:
+            hi = self.first_byte + self.ends[i]
+            block = (hi - len(self.samples[i]), hi)
+        label = self.label
+        error = checksum_mismatch(block_prefix(block) + f"sample {sample_id} of dataset "
+                                  f"{self.dataset!r}", label, expected, got)
+        # What DataPathTransport needs to name the sample's path (`named_checksum_error`).
+        error.sample_id, error.block = sample_id, block
+        error.renamed = lambda what: checksum_mismatch(what, label, expected, got)
+        return error
+
+
+def named_checksum_error(exc: DataCorruption, describe) -> DataCorruption:
+    """`exc` naming its sample as `describe(sample_id)` does (a path, say) when it is a
+    checksum mismatch that says how to (`sample_id`, `block`, `renamed`), logged; any
+    other DataCorruption as it is."""
+    sample_id = getattr(exc, "sample_id", None)
+    if sample_id is None:
+        return exc
+    error = exc.renamed(block_prefix(exc.block) + describe(sample_id))
+    log.error("%s", error.message)
+    return error
+
+
+def block_prefix(block: tuple[int, int] | None) -> str:
+    """How a checksum error names a block of a sample ("" for a whole sample)."""
+    return "" if block is None else f"the block at bytes {block[0]}..{block[1]} of "

@@ -1,0 +1,291 @@
+"""`DataPathTransport`: one daemon, with its reads on the data path.
+
+The default transport of `Client(address)`.  Control calls (metadata,
+ingest, hints) go over gRPC as in `DaemonTransport` (in a forked worker,
+where gRPC cannot be used, hints and the dataset's current version go over
+the data path too); batches and ranges go
+over the daemon's data path (`dlfs.client.transport.datapath_pool`), received straight
+into the caller's `out` or a recycled buffer, each sample checked against
+its CRC32C here.  The data path is asked for once (GetDataPath); a daemon
+that offers none (it serves TLS, or predates the data path) or whose data
+port cannot be reached on the first try is read through gRPC instead, with
+one log line saying why.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+from typing import NamedTuple
+
+import grpc
+import numpy as np
+
+from dlfs import limits, logs
+from dlfs.formats import datapath_frames as frames
+from dlfs.client.reply_buffers import BufferPool
+from dlfs.client.transport.grpc_channel import grpc_usable
+from dlfs.client.transport.datapath_conn import named_checksum_error
+from dlfs.client.transport.datapath_pool import DataPath, endpoints
+from dlfs.client.requests import batch_size
+from dlfs.client.transport.retry import call_with_retry
+from dlfs.client.transport.grpc_transport import DaemonTransport
+from dlfs.errors import DataCorruption, DlfsError, InvalidArgument, Unavailable
+from dlfs.proto import dlfs_pb2 as pb
+from dlfs.types import DatasetInfo
+
+log = logging.getLogger(__name__)
+
+# The data path of a transport, before it was asked for.
+_UNKNOWN = object()
+
+# Where each daemon's data path listens, as this process (or the one it was
+# forked from) learnt it: a client made from scratch in a forked worker, where
+# gRPC cannot be used, finds its daemon's data path here instead of asking.
+_LEARNT: dict[str, "DataPathHint"] = {}
+
+
+class DataPathHint(NamedTuple):
+    """Where a daemon's data path listens, as GetDataPath said: lets another process
+    (a DataLoader worker, a read-ahead helper) skip asking (see `Dataset.ticket`)."""
+
+    port: int
+    unix_socket: str
+    instance: bytes
+
+
+class _NoDataPath(Exception):
+    """The daemon offers no data path (any more): read through gRPC."""
+
+
+# Which of the data path's sockets a client uses.
+SOCKET_CHOICES = ("auto", "tcp", "unix")
+
+
+class DataPathTransport(DaemonTransport):
+    """A daemon's transport whose reads take its data path when it offers one.
+
+    `pool` recycles reply buffers (one per client by default).  `socket`
+    picks the data path's endpoint: "auto" (the Unix socket when this host
+    reaches it, else TCP), "tcp" or "unix".  Thread-safe; after `os.fork`
+    the child opens its own data connections.
+    """
+
+    def __init__(self, address: str, *, token: str | None = None, tls_ca: str | None = None,
+                 pool: BufferPool | None = None, socket: str = "auto",
+                 hint: DataPathHint | None = None, **options):
+        if socket not in SOCKET_CHOICES:
+            raise InvalidArgument(f"data_path must be one of {', '.join(SOCKET_CHOICES)}, "
+                                  f"True or False, not {socket!r}")
+        super().__init__(address, token=token, tls_ca=tls_ca, **options)
+        self._socket = socket
+        self.pool = pool or BufferPool()
+        self._lock = threading.Lock()
+        self._data = _UNKNOWN
+        if hint is None and not grpc_usable():
+            hint = _LEARNT.get(address)
+        self._hint = hint
+        self.no_data_path_reason = ""  # why data_path() is None
+        self._worked = False  # some data connection of this transport got a WELCOME
+
+    def close(self) -> None:
+        data = self._data
+        if isinstance(data, DataPath):
+            data.close()
+        super().close()
+
+    def data_path(self) -> DataPath | None:
+        """The daemon's data path (asked for at the first read), or None: reads use gRPC."""
+        with self._lock:
+            if self._data is _UNKNOWN:
+                hint, self._hint = self._hint, None
+                self._data = self._discover() if hint is None else self._from_hint(hint)
+            return self._data
+
+    def data_path_hints(self) -> dict[str, DataPathHint]:
+        """{address: where its data path listens} for another process to reuse; asks now."""
+        data = self.data_path()
+        return {} if data is None else {self.address: data.hint}
+
+    def get_batch(self, request: pb.GetBatchRequest, out=None) -> list[memoryview]:
+        if self.data_path() is None or not batch_size(request):
+            return super().get_batch(request, out)
+        ids = self.ids_of(request)
+        hints = np.asarray(request.prefetch_ids, dtype=np.int64)
+        return self._on_data_path(request.dataset, lambda data: data.get_batch(
+            request.dataset, ids, generation=request.generation, hints=hints,
+            verify=not request.skip_verify, out=out,
+            request_id=logs.current_request_id()).samples,
+            fallback=lambda: super(DataPathTransport, self).get_batch(request, out))
+
+    def prefetch(self, request: pb.PrefetchRequest, wait: bool = True) -> bool:
+        """As gRPC's Prefetch (False: the daemon's queue dropped the hint), but a hint by
+        ids rides the data path, as a GET_BATCH of no samples: a reader hinting
+        every batch then pays no gRPC call per batch (and a forked worker can
+        hint at all).  Unless `wait`, it is sent without waiting for the
+        daemon's answer (True: sent; see `DataPath.send_hints`).  Hints by
+        path go over gRPC (they need the names resolved)."""
+        if request.paths or self.data_path() is None:
+            return super().prefetch(request)
+        hints = np.asarray(request.ids, dtype=np.int64)
+        if wait:
+            def send(data) -> bool:
+                return not data.get_batch(request.dataset, np.empty(0, np.int64), hints=hints,
+                                          request_id=logs.current_request_id()).hints_dropped
+        else:
+            def send(data) -> bool:
+                data.send_hints(request.dataset, hints, request_id=logs.current_request_id())
+                return True
+        return self._on_data_path(request.dataset, send,
+                                  fallback=lambda: super(DataPathTransport, self).prefetch(request))
+
+    def dataset_info(self, dataset: str, known: DatasetInfo | None = None) -> DatasetInfo:
+        """The current version of `dataset` (`known`: the version this client had).
+
+        Over gRPC (GetDataset) where it can be used; in a forked worker over
+        the data path (STAT_DATASET): generation, samples and bytes are new,
+        the rest is `known`'s (unchanged for a one-daemon dataset but for
+        `created_ns` and `extents`), or without `known` zero.
+        """
+        if grpc_usable() or self.data_path() is None:
+            return super().dataset_info(dataset, known)
+        generation, samples, size = self._on_data_path(
+            dataset, lambda data: data.stat_dataset(dataset),
+            fallback=lambda: super(DataPathTransport, self).dataset_info(dataset, known))
+        if known is None:
+            return DatasetInfo(dataset, samples, size, True, 0, 0, generation=generation)
+        return dataclasses.replace(known, generation=generation, samples=samples, bytes=size)
+
+    def read_range(self, request: pb.ReadRangeRequest) -> memoryview:
+        if self.data_path() is None:
+            return super().read_range(request)
+        sample_id = request.id if not request.path else int(self.ids_of(
+            pb.GetBatchRequest(dataset=request.dataset, paths=[request.path]))[0])
+        return self._on_data_path(request.dataset, lambda data: data.read_range(
+            request.dataset, sample_id, request.offset, request.length,
+            generation=request.generation, verify=not request.skip_verify,
+            request_id=logs.current_request_id()).samples[0],
+            fallback=lambda: super(DataPathTransport, self).read_range(request))
+
+    def read_chunks(self, request: pb.ReadRangeRequest):
+        """As the gRPC stream (`DaemonTransport.read_chunks`), but a range of at
+        most `limits.data_path_chunks_bytes_max` comes over the data path as
+        one piece: one reply into a pooled buffer, block CRCs checked, at the
+        data path's speed rather than gRPC's.  Longer ranges (or to the end
+        of the sample, length 0) stream over gRPC, piece by piece."""
+        if self.data_path() is None or not 0 < request.length <= limits.data_path_chunks_bytes_max:
+            yield from super().read_chunks(request)
+            return
+        yield 0, self.read_range(request)
+
+    def _on_data_path(self, dataset: str, read, fallback):
+        """`read(data_path)`, retried on UNAVAILABLE like every read.
+
+        A daemon restarted since the data path was asked for listens on
+        another port: when connecting fails, the data path is asked for
+        again before the next attempt.  If it never answered at all (a
+        blocked port), reads give it up for gRPC (`fallback()`).  A
+        checksum mismatch is raised naming the sample's path too (one
+        Lookup, on that error only).
+        """
+        def attempt():
+            data = self.data_path()
+            if data is None:
+                raise _NoDataPath()
+            try:
+                return read(data)
+            except Unavailable:
+                if data.unreachable:
+                    self._forget(data)
+                raise
+
+        try:
+            return call_with_retry(attempt, address=self.address,
+                                   timeout_s=self.reconnect_timeout_s if self._worked else 0.0)
+        except _NoDataPath:
+            return fallback()
+        except DataCorruption as exc:
+            raise self._with_path(exc, dataset) from None
+        except Unavailable as exc:
+            if self._worked:
+                raise
+            log.warning("the data path of the DLFS daemon at %s cannot be reached (%s); reading "
+                        "through gRPC instead", self.address, exc)
+            self._forget(None)
+            return fallback()
+        finally:
+            data = self._data
+            if isinstance(data, DataPath) and data.ever_connected:
+                self._worked = True
+
+    def _forget(self, data: DataPath | None) -> None:
+        """Drop the data path `data` (ask again at the next read), or with None give the
+        data path up for this transport."""
+        with self._lock:
+            current = self._data
+            if data is not None and current is not data:
+                return  # another thread replaced it already
+            self._data = _UNKNOWN if data is not None else None
+        if isinstance(current, DataPath):
+            current.close()
+
+    def _with_path(self, exc: DataCorruption, dataset: str) -> DataCorruption:
+        """A checksum mismatch naming the sample's path too (one Lookup, on this error
+        only), logged (datapath_conn.named_checksum_error)."""
+        return named_checksum_error(exc, lambda sample_id: self._describe(dataset, sample_id))
+
+    def _describe(self, dataset: str, sample_id: int) -> str:
+        """Sample ID 'PATH' of dataset 'NAME', for error messages (the path if it can be had)."""
+        try:
+            lookup = pb.LookupRequest(dataset=dataset, ids=[sample_id])
+            path = self.call("Lookup", lookup, retry=False).entries[0].path
+        except (DlfsError, IndexError):
+            return f"sample {sample_id} of dataset {dataset!r}"
+        return f"sample {sample_id} {path!r} of dataset {dataset!r}"
+
+    def _from_hint(self, hint: DataPathHint) -> DataPath | None:
+        found = endpoints(self.address, hint.port if self._socket != "unix" else 0,
+                          hint.unix_socket if self._socket != "tcp" else "")
+        if not found or self.settings.tls:
+            return self._discover()
+        return self._data_path(found, hint)
+
+    def _data_path(self, found, hint: DataPathHint) -> DataPath:
+        _LEARNT[self.address] = hint
+        return DataPath(found, hint=hint, token=self.settings.token,
+                        connect_timeout_s=min(self.timeout_s, limits.data_connect_timeout_s),
+                        reply_timeout_s=self.batch_timeout_s, pool=self.pool)
+
+    def _discover(self) -> DataPath | None:
+        if self.settings.tls:
+            # The data path carries no TLS: reads stay on the encrypted channel.
+            self.no_data_path_reason = "this client uses TLS, which the data path does not carry"
+            return None
+
+        def ask():
+            try:
+                return self._stub.GetDataPath(pb.GetDataPathRequest(), timeout=self.timeout_s,
+                                              metadata=logs.outgoing_metadata())
+            except grpc.RpcError as exc:
+                if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+                    return None
+                raise
+
+        info = call_with_retry(ask, address=self.address, timeout_s=self.reconnect_timeout_s)
+        if info is None or not info.enabled:
+            self.no_data_path_reason = (f"it offers none ({info.reason})" if info is not None
+                                        else "it predates the data path")
+        elif info.version != frames.VERSION:
+            self.no_data_path_reason = (f"it speaks data path version {info.version}, this "
+                                        f"client {frames.VERSION}")
+        else:
+            found = endpoints(self.address, info.port if self._socket != "unix" else 0,
+                              info.unix_socket if self._socket != "tcp" else "")
+            if found:
+                return self._data_path(found, DataPathHint(info.port, info.unix_socket,
+                                                           info.instance))
+            self.no_data_path_reason = f"it offers no {self._socket} socket for its data path"
+        log.info("reading from the DLFS daemon at %s through gRPC: %s", self.address,
+                 self.no_data_path_reason)
+        return None

@@ -1,0 +1,82 @@
+"""Ingest over the data path: the client side of `dlfs/proto/datapath.md`, "Ingest".
+
+The same stream as the gRPC Ingest call (files in order, each file's CRC32C
+on its last piece, counts at the end), in the data path's frames: the
+pieces' headers and the file bytes go out in one `sendmsg` per megabyte or
+so, no protobuf and no copy in Python.  Python gRPC cost about 3
+CPU-seconds per GB on each side; this costs a few tenths.  Used by
+`dlfs.client.ingest_upload.upload` whenever the daemon has a data path (not with
+TLS), over its Unix socket on the same host, else TCP.
+"""
+
+from __future__ import annotations
+
+from dlfs import limits, logs
+from dlfs.formats import datapath_frames as frames
+from dlfs.errors import InvalidArgument
+from dlfs.types import DatasetInfo
+
+# Bytes of frames handed to one sendmsg, and how often to look for an ERROR.
+_SEND_BYTES = 1024 * 1024
+_BUFFERS_MAX = 512
+_SOCKET_BUFFER_BYTES = 4 * 1024 * 1024
+
+
+class UnsupportedDaemon(Exception):
+    """The daemon's data path does not know INGEST_START (an older daemon): use gRPC."""
+
+
+def send(data_path, name: str, chunks, *, replace: bool, resumable: bool,
+         resume_from: int | None, dirs=()) -> DatasetInfo:
+    """Ingest `chunks` ((file, data, last, crc) from `ingest.ordered_files`) as `name`,
+    after the dataset's empty directories `dirs` (paths).
+
+    Raises the daemon's typed errors, Unavailable when the connection breaks,
+    UnsupportedDaemon, and whatever `chunks` raises (the daemon then sees the
+    stream break off).
+    """
+    connection = data_path.dedicated()
+    try:
+        try:
+            connection.start_ingest(
+                frames.ingest_start(name, replace=replace, resumable=resumable,
+                                      resume_from=resume_from,
+                                      request_id=logs.current_request_id()),
+                limits.metadata_timeout_s_default)
+        except InvalidArgument as exc:
+            if "unknown request kind" in exc.message:
+                raise UnsupportedDaemon() from None
+            raise
+        # With the default 208 KiB, a 1 MiB send waits for the daemon several times: on
+        # a loaded 2-core VM that capped an ingest at 150 MB/s.
+        connection.widen_send_buffer(_SOCKET_BUFFER_BYTES)
+        buffers: list = []
+        pending = files = data_bytes = 0
+        for path in dirs:
+            buffers.append(frames.piece(path.encode(), 0, first=True, last=False,
+                                          directory=True))
+            files += 1
+        for file, data, last, crc in chunks:
+            if file is not None:
+                files += 1
+                buffers.append(frames.piece(file.path.encode(), len(data), first=True,
+                                              last=last, size=file.size, mode=file.mode,
+                                              mtime_ns=file.mtime_ns, crc=crc if last else 0))
+            else:
+                buffers.append(frames.piece(b"", len(data), first=False, last=last,
+                                              crc=crc if last else 0))
+            if data:
+                buffers.append(data)
+            data_bytes += len(data)
+            pending += len(data) + 64
+            if pending >= _SEND_BYTES or len(buffers) >= _BUFFERS_MAX:
+                connection.send_frames(buffers)
+                connection.raise_pending()
+                buffers, pending = [], 0
+        buffers.append(frames.ingest_end(files, data_bytes))
+        connection.send_frames(buffers)
+        name, generation, samples, size, created_ns, extents = connection.finish_ingest(
+            limits.ingest_timeout_s_default)
+    finally:
+        connection.close()
+    return DatasetInfo(name, samples, size, True, created_ns, extents, generation=generation)

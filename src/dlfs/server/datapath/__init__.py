@@ -1,0 +1,1 @@
+"""The data-path front door: listeners, connection handlers, batch replies, uploads."""

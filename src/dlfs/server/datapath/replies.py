@@ -1,0 +1,180 @@
+"""Replies of the data path: a batch, a range, a dataset's descriptors, its version.
+
+Each function answers one parsed request on a connection (`DataConnection`
+in `conn_handler`): it checks the request against the dataset and the daemon's
+limits, sends the reply's header, then its payload window by window, read
+by the read engine into a window buffer from the server's pool and sent
+with one `sendmsg` each.  A `DlfsError` raised before or during the
+payload propagates: the connection answers it with an ERROR frame (in
+place of the remaining DATA frames).  Nothing here imports grpc.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import struct
+import time
+
+import numpy as np
+
+from dlfs import limits
+from dlfs.formats import datapath_frames as frames
+from dlfs.errors import InvalidArgument, PermissionDenied
+from dlfs.server.read import range_planning, sendfiles
+from dlfs.server.read.batch_planning import RequestOrder
+
+
+def batch(connection, request: frames.BatchRequest) -> None:
+    """GET_BATCH: BATCH (lengths and CRC32Cs), then the samples in request order."""
+    store = connection.store
+    started = time.perf_counter()
+    config = store.config
+    if request.ids.size > config.batch_ids_max:
+        raise InvalidArgument(
+            f"batch of {request.ids.size} samples exceeds the limit of "
+            f"{config.batch_ids_max} (--batch-ids-max); split it into smaller batches")
+    with store.reading(request.dataset, request.generation,
+                       first_read=bool(request.ids.size)) as dataset:
+        ids = dataset.check_ids(request.ids)
+        dataset.check_local(ids)
+        lengths = dataset.length[ids]
+        payload = int(lengths.sum())
+        if payload > config.batch_bytes_max:
+            raise InvalidArgument(
+                f"batch of {ids.size} samples holds {payload} bytes, over the limit of "
+                f"{config.batch_bytes_max} (--batch-bytes-max); split it into smaller batches")
+        flags = frames.BATCH_CRCS
+        if request.hints.size and not store.hint_ids(dataset, request.hints,
+                                                     alone=not ids.size):
+            flags |= frames.BATCH_HINTS_DROPPED
+        order = RequestOrder(dataset.extent[ids], dataset.offset[ids], lengths)
+        header = frames.batch_header(dataset.generation, lengths, dataset.crc[ids], flags)
+        send_reply(connection, dataset, header, order, lambda: store.count_served(
+            "DataBatch", ids.size, payload, started))
+
+
+def byte_range(connection, request: frames.RangeRequest) -> None:
+    """READ_RANGE: BATCH, then the bytes.  The whole sample is one item with its CRC32C;
+    with the RANGE_BLOCKS flag a part of a sample with block CRCs is sent as the
+    whole blocks around it, each with its CRC32C (BATCH_BLOCKS: the client
+    verifies them and cuts the range out); otherwise a part has no CRC."""
+    store = connection.store
+    started = time.perf_counter()
+    with store.reading(request.dataset, request.generation) as dataset:
+        sample_id = int(dataset.check_ids(np.array([request.sample_id]))[0])
+        read = range_planning.plan_range(dataset, sample_id, request.offset, request.length,
+                                    store.config,
+                                    blocks=bool(request.flags & frames.RANGE_BLOCKS))
+        flags = (frames.BATCH_CRCS if read.checkable else 0) | \
+            (frames.BATCH_BLOCKS if read.blocks else 0)
+        header = frames.batch_header(dataset.generation, read.lengths, read.crcs, flags,
+                                       (read.skip, read.length) if read.blocks else None)
+        plan = read.plan
+        order = RequestOrder(plan.range_extent, plan.range_file_offset, plan.range_length)
+        send_reply(connection, dataset, header, order, lambda: store.count_served(
+            "DataRange", 1, plan.payload_bytes, started))
+
+
+def open_dataset(connection, name: str, generation: int) -> None:
+    """OPEN_DATASET: INDEX, the extents' read-only descriptors (FDS frames, SCM_RIGHTS),
+    then the location arrays as DATA.
+
+    Only over the Unix socket, to a peer that authenticated at HELLO (a
+    token, when the daemon has tokens) and, without tokens, runs as the
+    daemon's own user or root (SO_PEERCRED): a passed descriptor reads the
+    whole extent and cannot be taken back.
+    """
+    check_local_peer(connection.sock, connection.server.authorizer is not None)
+    store = connection.store
+    with store.reading(name, generation) as dataset, \
+            store.extent_descriptors(dataset) as descriptors:
+        extent_nos = np.array([e for e, _ in descriptors], dtype=np.uint32)
+        connection.send([frames.index_header(dataset.generation, len(dataset), extent_nos)])
+        step = limits.datapath_fds_per_frame_max
+        fds = [fd for _, fd in descriptors]
+        for start in range(0, len(fds), step):
+            part = fds[start:start + step]
+            connection.sock.sendmsg([frames.fds_frame(len(part))], [
+                (socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack(f"{len(part)}i", *part))])
+        window = connection.server.buffers.window_bytes
+        for array, dtype in ((dataset.extent, "<u4"), (dataset.offset, "<u8"),
+                             (dataset.length, "<u8"), (dataset.crc, "<u4")):
+            raw = memoryview(np.ascontiguousarray(array, dtype=dtype)).cast("B")
+            for start in range(0, len(raw), window):
+                piece = raw[start:start + window]
+                connection.send([frames.data_frame(len(piece)), piece])
+
+
+def block_crcs(connection, name: str, generation: int, sample_id: int) -> None:
+    """BLOCK_CRCS: CRCS, the CRC32C of every block of one sample (dlfs.formats.block_crcs): what a
+    co-located reader of the extents needs to verify a part of a large sample.  A sample
+    of one block has its own CRC; one ingested before block CRCs has none."""
+    with connection.store.reading(name, generation) as dataset:
+        dataset.check_local(dataset.check_ids([sample_id]))
+        connection.send([frames.crcs_reply(dataset.generation, dataset.blocks.block_bytes,
+                                             dataset.block_crcs(sample_id))])
+
+
+def stat_dataset(connection, name: str) -> None:
+    """STAT_DATASET: DATASET (the current version, samples and bytes)."""
+    summary = connection.store.dataset(name).summary()
+    connection.send([frames.dataset_reply(summary.generation, summary.samples,
+                                            summary.bytes)])
+
+
+def send_reply(connection, dataset, header: list, order: RequestOrder, count) -> None:
+    """The BATCH frame `header`, then DATA frames of the payload, window by window, each
+    read into a pooled buffer, or sent from the page cache by `sendfile` when its
+    pieces are large and all cached (server/read/sendfiles.py).
+
+    `count()` records the request as served once every byte was read and
+    before the last frame goes out: a client that asks for the daemon's
+    counters as soon as its reply arrived finds it counted.
+    """
+    windows = order.windows(connection.server.buffers.window_bytes)
+    if not windows:
+        count()
+        connection.send(header)
+        return
+    connection.send(header)
+    store = connection.store
+    # Large cached samples straight from the page cache: no copy in the daemon.
+    by_sendfile = store.sendfile
+    advised = 0  # payload bytes below this were asked of the device ahead of their window
+    with connection.server.buffers.take() as buffer:
+        for k, (start, stop) in enumerate(windows):
+            pieces = order.pieces(start, stop)
+            last = k == len(windows) - 1
+            if by_sendfile and sendfiles.worth(pieces) and store.send_cached(
+                    dataset, pieces, connection.sock, frames.data_frame(stop - start),
+                    before=count if last else None):
+                continue
+            window = buffer[:stop - start]
+            missed = store.read_into(dataset, pieces, window)
+            if missed and stop < order.payload_bytes:
+                # A cold reply: keep the device busy with the next windows while this
+                # one is sent, instead of asking for each only when its turn comes.
+                first = max(advised, stop)
+                ahead = min(order.payload_bytes, stop + limits.datapath_advise_ahead_bytes)
+                if ahead > first:
+                    store.advise(dataset, order.pieces(first, ahead))
+                    advised = ahead
+            if last:
+                count()
+            connection.send([frames.data_frame(stop - start), window])
+
+
+def check_local_peer(sock: socket.socket, has_tokens: bool) -> None:
+    """Raise PermissionDenied unless `sock`'s peer may receive extent descriptors."""
+    if sock.family != socket.AF_UNIX:
+        raise PermissionDenied("extent descriptors are passed only over the daemon's Unix "
+                               "socket, to a client on its host")
+    if not has_tokens:
+        _pid, uid, _gid = struct.unpack("3i", sock.getsockopt(
+            socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+        if uid not in (0, os.getuid()):
+            raise PermissionDenied(
+                f"uid {uid} may not read this daemon's extents directly: without a tokens "
+                "file only its own user and root may; give the daemon --tokens-file and "
+                "the client a token, or read without direct=True")

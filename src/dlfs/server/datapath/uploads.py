@@ -1,0 +1,177 @@
+"""Ingest over the data path: one dataset's files on a data connection.
+
+The same ingest as the gRPC Ingest call (the same `IngestSession`, its
+checks, checkpoints, parking and resume), carried by the data path's
+frames (`dlfs/proto/datapath.md`, "Ingest"): INGEST_START, then PIECE frames,
+then INGEST_END, answered by INGEST_READY, and INGESTED or ERROR.  Python
+gRPC copied every byte several times and cost about 3 CPU-seconds per GB
+on each side; here the daemon receives into one buffer (`recv_into`, many
+frames per system call) and hands views of it to the session.
+
+Rights: the same as the Ingest call's (an admin token when the daemon has
+a tokens file).  A failure mid-stream is answered at once with ERROR; the
+connection then reads and drops what the client had already sent, up to
+its INGEST_END or until it closes, so the client always finds the ERROR
+frame.  A connection that closes (or idles out) before INGEST_END is a
+stream that broke off: a resumable ingest is parked, any other discarded.
+Nothing here imports grpc.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+
+from dlfs import limits
+from dlfs.formats import datapath_frames as frames
+from dlfs.errors import Cancelled, DlfsError, InvalidArgument, PermissionDenied
+
+log = logging.getLogger("dlfs.server.datapath.listener")
+
+# Receive buffer of one ingest connection: many PIECE frames per recv_into.
+_BUFFER_BYTES = 8 * limits.MiB
+# A PIECE frame's body at most: its data (the client sends at most
+# ingest_message_bytes per piece) and a path.
+PIECE_BYTES_MAX = limits.ingest_message_bytes + 8 * 1024
+
+
+class FrameReader:
+    """Frames from a socket through one reused buffer; a body is a view into it,
+    valid until the next call."""
+
+    def __init__(self, sock: socket.socket, size: int = _BUFFER_BYTES):
+        self._sock = sock
+        self._buffer = bytearray(size)
+        self._view = memoryview(self._buffer)
+        self._start = self._end = 0
+
+    def next(self, body_bytes_max: int) -> tuple[int, memoryview]:
+        """(kind, body) of the next frame; kind 0 when the peer closed between frames.
+        Raises FrameError, ConnectionResetError (closed mid-frame), socket.timeout."""
+        if not self._fill(frames.FRAME.size, eof_ok=True):
+            return 0, memoryview(b"")
+        kind, _flags, length = frames.parse_frame(
+            self._view[self._start:self._start + frames.FRAME.size])
+        if length > body_bytes_max:
+            raise frames.FrameError(f"a frame of kind {kind} announces {length} bytes, over "
+                                      f"the limit of {body_bytes_max}")
+        self._fill(frames.FRAME.size + length)
+        at = self._start + frames.FRAME.size
+        self._start = at + length
+        return kind, self._view[at:at + length]
+
+    def _fill(self, n: int, eof_ok: bool = False) -> bool:
+        """At least `n` unread bytes in the buffer, receiving as many as arrive."""
+        if self._end - self._start >= n:
+            return True
+        if self._start + n > len(self._buffer):  # move the partial frame to the front
+            left = self._end - self._start
+            self._buffer[:left] = self._view[self._start:self._end]
+            self._start, self._end = 0, left
+        while self._end - self._start < n:
+            got = self._sock.recv_into(self._view[self._end:])
+            if not got:
+                if eof_ok and self._end == self._start:
+                    return False
+                raise ConnectionResetError(0, "connection closed in the middle of a frame")
+            self._end += got
+        return True
+
+
+def ingest(connection, request: frames.IngestStartRequest) -> None:
+    """Serve one INGEST_START conversation on `connection` (a server DataConnection).
+
+    Raises DlfsError before INGEST_READY (the caller answers ERROR); after
+    it, answers ERROR itself, drains, and returns.
+    """
+    store = connection.store
+    authorizer = connection.server.authorizer
+    if authorizer is not None and connection.role != "admin":
+        raise PermissionDenied("ingesting needs an admin token (this connection's token is "
+                               "not one)")
+    resume = bool(request.flags & frames.INGEST_RESUME)
+    replace = bool(request.flags & frames.INGEST_REPLACE)
+    if resume:
+        session = store.resume_ingest(request.dataset, request.resume_from, replace)
+    else:
+        session = store.begin_ingest(request.dataset, replace,
+                                     resumable=bool(request.flags & frames.INGEST_RESUMABLE))
+    connection.sock.settimeout(connection.server.idle_timeout_s)
+    try:  # TCP: room for a long one-way stream (a Unix socket counts the sender's buffer)
+        connection.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, _BUFFER_BYTES // 2)
+    except OSError:
+        pass
+    reader = FrameReader(connection.sock)
+    try:
+        connection.send([frames.ingest_ready(session.samples)])
+        info = _receive(reader, session, store)
+    except BaseException as exc:
+        store.break_off(session, f"{type(exc).__name__}: {exc}")
+        if isinstance(exc, DlfsError):
+            connection.fail(frames.Kind.INGEST_START, exc)
+            _drain(reader)
+            return
+        if isinstance(exc, (OSError, frames.FrameError)):
+            log.warning("ingest of dataset %r over the data path from %s broke off: %s",
+                        request.dataset, connection.peer, exc)
+            raise _Closed() from None
+        raise
+    connection.send([frames.ingested(info.name, info.generation, info.samples, info.bytes,
+                                       info.created_ns, info.extents)])
+
+
+class _Closed(Exception):
+    """The connection cannot go on (the caller closes it)."""
+
+
+def _receive(reader: FrameReader, session, store):
+    files = data_bytes = 0
+    while True:
+        kind, body = reader.next(PIECE_BYTES_MAX)
+        if kind == frames.Kind.PIECE:
+            piece = frames.parse_piece(body)
+            if piece.flags & frames.PIECE_DIRECTORY:
+                if piece.flags != frames.PIECE_FIRST | frames.PIECE_DIRECTORY or \
+                        len(piece.data) or piece.size:
+                    raise InvalidArgument(f"directory piece {piece.path!r} carries only its path")
+                session.add_directory(piece.path)
+                files += 1
+                continue
+            if piece.flags & frames.PIECE_FIRST:
+                session.start_file(piece.path, piece.size, piece.mode, piece.mtime_ns)
+                files += 1
+            session.write(piece.data)
+            data_bytes += len(piece.data)
+            if piece.flags & frames.PIECE_LAST:
+                if session.file_open:
+                    raise InvalidArgument("a checksum arrived before its file was complete")
+                session.check_last_crc(piece.crc)
+        elif kind == frames.Kind.INGEST_END:
+            claimed = frames.parse_ingest_end(body)
+            if claimed != (files, data_bytes):
+                raise InvalidArgument(
+                    f"the ingest ended claiming {claimed[0]} files and {claimed[1]} bytes but "
+                    f"carried {files} files and {data_bytes} bytes; nothing was kept")
+            return store.commit_ingest(session)
+        elif kind == 0:
+            raise Cancelled("the ingest connection closed before its end (the client went "
+                            "away or was cut off)")
+        else:
+            raise frames.FrameError(f"frame kind {kind} in the middle of an ingest")
+
+
+def _drain(reader: FrameReader) -> None:
+    """After an ERROR: drop frames until the client's INGEST_END or close."""
+    try:
+        while True:
+            kind, _ = reader.next(PIECE_BYTES_MAX)
+            if kind in (0, frames.Kind.INGEST_END):
+                return
+    except (OSError, frames.FrameError):
+        raise _Closed() from None
+
+
+def is_closed(exc: BaseException) -> bool:
+    """Whether `exc` (from `ingest`) means the connection must be closed."""
+    return isinstance(exc, _Closed)
+

@@ -1,0 +1,3 @@
+"""The gRPC front door: the servicer, its interceptor, message conversion, admission of long
+calls.
+"""

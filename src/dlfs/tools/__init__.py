@@ -1,0 +1,1 @@
+"""Tooling shared by tests and benchmarks: starting and stopping real daemons and mounts."""

@@ -1,0 +1,317 @@
+"""Start `dlfs-server` and `dlfs-mount` as subprocesses and wait until they serve.
+
+One launcher for the tests and the benchmarks.  Both programs run as real
+processes, started as an operator starts them (``python -m dlfs.server.server_cli``,
+``python -m dlfs.fuse.mount_cli --foreground``), with stdout and stderr appended to
+a log file; this module imports neither.
+
+Readiness is a file each program writes once it serves: the daemon's
+``--address-file`` (its bound HOST:PORT, so port 0 works) and the mount's
+``--ready-file`` (written once a stat of the mount point answered).  A
+process that exits before that, or does not get there within
+`STARTUP_TIMEOUT_S`, raises `LaunchError` carrying the tail of its log.
+
+    with DaemonProcess(data_dir, log_path) as daemon:
+        with MountProcess(daemon.address, mountpoint, mount_log_path) as mount:
+            ...  # files under mount.mountpoint
+"""
+
+from __future__ import annotations
+
+import ctypes.util
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+# Generous: a daemon replays its catalog before it binds, and a loaded 2-core
+# machine can take seconds to start Python and gRPC.
+STARTUP_TIMEOUT_S = 60.0
+# SIGTERM to SIGKILL: the daemon flushes its catalog, a mount drains requests.
+STOP_GRACE_S = 30.0
+# A SIGKILLed process is reaped within this; longer means it is stuck in the kernel.
+KILL_WAIT_S = 10.0
+# How often the readiness file is looked for: well below any startup time.
+POLL_INTERVAL_S = 0.02
+# Lines of the log an error message quotes.
+LOG_TAIL_LINES = 40
+
+MOUNT_MODULE = "dlfs.fuse.mount_cli"
+SERVER_MODULE = "dlfs.server.server_cli"
+
+
+class LaunchError(RuntimeError):
+    """A daemon or mount did not start, or exited on its own; the message ends with its log."""
+
+
+def log_tail(log_path: str, lines: int = LOG_TAIL_LINES) -> str:
+    """The last `lines` lines of `log_path` ("" if it does not exist).  Cost: reads the file."""
+    try:
+        with open(log_path, "rb") as f:
+            text = f.read().decode(errors="replace")
+    except FileNotFoundError:
+        return ""
+    return "\n".join(text.rstrip("\n").split("\n")[-lines:])
+
+
+def _failure(what: str, log_path: str) -> LaunchError:
+    return LaunchError(f"{what}; the end of {log_path}:\n{log_tail(log_path)}")
+
+
+def wait_for_file(path: str, process: subprocess.Popen, name: str, log_path: str) -> None:
+    """Return once `path` exists (a readiness file `process` writes).
+
+    Raises LaunchError, with the tail of `log_path`, if `process` exits first
+    or STARTUP_TIMEOUT_S pass; the caller stops the process.  Polls every
+    POLL_INTERVAL_S.
+    """
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while not os.path.exists(path):
+        if process.poll() is not None:
+            raise _failure(f"{name} exited with status {process.returncode} before serving",
+                           log_path)
+        if time.monotonic() > deadline:
+            raise _failure(f"{name} did not serve within {STARTUP_TIMEOUT_S:.0f} s "
+                           "(STARTUP_TIMEOUT_S)", log_path)
+        time.sleep(POLL_INTERVAL_S)
+
+
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def _kill(process: subprocess.Popen) -> int:
+    """SIGKILL `process` if it still runs and reap it; its exit status."""
+    if process.poll() is None:
+        process.kill()
+    return process.wait(KILL_WAIT_S)
+
+
+class _Launched:
+    """What a launched daemon and mount have in common: a subprocess and its log file."""
+
+    process: subprocess.Popen | None
+    log_path: str
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None, "never started"
+        return self.process.pid
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def log(self) -> str:
+        """Everything the process wrote to its log so far, over all its starts."""
+        with open(self.log_path, "rb") as f:
+            return f.read().decode(errors="replace")
+
+
+class DaemonProcess(_Launched):
+    """`dlfs-server --data-dir DATA_DIR` as a subprocess; restartable on the same data dir.
+
+    `address` is HOST:PORT once started.  `log_path` collects stdout and
+    stderr of every start.  Not thread-safe.
+    """
+
+    def __init__(self, data_dir: str, log_path: str, extra_args: list[str] | None = None,
+                 extra_env: dict[str, str] | None = None):
+        self.data_dir = data_dir
+        self.log_path = log_path
+        self.extra_args = list(extra_args or [])
+        # Environment added to this process's for the next starts (e.g. DLFS_FAULT).
+        self.extra_env = dict(extra_env or {})
+        self.process: subprocess.Popen | None = None
+        self.address = ""
+        self.startup_s = 0.0  # how long the last start took, until the daemon served
+        self._address_file = log_path + ".address"
+
+    def __enter__(self) -> "DaemonProcess":
+        if not self.alive():
+            self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def start(self, listen: str = "127.0.0.1:0") -> str:
+        """Start on `listen` and wait until the daemon serves; its address.
+
+        Raises LaunchError (with the log's tail) if it exits first or does
+        not serve within STARTUP_TIMEOUT_S (then it is killed).
+        """
+        assert not self.alive(), "the daemon is running; stop or kill it first"
+        _remove(self._address_file)
+        started = time.monotonic()
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", SERVER_MODULE, "--data-dir", self.data_dir,
+                 "--listen", listen, "--address-file", self._address_file, *self.extra_args],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                env={**os.environ, **self.extra_env} if self.extra_env else None)
+        try:
+            wait_for_file(self._address_file, self.process, "dlfs-server", self.log_path)
+        except LaunchError:
+            _kill(self.process)
+            raise
+        self.startup_s = time.monotonic() - started
+        with open(self._address_file) as f:
+            self.address = f.read().strip()
+        os.unlink(self._address_file)
+        return self.address
+
+    def stop(self, grace_s: float = STOP_GRACE_S) -> int:
+        """SIGTERM, SIGKILL after `grace_s`; the exit status (-9 if it had to
+        be killed, 0 if it was never started)."""
+        if self.process is None:
+            return 0
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                pass
+        return _kill(self.process)
+
+    def kill(self) -> None:
+        """SIGKILL: no cleanup at all, as in a crash."""
+        if self.process is not None:
+            _kill(self.process)
+
+    def restart(self) -> str:
+        """Stop cleanly and start again on the same port and data dir; the address."""
+        self.stop()
+        return self.start_again()
+
+    def start_again(self) -> str:
+        """Start (after `stop` or `kill`) on 127.0.0.1 and the port of the last start,
+        so clients and cluster member lists that name it reach it again."""
+        return self.start(f"127.0.0.1:{self.address.rpartition(':')[2]}")
+
+
+
+def fuse_unavailable() -> str:
+    """"" when `dlfs-mount` can run here, else why not."""
+    if importlib.util.find_spec("trio") is None:
+        return "trio is not installed (pip install 'dlfs[fuse]')"
+    if ctypes.util.find_library("fuse3") is None:
+        return "libfuse3 is not installed (the fuse3 package)"
+    if not os.path.exists("/dev/fuse"):
+        return "no /dev/fuse (load the fuse kernel module)"
+    if shutil.which("fusermount3") is None:
+        return "fusermount3 is not installed (the fuse3 package)"
+    return ""
+
+
+def is_mounted(path: str) -> bool:
+    """Whether a file system is mounted on `path` (/proc/self/mounts)."""
+    path = os.path.realpath(path)
+    with open("/proc/self/mounts") as f:
+        return any(line.split()[1] == path for line in f)
+
+
+def unmount(path: str) -> None:
+    """`fusermount3 -u path` if something is mounted there; lazily (-z) if it is busy."""
+    if not is_mounted(path):
+        return
+    if subprocess.run(["fusermount3", "-u", path], capture_output=True).returncode != 0:
+        subprocess.run(["fusermount3", "-u", "-z", path], capture_output=True)
+
+
+class MountProcess(_Launched):
+    """``python -m MODULE ADDRESS MOUNTPOINT --foreground --ready-file F [EXTRA_ARGS]``
+    as a subprocess: `dlfs-mount` by default.
+
+    `module` may name another file system with that command line (the
+    benchmark's naive mount).  Its stdout and stderr (log lines, libfuse,
+    crashes) append to `log_path`.  Not thread-safe.
+    """
+
+    def __init__(self, address: str, mountpoint: str, log_path: str,
+                 extra_args: list[str] | None = None, module: str = MOUNT_MODULE):
+        self.address = address
+        self.mountpoint = mountpoint
+        self.log_path = log_path
+        self.extra_args = list(extra_args or [])
+        self.module = module
+        self.process: subprocess.Popen | None = None
+        self._ready_file = log_path + ".ready"
+
+    def __enter__(self) -> "MountProcess":
+        if not self.alive():
+            self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.unmount()
+
+    def start(self) -> "MountProcess":
+        """Create the mount point if missing, mount, and wait until the mount answers.
+
+        Raises LaunchError (with the log's tail) if the process exits first
+        or the mount is not usable within STARTUP_TIMEOUT_S (then it is
+        unmounted and killed).
+        """
+        assert not self.alive(), "the mount is running; unmount it first"
+        os.makedirs(self.mountpoint, exist_ok=True)
+        _remove(self._ready_file)
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", self.module, self.address, self.mountpoint,
+                 "--foreground", "--ready-file", self._ready_file, *self.extra_args],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+        try:
+            wait_for_file(self._ready_file, self.process, self.module, self.log_path)
+        except LaunchError:
+            unmount(self.mountpoint)
+            _kill(self.process)
+            raise
+        os.unlink(self._ready_file)
+        assert is_mounted(self.mountpoint), f"{self.module} is ready but nothing is mounted"
+        return self
+
+    def request_counts(self, timeout_s: float = STARTUP_TIMEOUT_S, *,
+                       label: str = "requests") -> dict[str, int]:
+        """The requests the mount's Python code has answered so far, by kind
+        (``{"read": 12, "lookup": 3, ...}``), or with ``label="daemon calls"``
+        the calls it made to the daemon (``{"stat": 2, "read": 12, ...}``):
+        SIGUSR1 makes `dlfs-mount` log both as ``LABEL: {...}`` lines.
+        Raises LaunchError if no new line comes within `timeout_s`."""
+        assert self.alive(), "the mount is not running"
+        marker = f"{label}: {{"
+
+        def lines() -> list[str]:
+            with open(self.log_path, errors="replace") as f:
+                return [line for line in f if marker in line]
+
+        before = len(lines())
+        self.process.send_signal(signal.SIGUSR1)
+        deadline = time.monotonic() + timeout_s
+        while len(found := lines()) == before:
+            if time.monotonic() > deadline or not self.alive():
+                raise _failure(f"{self.module} logged no request counts after SIGUSR1",
+                               self.log_path)
+            time.sleep(POLL_INTERVAL_S)
+        line = found[-1]
+        if line.lstrip().startswith("{"):  # --log-format json: the counts are in "message"
+            line = json.loads(line)["message"]
+        return json.loads(line.split(f"{label}: ", 1)[1])
+
+    def unmount(self, timeout_s: float = STOP_GRACE_S) -> int:
+        """`fusermount3 -u` (lazily if busy), then wait for the process; its
+        exit status (-9 if it did not exit within `timeout_s` and was killed,
+        0 if it was never started)."""
+        unmount(self.mountpoint)
+        if self.process is None:
+            return 0
+        try:
+            return self.process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            return _kill(self.process)
