@@ -21,7 +21,7 @@ from dlfs.server.read import batch_planning, range_planning, sendfiles
 from dlfs.server.core.directory import DatasetIndex
 from dlfs.server.read.batch_planning import BatchPlan
 from dlfs.server.read.range_planning import RangeRead
-from dlfs.server.read.read_engine import ShortRead
+from dlfs.server.read.preadv_reads import ShortRead
 from dlfs.server.read.scrub import scrub as scrub_dataset
 
 
