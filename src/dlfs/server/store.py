@@ -34,6 +34,7 @@ from dlfs.server.core.extents import ExtentFiles, ExtentStore, fsync_dir
 from dlfs.server.ingest.ingest_registry import IngestRegistry, IngestState
 from dlfs.server.core.read_leases import ReadLeases
 from dlfs.server.metrics import Metrics
+from dlfs.server.read.batch_limits import BatchLimits
 from dlfs.server.read.prefetch import Prefetcher
 from dlfs.server.read.read_engine import ReadEngine
 from dlfs.server.core.catalog_replay import release_free_heap, restore
@@ -60,6 +61,8 @@ class Store(StoreIngests, StoreResumes, StoreReads):
         self.directory = directory
         self.extents = extents
         self.metrics = Metrics()
+        # --batch-ids-max and --batch-bytes-max, for both front doors (batch_limits.py).
+        self.batch_limits = BatchLimits(config.batch_ids_max, config.batch_bytes_max)
         self._dir_lock = dir_lock
         self._catalog = catalog
         self._files = ExtentFiles(extents, config.open_extents_max)

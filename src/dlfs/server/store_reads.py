@@ -31,13 +31,15 @@ class StoreReads:
     def plan(self, dataset: DatasetIndex, ids: Sequence[int] | None = None,
              paths: Sequence[str] | None = None) -> tuple[np.ndarray, BatchPlan]:
         """Validate a batch and plan its read: (ids, plan).  See batch_planning.plan_request."""
-        return batch_planning.plan_request(dataset, ids, paths, self.config)
+        return batch_planning.plan_request(dataset, ids, paths, self.batch_limits,
+                                           coalesce_gap_bytes=self.config.coalesce_gap_bytes)
 
-    def plan_range(self, dataset: DatasetIndex, sample_id: int, offset: int, length: int
-                   ) -> RangeRead:
-        """Plan a byte range of one sample, in whole blocks when it can be verified so.
-        See range_planning.plan_range."""
-        return range_planning.plan_range(dataset, sample_id, offset, length, self.config)
+    def plan_range(self, dataset: DatasetIndex, sample_id: int, offset: int, length: int, *,
+                   blocks: bool = True) -> RangeRead:
+        """Plan a byte range of one sample, in whole blocks when it can be verified so
+        (`blocks`).  See range_planning.plan_range."""
+        return range_planning.plan_range(dataset, sample_id, offset, length, self.batch_limits,
+                                         blocks=blocks)
 
     def read_range(self, dataset: DatasetIndex, read: RangeRead, *, verify: bool = True,
                    deadline: float | None = None) -> Iterator[tuple[int, memoryview]]:
@@ -60,7 +62,7 @@ class StoreReads:
         Raises FailedPrecondition if another member stores it, DataCorruption.
         """
         size = int(dataset.length[sample_id])
-        step = self.config.batch_bytes_max
+        step = self.batch_limits.bytes_max
         for offset in range(0, size, step):
             read = self.plan_range(dataset, sample_id, offset, step)
             for _, window in self.read_range(dataset, read):
