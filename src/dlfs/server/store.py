@@ -28,7 +28,8 @@ from dlfs.server.core import catalog as cat
 from dlfs.server.core import catalog_records as records
 from dlfs.server.read import sendfiles
 from dlfs.server.config import ServerConfig
-from dlfs.server.core.directory import DatasetIndex, SampleDirectory, generation_of
+from dlfs.server.core.directory import DatasetIndex, generation_of
+from dlfs.server.core.sealed_datasets import SampleDirectory
 from dlfs.server.core.datadir_lock import DataDirLock
 from dlfs.server.core.extents import ExtentFiles, ExtentStore, fsync_dir
 from dlfs.server.ingest.ingest_registry import IngestRegistry, IngestState
