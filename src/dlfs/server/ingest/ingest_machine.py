@@ -10,12 +10,14 @@ What each transition means (durability order as in catalog.py):
 
 - begin: BEGIN (and HOLDERS) records and an extent directory; a resumable
   ingest also its first CHECKPOINT (checkpoints.py);
-- commit (one phase) and commit_prepared: the session's `finish` (extents
-  fsync'ed), then SEAL synced, then the dataset is published; a replaced
+- commit (one phase): the session's `finish` (extents fsync'ed, entries
+  written), then SEAL synced, then the dataset is published; a replaced
   dataset's extents are freed after its last read (read_leases.py);
 - prepare (phase one of two): `finish`, then PREPARE synced: a restart
-  finds the ingest prepared again (`recover`);
-- abort, expire, a failed commit: a DELETE record, then the extents;
+  finds the ingest prepared again (`recover`); commit_prepared: SEAL
+  synced, then published, as above;
+- abort, expire, a failed commit: a DELETE record (synced for a resumable
+  ingest), then the extents (recovered_ingest.discard_dataset);
 - break_off: a resumable RECEIVING ingest is checkpointed and PARKED, any
   other aborted; resume: a fresh extent after the checkpoint, RECEIVING;
 - delete: DELETE synced, then the dataset is unpublished (a parked ingest
