@@ -56,8 +56,6 @@ GRPC_MODULES = ("dlfs.server.grpc", "dlfs.server.daemon", "dlfs.client.transport
 # Modules that still break a rule, while the renovation of issue 35 reaches them;
 # each entry is removed with the change that fixes it.  (rule, module)
 PENDING = {
-    ("server layers", "dlfs.server.read.batch_planning"),  # batch limits move to the Store
-    ("server layers", "dlfs.server.read.range_planning"),
     *(("grpc", f"dlfs.client.{m}") for m in (
         "client", "cluster.rebalance", "cluster.router", "cluster.settle",
         "cluster.striped_ingest", "dataset", "ingest_upload", "metadata", "requests",
