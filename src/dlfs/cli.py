@@ -216,6 +216,10 @@ def _print_status(st) -> None:
           f"{human_bytes(st.bytes_served)}; page-cache hits {hit_rate} of probed ranges")
     print(f"  calls in flight: {st.rpcs_in_flight}; data connections: {st.data_connections}; "
           f"errors: {errors}")
+    for w in st.data_workers:  # the figures above include theirs
+        print(f"  data path worker {w.index}: {w.state}, pid {w.pid}, {w.connections} "
+              f"connections, {w.requests} requests, {human_bytes(w.bytes_served)}, "
+              f"{w.cpu_s:.1f} CPU-s{f', restarted {w.restarts}x' if w.restarts else ''}")
     if st.sendfile:  # an older daemon does not say
         print(f"  sendfile from the page cache: {st.sendfile}"
               f"{f'; {human_bytes(st.sendfile_bytes)} sent so' if st.sendfile_bytes else ''}")

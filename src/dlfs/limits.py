@@ -257,6 +257,34 @@ datapath_error_frame_bytes_max = datapath_error_bytes_max + 1 * KiB
 # Window buffers the data path keeps for reuse across requests (each is
 # chunk_bytes); a request beyond them waits for one, within its deadline.
 datapath_buffer_bytes_max_default = 512 * MiB
+# Worker processes that serve the data path (--datapath-workers): at most
+# this many per daemon (beyond the CPUs there are they only add memory).
+datapath_workers_max = 256
+# A worker's control messages (publish, remove, stats, hand-offs) are small
+# JSON objects with a few descriptors; larger ones are refused, not sent.
+worker_control_message_bytes_max = 128 * KiB
+# Descriptors one control message carries (one publish: one index).
+worker_control_fds_max = 4
+# A started worker must serve (its interpreter up, every dataset mapped)
+# within this, or it is killed and started again; the daemon's start waits
+# for its first workers this long.
+worker_start_timeout_s = 60.0
+# A replace or delete is acknowledged once every serving worker applied it;
+# a worker that has not within this is killed (its replacement starts from
+# the current state), so a stuck worker cannot hold a replace up forever.
+worker_ack_timeout_s = 10.0
+# `dlfs status` and a metrics scrape ask every worker for its counters and
+# wait this long for the answers (a late one is counted with its last figures).
+worker_stats_timeout_s = 2.0
+# A worker that died is started again after this pause, doubled after each
+# death within worker_stable_s of its start, up to the maximum: a worker
+# that cannot start does not spin.
+worker_restart_backoff_s = 0.2
+worker_restart_backoff_s_max = 10.0
+worker_stable_s = 10.0
+# A stopping daemon gives its workers this long to close their connections
+# and exit before it kills them.
+worker_stop_grace_s = 5.0
 # Longest a client waits to connect to a data path (the gRPC channel to the
 # same daemon answered, so a slow connect means a blocked port).
 data_connect_timeout_s = 5.0
@@ -529,3 +557,5 @@ assert datapath_token_bytes_max + 64 <= datapath_request_bytes_max
 # The attempt bound must not cut retries short of the default time bound.
 assert sum(retry_backoff_s) + (call_attempts_max - len(retry_backoff_s)) * retry_backoff_s[-1] \
     >= 2 * reconnect_timeout_s_default
+assert worker_restart_backoff_s <= worker_restart_backoff_s_max
+assert worker_stats_timeout_s < worker_ack_timeout_s

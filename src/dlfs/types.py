@@ -37,6 +37,20 @@ class DatasetInfo:
 
 
 @dataclasses.dataclass(frozen=True)
+class DataWorkerStatus:
+    """One process serving a daemon's data path (`dlfs status` shows each)."""
+
+    index: int  # its slot, 0..workers-1
+    pid: int  # 0 while none runs in the slot
+    state: str  # "serving", or "starting" (started, or waiting to be started again)
+    connections: int  # data connections it serves now
+    requests: int  # requests it answered since it started
+    bytes_served: int  # payload bytes it sent since it started
+    cpu_s: float  # its CPU seconds (user + system) since it started
+    restarts: int  # times a worker in this slot died and another was started
+
+
+@dataclasses.dataclass(frozen=True)
 class DaemonStatus:
     """A daemon's health and counters (the Status RPC, `dlfs status`, /metrics)."""
 
@@ -57,6 +71,8 @@ class DaemonStatus:
     data_connections: int = 0  # connections open on the data path
     sendfile: str = ""  # "on", or "off" and why (server/read/sendfiles.py)
     sendfile_bytes: int = 0  # payload bytes sent from the page cache by sendfile
+    # The processes serving the data path; () when the main process serves it.
+    data_workers: tuple = ()
     # Filled in by whoever knows them: the daemon's gRPC layer, the client.
     version: str = ""
     metrics_address: str = ""  # HOST:PORT of /metrics, "" when not served

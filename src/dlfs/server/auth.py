@@ -60,6 +60,10 @@ class Authorizer:
     def __init__(self, tokens: dict[str, str]):
         self._tokens = dict(tokens)
 
+    def tokens(self) -> dict[str, str]:
+        """Token -> role, a copy (for the data path's worker processes to check HELLOs)."""
+        return dict(self._tokens)
+
     def check(self, method: str, metadata) -> None:
         """Raise Unauthenticated or PermissionDenied unless the call is allowed."""
         if method.startswith(OPEN_PREFIXES):

@@ -17,6 +17,12 @@ def long_call_slots(rpc_threads: int) -> int:
     return max(1, rpc_threads - min(limits.rpc_threads_reserved, rpc_threads // 2))
 
 
+def default_datapath_workers() -> int:
+    """One data path worker per CPU this process may run on (its affinity mask, which
+    a cgroup cpuset or `taskset` narrows), at most `limits.datapath_workers_max`."""
+    return min(limits.datapath_workers_max, len(os.sched_getaffinity(0)))
+
+
 def default_reader_threads(cpus: int | None = None) -> int:
     """One reader thread per CPU (`os.cpu_count()` unless `cpus` is given), within
     `limits.reader_threads_default_min`..`_max`."""
@@ -74,6 +80,9 @@ class ServerConfig:
     datapath_idle_timeout_s: float = limits.datapath_idle_timeout_s_default
     datapath_stall_timeout_s: float = limits.datapath_stall_timeout_s_default
     datapath_buffer_bytes_max: int = limits.datapath_buffer_bytes_max_default
+    # Processes serving the data path (datapath/workers.py); 0: the main
+    # process's threads serve it (the pure-Python reference).
+    datapath_workers: int = dataclasses.field(default_factory=default_datapath_workers)
     # Dataset warm-ups (warmup.py): the share of the daemon's memory they may
     # fill (0: none), and whether the first read of a dataset starts one.
     warm_memory_share: float = limits.warm_memory_share_default
@@ -126,6 +135,8 @@ class ServerConfig:
              "the data path timeouts must be positive"),
             (self.chunk_bytes <= self.datapath_buffer_bytes_max,
              "datapath_buffer_bytes_max must be at least chunk_bytes"),
+            (0 <= self.datapath_workers <= limits.datapath_workers_max,
+             f"datapath_workers must be in 0..{limits.datapath_workers_max}"),
             (0 <= self.warm_memory_share <= limits.warm_memory_share_max,
              f"warm_memory_share must be in 0..{limits.warm_memory_share_max} (0: no warm-ups)"),
         ]
@@ -168,7 +179,12 @@ SETTINGS_HELP = {
     "datapath_connections_max": "data path connections served at once; more are refused",
     "datapath_idle_timeout_s": "a data connection idle this long is closed",
     "datapath_stall_timeout_s": "a reply the client does not read for this long is abandoned",
-    "datapath_buffer_bytes_max": "bytes of data path window buffers kept for reuse",
+    "datapath_buffer_bytes_max": "bytes of data path window buffers kept for reuse (split "
+                                 "among the workers, one window kept for ingests)",
+    "datapath_workers": "processes serving the data path; unless given, one per CPU the "
+                        "daemon may use; 0: the main process serves it on threads. "
+                        "--datapath-connections-max and --datapath-buffer-bytes-max are "
+                        "split among them",
     "warm_memory_share": "share of the daemon's memory dataset warm-ups may fill with page "
                          "cache (0: no warm-ups)",
 }

@@ -1,4 +1,8 @@
-"""Wire a Store into a running gRPC server (the `dlfs-server` process core)."""
+"""Wire a Store into a running gRPC server and its data path (the `dlfs-server` process core).
+
+The data path is served by worker processes (datapath/workers.py) unless
+--datapath-workers is 0, when the main process's threads serve it.
+"""
 
 from __future__ import annotations
 
@@ -10,12 +14,16 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from dlfs import limits
 from dlfs.formats import datapath_frames as frames
 from dlfs.proto import dlfs_pb2_grpc
 from dlfs.server.auth import Authorizer, load_tokens
 from dlfs.server.grpc.call_guard import CallGuard
 from dlfs.server.config import long_call_slots
-from dlfs.server.datapath.listener import DataPathInfo, DataPathServer
+from dlfs.server.datapath.listener import (DataPathInfo, DataPathServer, bind_listeners,
+                                           close_listeners)
+from dlfs.server.datapath.worker_store import WorkerSettings
+from dlfs.server.datapath.workers import WorkerSupervisor, worker_shares
 from dlfs.server.grpc.decisions import DecisionClient
 from dlfs.server.grpc.interceptor import ErrorInterceptor, tolerant
 from dlfs.server.grpc.service import DlfsServicer
@@ -27,10 +35,14 @@ SERVICE_NAME = "dlfs.v1.Dlfs"
 
 
 class Daemon:
-    """A gRPC server serving one Store.  `start()` binds and returns the address."""
+    """A gRPC server serving one Store.  `start()` binds and returns the address.
 
-    def __init__(self, store: Store):
+    `log_format`: the daemon's (logs.FORMATS), which its data path workers use too.
+    """
+
+    def __init__(self, store: Store, log_format: str = "text"):
         self.store = store
+        self.log_format = log_format
         config = store.config
         authorizer = Authorizer(load_tokens(config.tokens_file)) if config.tokens_file else None
         self._executor = ThreadPoolExecutor(max_workers=config.rpc_threads,
@@ -53,6 +65,8 @@ class Daemon:
         self.authorizer = authorizer
         self.instance = os.urandom(16)  # this start's id: GetDataPath and WELCOME carry it
         self.data_path: DataPathServer | None = None
+        self.workers: WorkerSupervisor | None = None
+        self._data_listeners: tuple[list, str] = ([], "")
         self.servicer = DlfsServicer(store, self.data_path_info, authorizer)
         _add_servicer(self.servicer, self.server)
         self.decisions = DecisionClient(config)
@@ -98,19 +112,83 @@ class Daemon:
             self.servicer.metrics_address = self.store.metrics.serve(
                 f"{metrics_host or '127.0.0.1'}:{metrics_port}")
         if config.data_port >= 0 and not config.tls_cert:
-            self.data_path = DataPathServer(
-                self.store, tcp_host=host, tcp_port=config.data_port,
-                unix_socket=_unix_socket(config.data_socket, bound), authorizer=self.authorizer,
-                instance=self.instance, connections_max=config.datapath_connections_max,
-                idle_timeout_s=config.datapath_idle_timeout_s,
-                stall_timeout_s=config.datapath_stall_timeout_s,
-                buffer_bytes_max=config.datapath_buffer_bytes_max)
-            self.data_path.start()
+            unix_socket = _unix_socket(config.data_socket, bound)
+            if config.datapath_workers:
+                try:
+                    self._start_workers(host, unix_socket)
+                except BaseException:
+                    self.server.stop(None)
+                    self._stop_data_path()
+                    raise
+            else:
+                self.data_path = DataPathServer(
+                    self.store, tcp_host=host, tcp_port=config.data_port,
+                    unix_socket=unix_socket, authorizer=self.authorizer,
+                    instance=self.instance, connections_max=config.datapath_connections_max,
+                    idle_timeout_s=config.datapath_idle_timeout_s,
+                    stall_timeout_s=config.datapath_stall_timeout_s,
+                    buffer_bytes_max=config.datapath_buffer_bytes_max)
+                self.data_path.start()
         self.server.start()
         self.address = f"{host}:{bound}"
         for service in ("", SERVICE_NAME):
             self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
         return self.address
+
+    def _start_workers(self, host: str, unix_socket: str) -> None:
+        """Bind the data path's sockets here and start its worker processes on them.
+
+        Each worker gets an even share of the connection limit (there are no
+        more workers than connections) and of the window buffers and read
+        budget; the main process keeps one window, for the connections its
+        workers hand over (ingests), which it serves in `self.data_path`.
+        """
+        config = self.store.config
+        count = min(config.datapath_workers, config.datapath_connections_max)
+        listeners, port = bind_listeners(host, config.data_port, unix_socket)
+        self._data_listeners = (listeners, unix_socket)
+        self.data_path = DataPathServer(
+            self.store, tcp_host=None, tcp_port=0, unix_socket="", authorizer=self.authorizer,
+            instance=self.instance, connections_max=config.datapath_connections_max,
+            idle_timeout_s=config.datapath_idle_timeout_s,
+            stall_timeout_s=config.datapath_stall_timeout_s, buffer_bytes_max=config.chunk_bytes)
+        connections = worker_shares(config.datapath_connections_max, count)
+        chunk = config.chunk_bytes
+        common = dict(
+            data_dir=os.path.abspath(config.data_dir), chunk_bytes=chunk,
+            batch_ids_max=config.batch_ids_max, batch_bytes_max=config.batch_bytes_max,
+            reader_threads=max(limits.reader_threads_default_min, config.reader_threads // count),
+            inflight_bytes_max=max(chunk, config.inflight_bytes_max // count),
+            open_extents_max=config.open_extents_max,
+            coalesce_gap_bytes=config.coalesce_gap_bytes, verify=config.verify,
+            io_uring=config.io_uring, sendfile=config.sendfile,
+            warm_on_first_read=config.warm_on_first_read,
+            buffer_bytes_max=max(chunk, (config.datapath_buffer_bytes_max - chunk) // count),
+            idle_timeout_s=config.datapath_idle_timeout_s,
+            stall_timeout_s=config.datapath_stall_timeout_s, instance=self.instance.hex(),
+            tokens=self.authorizer.tokens() if self.authorizer is not None else None,
+            log_level=logging.getLevelName(logging.getLogger().getEffectiveLevel()),
+            log_format=self.log_format)
+        self.workers = WorkerSupervisor(
+            self.store, listeners, port=port, unix_socket=unix_socket, count=count,
+            settings=lambda slot: WorkerSettings(connections_max=connections[slot], **common),
+            adopt=self.data_path.adopt)
+        self.store.attach_mirror(self.workers)
+        self.store.metrics.registry.register(self.workers)
+        self.workers.start()
+        log.info("data path: %d worker processes on port %d and %s", count, port,
+                 unix_socket or "no Unix socket")
+
+    def _stop_data_path(self) -> None:
+        """Stop accepting (closing the listeners stops every worker's accept), stop the
+        workers, then the connections the main process serves."""
+        listeners, unix_socket = self._data_listeners
+        close_listeners(listeners, unix_socket)
+        self._data_listeners = ([], "")
+        if self.workers is not None:
+            self.workers.stop()
+        if self.data_path is not None:
+            self.data_path.stop()
 
     def data_path_info(self) -> DataPathInfo:
         """What GetDataPath answers: where the data path listens, or why there is none."""
@@ -119,14 +197,16 @@ class Daemon:
             reason = ("the daemon serves TLS; reads go through gRPC" if config.tls_cert
                       else "the daemon was started with --data-port -1")
             return DataPathInfo(False, reason, frames.VERSION, 0, "", self.instance)
+        if self.workers is not None:
+            return DataPathInfo(True, "", frames.VERSION, self.workers.port,
+                                self.workers.unix_socket, self.instance)
         return DataPathInfo(True, "", frames.VERSION, self.data_path.port,
                             self.data_path.unix_socket, self.instance)
 
     def stop(self, grace_s: float = 5.0) -> None:
         """Refuse new calls, let running ones finish for `grace_s`, then close the store."""
         self.health.enter_graceful_shutdown()
-        if self.data_path is not None:
-            self.data_path.stop()
+        self._stop_data_path()
         self.server.stop(grace_s).wait()
         self.guard.close()
         self._executor.shutdown(wait=True, cancel_futures=True)

@@ -5,13 +5,21 @@ stores in one process (tests) keep separate counts.  `dlfs-server
 --metrics-listen HOST:PORT` serves it over HTTP for Prometheus; the Status
 RPC (`dlfs status`) reads the same values.  Updating a counter costs about a
 microsecond, so they are bumped per batch, never per sample.
+
+Counts other processes keep (the data path's worker processes) are added
+at every Status call and scrape: `add_source(samples)` names a function
+returning (sample name, labels, value) triples, summed into this
+registry's samples of the same name and labels (`MergedRegistry`).
 """
 
 from __future__ import annotations
 
+import collections
 import time
+from typing import Callable, Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.samples import Sample
 
 from dlfs.types import DaemonStatus
 
@@ -31,6 +39,8 @@ class Metrics:
     def __init__(self):
         self.started = time.time()
         self._served: dict = {}  # method -> its (batches, batch_latency) children
+        self._sources: list[Callable[[], Iterable[tuple[str, dict, float]]]] = []
+        self._added: dict[tuple, float] = {}  # (name, sorted labels) -> sum of the sources
         self.registry = CollectorRegistry()
         r = self.registry
         self.samples_served = Counter("dlfs_samples_served", "Samples returned by reads", registry=r)
@@ -83,13 +93,27 @@ class Metrics:
     def serve(self, listen: str) -> str:
         """Serve /metrics over HTTP on HOST:PORT (0 picks a port); return the bound address."""
         host, _, port = listen.rpartition(":")
-        server, _thread = start_http_server(int(port), addr=host, registry=self.registry)
+        server, _thread = start_http_server(int(port), addr=host,
+                                            registry=MergedRegistry(self))
         return f"{host}:{server.server_port}"
 
+    def add_source(self, source: Callable[[], Iterable[tuple[str, dict, float]]]) -> None:
+        """Add `source()`'s samples to this registry's at every Status call and scrape."""
+        self._sources.append(source)
+
+    def refresh(self) -> None:
+        """Ask the sources for their samples now (what `value` and scrapes add)."""
+        added: dict[tuple, float] = collections.defaultdict(float)
+        for source in self._sources:
+            for name, labels, value in source():
+                added[(name, tuple(sorted(labels.items())))] += value
+        self._added = dict(added)
+
     def value(self, name: str, **labels) -> float:
-        """Current value of a sample, for the Status RPC (0 if never set)."""
+        """Current value of a sample, for the Status RPC (0 if never set), with the
+        sources' as last refreshed."""
         result = self.registry.get_sample_value(name, labels or None)
-        return float(result or 0.0)
+        return float(result or 0.0) + self._added.get((name, tuple(sorted(labels.items()))), 0.0)
 
     def count_read(self, method: str, plan, seconds: float) -> None:
         """Count one read call (one of READ_METHODS) that served `plan` (a
@@ -123,8 +147,13 @@ class Metrics:
 
     def status(self, data_dir: str, ingests_running: int, sendfile: str = "") -> DaemonStatus:
         """The current values as a Status (the stored-data gauges as last set)."""
-        errors = {s.labels["code"]: int(s.value) for s in self.errors.collect()[0].samples
-                  if s.name.endswith("_total")}
+        self.refresh()
+        errors: dict = collections.defaultdict(int)
+        for family in MergedRegistry(self, refresh=False).collect():
+            if family.name == self.errors.describe()[0].name:
+                for s in family.samples:
+                    if s.name.endswith("_total"):
+                        errors[s.labels["code"]] += int(s.value)
         return DaemonStatus(
             uptime_s=time.time() - self.started, data_dir=data_dir,
             datasets=int(self.value("dlfs_datasets")),
@@ -139,5 +168,35 @@ class Metrics:
                                    for m in READ_METHODS)),
             cache_hit_ranges=int(self.value("dlfs_cache_hit_ranges_total")),
             cache_miss_ranges=int(self.value("dlfs_cache_miss_ranges_total")),
-            errors=errors, data_connections=int(self.value("dlfs_data_connections")),
+            errors=dict(errors), data_connections=int(self.value("dlfs_data_connections")),
             sendfile=sendfile, sendfile_bytes=int(self.value("dlfs_sendfile_bytes_total")))
+
+
+class MergedRegistry:
+    """A registry's samples with its Metrics' sources added (what /metrics serves):
+    a sample of the same name and labels is summed, one the registry lacks is
+    appended to its family (in the order the sources gave it)."""
+
+    def __init__(self, metrics: Metrics, refresh: bool = True):
+        self._metrics = metrics
+        self._refresh = refresh
+
+    def collect(self):
+        if self._refresh:
+            self._metrics.refresh()
+        added = dict(self._metrics._added)
+        for family in self._metrics.registry.collect():
+            samples = []
+            for sample in family.samples:
+                key = (sample.name, tuple(sorted(sample.labels.items())))
+                samples.append(sample._replace(value=sample.value + added.pop(key, 0.0))
+                               if key in added else sample)
+            names = {family.name + suffix for suffix in ("", "_total", "_bucket", "_count",
+                                                          "_sum")}
+            for key in [k for k in added if k[0] in names]:
+                samples.append(Sample(key[0], dict(key[1]), added.pop(key)))
+            family.samples = samples
+            yield family
+
+    def restricted_registry(self, names):
+        return self  # the exposition's ?name[]= filter: every family is served

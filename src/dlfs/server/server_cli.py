@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"dlfs-server: {exc}", file=sys.stderr)
         return 2
     try:
-        daemon = Daemon(store)
+        daemon = Daemon(store, log_format=args.log_format)
         if args.demo:
             ingest_demo(store)
         address = daemon.start()

@@ -16,13 +16,18 @@ each with explicit arguments taken from the config:
 
 The facade itself resolves dataset names (`dataset`, `reading`, which holds
 a read lease so that a delete or replace frees the extents only after the
-last read), lists, deletes, warms and reports status.  Data flows one way:
+last read), lists, deletes, warms and reports status.  When other processes
+serve reads too (the data path's workers), `attach_mirror` makes every
+change of the directory reach them before it is acknowledged, holds a
+retired dataset's extents until they released it, and adds their counters
+to the daemon's.  Data flows one way:
 front door -> store -> directory / read engine -> extent files.  The data
 dir layout is in `dlfs.formats.disk_layout`.  Nothing here imports grpc.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
@@ -82,6 +87,7 @@ class Store:
         self._warmer = Warmer(config.data_dir, int(config.warm_memory_share * memory_bytes()),
                               self._is_current, metrics=self.metrics)
         self._leases = ReadLeases(free=self._free_extents)
+        self._mirror = None  # the data path's worker supervisor, once attached
         self.ingests = IngestMachine(
             catalog, extents, directory, self._leases, self.metrics,
             next_dataset_id=next_dataset_id, extent_bytes_max=config.extent_bytes_max,
@@ -170,6 +176,21 @@ class Store:
         Raises InvalidArgument, NotFound, StaleGeneration, Unavailable
         (shutting down).
         """
+        self._check_named(name, generation)
+
+        def resolve() -> DatasetIndex:
+            dataset = self.directory.get(name)
+            dataset.check_generation(generation)
+            if self.config.warm_on_first_read and first_read:
+                self._warmer.first_read(dataset)
+            return dataset
+
+        return self._leases.hold(resolve)
+
+    def _check_named(self, name: str, generation: int) -> None:
+        """Raise what a read of `name` (version `generation`, 0: any) meets before its
+        lease: InvalidArgument, NotFound (naming a running ingest), StaleGeneration
+        (a striped commit in flight), Unavailable (shutting down)."""
         try:
             self.dataset(name)  # raises the NotFound that names a running ingest
         except NotFound:
@@ -181,17 +202,30 @@ class Store:
             raise
         self.ingests.check_open()
 
-        def resolve() -> DatasetIndex:
-            dataset = self.directory.get(name)
-            if generation and dataset.generation != generation:
-                raise StaleGeneration(
-                    f"dataset {name!r} was replaced: version {generation} is no longer "
-                    f"served (the current one is {dataset.generation}); open it again")
-            if self.config.warm_on_first_read and first_read:
-                self._warmer.first_read(dataset)
-            return dataset
+    def check_readable(self, name: str, generation: int = 0) -> None:
+        """Raise what `reading(name, generation)` would raise now, without reading (what
+        a data path worker that lacks `name` asks, to answer as this process would)."""
+        self._check_named(name, generation)
+        self.directory.get(name).check_generation(generation)
 
-        return self._leases.hold(resolve)
+    def first_read_elsewhere(self, name: str, generation: int) -> None:
+        """Another process (a data path worker) read version `generation` of `name` for
+        the first time: start its warm-up as a first read here would."""
+        dataset = self.directory.find(name)
+        if (self.config.warm_on_first_read and dataset is not None
+                and dataset.generation == generation and not self.ingests.closed):
+            self._warmer.first_read(dataset)
+
+    def attach_mirror(self, mirror) -> None:
+        """Let other processes serve reads too.  `mirror` (the data path's worker
+        supervisor, see datapath/workers.py) sees every dataset and every change of
+        the directory before it is acknowledged (SampleDirectory.attach); a retired
+        dataset's extents are removed only when `mirror.free_when_released` says no
+        other process reads it; its `metric_samples` are added to this daemon's
+        counters and its `worker_statuses` shown in `status`."""
+        self._mirror = mirror
+        self.directory.attach(mirror)
+        self.metrics.add_source(mirror.metric_samples)
 
     def summaries(self) -> list[DatasetInfo]:
         """Sealed datasets and unsealed ingests (with their states), sorted by name."""
@@ -221,8 +255,11 @@ class Store:
         """Stored data, running ingests and served reads, now.  O(datasets)."""
         self.metrics.set_stored(self.directory.all(), self._catalog.size,
                                 self._files.open_count())
-        return self.metrics.status(os.path.abspath(self.config.data_dir),
-                                   self.ingests.active_count(), self.reads.sendfile_state)
+        status = self.metrics.status(os.path.abspath(self.config.data_dir),
+                                     self.ingests.active_count(), self.reads.sendfile_state)
+        if self._mirror is not None:
+            status = dataclasses.replace(status, data_workers=self._mirror.worker_statuses())
+        return status
 
     def check_invariants(self) -> None:
         """Assert the ingests and the directory agree.  O(datasets + ingests); for tests."""
@@ -237,6 +274,15 @@ class Store:
                 and not self.ingests.closed)
 
     def _free_extents(self, dataset_id: int) -> None:
+        """Remove a retired dataset's extents once no process reads it (see
+        `attach_mirror`).  Never raises."""
+        if self._mirror is not None:
+            self._mirror.free_when_released(dataset_id,
+                                            lambda: self._remove_extents(dataset_id))
+        else:
+            self._remove_extents(dataset_id)
+
+    def _remove_extents(self, dataset_id: int) -> None:
         """Remove a retired dataset's extents (its end is durable in the catalog).  Never
         raises: it runs when a delete, a replace or the last read of a retired dataset
         ends, none of which may fail for it; what stays is removed at the next start."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from dlfs.proto import dlfs_pb2 as pb
-from dlfs.types import DaemonStatus, DatasetInfo, Entry
+from dlfs.types import DaemonStatus, DataWorkerStatus, DatasetInfo, Entry
 
 
 def dataset_info(message: pb.DatasetInfo) -> DatasetInfo:
@@ -25,4 +25,7 @@ def daemon_status(address: str, m: pb.StatusReply) -> DaemonStatus:
     fields = {f.name: getattr(m, f.name) for f in dataclasses.fields(DaemonStatus)
               if f.name != "address"}
     fields["errors"] = dict(m.errors)
+    fields["data_workers"] = tuple(
+        DataWorkerStatus(**{f.name: getattr(w, f.name) for f in dataclasses.fields(
+            DataWorkerStatus)}) for w in m.data_workers)
     return DaemonStatus(address=address, **fields)

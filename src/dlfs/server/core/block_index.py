@@ -45,6 +45,22 @@ class BlockIndex:
         for array in (self._crc, self._ids, self._first):
             array.flags.writeable = False
 
+    @classmethod
+    def from_columns(cls, block_bytes: int, complete: bool, crc: np.ndarray, ids: np.ndarray,
+                     first: np.ndarray) -> "BlockIndex":
+        """An index over arrays another one gave (`columns`), e.g. views of a shared
+        mapping (shared_index.py): nothing is computed or copied.  O(1)."""
+        index = cls.__new__(cls)
+        index.block_bytes, index.complete = block_bytes, complete
+        index._crc, index._ids, index._first = crc, ids, first
+        return index
+
+    def columns(self) -> dict[str, np.ndarray]:
+        """The index's arrays by name (what `from_columns` takes back): the flat block
+        CRCs (uint32), the ids of the samples that have them (uint32, sorted) and where
+        each one's CRCs start (uint64)."""
+        return {"block_crc": self._crc, "block_ids": self._ids, "block_first": self._first}
+
     def crcs(self, sample_id: int, length: int, crc: int) -> np.ndarray | None:
         """The CRC32C of each block of sample `sample_id` (`length` bytes, whole-sample
         CRC `crc`): [crc] when it is one block, None when its blocks have no CRCs

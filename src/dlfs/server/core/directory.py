@@ -2,9 +2,9 @@
 
 `DatasetIndex` is one sealed dataset: a tree with one `DirNode` per
 directory (children in a `SortedDict`, name -> child node or FILE, with the
-sample ids in a parallel array) plus
-numpy arrays indexed by sample id (extent, offset, length, crc32c, mode,
-mtime).  Sample ids are the positions of the paths in sorted order, so a
+sample ids in a parallel array) over its numpy arrays indexed by sample id
+(extent, offset, length, crc32c, mode, mtime: `SampleArrays`,
+sample_arrays.py, the part a data path worker maps).  Sample ids are the positions of the paths in sorted order, so a
 batch of ids resolves to locations with one fancy index per array.
 
 A sealed dataset never changes, so readers need no locks; `SampleDirectory`
@@ -19,7 +19,6 @@ Python int per sample; see DirNode).  `python -m bench.memory` measures it.
 from __future__ import annotations
 
 import array
-import dataclasses
 import stat as stat_module
 from typing import Iterable, Sequence
 
@@ -27,27 +26,16 @@ import numpy as np
 from sortedcontainers import SortedDict
 
 from dlfs import limits
-from dlfs.errors import FailedPrecondition, InvalidArgument, NotFound
-from dlfs.formats.disk_layout import NO_EXTENT
+from dlfs.errors import InvalidArgument, NotFound
 from dlfs.paths import check_sample_path, normalize_dir_path
 from dlfs.server.core.block_index import BlockIndex
 from dlfs.server.core.catalog_records import SampleBlock
-from dlfs.types import DatasetInfo, Entry
+from dlfs.server.core.sample_arrays import Cluster, SampleArrays, generation_of
+from dlfs.types import Entry
+
+__all__ = ["DIR_MODE", "FILE", "Cluster", "DatasetIndex", "DirNode", "generation_of"]
 
 DIR_MODE = stat_module.S_IFDIR | 0o555
-
-
-@dataclasses.dataclass(frozen=True)
-class Cluster:
-    """How a striped dataset is spread: member daemons (placement order),
-    copies per sample, and this daemon's index among the members."""
-
-    members: tuple
-    replicas: int
-    member_index: int
-    # The version id the striped ingest named, the same on every member; 0 in
-    # catalogs written before generations (the dataset id stands in then).
-    generation: int = 0
 
 
 class _FileMarker:
@@ -85,14 +73,8 @@ class DirNode:
         return int(self.file_ids[self.children.index(name)])
 
 
-def generation_of(cluster: "Cluster | None", dataset_id: int) -> int:
-    """The version number of a dataset with this `cluster` (None: one daemon's) and
-    id: the striped ingest's generation, or the dataset id (see DatasetIndex.generation)."""
-    return cluster.generation if cluster is not None else dataset_id
-
-
-class DatasetIndex:
-    """A sealed dataset's directory tree and per-id arrays.  Immutable.
+class DatasetIndex(SampleArrays):
+    """A sealed dataset's directory tree over its per-id arrays (`SampleArrays`).  Immutable.
 
     Built from the samples in any order, and `dirs`: directories that hold
     no sample (empty ones of the ingest source), so the tree is exactly the
@@ -103,33 +85,20 @@ class DatasetIndex:
 
     def __init__(self, name: str, dataset_id: int, created_ns: int, block: SampleBlock,
                  cluster: Cluster | None = None, dirs: Sequence[str] = ()):
-        self.name = name
-        self.dataset_id = dataset_id
-        self.created_ns = created_ns
-        self.cluster = cluster  # striped datasets: the member daemons, else None
         n = len(block)
         if n >= NO_ID:
             raise InvalidArgument(f"dataset {name!r} has {n} samples; at most {int(NO_ID) - 1} fit")
         paths = block.paths
         order = sorted(range(n), key=paths.__getitem__)
         perm = np.asarray(order, dtype=np.int64)
-        self.extent = block.extent[perm]
-        self.offset = block.offset[perm]
-        self.length = block.length[perm]
-        self.crc = block.crc[perm]
-        self.mode = block.mode[perm]
-        self.mtime_ns = block.mtime_ns[perm]
-        self.holders = block.holders[perm] if block.holders is not None else None
-        self.blocks = BlockIndex(block, perm)
-        if cluster is not None and self.holders is None and n == 0:
-            self.holders = np.empty((0, cluster.replicas), dtype=np.uint16)
-        for column in (self.extent, self.offset, self.length, self.crc, self.mode, self.mtime_ns):
+        columns = {field: getattr(block, field)[perm] for field in SampleArrays.COLUMNS}
+        for column in columns.values():
             column.flags.writeable = False
-        if (self.holders is None) != (cluster is None):
-            raise InvalidArgument(f"dataset {name!r}: sample holders and cluster members must "
-                                  "come together")
-        self.total_bytes = int(self.length.sum())
-        self.extents = int(np.unique(self.extent[self.extent != NO_EXTENT]).size)
+        holders = block.holders[perm] if block.holders is not None else None
+        if cluster is not None and holders is None and n == 0:
+            holders = np.empty((0, cluster.replicas), dtype=np.uint16)
+        super().__init__(name, dataset_id, created_ns, **columns, blocks=BlockIndex(block, perm),
+                         cluster=cluster, holders=holders)
         self.names: list[str] = [""] * n
         self.parent = np.zeros(n, dtype=np.uint32)
         self.dirs: list[DirNode] = [DirNode("", 0)]
@@ -142,36 +111,6 @@ class DatasetIndex:
     @property
     def root(self) -> DirNode:
         return self.dirs[0]
-
-    @property
-    def generation(self) -> int:
-        """This sealed version's number, never reused (a replace gets a new one): the
-        id a striped ingest named on all its members, else the dataset id.
-
-        0 for a striped dataset ingested before generations existed: its
-        members' dataset ids differ, so there is no common number; reads of
-        it cannot tell versions apart (ingest it again to get one).
-        """
-        return generation_of(self.cluster, self.dataset_id)
-
-    def summary(self) -> DatasetInfo:
-        cluster = self.cluster
-        return DatasetInfo(self.name, len(self), self.total_bytes, True, self.created_ns,
-                           self.extents, tuple(cluster.members) if cluster else (),
-                           cluster.replicas if cluster else 0,
-                           cluster.member_index if cluster else 0, self.generation)
-
-    def check_local(self, ids: np.ndarray) -> None:
-        """Raise FailedPrecondition if any of `ids` is stored on other daemons only."""
-        if self.cluster is None or ids.size == 0:
-            return
-        remote = self.extent[ids] == NO_EXTENT
-        if remote.any():
-            sample_id = int(ids[np.argmax(remote)])
-            holders = ", ".join(self.cluster.members[h] for h in self.holders[sample_id])
-            raise FailedPrecondition(
-                f"sample {sample_id} of dataset {self.name!r} is stored on {holders}, not on "
-                "this daemon; a client given every member address routes reads itself")
 
     # --- building ---------------------------------------------------------------
 
@@ -222,7 +161,7 @@ class DatasetIndex:
 
     def path(self, sample_id: int) -> str:
         """Path of sample `sample_id`.  O(1).  Raises InvalidArgument when out of range."""
-        self._check_id(sample_id)
+        self.check_id(sample_id)
         parent = self.dirs[self.parent[sample_id]].path
         name = self.names[sample_id]
         return f"{parent}/{name}" if parent else name
@@ -230,21 +169,6 @@ class DatasetIndex:
     def describe(self, sample_id: int) -> str:
         """The sample named for error messages: sample ID 'PATH' of dataset 'NAME'.  O(1)."""
         return f"sample {sample_id} {self.path(sample_id)!r} of dataset {self.name!r}"
-
-    def describe_extent(self, extent_no: int) -> str:
-        """An extent named for error messages.  O(1)."""
-        return f"extent {extent_no} of dataset {self.name!r}"
-
-    def block_crcs(self, sample_id: int) -> np.ndarray | None:
-        """CRC32C of each block of sample `sample_id` (dlfs.formats.block_crcs), or None when
-        its blocks have none (ingested before block CRCs).  O(log n)."""
-        return self.blocks.crcs(sample_id, int(self.length[sample_id]),
-                                int(self.crc[sample_id]))
-
-    def size_and_crc(self, sample_id: int) -> tuple[int, int]:
-        """(bytes, CRC32C) of sample `sample_id` as stored.  O(1).  Raises InvalidArgument."""
-        self._check_id(sample_id)
-        return int(self.length[sample_id]), int(self.crc[sample_id])
 
     def id_of(self, path: str) -> int:
         """Sample id of `path`.  O(depth) dict lookups.  Raises NotFound, InvalidArgument."""
@@ -261,39 +185,6 @@ class DatasetIndex:
     def ids_of(self, paths: Sequence[str]) -> np.ndarray:
         """Sample ids of `paths`, in order.  O(len(paths) * depth)."""
         return np.fromiter((self.id_of(p) for p in paths), dtype=np.int64, count=len(paths))
-
-    def check_ids(self, ids) -> np.ndarray:
-        """Validate `ids` (any integer sequence) and return them as int64.
-
-        Vectorized: O(len(ids)).  Raises InvalidArgument naming the first id
-        outside 0..N-1.
-        """
-        values = np.asarray(ids)
-        if values.size == 0:
-            return np.empty(0, dtype=np.int64)
-        if values.ndim != 1 or values.dtype.kind not in "iu":
-            raise InvalidArgument("sample ids must be a flat sequence of integers")
-        if values.dtype.kind == "u" and values.dtype.itemsize == 8:
-            bad = values >= len(self)
-        else:
-            values = values.astype(np.int64, copy=False)
-            bad = (values < 0) | (values >= len(self))
-        if bad.any():
-            first = int(np.asarray(ids)[np.argmax(bad)])
-            raise InvalidArgument(self._range_message(first))
-        return values.astype(np.int64, copy=False)
-
-    def _check_id(self, sample_id: int) -> None:
-        if not 0 <= sample_id < len(self):
-            raise InvalidArgument(self._range_message(sample_id))
-
-    def _range_message(self, sample_id: int) -> str:
-        if len(self) == 0:
-            return f"sample id {sample_id} is out of range: dataset {self.name!r} is empty"
-        return (
-            f"sample id {sample_id} is out of range for dataset {self.name!r}: "
-            f"valid ids are 0..{len(self) - 1}"
-        )
 
     def _find_dir(self, dir_path: str, asked: str) -> DirNode:
         node = self.root

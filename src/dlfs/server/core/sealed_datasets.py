@@ -4,14 +4,39 @@ Datasets (`DatasetIndex`, directory.py) are immutable; publishing a new one
 or removing one swaps whole datasets under a lock, so readers that resolved
 a dataset keep a consistent view without locking.  Only the ingest machine
 publishes and removes (with the catalog record that makes it durable).
+
+A `DirectoryMirror` (the data path's worker supervisor) may be attached: it
+sees every change in order, under the directory's lock, and `publish` and
+`remove` return only once the mirror says the change reached every process
+that serves reads (its waiter returned).  A replace or delete is thus
+acknowledged to its client only after no serving process reads the old
+version any more.
 """
 
 from __future__ import annotations
 
 import threading
+from typing import Callable, Protocol
 
 from dlfs.errors import NotFound
 from dlfs.server.core.directory import DatasetIndex
+
+
+class DirectoryMirror(Protocol):
+    """Who else must see the directory's changes before they are acknowledged."""
+
+    def prepare(self, dataset: DatasetIndex) -> None:
+        """Called before `dataset` is published, outside the lock (may take time)."""
+
+    def attached(self, datasets: list[DatasetIndex]) -> None:
+        """Called once, under the lock, with every dataset published so far."""
+
+    def published(self, dataset: DatasetIndex,
+                  previous: DatasetIndex | None) -> Callable[[], None]:
+        """Called under the lock; returns a wait for the change to be applied."""
+
+    def removed(self, dataset: DatasetIndex) -> Callable[[], None]:
+        """Called under the lock; returns a wait for the change to be applied."""
 
 
 class SampleDirectory:
@@ -20,6 +45,14 @@ class SampleDirectory:
     def __init__(self):
         self._lock = threading.Lock()
         self._datasets: dict[str, DatasetIndex] = {}
+        self._mirror: DirectoryMirror | None = None
+
+    def attach(self, mirror: DirectoryMirror) -> None:
+        """Let `mirror` see the datasets published so far and every change from now on."""
+        with self._lock:
+            assert self._mirror is None, "one mirror per directory"
+            mirror.attached(list(self._datasets.values()))
+            self._mirror = mirror
 
     def get(self, name: str) -> DatasetIndex:
         """The dataset named `name`.  O(1).  Raises NotFound naming it."""
@@ -40,15 +73,26 @@ class SampleDirectory:
             return [self._datasets[name] for name in sorted(self._datasets)]
 
     def publish(self, dataset: DatasetIndex) -> DatasetIndex | None:
-        """Make `dataset` visible under its name; return the one it replaced."""
+        """Make `dataset` visible under its name; return the one it replaced.  With a
+        mirror, returns once the mirror applied the change (see DirectoryMirror)."""
+        if self._mirror is not None:
+            self._mirror.prepare(dataset)
         with self._lock:
             previous = self._datasets.get(dataset.name)
             self._datasets[dataset.name] = dataset
-            return previous
+            wait = self._mirror.published(dataset, previous) if self._mirror else None
+        if wait is not None:
+            wait()
+        return previous
 
     def remove(self, name: str) -> DatasetIndex:
+        """Unpublish dataset `name` and return it; with a mirror, once it applied that.
+        Raises NotFound."""
         with self._lock:
             dataset = self._datasets.pop(name, None)
+            wait = self._mirror.removed(dataset) if self._mirror and dataset else None
         if dataset is None:
             raise NotFound(f"no dataset named {name!r}; `dlfs datasets` lists the existing ones")
+        if wait is not None:
+            wait()
         return dataset

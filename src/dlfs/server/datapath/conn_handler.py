@@ -39,6 +39,10 @@ class DataConnection:
         self.body = bytearray(1024)
         self.peer = _peer_name(sock)
         self.role: str | None = None  # the HELLO token's role, when the daemon has tokens
+        # Set by an `ingest` hook that handed the socket to another process: serving
+        # ends and the socket is closed here without shutting the connection down.
+        self.detached = False
+        self.request_body = b""  # the frame body of the request being answered
 
     def handshake(self) -> bool:
         """Read HELLO, answer WELCOME; False (after an ERROR) when the client may not stay."""
@@ -68,19 +72,27 @@ class DataConnection:
                                      self.server.buffers.window_bytes, self.server.instance)])
         return True
 
-    def serve(self) -> None:
-        """Answer requests until the client leaves, idles out, stalls or breaks the protocol."""
+    def serve(self, first: tuple[int, bytes] | None = None) -> None:
+        """Answer requests until the client leaves, idles out, stalls or breaks the protocol.
+        `first`: a request frame (kind, body) read before, by another process, answered
+        before the next one is read."""
         while True:
             self.sock.settimeout(self.server.idle_timeout_s)
-            try:
-                kind, body = self._request(limits.datapath_request_bytes_max)
-            except socket.timeout:
-                return  # idle: the client reconnects at its next read
-            except frames.FrameError as exc:
-                self.send([frames.error(InvalidArgument(str(exc)))])
-                return
+            if first is not None:
+                (kind, body), first = first, None
+                body = memoryview(body)
+            else:
+                try:
+                    kind, body = self._request(limits.datapath_request_bytes_max)
+                except socket.timeout:
+                    return  # idle: the client reconnects at its next read
+                except frames.FrameError as exc:
+                    self.send([frames.error(InvalidArgument(str(exc)))])
+                    return
             if not kind:
                 return  # orderly close by the client
+            self.server.count_request()
+            self.request_body = body
             self.sock.settimeout(self.server.stall_timeout_s)
             try:
                 request, request_id = _parse(kind, body)
@@ -100,6 +112,8 @@ class DataConnection:
                     raise
                 finally:
                     call.end(_METHODS[kind], self.peer)
+            if self.detached:
+                return
 
     def fail(self, kind: int, exc: DlfsError) -> None:
         """Answer a failed request with an ERROR frame naming the request id; count and
@@ -119,7 +133,7 @@ class DataConnection:
         elif kind == frames.Kind.OPEN_DATASET:
             replies.open_dataset(self, *request)
         elif kind == frames.Kind.INGEST_START:
-            uploads.ingest(self, request)
+            self.server.ingest(self, request)
         elif kind == frames.Kind.BLOCK_CRCS:
             replies.block_crcs(self, *request)
         else:

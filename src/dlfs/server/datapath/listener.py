@@ -18,6 +18,12 @@ request in flight per connection, idle connections closed after
 its buffer returns to the pool.  A malformed frame is answered with an
 ERROR where possible and the connection is closed; it never reaches the
 storage core.  Nothing here imports grpc.
+
+The same server runs in each data path worker process (workers.py): there
+it is given the listening sockets the main process bound (`listeners`),
+which it shares with the other workers and never shuts down, and an
+`ingest` hook that hands INGEST_START connections to the main process;
+the main process serves those with `adopt`.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ import numpy as np
 from dlfs import limits
 from dlfs.formats import datapath_frames as frames
 from dlfs.errors import DlfsError, Overloaded, Unavailable
+from dlfs.server.datapath import uploads
 from dlfs.server.datapath.conn_handler import DataConnection
 from dlfs.sockio import unix_address
 
@@ -94,18 +101,67 @@ class WindowBuffers:
         return np.empty(self.window_bytes, dtype=np.uint8)
 
 
+def bind_listeners(tcp_host: str | None, tcp_port: int,
+                   unix_socket: str) -> tuple[list[socket.socket], int]:
+    """(listening sockets, the TCP port bound): TCP on `tcp_host`:`tcp_port` (port 0
+    picks one; no TCP when `tcp_host` is None) and the Unix socket `unix_socket` (a
+    path, "@name" in the abstract namespace, "" for none).  Raises RuntimeError
+    naming an address that cannot be bound (nothing stays bound then)."""
+    bound: list[socket.socket] = []
+    port = 0
+    path_bound = ""  # the Unix socket's path once it is ours to free
+    try:
+        if tcp_host is not None:
+            family = socket.AF_INET6 if ":" in tcp_host else socket.AF_INET
+            listener = socket.socket(family, socket.SOCK_STREAM)
+            bound.append(listener)
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            listener.bind((tcp_host.strip("[]"), tcp_port))
+            port = listener.getsockname()[1]
+            listener.listen(_LISTEN_BACKLOG)
+        if unix_socket:
+            listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            bound.append(listener)
+            listener.bind(unix_address(unix_socket))
+            path_bound = unix_socket
+            if not unix_socket.startswith("@"):
+                os.chmod(unix_socket, 0o666)  # tokens, not file modes, guard it
+            listener.listen(_LISTEN_BACKLOG)
+    except OSError as exc:
+        close_listeners(bound, path_bound)
+        raise RuntimeError(f"cannot listen for the data path: {exc.strerror or exc}") from None
+    return bound, port
+
+
+def close_listeners(listeners: list[socket.socket], unix_socket: str) -> None:
+    """Close listening sockets this process bound (every process that shares them
+    stops accepting) and free the Unix socket's path."""
+    for listener in listeners:
+        with contextlib.suppress(OSError):
+            listener.shutdown(socket.SHUT_RDWR)  # wakes a thread blocked in accept()
+        listener.close()
+    if unix_socket and not unix_socket.startswith("@"):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(unix_socket)
+
+
 class DataPathServer:
     """Serves the data path of one Store.  `start()` binds, `stop()` closes everything.
 
     `tcp_host`/`tcp_port`: where to listen for TCP (port 0 picks one; None:
     no TCP); `unix_socket`: a path, or "@name" for the abstract namespace
-    ("" for none).  `authorizer`: a `dlfs.server.auth.Authorizer`, or None
-    when the daemon has no tokens file.
+    ("" for none).  Or `listeners`: sockets already listening, shared with
+    other processes (a data path worker's): `stop()` then leaves them open
+    for the others and frees no path.  `authorizer`: a
+    `dlfs.server.auth.Authorizer`, or None when the daemon has no tokens
+    file.  `ingest(connection, request)` serves an INGEST_START
+    (uploads.ingest; a worker hands the connection over instead).
     """
 
     def __init__(self, store, *, tcp_host: str | None, tcp_port: int, unix_socket: str,
                  authorizer=None, instance: bytes, connections_max: int,
-                 idle_timeout_s: float, stall_timeout_s: float, buffer_bytes_max: int):
+                 idle_timeout_s: float, stall_timeout_s: float, buffer_bytes_max: int,
+                 listeners: list[socket.socket] | None = None):
         self.store = store
         self.instance = instance
         self.authorizer = authorizer
@@ -116,36 +172,29 @@ class DataPathServer:
         self._tcp_host, self._tcp_port = tcp_host, tcp_port
         self.unix_socket = unix_socket
         self.port = 0
+        self.ingest = uploads.ingest
+        self._given = list(listeners or [])
         self._listeners: list[socket.socket] = []
         self._threads: list[threading.Thread] = []
         self._connections: set[socket.socket] = set()
         self._lock = threading.Lock()
         self._stopped = False
+        self._requests = 0
 
     # --- lifecycle -------------------------------------------------------------------
 
     def start(self) -> None:
-        """Bind and listen; raises RuntimeError naming an address that cannot be bound."""
-        try:
-            if self._tcp_host is not None:
-                family = socket.AF_INET6 if ":" in self._tcp_host else socket.AF_INET
-                listener = socket.socket(family, socket.SOCK_STREAM)
-                listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                listener.bind((self._tcp_host.strip("[]"), self._tcp_port))
-                self.port = listener.getsockname()[1]
+        """Bind and listen (or accept on the given listeners); raises RuntimeError naming
+        an address that cannot be bound."""
+        if self._given:
+            for listener in self._given:
                 self._listen(listener)
-            if self.unix_socket:
-                listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-                listener.bind(unix_address(self.unix_socket))
-                if not self.unix_socket.startswith("@"):
-                    os.chmod(self.unix_socket, 0o666)  # tokens, not file modes, guard it
-                self._listen(listener)
-        except OSError as exc:
-            self.stop()
-            raise RuntimeError(f"cannot listen for the data path: {exc.strerror or exc}") from None
+            return
+        listeners, self.port = bind_listeners(self._tcp_host, self._tcp_port, self.unix_socket)
+        for listener in listeners:
+            self._listen(listener)
 
     def _listen(self, listener: socket.socket) -> None:
-        listener.listen(_LISTEN_BACKLOG)
         self._listeners.append(listener)
         thread = threading.Thread(target=self._accept, args=(listener,), daemon=True,
                                   name=f"dlfs-data-accept-{len(self._listeners)}")
@@ -153,27 +202,45 @@ class DataPathServer:
         thread.start()
 
     def stop(self) -> None:
-        """Stop accepting, break every connection, free the Unix socket path."""
+        """Stop accepting, break every connection, free the Unix socket path (listeners
+        given at construction stay open: other processes accept on them)."""
         with self._lock:
             self._stopped = True
             connections = list(self._connections)
-        for listener in self._listeners:
-            with contextlib.suppress(OSError):
-                listener.shutdown(socket.SHUT_RDWR)  # wakes the accept() of its thread
-            listener.close()
+        if not self._given:
+            close_listeners(self._listeners, self.unix_socket)
         for connection in connections:
             with contextlib.suppress(OSError):
                 connection.shutdown(socket.SHUT_RDWR)
-        for thread in self._threads:
-            thread.join(limits.datapath_hello_timeout_s)
-        if self.unix_socket and not self.unix_socket.startswith("@"):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.unix_socket)
+        if not self._given:  # a shared listener's accept() is not woken: the process exits
+            for thread in self._threads:
+                thread.join(limits.datapath_hello_timeout_s)
 
     @property
     def connections(self) -> int:
         with self._lock:
             return len(self._connections)
+
+    @property
+    def requests(self) -> int:
+        """Requests served since the start (answered or failed)."""
+        return self._requests
+
+    def count_request(self) -> None:
+        self._requests += 1  # under the GIL; a counter for status lines, not an invariant
+
+    def adopt(self, sock: socket.socket, role: str | None, kind: int, body: bytes) -> None:
+        """Serve a connection another process accepted and handed over (a worker's
+        INGEST_START): its HELLO was answered there (`role` is its token's role), and
+        `kind`/`body` is the request frame it read last, answered first here."""
+        with self._lock:
+            if self._stopped:
+                _refuse(sock, Unavailable("the daemon is shutting down"))
+                return
+            self._connections.add(sock)
+            self.store.metrics.data_connections.set(len(self._connections))
+        threading.Thread(target=self._serve, args=(sock, (role, kind, body)), daemon=True,
+                         name="dlfs-data-conn").start()
 
     def _accept(self, listener: socket.socket) -> None:
         while True:
@@ -197,7 +264,8 @@ class DataPathServer:
 
     # --- one connection ------------------------------------------------------------------
 
-    def _serve(self, sock: socket.socket) -> None:
+    def _serve(self, sock: socket.socket, adopted: tuple | None = None) -> None:
+        connection = None
         try:
             if sock.family != socket.AF_UNIX:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -208,7 +276,10 @@ class DataPathServer:
                 # 5-30% faster with it).  The kernel caps it at net.core.wmem_max.
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self.buffers.window_bytes)
             connection = DataConnection(self, sock)
-            if connection.handshake():
+            if adopted is not None:
+                connection.role = adopted[0]
+                connection.serve(first=adopted[1:])
+            elif connection.handshake():
                 connection.serve()
         except OSError:
             pass  # the client went away or stalled: nothing to answer
@@ -218,7 +289,10 @@ class DataPathServer:
             with self._lock:
                 self._connections.discard(sock)
                 self.store.metrics.data_connections.set(len(self._connections))
-            _close(sock)
+            if connection is not None and connection.detached:
+                sock.close()  # handed over: the connection lives on in another process
+            else:
+                _close(sock)
 
 
 def _refuse(sock: socket.socket, error: DlfsError) -> None:

@@ -101,7 +101,8 @@ def status_reply(status: DaemonStatus, version: str, metrics_address: str) -> pb
     """The StatusReply of `status`, with what only the service knows."""
     fields = dataclasses.asdict(status)
     del fields["address"]
-    fields.update(version=version, metrics_address=metrics_address)
+    fields.update(version=version, metrics_address=metrics_address,
+                  data_workers=[pb.DataWorker(**worker) for worker in fields["data_workers"]])
     return pb.StatusReply(**fields)
 
 
