@@ -59,12 +59,14 @@ class ControlChannel:
                 pass
 
     @classmethod
-    def pair(cls) -> tuple["ControlChannel", socket.socket]:
-        """(the main process's end, the socket to pass to the worker)."""
+    def pair(cls, send_timeout_s: float = limits.worker_ack_timeout_s
+             ) -> tuple["ControlChannel", socket.socket]:
+        """(the main process's end, whose sends give up after `send_timeout_s`, and the
+        socket to pass to the worker)."""
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         mine.set_inheritable(False)
         theirs.set_inheritable(True)
-        return cls(mine, send_timeout_s=limits.worker_ack_timeout_s), theirs
+        return cls(mine, send_timeout_s=send_timeout_s), theirs
 
     def fileno(self) -> int:
         return self.sock.fileno()

@@ -212,7 +212,7 @@ class DataPathServer:
         for connection in connections:
             with contextlib.suppress(OSError):
                 connection.shutdown(socket.SHUT_RDWR)
-        if not self._given:  # a shared listener's accept() is not woken: the process exits
+        if not self._given:  # a shared listener's accept() ends when its owner closes it
             for thread in self._threads:
                 thread.join(limits.datapath_hello_timeout_s)
 
