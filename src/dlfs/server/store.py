@@ -33,7 +33,7 @@ from dlfs.server.core.datadir_lock import DataDirLock
 from dlfs.server.core.extents import ExtentFiles, ExtentStore, fsync_dir
 from dlfs.server.ingest.ingest_registry import IngestRegistry, IngestState
 from dlfs.server.core.read_leases import ReadLeases
-from dlfs.server.metrics import Metrics
+from dlfs.server.metrics import Metrics, StoredState
 from dlfs.server.read.prefetch import Prefetcher
 from dlfs.server.read.read_engine import ReadEngine
 from dlfs.server.core.catalog_replay import release_free_heap, restore
@@ -76,6 +76,7 @@ class Store(StoreIngests, StoreResumes, StoreReads):
                                        parked_timeout_s=config.resumable_ingest_timeout_s)
         self._leases = ReadLeases(free=self._free_extents)
         self._closed = False
+        self.metrics.read_state_from(self.stored_state)  # gauges read at each scrape
         # (name, generation, first member's address) -> "committed", "aborted" or
         # None (no answer yet): how a member in doubt learns a striped ingest's
         # outcome.  Set by the daemon (decisions.py); None: it waits for a client.
@@ -295,9 +296,18 @@ class Store(StoreIngests, StoreResumes, StoreReads):
 
     def status(self) -> DaemonStatus:
         """Stored data, running ingests and served reads, now.  O(datasets)."""
-        self.metrics.set_stored(self.directory.all(), self._catalog.size,
-                                self._files.open_count())
+        return self.metrics.status(os.path.abspath(self.config.data_dir), self.sendfile_state)
+
+    def stored_state(self) -> StoredState:
+        """What this store holds now (the metrics read it at every scrape).  O(datasets)."""
+        datasets = self.directory.all()
         with self._mutex:
-            running = self._ingests.active_count()
-        return self.metrics.status(os.path.abspath(self.config.data_dir), running,
-                                   self.sendfile_state)
+            states = [self._ingests.state(s) for s in self._ingests.sessions()]
+        ingests: dict[str, int] = {}
+        for state in states:
+            if state is not None:
+                ingests[state.value] = ingests.get(state.value, 0) + 1
+        return StoredState(datasets=len(datasets), samples=sum(len(d) for d in datasets),
+                           bytes=sum(d.total_bytes for d in datasets),
+                           catalog_bytes=self._catalog.size,
+                           open_extent_files=self._files.open_count(), ingests=ingests)
