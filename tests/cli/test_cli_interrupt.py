@@ -37,9 +37,9 @@ def run_advice(command: str, **kwargs) -> subprocess.CompletedProcess:
                           text=True, timeout=120, **kwargs)
 
 
-@pytest.mark.parametrize("via", ["datapath", "grpc"])
-def test_ctrl_c_keeps_the_durable_files_and_prints_the_resume_command(daemon_factory,
-                                                                      tmp_path, via):
+def interrupt_an_ingest(daemon_factory, tmp_path, via: str = "datapath"):
+    """Start `dlfs ingest` of 600 files, stop the daemon mid-stream, SIGINT the command,
+    let the daemon go on; (daemon, files, the command's result)."""
     daemon = daemon_factory(extra_args=CHECKPOINTS, start=False)
     daemon.extra_env = {"DLFS_FAULT": STOP_AT_WRITE}
     daemon.start()
@@ -58,7 +58,15 @@ def test_ctrl_c_keeps_the_durable_files_and_prints_the_resume_command(daemon_fac
     finally:
         os.kill(daemon.pid, signal.SIGCONT)
     out, err = ingest.communicate(timeout=60)
-    assert ingest.returncode == 130, err
+    return daemon, files, subprocess.CompletedProcess(ingest.args, ingest.returncode, out, err)
+
+
+@pytest.mark.parametrize("via", ["datapath", "grpc"])
+def test_ctrl_c_keeps_the_durable_files_and_prints_the_resume_command(daemon_factory,
+                                                                      tmp_path, via):
+    daemon, files, done = interrupt_an_ingest(daemon_factory, tmp_path, via)
+    out, err = done.stdout, done.stderr
+    assert done.returncode == 130, err
     assert out == ""
     lines = err.splitlines()
     assert len(lines) == 1, err
@@ -75,3 +83,26 @@ def test_ctrl_c_keeps_the_durable_files_and_prints_the_resume_command(daemon_fac
     assert f"resumed after {files_kept:,} files already on the daemon" in resumed.stdout
     with Client(daemon.address) as client:
         assert read_dataset(client, "pets") == files
+
+
+def test_the_advice_for_a_parked_ingest_discards_it(daemon_factory, tmp_path):
+    daemon, _, done = interrupt_an_ingest(daemon_factory, tmp_path)
+    assert done.returncode == 130, done.stderr
+    env = {**os.environ, "DLFS_SERVER": daemon.address}  # the daemon's advice names no server
+    listed = run_advice(f"dlfs --server {daemon.address} datasets")
+    assert listed.returncode == 0, listed.stderr
+    line, = listed.stdout.splitlines()
+    assert line.startswith("pets\t") and "(ingest broke off: run the same `dlfs ingest` with " \
+        "--resume to continue it, or `" in line
+    rm = re.findall(r"`([^`]+)`", line)[1]
+    assert rm == f"dlfs --server {daemon.address} rm pets"
+    # Ingesting again without --resume is refused with advice of the daemon's own.
+    again = run_advice(f"dlfs ingest {shlex.quote(str(tmp_path / 'src'))} pets --progress none",
+                       env=env)
+    assert again.returncode == 1
+    assert "continue it with `dlfs ingest --resume` (same sources and options), or discard " \
+           "it with `dlfs rm pets`" in again.stderr
+    assert run_advice("dlfs rm pets", env=env).returncode == 0
+    assert run_advice(rm).returncode == 1  # the first one discarded it already
+    with Client(daemon.address) as client:
+        assert client.dataset_infos() == []
