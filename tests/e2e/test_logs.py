@@ -155,16 +155,16 @@ def test_a_json_log_is_json_from_the_first_line_with_rfc3339_times(daemon_factor
     daemon = daemon_factory(extra_args=["--log-format", "json"])
     lines = json_lines(daemon.log())  # fails on any plain-text line
     assert all(RFC3339_UTC.fullmatch(line["timestamp"]) for line in lines), lines
-    [listening] = [line for line in lines if "listening on" in line["message"]]
-    assert listening["address"] == daemon.address
-    assert listening["message"].startswith(f"dlfs-server {dlfs.__version__} listening on "
-                                           f"{daemon.address} (data dir ")
+    [serving] = [line for line in lines if "serving on" in line["message"]]
+    assert serving["address"] == daemon.address
+    assert serving["message"].startswith(f"dlfs-server {dlfs.__version__} serving on "
+                                         f"{daemon.address} (data dir ")
 
 
 def test_text_log_lines_start_with_an_rfc3339_time(daemon):
     first = daemon.log().splitlines()[0]
     assert RFC3339_UTC.fullmatch(first.split(" ", 1)[0]), first
-    assert f"dlfs-server {dlfs.__version__} listening on {daemon.address}" in daemon.log()
+    assert f"dlfs-server {dlfs.__version__} serving on {daemon.address}" in daemon.log()
 
 
 @pytest.mark.parametrize("log_format", ["json", "text"])

@@ -230,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     if settings["address_file"]:
         write_address_file(str(settings["address_file"]), address)
     # A log line, not a print: in --log-format json every line of the output is JSON.
-    log.info("dlfs-server %s listening on %s (data dir %s, %d reader threads)", __version__,
+    log.info("dlfs-server %s serving on %s (data dir %s, %d reader threads)", __version__,
                 address, os.path.abspath(config.data_dir), config.reader_threads,
                 extra={"address": address})
     while not stop_signals:
