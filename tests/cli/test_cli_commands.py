@@ -8,6 +8,7 @@ import io
 import json
 import logging
 import random
+import re
 import shlex
 import subprocess
 import sys
@@ -219,3 +220,31 @@ def test_one_failover_warning_per_outage(daemon_factory, tmp_path, caplog):
     done = dlfs_cli("--server", ",".join(addresses), "datasets")
     assert done.returncode == 0, done.stderr
     assert done.stderr.count("dlfs: warning: reads go to the replicas") == 1, done.stderr
+
+
+def test_rebalance_names_the_command_that_removes_a_copy_it_could_not(daemon_factory,
+                                                                       tmp_path):
+    a, b, c = (daemon_factory() for _ in range(3))
+    write_tree(tmp_path / "src", {f"f{i:03d}": bytes([i]) * 500 for i in range(40)})
+    with Client([a.address, b.address]) as client:
+        client.ingest(str(tmp_path / "src"), "ds", replicas=2)
+    b.kill()  # the member being dropped is down when the old copies are removed
+    done = dlfs_cli("--server", f"{a.address},{c.address}", "rebalance", "ds")
+    assert done.returncode == 1, done.stderr
+    [line] = [line for line in done.stderr.splitlines() if "could not remove" in line]
+    assert line.startswith(f"could not remove the old copy from {b.address}: run `")
+    command = re.search(r"`([^`]+)`", line).group(1)
+    assert command == f"dlfs --server {b.address} rm ds"
+    b.start_again()
+    removed = run_advice(command)
+    assert removed.returncode == 0, removed.stderr
+    assert removed.stdout.startswith("removed ds: ")
+
+
+def test_a_missing_dataset_names_the_listing_command(pets):
+    missing = dlfs_cli("ls", "nope", "--server", pets)
+    assert missing.returncode == 1
+    command = re.search(r"`([^`]+)`", missing.stderr).group(1)
+    assert command == "dlfs datasets"
+    listed = run_advice(command, env={"DLFS_SERVER": pets})
+    assert listed.returncode == 0 and listed.stdout.startswith("pets\t")
