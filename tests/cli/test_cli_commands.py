@@ -159,14 +159,43 @@ def test_a_host_without_a_port_means_port_7010(tmp_path):
         daemon.kill()
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def test_a_port_that_is_not_a_dlfs_daemon_says_so(daemon_factory):
-    daemon = daemon_factory(extra_args=["--metrics-listen", "127.0.0.1:0"])
+    data_port = _free_port()
+    daemon = daemon_factory(extra_args=["--metrics-listen", "127.0.0.1:0", "--data-port",
+                                        str(data_port)])
     with Client(daemon.address) as client:
         metrics = client.status().metrics_address
-    done = dlfs_cli("--server", metrics, "datasets")
-    assert done.returncode == 1
-    assert done.stderr == (f"dlfs: InvalidArgument: {metrics} is not a DLFS daemon (is it the "
-                           "data-path or metrics port?)\n")
+    for wrong in (metrics, f"127.0.0.1:{data_port}"):
+        done = dlfs_cli("--server", wrong, "datasets")
+        assert done.returncode == 1
+        assert done.stderr == (f"dlfs: InvalidArgument: {wrong} is not a DLFS daemon (is it "
+                               "the data-path or metrics port?)\n")
+
+
+def test_a_grpc_server_without_the_dlfs_service_is_not_a_daemon():
+    from concurrent.futures import ThreadPoolExecutor
+
+    import grpc
+
+    server = grpc.server(ThreadPoolExecutor(max_workers=1))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        with Client(f"127.0.0.1:{port}") as client:
+            with pytest.raises(dlfs.InvalidArgument, match=re.escape(
+                    f"127.0.0.1:{port} is not a DLFS daemon (is it the data-path or metrics "
+                    "port?)")):
+                client.datasets()
+    finally:
+        server.stop(None)
 
 
 def test_a_daemon_never_reached_is_given_up_after_the_first_contact_bound():
