@@ -315,6 +315,7 @@ class _PinnedMemory:
         self.device = device
         self.regions: list[tuple[int, int, object]] = []  # (start, end, mapping kept alive)
         self.staging: torch.Tensor | None = None
+        self.refused: set[int] = set()  # starts of regions CUDA would not register: staged
 
     def pinned(self, samples: list[torch.Tensor]) -> list[torch.Tensor]:
         if self.device.type != "cuda" or not samples:
@@ -324,11 +325,13 @@ class _PinnedMemory:
         if any(start <= first and last <= end for start, end, _ in self.regions):
             return samples
         region = _ring_region(samples[0])
-        if region is not None:
-            start, end, owner = region
-            torch.cuda.cudart().cudaHostRegister(start, end - start, 0)
-            self.regions.append(region)
-            return samples
+        if region is not None and region[0] not in self.refused:
+            start, end, _mapping = region
+            cudart = torch.cuda.cudart()
+            if cudart.cudaHostRegister(start, end - start, 0) == cudart.cudaError.success:
+                self.regions.append(region)
+                return samples
+            self.refused.add(start)  # page-locking refused (a locked-memory limit?)
         sizes = [s.numel() for s in samples]
         total = sum(sizes)
         if self.staging is None or self.staging.numel() < total:

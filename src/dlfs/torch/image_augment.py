@@ -157,14 +157,14 @@ def crop_resize(images: Sequence[torch.Tensor], boxes: CropBoxes, size: int, *,
     cols, col_weight = _taps(width, size)
     cols = torch.where(boxes.flip[:, None, None], cols.flip(1), cols)
     col_weight = torch.where(boxes.flip[:, None, None], col_weight.flip(1), col_weight)
-    row_base = (top[:, None, None] + rows) * sizes[:, 1, None, None]  # [B, size, 2]: y0, y1
-    col_base = left[:, None, None] + cols                             # [B, size, 2]: x0, x1
-    pixel = (starts[:, None, None, None, None] + row_base[:, :, None, :, None]
-             + col_base[:, None, :, None, :])          # [B, size, size, 2, 2]
-    wy = row_weight.to(device)[:, :, None, :, None]
-    wx = col_weight.to(device)[:, None, :, None, :]
-    weight = (wy * wx).to(torch.float32)               # [B, size, size, 2, 2]
-    pixel = pixel.to(device)
+    # Everything so far is O(B x size) on the CPU; from here on the B x size x size
+    # tensors are made on the images' device.
+    row_base = ((top[:, None, None] + rows) * sizes[:, 1, None, None]).to(device)  # [B, size, 2]
+    col_base = (left[:, None, None] + cols).to(device)                             # [B, size, 2]
+    pixel = (starts.to(device)[:, None, None, None, None] + row_base[:, :, None, :, None]
+             + col_base[:, None, :, None, :])          # [B, size, size, 2, 2]: y0/y1 x x0/x1
+    weight = (row_weight.to(device, torch.float32)[:, :, None, :, None]
+              * col_weight.to(device, torch.float32)[:, None, :, None, :])
     plane_on_device = plane.to(device)[:, None, None, None, None]
     scale = torch.tensor([1 / (255 * s) for s in std], dtype=torch.float32, device=device)
     shift = torch.tensor([m / s for m, s in zip(mean, std)], dtype=torch.float32, device=device)
