@@ -58,14 +58,6 @@ GRPC_MODULES = ("dlfs.server.grpc", "dlfs.server.daemon", "dlfs.client.transport
 PENDING = {
     ("server layers", "dlfs.server.read.batch_planning"),  # batch limits move to the Store
     ("server layers", "dlfs.server.read.range_planning"),
-    *(("grpc", f"dlfs.client.{m}") for m in (
-        "client", "cluster.rebalance", "cluster.router", "cluster.settle",
-        "cluster.striped_ingest", "dataset", "ingest_upload", "metadata", "requests",
-        "transport.datapath_transport", "transport.direct_transport", "transport.retry",
-        "warm_calls")),  # protobuf stops at the gRPC transport
-    *(("public client", m) for m in (
-        "dlfs.cli", "dlfs.fuse.attributes", "dlfs.fuse.backend", "dlfs.fuse.extentreads",
-        "dlfs.torch", "dlfs.training.pipeline")),
 }
 
 

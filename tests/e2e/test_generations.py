@@ -94,5 +94,4 @@ def test_a_direct_reader_follows_a_replace(daemon, tmp_path):
         old = ds.info.generation
         writer.ingest(str(v1), "ds", replace=True)
         with pytest.raises(dlfs.StaleGeneration):
-            reader.transport.get_batch(pb.GetBatchRequest(dataset="ds", ids=[0],
-                                                          generation=old))
+            reader.get_batch([0], dataset="ds", generation=old)
