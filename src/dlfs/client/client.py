@@ -249,8 +249,8 @@ class Client:
 
         `archives`: directories name directories of archives.  `readers`:
         files read at once.  `resumable`: a broken-off ingest is kept on the
-        daemon for `resume=True`.  See `dlfs.staging.sources` for the file
-        selection rules, and `upload`.
+        daemon for `resume=True`.  File selection rules: `dlfs.staging.tree_walk`
+        and `dlfs.staging.tar_archive`; see also `upload`.
         """
         check_dataset_name(name)
         paths = [source] if isinstance(source, (str, os.PathLike)) else list(source)
@@ -264,7 +264,7 @@ class Client:
                progress: bool | str | None = None, replicas: int = 1,
                readers: int = READERS_DEFAULT, resumable: bool = False, resume: bool = False,
                via: str = "auto", stats: IngestStats | None = None) -> DatasetInfo:
-        """Upload a `walk_tree` report or a `dlfs.staging.sources.SourceSet` as dataset `name`.
+        """Upload a `walk_tree` report or a `dlfs.staging.source_set.SourceSet` as `name`.
 
         Several daemons: the dataset is striped over all of them, each sample
         stored on `replicas` of them (docs/cluster.md).

@@ -7,6 +7,10 @@ extent files over its Unix socket (`DataPath.open_dataset`, SCM_RIGHTS; see
 `dlfs/proto/datapath.md`).  What `DirectTransport` serves batches from, and
 what a co-located mount reads small files and checked parts of large ones
 from (`Client.extent_reader`).
+
+A little over 400 lines: one class, whose reads (batches, whole samples,
+checked parts, extent pieces for splicing) share its mapped state and the
+checks of ids, extents, CRCs and versions against it.
 """
 
 from __future__ import annotations
