@@ -55,10 +55,7 @@ GRPC_MODULES = ("dlfs.server.grpc", "dlfs.server.daemon", "dlfs.client.transport
 
 # Modules that still break a rule, while the renovation of issue 35 reaches them;
 # each entry is removed with the change that fixes it.  (rule, module)
-PENDING = {
-    ("server layers", "dlfs.server.read.batch_planning"),  # batch limits move to the Store
-    ("server layers", "dlfs.server.read.range_planning"),
-}
+PENDING: set[tuple[str, str]] = set()
 
 
 def _pending(rule: str, name: str) -> bool:
