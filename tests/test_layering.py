@@ -55,16 +55,7 @@ GRPC_MODULES = ("dlfs.server.grpc", "dlfs.server.daemon", "dlfs.client.transport
 
 # Modules that still break a rule, while the renovation of issue 35 reaches them;
 # each entry is removed with the change that fixes it.  (rule, module)
-PENDING = {
-    *(("grpc", f"dlfs.client.{m}") for m in (
-        "client", "cluster.rebalance", "cluster.router", "cluster.settle",
-        "cluster.striped_ingest", "dataset", "ingest_upload", "metadata", "requests",
-        "transport.datapath_transport", "transport.direct_transport", "transport.retry",
-        "warm_calls")),  # protobuf stops at the gRPC transport
-    *(("public client", m) for m in (
-        "dlfs.cli", "dlfs.fuse.attributes", "dlfs.fuse.backend", "dlfs.fuse.extentreads",
-        "dlfs.torch", "dlfs.training.pipeline")),
-}
+PENDING: set[tuple[str, str]] = set()
 
 
 def _pending(rule: str, name: str) -> bool:

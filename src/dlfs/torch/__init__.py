@@ -32,7 +32,7 @@ Forked workers read over the data path only: gRPC is unusable after a fork
 whether gRPC's own fork support was switched on).
 """
 
-from dlfs.client.transport.grpc_channel import FORK_SUPPORT_ENV, fork_support_enabled
+from dlfs.client import FORK_SUPPORT_ENV, fork_support_enabled
 from dlfs.torch.torch_dataset import TARGET_PARENT_DIR, BatchSource, DLFSDataset
 from dlfs.torch.readahead import ReadAhead
 from dlfs.torch.decoded_batches import DecodedBatches, DecodeStats
