@@ -282,7 +282,7 @@ class _DlfsWriter:
         from dlfs.server.store import Store
 
         self.store = Store.open(ServerConfig(data_dir=data_dir))
-        self.session = self.store.begin_ingest(name, replace=True)
+        self.session = self.store.ingests.begin(name, replace=True)
         self.dataset_id = self.session.dataset_id
         self.mtime_ns = time.time_ns()
 
@@ -291,9 +291,9 @@ class _DlfsWriter:
         self.session.write(data)
 
     def close(self) -> None:
-        self.store.commit_ingest(self.session)
+        self.store.ingests.commit(self.session)
         self.store.close()
 
     def abort(self) -> None:
-        self.store.abort_ingest(self.session, "benchmark data generation failed")
+        self.store.ingests.abort(self.session, "benchmark data generation failed")
         self.store.close()

@@ -119,12 +119,12 @@ def _build_restart_data_dir(data_dir: str, n: int, log) -> float:
     started = time.monotonic()
     store = Store.open(ServerConfig(data_dir=data_dir))
     try:
-        session = store.begin_ingest("memory")
+        session = store.ingests.begin("memory")
         mtime = time.time_ns()
         for i, path in enumerate(synthetic_paths(n)):
             session.start_file(path, 1, 0o100644, mtime)
             session.write(bytes((i & 0xFF,)))
-        store.commit_ingest(session)
+        store.ingests.commit(session)
     finally:
         store.close()
     with open(marker, "w") as f:

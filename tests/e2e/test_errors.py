@@ -114,6 +114,31 @@ def test_oversized_batch_names_the_limit(daemon_factory, tmp_path):
         assert len(client.get_batch([0, 0, 0, 0, 0], dataset="small")) == 5  # duplicates read once
 
 
+def test_both_front_doors_refuse_an_oversized_batch_with_one_message(daemon_factory, tmp_path):
+    # One set of batch limits in the daemon: the data path and gRPC give the same
+    # InvalidArgument, word for word, for too many samples, too many bytes, too long a range.
+    daemon = daemon_factory(extra_args=["--batch-ids-max", "8", "--batch-bytes-max", "100"])
+    write_tree(tmp_path / "src", {f"{i}": b"x" * 30 for i in range(10)} | {"big": b"y" * 300})
+    answers = {}
+    for data_path in (True, False):
+        with Client(daemon.address, data_path=data_path) as client:
+            if data_path:
+                client.ingest(str(tmp_path / "src"), "small")
+            ds = client.dataset("small")
+            for name, call in (("ids", lambda: ds.get_batch(list(range(9)))),
+                               ("bytes", lambda: ds.get_batch(list(range(4)))),
+                               ("range", lambda: ds.read("big", 0, 200))):
+                with pytest.raises(dlfs.InvalidArgument) as raised:
+                    call()
+                answers[name, data_path] = str(raised.value)
+    for name in ("ids", "bytes", "range"):
+        assert answers[name, True] == answers[name, False], name
+    assert "batch of 9 samples exceeds the limit of 8 (--batch-ids-max)" in answers["ids", True]
+    assert "holds 120 bytes, over the limit of 100 (--batch-bytes-max)" in answers["bytes", True]
+    assert "a range of 200 bytes is over the limit of 100 (--batch-bytes-max)" in \
+        answers["range", True]
+
+
 def test_daemon_down_is_unavailable_with_the_address(daemon):
     address = daemon.address
     daemon.stop()

@@ -19,7 +19,7 @@ from dlfs.formats import datapath_frames as frames
 from dlfs.server.read import sendfiles
 from dlfs.server.core.extents import ExtentFiles, ExtentStore
 from dlfs.server.read.batch_planning import PieceColumns
-from dlfs.server.read.read_engine import ShortRead
+from dlfs.server.read.preadv_reads import ShortRead
 from dlfs.staging.progress import human_bytes
 from dlfs.sockio import recv_exactly
 

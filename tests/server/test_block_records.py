@@ -26,7 +26,7 @@ def expected_blocks(data: bytes) -> list[int]:
 
 
 def ingest(store, name, files: dict[str, bytes], dirs=()):
-    session = store.begin_ingest(name)
+    session = store.ingests.begin(name)
     for path in dirs:
         session.add_directory(path)
     for path, data in files.items():  # arrival order differs from id order on purpose
@@ -35,7 +35,7 @@ def ingest(store, name, files: dict[str, bytes], dirs=()):
             session.write(data[i:i + 300_000])
         if not data:
             session.write(b"")
-    return store.commit_ingest(session)
+    return store.ingests.commit(session)
 
 
 FILES = {"z/large.bin": bytes(range(256)) * (3 * B // 256 + 7),
@@ -105,14 +105,14 @@ def test_a_blocks_record_that_does_not_fit_its_samples_is_ignored(tmp_path):
 def test_a_directory_that_is_a_file_or_bad_is_refused(tmp_path):
     store = open_store(tmp_path / "data")
     try:
-        session = store.begin_ingest("ds")
+        session = store.ingests.begin("ds")
         with pytest.raises(InvalidArgument):
             session.add_directory("a/../b")
         session.add_directory("f/sub")
         session.start_file("f", 1, 0o100644, 1)
         session.write(b"x")
         with pytest.raises(InvalidArgument, match="'f' occurs as a file and a directory"):
-            store.commit_ingest(session)
+            store.ingests.commit(session)
     finally:
         store.close()
 

@@ -65,7 +65,7 @@ def test_striped_dataset_survives_restart_and_compaction(tmp_path):
     store = Store.open(config)
     ingest(store, "churn", {"x": b"1"})
     ingest(store, "churn", {"x": b"2"}, replace=True)
-    session = store.begin_ingest("striped", cluster=cluster)
+    session = store.ingests.begin("striped", cluster=cluster)
     files = {f"{i:03d}": bytes([i]) * 10 for i in range(40)}
     for i, (path, data) in enumerate(sorted(files.items())):
         if i % 2 == 0:
@@ -73,7 +73,7 @@ def test_striped_dataset_survives_restart_and_compaction(tmp_path):
             session.write(data)
         else:
             session.add_remote(path, len(data), 0o100644, 1, crc32c.crc32c(data), (1,))
-    store.commit_ingest(session)
+    store.ingests.commit(session)
     store.close()
 
     config = dataclasses.replace(config, catalog_compact_dead_bytes_min=0)
@@ -84,12 +84,12 @@ def test_striped_dataset_survives_restart_and_compaction(tmp_path):
         assert dataset.holders[:, 0].tolist() == [i % 2 for i in range(40)]
         assert dataset.summary().members == ("a:1", "b:2")
         dataset.check_invariants()
-        _, plan = store.plan(dataset, ids=[0, 2, 38])
+        _, plan = store.reads.plan(dataset, ids=[0, 2, 38])
         payload = bytearray(plan.payload_bytes)
-        for start, window in store.read(dataset, plan):
+        for start, window in store.reads.read(dataset, plan):
             payload[start:start + len(window)] = window
         assert bytes(payload) == files["000"] + files["002"] + files["038"]
         with pytest.raises(FailedPrecondition, match="stored on b:2"):
-            store.plan(dataset, ids=[1])
+            store.reads.plan(dataset, ids=[1])
         assert np.all(dataset.length == 10)
         store.close()

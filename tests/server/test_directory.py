@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 
 from dlfs.errors import InvalidArgument, NotFound
 from dlfs.server.core.catalog_records import SampleBlock
-from dlfs.server.core.directory import DatasetIndex, SampleDirectory
+from dlfs.server.core.directory import DatasetIndex
+from dlfs.server.core.sealed_datasets import SampleDirectory
 
 name_part = st.text(alphabet="ab.-_ü/名", min_size=1, max_size=4).map(
     lambda s: "/".join(c for c in s.split("/") if c not in ("", ".", "..")) or "x")

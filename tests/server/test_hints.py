@@ -58,13 +58,13 @@ def test_a_cold_hint_is_advised_and_a_cached_one_skipped(tmp_path):
 
 def test_a_hint_the_full_queue_drops_is_reported_in_the_reply(tmp_path, monkeypatch):
     store = Store.open(ServerConfig(data_dir=str(tmp_path / "data")))
-    session = store.begin_ingest("ds")
+    session = store.ingests.begin("ds")
     for i in range(8):
         session.start_file(f"f{i}", 1000, 0o100644, 1)
         session.write(bytes([i]) * 1000)
-    store.commit_ingest(session)
+    store.ingests.commit(session)
     release = threading.Event()
-    monkeypatch.setattr(store._prefetcher, "_advise", lambda *_: release.wait(30))
+    monkeypatch.setattr(store.reads.prefetcher, "_advise", lambda *_: release.wait(30))
     server = DataPathServer(store, tcp_host="127.0.0.1", tcp_port=0, unix_socket="",
                             instance=b"i" * 16, connections_max=4, idle_timeout_s=30,
                             stall_timeout_s=30, buffer_bytes_max=64 << 20)
@@ -87,11 +87,11 @@ def test_a_hint_the_full_queue_drops_is_reported_in_the_reply(tmp_path, monkeypa
 
 def _ingested_store(tmp_path, **config) -> Store:
     store = Store.open(ServerConfig(data_dir=str(tmp_path / "data"), **config))
-    session = store.begin_ingest("ds")
+    session = store.ingests.begin("ds")
     for i in range(8):
         session.start_file(f"f{i}", 1000, 0o100644, 1)
         session.write(bytes([i]) * 1000)
-    store.commit_ingest(session)
+    store.ingests.commit(session)
     return store
 
 
@@ -114,7 +114,7 @@ def test_hints_sent_without_waiting_are_answered_before_the_next_read(tmp_path, 
     # meets the stalled prefetch thread's queue.
     store = _ingested_store(tmp_path, io_uring=False)
     release = threading.Event()
-    monkeypatch.setattr(store._prefetcher, "_advise", lambda *_: release.wait(30))
+    monkeypatch.setattr(store.reads.prefetcher, "_advise", lambda *_: release.wait(30))
     server = _server(store)
     data = _data_path(server)
     try:
@@ -151,14 +151,14 @@ def test_a_cached_hint_alone_is_settled_by_the_serving_thread(tmp_path, monkeypa
     if uring.for_this_thread() is None:
         pytest.skip("this kernel refuses io_uring")
     handed_on = []
-    monkeypatch.setattr(store._prefetcher, "_advise", lambda *args: handed_on.append(args))
+    monkeypatch.setattr(store.reads.prefetcher, "_advise", lambda *args: handed_on.append(args))
     server = _server(store)
     data = _data_path(server)
     try:
         data.get_batch("ds", np.arange(8))  # in the page cache now
         assert not data.get_batch("ds", np.empty(0, np.int64),
                                   hints=np.arange(8)).hints_dropped
-        assert store._prefetcher.hints_cached == 1 and handed_on == []
+        assert store.reads.prefetcher.hints_cached == 1 and handed_on == []
     finally:
         data.close()
         server.stop()

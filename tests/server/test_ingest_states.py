@@ -27,7 +27,7 @@ def extent_dirs(store) -> list[int]:
 
 
 def receive(store, name, files, replace=False):
-    session = store.begin_ingest(name, replace)
+    session = store.ingests.begin(name, replace)
     for path, data in files.items():
         session.start_file(path, len(data), 0o100644, 1)
         session.write(data)
@@ -37,21 +37,21 @@ def receive(store, name, files, replace=False):
 
 def test_two_phase_commit_publishes_only_at_commit(store):
     session = receive(store, "ds", {"a": b"alpha", "b": b"beta"})
-    assert store.ingest_state(session) is IngestState.RECEIVING
-    summary = store.prepare_ingest(session)
+    assert store.ingests.state(session) is IngestState.RECEIVING
+    summary = store.ingests.prepare(session)
     assert (summary.name, summary.samples, summary.bytes, summary.sealed) == ("ds", 2, 9, False)
-    assert store.ingest_state(session) is IngestState.PREPARED
+    assert store.ingests.state(session) is IngestState.PREPARED
     store.check_invariants()
     with pytest.raises(NotFound, match="still being ingested"):
         store.dataset("ds")
     with pytest.raises(FailedPrecondition, match="is prepared, not receiving"):
-        store.commit_ingest(session)
-    assert store.commit_prepared("ds").sealed
-    assert store.ingest_state(session) is None
+        store.ingests.commit(session)
+    assert store.ingests.commit_prepared("ds").sealed
+    assert store.ingests.state(session) is None
     store.check_invariants()
     assert read(store, store.dataset("ds"), [1, 0]) == [b"beta", b"alpha"]
     with pytest.raises(NotFound, match="no prepared ingest"):
-        store.commit_prepared("ds")
+        store.ingests.commit_prepared("ds")
 
 
 def test_a_read_of_the_generation_a_prepared_member_awaits_is_stale_not_missing(store):
@@ -61,10 +61,10 @@ def test_a_read_of_the_generation_a_prepared_member_awaits_is_stale_not_missing(
     from dlfs.server.core.directory import Cluster
 
     generation = (1 << 62) | 7
-    session = store.begin_ingest("ds", cluster=Cluster(("a:1", "b:2"), 1, 1, generation))
+    session = store.ingests.begin("ds", cluster=Cluster(("a:1", "b:2"), 1, 1, generation))
     session.start_file("f", 4, 0o100644, 1, holders=(1,))
     session.write(b"data")
-    store.prepare_ingest(session)
+    store.ingests.prepare(session)
     with pytest.raises(StaleGeneration, match="not committed on this daemon yet"):
         with store.reading("ds", generation):
             pass
@@ -74,70 +74,70 @@ def test_a_read_of_the_generation_a_prepared_member_awaits_is_stale_not_missing(
     with pytest.raises(NotFound, match="still being ingested"):
         with store.reading("ds"):
             pass
-    assert store.commit_prepared("ds", generation).sealed
+    assert store.ingests.commit_prepared("ds", generation).sealed
     with store.reading("ds", generation) as dataset:
         assert len(dataset) == 1
 
 
 def test_abort_prepared_leaves_nothing(store):
     session = receive(store, "ds", {"a": b"alpha"})
-    store.prepare_ingest(session)
-    summary = store.abort_prepared("ds")
+    store.ingests.prepare(session)
+    summary = store.ingests.abort_prepared("ds")
     assert (summary.samples, summary.sealed) == (1, False)
-    assert store.ingest_state(session) is None
+    assert store.ingests.state(session) is None
     assert extent_dirs(store) == []
     assert store.summaries() == []
     with pytest.raises(NotFound, match="no prepared ingest"):
-        store.abort_prepared("ds")
+        store.ingests.abort_prepared("ds")
 
 
 def test_a_prepared_ingest_expires(tmp_path):
     store = Store.open(ServerConfig(data_dir=str(tmp_path / "data"),
                                     prepared_ingest_timeout_s=0.05))
     session = receive(store, "ds", {"a": b"alpha"})
-    store.prepare_ingest(session)
+    store.ingests.prepare(session)
     give_up = time.monotonic() + 30
     while extent_dirs(store):  # the timer thread discards it
         assert time.monotonic() < give_up, "the prepared ingest never expired"
         time.sleep(0.01)
-    assert store.ingest_state(session) is None
+    assert store.ingests.state(session) is None
     store.check_invariants()
     with pytest.raises(NotFound, match="no prepared ingest"):
-        store.commit_prepared("ds")
+        store.ingests.commit_prepared("ds")
     assert ingest(store, "ds", {"b": b"beta"}).samples == 1  # the name is free again
     store.close()
 
 
 def test_a_failed_commit_aborts_the_ingest(store):
-    session = store.begin_ingest("ds")
+    session = store.ingests.begin("ds")
     session.start_file("a", 5, 0o100644, 1)
     session.write(b"al")
     with pytest.raises(InvalidArgument, match="the stream ended inside file 'a'"):
-        store.commit_ingest(session)
-    assert store.ingest_state(session) is None
+        store.ingests.commit(session)
+    assert store.ingests.state(session) is None
     assert extent_dirs(store) == []
-    store.abort_ingest(session, "again")  # idempotent
+    store.ingests.abort(session, "again")  # idempotent
     with pytest.raises(NotFound, match="already been sealed or aborted"):
-        store.commit_ingest(session)
+        store.ingests.commit(session)
 
 
 def test_a_running_ingest_holds_its_name(store):
     session = receive(store, "ds", {"a": b"first"})
     with pytest.raises(AlreadyExists, match="being ingested by another client"):
-        store.begin_ingest("ds", replace=True)
+        store.ingests.begin("ds", replace=True)
     assert [(s.name, s.sealed) for s in store.summaries()] == [("ds", False)]
-    store.commit_ingest(session)
+    store.ingests.commit(session)
     replacing = receive(store, "ds", {"a": b"second"}, replace=True)
     assert read(store, store.dataset("ds"), [0]) == [b"first"]  # until the replace commits
-    store.commit_ingest(replacing)
+    store.ingests.commit(replacing)
     assert read(store, store.dataset("ds"), [0]) == [b"second"]
     assert len(extent_dirs(store)) == 1
 
 
 def test_abort_after_seal_changes_nothing(store):
     session = receive(store, "ds", {"a": b"alpha"})
-    store.commit_ingest(session)
-    store.abort_ingest(session, "too late")
+    store.ingests.commit(session)
+    store.ingests.abort(session, "too late")
     assert read(store, store.dataset("ds"), [0]) == [b"alpha"]
     assert len(extent_dirs(store)) == 1
 
@@ -147,16 +147,16 @@ def test_a_closed_store_is_unavailable(tmp_path):
     ingest(store, "ds", {"a": b"alpha"})
     receiving = receive(store, "new", {"a": b"alpha"})
     prepared = receive(store, "two", {"a": b"alpha"})
-    store.prepare_ingest(prepared)
+    store.ingests.prepare(prepared)
     store.close()
-    assert store.ingest_state(receiving) is None
-    assert store.ingest_state(prepared) is IngestState.PREPARED  # durable: kept for the restart
+    assert store.ingests.state(receiving) is None
+    assert store.ingests.state(prepared) is IngestState.PREPARED  # durable: kept for the restart
     with pytest.raises(Unavailable, match="shutting down"):
-        store.begin_ingest("other")
+        store.ingests.begin("other")
     with pytest.raises(Unavailable, match="shutting down"):
-        store.commit_ingest(receiving)
+        store.ingests.commit(receiving)
     with pytest.raises(Unavailable, match="shutting down"):
-        store.commit_prepared("two")
+        store.ingests.commit_prepared("two")
     with pytest.raises(Unavailable, match="shutting down"):
         store.reading("ds")
     with pytest.raises(Unavailable, match="shutting down"):
@@ -165,6 +165,6 @@ def test_a_closed_store_is_unavailable(tmp_path):
     store = Store.open(ServerConfig(data_dir=str(tmp_path / "data")))
     assert store.directory.names() == ["ds"]  # the receiving ingest was discarded,
     assert [(i.name, i.sealed) for i in store.summaries()] == [("ds", True), ("two", False)]
-    assert store.commit_prepared("two").sealed  # the prepared one waited for its commit
+    assert store.ingests.commit_prepared("two").sealed  # the prepared one waited for its commit
     assert store.directory.names() == ["ds", "two"]
     store.close()

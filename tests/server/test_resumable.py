@@ -39,9 +39,9 @@ def read_all(store, name) -> dict[str, bytes]:
 
 def resume_and_seal(store, held: int, rest: dict[str, bytes]) -> None:
     """Resume the parked ingest of "ds" after the `held` files it holds, send `rest`, seal."""
-    session = store.resume_ingest("ds", held)
+    session = store.ingests.resume("ds", held)
     send(session, rest)
-    store.commit_ingest(session)
+    store.ingests.commit(session)
 
 
 def digest_of(files: dict[str, bytes]) -> bytes:
@@ -55,24 +55,24 @@ def test_a_broken_stream_parks_and_a_resume_continues_after_what_is_durable(tmp_
     store = Store.open(config(tmp_path))
     try:
         first, rest = files_of("a", 30), files_of("b", 20)
-        session = store.begin_ingest("ds", resumable=True)
+        session = store.ingests.begin("ds", resumable=True)
         send(session, first)
         session.start_file("b000", 5000, 0o100644, 7)  # cut off in the middle of a file
         session.write(b"x" * 100)
-        store.break_off(session, "the client went away")
-        assert store.ingest_state(session) is IngestState.PARKED
+        store.ingests.break_off(session, "the client went away")
+        assert store.ingests.state(session) is IngestState.PARKED
         store.check_invariants()
-        progress = store.ingest_progress("ds")
+        progress = store.ingests.progress("ds")
         assert (progress.state, progress.samples) == ("parked", 30)
         assert progress.digest == digest_of(first) and progress.last_path == "a029"
         with pytest.raises(NotFound, match="broke off"):
             store.dataset("ds")
         with pytest.raises(AlreadyExists, match="--resume"):
-            store.begin_ingest("ds", resumable=True)
+            store.ingests.begin("ds", resumable=True)
         with pytest.raises(ResumeConflict, match="holds 30"):
-            store.resume_ingest("ds", 29)
+            store.ingests.resume("ds", 29)
         with pytest.raises(ResumeConflict, match="other options"):
-            store.resume_ingest("ds", 30, replace=True)
+            store.ingests.resume("ds", 30, replace=True)
         resume_and_seal(store, 30, rest)
         assert read_all(store, "ds") == {**first, **rest}
     finally:
@@ -87,7 +87,7 @@ def test_a_broken_stream_parks_and_a_resume_continues_after_what_is_durable(tmp_
 def test_a_restart_brings_back_the_last_checkpoint_and_voids_what_came_after(tmp_path):
     store = Store.open(config(tmp_path, ingest_checkpoint_bytes=1 << 30))
     first = files_of("a", 40)
-    session = store.begin_ingest("ds", resumable=True)
+    session = store.ingests.begin("ds", resumable=True)
     send(session, first)
     checkpoint = session.take_checkpoint()
     send(session, files_of("z", 5))  # recorded, but never checkpointed
@@ -95,14 +95,14 @@ def test_a_restart_brings_back_the_last_checkpoint_and_voids_what_came_after(tmp
     store.close()  # a resumable ingest is left as its last checkpoint says
     store = Store.open(config(tmp_path, ingest_checkpoint_bytes=1 << 30))
     try:
-        progress = store.ingest_progress("ds")
+        progress = store.ingests.progress("ds")
         assert (progress.state, progress.samples) == ("parked", checkpoint.samples)
         assert progress.digest == checkpoint.digest
         kept = dict(list(first.items())[:checkpoint.samples])
         rest = dict(list({**first, **files_of("c", 10)}.items())[checkpoint.samples:])
-        session = store.resume_ingest("ds", checkpoint.samples)
+        session = store.ingests.resume("ds", checkpoint.samples)
         send(session, rest)
-        store.commit_ingest(session)
+        store.ingests.commit(session)
         assert read_all(store, "ds") == {**kept, **rest}
         assert "z000" not in read_all(store, "ds")
     finally:
@@ -116,17 +116,17 @@ def test_a_resume_that_breaks_off_before_its_first_file_keeps_what_was_durable(t
     nothing, and the sealed dataset then pointed past its end)."""
     store = Store.open(config(tmp_path))
     first, rest = files_of("a", 30), files_of("b", 20)
-    session = store.begin_ingest("ds", resumable=True)
+    session = store.ingests.begin("ds", resumable=True)
     send(session, first)
-    store.break_off(session, "the client went away")
+    store.ingests.break_off(session, "the client went away")
     for _ in range(2):  # resumed, and broken off again before a file arrived
-        session = store.resume_ingest("ds", 30)
-        store.break_off(session, "the client went away again")
+        session = store.ingests.resume("ds", 30)
+        store.ingests.break_off(session, "the client went away again")
     store.close()
     store = Store.open(config(tmp_path))  # and once across a restart
     try:
-        session = store.resume_ingest("ds", 30)
-        store.break_off(session, "the client went away after the restart")
+        session = store.ingests.resume("ds", 30)
+        store.ingests.break_off(session, "the client went away after the restart")
         resume_and_seal(store, 30, rest)
         assert read_all(store, "ds") == {**first, **rest}
     finally:
@@ -140,7 +140,7 @@ def test_a_checkpoint_racing_the_daemon_stopping_never_claims_dropped_bytes(tmp_
     parked files the extent no longer held, and the sealed dataset was cut)."""
     store = Store.open(config(tmp_path, ingest_checkpoint_bytes=1 << 30))
     first = files_of("a", 40)
-    session = store.begin_ingest("ds", resumable=True)
+    session = store.ingests.begin("ds", resumable=True)
     send(session, first)
     checkpoint = session.take_checkpoint()
     send(session, files_of("z", 5))  # received, not synced
@@ -152,9 +152,9 @@ def test_a_checkpoint_racing_the_daemon_stopping_never_claims_dropped_bytes(tmp_
     store.close()
     store = Store.open(config(tmp_path, ingest_checkpoint_bytes=1 << 30))
     try:
-        assert store.ingest_progress("ds").samples == checkpoint.samples == 40
-        session = store.resume_ingest("ds", 40)
-        store.commit_ingest(session)
+        assert store.ingests.progress("ds").samples == checkpoint.samples == 40
+        session = store.ingests.resume("ds", 40)
+        store.ingests.commit(session)
         assert read_all(store, "ds") == first
     finally:
         store.close()
@@ -162,16 +162,16 @@ def test_a_checkpoint_racing_the_daemon_stopping_never_claims_dropped_bytes(tmp_
 
 def test_a_resume_refuses_an_extent_shorter_than_its_checkpoint(tmp_path):
     store = Store.open(config(tmp_path))
-    session = store.begin_ingest("ds", resumable=True)
+    session = store.ingests.begin("ds", resumable=True)
     send(session, files_of("a", 10))
-    store.break_off(session, "the client went away")
+    store.ingests.break_off(session, "the client went away")
     checkpoint = session.checkpoint
     path = store.extents.extent_path(session.dataset_id, checkpoint.extent_no)
     os.truncate(path, checkpoint.extent_end - 1)  # a disk that lost synced bytes
     try:
         with pytest.raises(DataCorruption, match="dlfs rm"):
-            store.resume_ingest("ds", 10)
-        assert store.ingest_progress("ds").state == "parked"  # still there, to remove
+            store.ingests.resume("ds", 10)
+        assert store.ingests.progress("ds").state == "parked"  # still there, to remove
         store.delete("ds")
     finally:
         store.close()
@@ -181,20 +181,20 @@ def test_parked_ingests_survive_compaction_and_expire(tmp_path):
     store = Store.open(config(tmp_path, resumable_ingest_timeout_s=3600,
                               catalog_compact_dead_bytes_min=1))
     for version in range(5):  # dead records, so that the next start compacts
-        session = store.begin_ingest("churn", replace=version > 0)
+        session = store.ingests.begin("churn", replace=version > 0)
         send(session, files_of("f", 50, 100))
-        store.commit_ingest(session)
+        store.ingests.commit(session)
     files = files_of("p", 25)
-    session = store.begin_ingest("parked", resumable=True)
+    session = store.ingests.begin("parked", resumable=True)
     send(session, files)
-    store.break_off(session, "gone")
+    store.ingests.break_off(session, "gone")
     size = os.path.getsize(os.path.join(str(tmp_path / "data"), "catalog.log"))
     store.close()
     store = Store.open(config(tmp_path, resumable_ingest_timeout_s=0.3,
                               catalog_compact_dead_bytes_min=1))
     try:
         assert os.path.getsize(os.path.join(str(tmp_path / "data"), "catalog.log")) < size
-        progress = store.ingest_progress("parked")
+        progress = store.ingests.progress("parked")
         assert (progress.state, progress.samples) == ("parked", 25)
         assert [i.ingest_state for i in store.summaries() if i.name == "parked"] == ["parked"]
         for _ in range(50):
@@ -202,7 +202,7 @@ def test_parked_ingests_survive_compaction_and_expire(tmp_path):
                 break
             time.sleep(0.05)
         with pytest.raises(NotFound):
-            store.ingest_progress("parked")
+            store.ingests.progress("parked")
         assert store.extents.dataset_ids_on_disk() == [store.dataset("churn").dataset_id]
     finally:
         store.close()
@@ -213,16 +213,16 @@ def test_parked_ingests_survive_compaction_and_expire(tmp_path):
 def test_delete_discards_a_parked_ingest(tmp_path):
     store = Store.open(config(tmp_path))
     try:
-        session = store.begin_ingest("ds", resumable=True)
+        session = store.ingests.begin("ds", resumable=True)
         send(session, files_of("a", 10))
-        store.break_off(session, "gone")
+        store.ingests.break_off(session, "gone")
         summary = store.delete("ds")
         assert (summary.samples, summary.sealed) == (10, False)
         assert store.extents.dataset_ids_on_disk() == []
         with pytest.raises(NotFound):
-            store.ingest_progress("ds")
-        session = store.begin_ingest("ds")  # the name is free
-        store.abort_ingest(session, "done")
+            store.ingests.progress("ds")
+        session = store.ingests.begin("ds")  # the name is free
+        store.ingests.abort(session, "done")
     finally:
         store.close()
 
@@ -230,10 +230,10 @@ def test_delete_discards_a_parked_ingest(tmp_path):
 def test_a_non_resumable_ingest_still_leaves_nothing(tmp_path):
     store = Store.open(config(tmp_path))
     try:
-        session = store.begin_ingest("ds")
+        session = store.ingests.begin("ds")
         send(session, files_of("a", 10))
-        store.break_off(session, "gone")
-        assert store.ingest_state(session) is None
+        store.ingests.break_off(session, "gone")
+        assert store.ingests.state(session) is None
         assert store.extents.dataset_ids_on_disk() == []
     finally:
         store.close()

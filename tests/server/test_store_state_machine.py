@@ -32,13 +32,13 @@ class StoreMachine(RuleBasedStateMachine):
         self.model: dict[str, dict[str, bytes]] = {}
 
     def ingest(self, name, tree, replace=False):
-        session = self.store.begin_ingest(name, replace)
+        session = self.store.ingests.begin(name, replace)
         for path in sorted(tree, reverse=True):  # arrival order differs from id order
             data = tree[path]
             session.start_file(path, len(data), 0o100644, 1)
             for start in range(0, len(data), 100):
                 session.write(data[start:start + 100])
-        self.store.commit_ingest(session)
+        self.store.ingests.commit(session)
 
     @rule(name=names, tree=trees)
     def ingest_new(self, name, tree):
@@ -65,11 +65,11 @@ class StoreMachine(RuleBasedStateMachine):
     def abort_midway(self, name, tree, keep):
         if name in self.model:
             return
-        session = self.store.begin_ingest(name)
+        session = self.store.ingests.begin(name)
         for path in sorted(tree)[:keep]:
             session.start_file(path, len(tree[path]), 0o100644, 1)
             session.write(tree[path])
-        self.store.abort_ingest(session, "test")
+        self.store.ingests.abort(session, "test")
 
     @rule()
     def restart(self):
@@ -84,9 +84,9 @@ class StoreMachine(RuleBasedStateMachine):
         paths = sorted(tree)
         ids = data.draw(st.lists(st.integers(0, len(paths) - 1), max_size=30))
         dataset = self.store.dataset(name)
-        _, plan = self.store.plan(dataset, ids=ids)
+        _, plan = self.store.reads.plan(dataset, ids=ids)
         payload = bytearray(plan.payload_bytes)
-        for start, window in self.store.read(dataset, plan):
+        for start, window in self.store.reads.read(dataset, plan):
             payload[start:start + len(window)] = window
         got = [bytes(payload[o:o + n]) for o, n in zip(plan.request_offsets.tolist(),
                                                           plan.request_lengths.tolist())]

@@ -17,9 +17,12 @@ import time
 from dlfs import limits
 from dlfs.client import Client
 from dlfs.errors import DlfsError, InvalidArgument
+from dlfs.staging.duplicates import Duplicates
 from dlfs.staging.progress import IngestStats, human_bytes
 from dlfs.staging.read_pool import READERS_DEFAULT
-from dlfs.staging.sources import SKIP_KINDS, SourceSet, is_archive_name, open_sources
+from dlfs.staging.source_files import SKIP_KINDS
+from dlfs.staging.source_set import SourceSet, open_sources
+from dlfs.staging.tar_archive import is_archive_name
 
 # The exit status of a command ended by SIGINT (128 + 2), as shells report it.
 EXIT_INTERRUPTED = 130
@@ -158,17 +161,12 @@ def interrupted(client: Client, args, name: str) -> str:
 def _dry_run(sources: SourceSet, name: str) -> int:
     """List what an ingest of `sources` would take and skip, without a daemon."""
     sources.scan()
-    first_source: dict[str, str] | None = {} if sources.needs_duplicate_check else None
+    duplicates = Duplicates() if sources.needs_duplicate_check else None
     files = total = 0
     out = sys.stdout
     for file in sources.entries():
-        if first_source is not None:
-            first = first_source.setdefault(file.path, file.source)
-            if first is not file.source:
-                raise InvalidArgument(
-                    f"two entries would both become sample {file.path!r}: {first} and "
-                    f"{file.source}; paths must be unique across the archives and trees of one "
-                    "ingest")
+        if duplicates is not None:
+            duplicates.check(file)
         files += 1
         total += file.size
         out.write(f"take\t{file.path}\t{file.size}\n")

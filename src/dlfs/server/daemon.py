@@ -57,7 +57,7 @@ class Daemon:
         self.servicer = DlfsServicer(store, self.data_path_info, authorizer)
         _add_servicer(self.servicer, self.server)
         self.decisions = DecisionClient(config)
-        store.decisions = self.decisions
+        store.ingests.decisions = self.decisions
         self.health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         self.address = ""

@@ -156,15 +156,15 @@ def ingest_demo(store) -> None:
 
     if store.directory.find(DEMO_DATASET) is not None:
         return
-    session = store.begin_ingest(DEMO_DATASET)
+    session = store.ingests.begin(DEMO_DATASET)
     try:
         for path, data in demo_files():
             session.start_file(path, len(data), 0o100644, session.created_ns)
             session.write(data)
     except BaseException as exc:
-        store.abort_ingest(session, str(exc))
+        store.ingests.abort(session, str(exc))
         raise
-    summary = store.commit_ingest(session)  # aborts the ingest itself when it fails
+    summary = store.ingests.commit(session)  # aborts the ingest itself when it fails
     log.info("created dataset %r: %d samples, %d bytes", summary.name, summary.samples,
              summary.bytes)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Callable, TypeVar
+
 import grpc
 
 from dlfs.logs import REQUEST_ID_METADATA
@@ -23,12 +25,24 @@ _NOT_HTTP2 = "Failed parsing HTTP/2"
 _NO_SUCH_METHOD = "Method not found"
 
 
-def not_a_daemon(address: str, details: str) -> InvalidArgument:
-    """The error for an address whose server is not a DLFS daemon's gRPC port: not
-    retried, since asking again cannot help."""
-    del details  # gRPC's words ("Failed parsing HTTP/2 ...") would only blur the point
+def not_a_daemon(address: str) -> InvalidArgument:
+    """The error for an address whose server is not a DLFS daemon's gRPC port (gRPC's own
+    words, "Failed parsing HTTP/2 ...", would only blur the point): not retried, since
+    asking again cannot help."""
     return InvalidArgument(f"{address} is not a DLFS daemon (is it the data-path or metrics "
                            "port?)")
+
+
+T = TypeVar("T")
+
+
+def typed(call: Callable[[], T], address: str) -> T:
+    """`call()` (one gRPC call to the daemon at `address`), its failure raised as the
+    typed DlfsError (`from_rpc_error`)."""
+    try:
+        return call()
+    except grpc.RpcError as exc:
+        raise from_rpc_error(exc, address) from None
 
 
 def from_rpc_error(exc: grpc.RpcError, address: str) -> DlfsError:
@@ -43,7 +57,7 @@ def from_rpc_error(exc: grpc.RpcError, address: str) -> DlfsError:
     details = (exc.details() if hasattr(exc, "details") else None) or str(exc)
     if (code == grpc.StatusCode.UNAVAILABLE and _NOT_HTTP2 in details) or \
             (code == grpc.StatusCode.UNIMPLEMENTED and _NO_SUCH_METHOD in details):
-        return not_a_daemon(address, details)
+        return not_a_daemon(address)
     if code == grpc.StatusCode.UNAVAILABLE:
         return Unavailable(f"DLFS daemon at {address} is unavailable ({details}); is "
                            "dlfs-server running there?")

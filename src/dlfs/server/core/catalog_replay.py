@@ -17,7 +17,8 @@ import logging
 from dlfs import limits
 from dlfs.server.core import catalog as cat
 from dlfs.server.core import catalog_records as records
-from dlfs.server.core.directory import Cluster, DatasetIndex, SampleDirectory
+from dlfs.server.core.directory import Cluster, DatasetIndex
+from dlfs.server.core.sealed_datasets import SampleDirectory
 from dlfs.server.core.extents import ExtentStore
 from dlfs.server.core.checkpoints import (
     Checkpoint,

@@ -8,7 +8,8 @@ mtime).  Sample ids are the positions of the paths in sorted order, so a
 batch of ids resolves to locations with one fancy index per array.
 
 A sealed dataset never changes, so readers need no locks; `SampleDirectory`
-maps names to datasets and swaps whole datasets in and out under a lock.
+(sealed_datasets.py) maps names to datasets and swaps whole datasets in
+and out under a lock.
 
 Memory per sample: 36 bytes of arrays, 4 of `file_ids`, 12 of the
 id -> (parent, name) maps, plus the name string and its SortedDict slot (no
@@ -20,7 +21,6 @@ from __future__ import annotations
 import array
 import dataclasses
 import stat as stat_module
-import threading
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -410,43 +410,3 @@ class DatasetIndex:
 
 def child_path(parent: str, name: str) -> str:
     return f"{parent}/{name}" if parent else name
-
-
-class SampleDirectory:
-    """All sealed datasets by name.  Thread-safe; datasets themselves are immutable."""
-
-    def __init__(self):
-        self._lock = threading.Lock()
-        self._datasets: dict[str, DatasetIndex] = {}
-
-    def get(self, name: str) -> DatasetIndex:
-        """The dataset named `name`.  O(1).  Raises NotFound naming it."""
-        dataset = self._datasets.get(name)
-        if dataset is None:
-            raise NotFound(f"no dataset named {name!r}; `dlfs datasets` lists the existing ones")
-        return dataset
-
-    def find(self, name: str) -> DatasetIndex | None:
-        return self._datasets.get(name)
-
-    def names(self) -> list[str]:
-        with self._lock:
-            return sorted(self._datasets)
-
-    def all(self) -> list[DatasetIndex]:
-        with self._lock:
-            return [self._datasets[name] for name in sorted(self._datasets)]
-
-    def publish(self, dataset: DatasetIndex) -> DatasetIndex | None:
-        """Make `dataset` visible under its name; return the one it replaced."""
-        with self._lock:
-            previous = self._datasets.get(dataset.name)
-            self._datasets[dataset.name] = dataset
-            return previous
-
-    def remove(self, name: str) -> DatasetIndex:
-        with self._lock:
-            dataset = self._datasets.pop(name, None)
-        if dataset is None:
-            raise NotFound(f"no dataset named {name!r}; `dlfs datasets` lists the existing ones")
-        return dataset

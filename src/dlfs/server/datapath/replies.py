@@ -1,10 +1,11 @@
 """Replies of the data path: a batch, a range, a dataset's descriptors, its version.
 
 Each function answers one parsed request on a connection (`DataConnection`
-in `conn_handler`): it checks the request against the dataset and the daemon's
-limits, sends the reply's header, then its payload window by window, read
-by the read engine into a window buffer from the server's pool and sent
-with one `sendmsg` each.  A `DlfsError` raised before or during the
+in `conn_handler`): it checks the request against the dataset and the
+daemon's limits (the Store's `batch_limits`, as gRPC's planning does: the
+same error and message), sends the reply's header, then its payload window
+by window, read by the read engine into a window buffer from the server's
+pool and sent with one `sendmsg` each.  A `DlfsError` raised before or during the
 payload propagates: the connection answers it with an ERROR frame (in
 place of the remaining DATA frames).  Nothing here imports grpc.
 """
@@ -20,8 +21,8 @@ import numpy as np
 
 from dlfs import limits
 from dlfs.formats import datapath_frames as frames
-from dlfs.errors import InvalidArgument, PermissionDenied
-from dlfs.server.read import range_planning, sendfiles
+from dlfs.errors import PermissionDenied
+from dlfs.server.read import sendfiles
 from dlfs.server.read.batch_planning import RequestOrder
 
 
@@ -29,28 +30,22 @@ def batch(connection, request: frames.BatchRequest) -> None:
     """GET_BATCH: BATCH (lengths and CRC32Cs), then the samples in request order."""
     store = connection.store
     started = time.perf_counter()
-    config = store.config
-    if request.ids.size > config.batch_ids_max:
-        raise InvalidArgument(
-            f"batch of {request.ids.size} samples exceeds the limit of "
-            f"{config.batch_ids_max} (--batch-ids-max); split it into smaller batches")
+    # The daemon's one set of batch limits, as gRPC's plan meets them: the same error.
+    store.batch_limits.check_count(request.ids.size)
     with store.reading(request.dataset, request.generation,
                        first_read=bool(request.ids.size)) as dataset:
         ids = dataset.check_ids(request.ids)
         dataset.check_local(ids)
         lengths = dataset.length[ids]
-        payload = int(lengths.sum())
-        if payload > config.batch_bytes_max:
-            raise InvalidArgument(
-                f"batch of {ids.size} samples holds {payload} bytes, over the limit of "
-                f"{config.batch_bytes_max} (--batch-bytes-max); split it into smaller batches")
+        payload = int(lengths.sum())  # a duplicate id is sent each time: it counts each time
+        store.batch_limits.check_payload(ids.size, payload)
         flags = frames.BATCH_CRCS
-        if request.hints.size and not store.hint_ids(dataset, request.hints,
-                                                     alone=not ids.size):
+        if request.hints.size and not store.reads.hint_ids(dataset, request.hints,
+                                                           alone=not ids.size):
             flags |= frames.BATCH_HINTS_DROPPED
         order = RequestOrder(dataset.extent[ids], dataset.offset[ids], lengths)
         header = frames.batch_header(dataset.generation, lengths, dataset.crc[ids], flags)
-        send_reply(connection, dataset, header, order, lambda: store.count_served(
+        send_reply(connection, dataset, header, order, lambda: store.reads.count_served(
             "DataBatch", ids.size, payload, started))
 
 
@@ -63,16 +58,15 @@ def byte_range(connection, request: frames.RangeRequest) -> None:
     started = time.perf_counter()
     with store.reading(request.dataset, request.generation) as dataset:
         sample_id = int(dataset.check_ids(np.array([request.sample_id]))[0])
-        read = range_planning.plan_range(dataset, sample_id, request.offset, request.length,
-                                    store.config,
-                                    blocks=bool(request.flags & frames.RANGE_BLOCKS))
+        read = store.reads.plan_range(dataset, sample_id, request.offset, request.length,
+                                      blocks=bool(request.flags & frames.RANGE_BLOCKS))
         flags = (frames.BATCH_CRCS if read.checkable else 0) | \
             (frames.BATCH_BLOCKS if read.blocks else 0)
         header = frames.batch_header(dataset.generation, read.lengths, read.crcs, flags,
                                        (read.skip, read.length) if read.blocks else None)
         plan = read.plan
         order = RequestOrder(plan.range_extent, plan.range_file_offset, plan.range_length)
-        send_reply(connection, dataset, header, order, lambda: store.count_served(
+        send_reply(connection, dataset, header, order, lambda: store.reads.count_served(
             "DataRange", 1, plan.payload_bytes, started))
 
 
@@ -88,7 +82,7 @@ def open_dataset(connection, name: str, generation: int) -> None:
     check_local_peer(connection.sock, connection.server.authorizer is not None)
     store = connection.store
     with store.reading(name, generation) as dataset, \
-            store.extent_descriptors(dataset) as descriptors:
+            store.reads.extent_descriptors(dataset) as descriptors:
         extent_nos = np.array([e for e, _ in descriptors], dtype=np.uint32)
         connection.send([frames.index_header(dataset.generation, len(dataset), extent_nos)])
         step = limits.datapath_fds_per_frame_max
@@ -140,25 +134,25 @@ def send_reply(connection, dataset, header: list, order: RequestOrder, count) ->
     connection.send(header)
     store = connection.store
     # Large cached samples straight from the page cache: no copy in the daemon.
-    by_sendfile = store.sendfile
+    by_sendfile = store.reads.sendfile
     advised = 0  # payload bytes below this were asked of the device ahead of their window
     with connection.server.buffers.take() as buffer:
         for k, (start, stop) in enumerate(windows):
             pieces = order.pieces(start, stop)
             last = k == len(windows) - 1
-            if by_sendfile and sendfiles.worth(pieces) and store.send_cached(
+            if by_sendfile and sendfiles.worth(pieces) and store.reads.send_cached(
                     dataset, pieces, connection.sock, frames.data_frame(stop - start),
                     before=count if last else None):
                 continue
             window = buffer[:stop - start]
-            missed = store.read_into(dataset, pieces, window)
+            missed = store.reads.read_into(dataset, pieces, window)
             if missed and stop < order.payload_bytes:
                 # A cold reply: keep the device busy with the next windows while this
                 # one is sent, instead of asking for each only when its turn comes.
                 first = max(advised, stop)
                 ahead = min(order.payload_bytes, stop + limits.datapath_advise_ahead_bytes)
                 if ahead > first:
-                    store.advise(dataset, order.pieces(first, ahead))
+                    store.reads.advise(dataset, order.pieces(first, ahead))
                     advised = ahead
             if last:
                 count()

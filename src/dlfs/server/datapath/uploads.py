@@ -92,10 +92,10 @@ def ingest(connection, request: frames.IngestStartRequest) -> None:
     resume = bool(request.flags & frames.INGEST_RESUME)
     replace = bool(request.flags & frames.INGEST_REPLACE)
     if resume:
-        session = store.resume_ingest(request.dataset, request.resume_from, replace)
+        session = store.ingests.resume(request.dataset, request.resume_from, replace)
     else:
-        session = store.begin_ingest(request.dataset, replace,
-                                     resumable=bool(request.flags & frames.INGEST_RESUMABLE))
+        session = store.ingests.begin(request.dataset, replace,
+                                      resumable=bool(request.flags & frames.INGEST_RESUMABLE))
     connection.sock.settimeout(connection.server.idle_timeout_s)
     try:  # TCP: room for a long one-way stream (a Unix socket counts the sender's buffer)
         connection.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, _BUFFER_BYTES // 2)
@@ -106,7 +106,7 @@ def ingest(connection, request: frames.IngestStartRequest) -> None:
         connection.send([frames.ingest_ready(session.samples)])
         info = _receive(reader, session, store)
     except BaseException as exc:
-        store.break_off(session, f"{type(exc).__name__}: {exc}")
+        store.ingests.break_off(session, f"{type(exc).__name__}: {exc}")
         if isinstance(exc, DlfsError):
             connection.fail(frames.Kind.INGEST_START, exc)
             _drain(reader)
@@ -152,7 +152,7 @@ def _receive(reader: FrameReader, session, store):
                 raise InvalidArgument(
                     f"the ingest ended claiming {claimed[0]} files and {claimed[1]} bytes but "
                     f"carried {files} files and {data_bytes} bytes; nothing was kept")
-            return store.commit_ingest(session)
+            return store.ingests.commit(session)
         elif kind == 0:
             raise Cancelled("the ingest connection closed before its end (the client went "
                             "away or was cut off)")

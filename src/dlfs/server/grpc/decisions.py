@@ -3,8 +3,9 @@
 The client commits a striped ingest on its first member before the others,
 so that member's SEAL is the decision (see `dlfs.client.cluster.striped_ingest`).  A member
 that is left prepared (it restarted, or the client died between commits)
-asks the first member with GetIngestOutcome, as `Store.decisions`, and
-commits or aborts accordingly (`Store._learn_outcome`).
+asks the first member with GetIngestOutcome, as `IngestMachine.decisions`
+(the daemon sets `store.ingests.decisions`), and commits or aborts
+accordingly (`IngestMachine._learn_outcome`).
 
 The call uses the daemon's own credentials: the first token of its tokens
 file (members of one cluster share one), and when it serves TLS, its own
@@ -34,7 +35,7 @@ class DecisionClient:
     """`(name, generation, address) -> "committed" | "aborted" | None` over gRPC.
 
     None: no decision yet, or the first member cannot be asked now (logged);
-    the Store asks again later.  One channel per member address, kept.
+    the ingest machine asks again later.  One channel per member address, kept.
     Thread-safe.
     """
 

@@ -112,11 +112,11 @@ class DlfsServicer(dlfs_pb2_grpc.DlfsServicer):
         """The read plan of a GetBatchRequest; its prefetch ids are hinted on the way."""
         ids = messages.ids_array(request.ids) if request.ids else None
         paths = list(request.paths) if request.paths else None
-        _checked, plan = self.store.plan(dataset, ids=ids, paths=paths)
+        _checked, plan = self.store.reads.plan(dataset, ids=ids, paths=paths)
         if request.prefetch_ids:
-            _, hint = self.store.plan(dataset, ids=messages.ids_array(request.prefetch_ids))
+            _, hint = self.store.reads.plan(dataset, ids=messages.ids_array(request.prefetch_ids))
             try:
-                self.store.hint(dataset, hint)
+                self.store.reads.hint(dataset, hint)
             except Overloaded:
                 pass  # a hint that cannot be queued is dropped: it only costs speed
         return plan
@@ -125,8 +125,8 @@ class DlfsServicer(dlfs_pb2_grpc.DlfsServicer):
         dataset = self.store.dataset(request.dataset)
         ids = messages.ids_array(request.ids) if request.ids else None
         paths = list(request.paths) if request.paths else None
-        _checked, plan = self.store.plan(dataset, ids=ids, paths=paths)
-        self.store.hint(dataset, plan)
+        _checked, plan = self.store.reads.plan(dataset, ids=ids, paths=paths)
+        self.store.reads.hint(dataset, plan)
         return pb.PrefetchReply(ranges=plan.ranges, bytes=plan.payload_bytes)
 
     def ReadRange(self, request, context):
@@ -135,16 +135,17 @@ class DlfsServicer(dlfs_pb2_grpc.DlfsServicer):
             raise InvalidArgument("give either a sample id or a path, not both")
         with self.store.reading(request.dataset, request.generation) as dataset:
             sample_id = dataset.id_of(request.path) if request.path else request.id
-            read = self.store.plan_range(dataset, sample_id, request.offset, request.length)
+            read = self.store.reads.plan_range(dataset, sample_id, request.offset, request.length)
             # Verified here: the whole sample, or each block the range touches.
-            windows = self.store.read_range(dataset, read, verify=not request.skip_verify,
-                                            deadline=_deadline(context))
+            windows = self.store.reads.read_range(dataset, read,
+                                                  verify=not request.skip_verify,
+                                                  deadline=_deadline(context))
             one = np.array([read.length], np.uint64)
             yield from self._send(windows, read.length, one * 0, one, context)
-        self.store.count_served("ReadRange", 1, read.length, started)
+        self.store.reads.count_served("ReadRange", 1, read.length, started)
 
     def _count(self, method: str, plan, started: float) -> None:
-        self.store.count_read(method, plan, time.perf_counter() - started)
+        self.store.reads.count_read(method, plan, time.perf_counter() - started)
 
     def Warm(self, request, context):
         store = self.store
@@ -170,7 +171,7 @@ class DlfsServicer(dlfs_pb2_grpc.DlfsServicer):
     def _stream(self, dataset, plan, verify: bool, context):
         """Send a plan's payload as pre-encoded BatchChunks (see dlfs.formats.grpc_chunks); the
         first carries the offsets and lengths."""
-        windows = self.store.read(dataset, plan, verify=verify, deadline=_deadline(context))
+        windows = self.store.reads.read(dataset, plan, verify=verify, deadline=_deadline(context))
         return self._send(windows, plan.payload_bytes, plan.request_offsets,
                           plan.request_lengths, context)
 
@@ -207,7 +208,7 @@ class DlfsServicer(dlfs_pb2_grpc.DlfsServicer):
 
     def Scrub(self, request, context):
         with self.store.reading(request.dataset) as dataset:
-            for checked, checked_bytes, bad in self.store.scrub(dataset):
+            for checked, checked_bytes, bad in self.store.reads.scrub(dataset):
                 if not context.is_active():
                     raise Cancelled("the client cancelled the scrub")
                 yield pb.ScrubProgress(
@@ -233,12 +234,12 @@ class DlfsServicer(dlfs_pb2_grpc.DlfsServicer):
                         raise InvalidArgument("the first ingest message must carry `start`")
                     start = message.start
                     if start.resume:
-                        session = self.store.resume_ingest(start.dataset, start.resume_from,
-                                                           start.replace, messages.cluster(start))
+                        session = self.store.ingests.resume(start.dataset, start.resume_from,
+                                                            start.replace, messages.cluster(start))
                     else:
-                        session = self.store.begin_ingest(start.dataset, start.replace,
-                                                          messages.cluster(start),
-                                                          resumable=start.resumable)
+                        session = self.store.ingests.begin(start.dataset, start.replace,
+                                                           messages.cluster(start),
+                                                           resumable=start.resumable)
                 elif message.HasField("start"):
                     raise InvalidArgument("`start` may only appear in the first ingest message")
                 for piece in message.pieces:
@@ -280,11 +281,11 @@ class DlfsServicer(dlfs_pb2_grpc.DlfsServicer):
                     f"the ingest stream ended claiming {end.files} files and {end.bytes} bytes "
                     f"but carried {files} files and {data_bytes} bytes; nothing was kept")
             if start.prepare_only:
-                return messages.dataset_info(self.store.prepare_ingest(session))
-            return messages.dataset_info(self.store.commit_ingest(session))
+                return messages.dataset_info(self.store.ingests.prepare(session))
+            return messages.dataset_info(self.store.ingests.commit(session))
         except BaseException as exc:
             if session is not None:  # a resumable ingest is parked, any other discarded
-                self.store.break_off(session, f"{type(exc).__name__}: {exc}")
+                self.store.ingests.break_off(session, f"{type(exc).__name__}: {exc}")
             if isinstance(exc, grpc.RpcError) and not context.is_active():
                 kept = "it is parked for a resume" if session and session.resumable else \
                     "nothing was kept"
@@ -292,14 +293,14 @@ class DlfsServicer(dlfs_pb2_grpc.DlfsServicer):
             raise
 
     def GetIngestProgress(self, request, context):
-        return messages.ingest_progress(self.store.ingest_progress(request.dataset))
+        return messages.ingest_progress(self.store.ingests.progress(request.dataset))
 
     def CommitIngest(self, request, context):
-        return messages.dataset_info(self.store.commit_prepared(request.dataset,
-                                                               request.generation))
+        return messages.dataset_info(self.store.ingests.commit_prepared(request.dataset,
+                                                                        request.generation))
 
     def GetIngestOutcome(self, request, context):
-        state = self.store.ingest_outcome(request.dataset, request.generation)
+        state = self.store.ingests.outcome(request.dataset, request.generation)
         return pb.IngestOutcome(state=_OUTCOME_STATES[state])
 
     def _copy_kept(self, session, start, piece) -> None:
@@ -316,12 +317,12 @@ class DlfsServicer(dlfs_pb2_grpc.DlfsServicer):
                     f"{replaced.name!r} (size or CRC32C); send its bytes instead")
             session.start_file(piece.path, piece.size, piece.mode, piece.mtime_ns,
                                tuple(piece.holders))
-            for window in self.store.read_sample(replaced, sample_id):
+            for window in self.store.reads.read_sample(replaced, sample_id):
                 session.write(window)
         session.check_last_crc(piece.crc32c)
 
     def AbortIngest(self, request, context):
-        return messages.dataset_info(self.store.abort_prepared(request.dataset))
+        return messages.dataset_info(self.store.ingests.abort_prepared(request.dataset))
 
     def DeleteDataset(self, request, context):
         return messages.dataset_info(self.store.delete(request.dataset))

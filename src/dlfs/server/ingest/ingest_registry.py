@@ -10,7 +10,7 @@
 RECEIVING: files arrive on the Ingest stream.  PREPARED (two-phase ingests
 of striped datasets): everything is durable and checked (a restart finds it
 prepared again), the dataset waits for CommitIngest or AbortIngest, or, when
-its timer fires, for what the Store decides (store_ingests.py, `_expire`); a
+its timer fires, for what the daemon decides (ingest_machine.py, `_expire`); a
 prepared ingest, resumable or not, is the two-phase commit's to decide and is
 never resumed (a resuming client finds it prepared and commits it).
 PARKED (resumable ingests, checkpoints.py): what arrived is durable up to a
@@ -19,10 +19,11 @@ the daemon's --resumable-ingest-timeout-s.  SEALED (published) and ABORTED
 (discarded) are final: the registry then forgets the session, so its name
 is free for the next ingest.
 
-`IngestRegistry.move` is the only code that changes a state.  The Store
-calls it under its own lock and performs what a transition means (catalog
-records, publishing, removing extents); the registry only keeps the states,
-the index a prepared ingest built, and the timer that expires it.
+`IngestRegistry.move` is the only code that changes a state.  The
+`IngestMachine` (ingest_machine.py) calls it under its lock and performs
+what a transition means (catalog records, publishing, removing extents);
+the registry only keeps the states, the index a prepared ingest built,
+and the timer that expires it.
 Nothing here imports grpc.
 """
 
@@ -72,7 +73,7 @@ class _Entry:
 class IngestRegistry:
     """Running ingests (RECEIVING or PREPARED) by dataset name.
 
-    Not thread-safe: the Store calls every method under its lock.
+    Not thread-safe: the IngestMachine calls every method under its lock.
     `expire(session)` is called on a timer thread when a prepared ingest
     has waited its timeout (`move`, `rearm`), or a parked one
     `parked_timeout_s`; it must take that lock and check the state again (a
@@ -120,7 +121,7 @@ class IngestRegistry:
 
     def add(self, session: IngestSession) -> None:
         """Register a new session as RECEIVING (its name must be free)."""
-        assert session.name not in self._by_name, "the Store checks the name first"
+        assert session.name not in self._by_name, "the IngestMachine checks the name first"
         self._by_name[session.name] = _Entry(session, IngestState.RECEIVING)
 
     def state(self, session: IngestSession) -> IngestState | None:
@@ -182,7 +183,7 @@ class IngestRegistry:
         self._start_timer(entry, timeout_s)
 
     def stop_timers(self) -> None:
-        """Cancel every expiry timer (the Store is closing; prepared and parked ingests
+        """Cancel every expiry timer (the daemon is closing; prepared and parked ingests
         stay on disk)."""
         for entry in self._by_name.values():
             if entry.timer is not None:

@@ -7,10 +7,11 @@ accumulate (unsynced: an unsealed dataset is discarded at restart anyway);
 checks the directory tree; `discard` writes DELETE and removes the extents.
 A resumable session also checkpoints (checkpoints.py): every so many bytes
 or seconds, when `park`ed (its stream broke off) and when it is resumed.
-The Store owns the ingest's state (ingest_registry.py), writes BEGIN and
-SEAL, and decides when to finish or discard: a session holds no reference
-to the Store; it gets the catalog and the ExtentWriter it writes to and
-returns what it built.
+The `IngestMachine` (ingest_machine.py) owns the ingest's state, writes
+BEGIN and SEAL, and decides when to finish or discard: a session holds no
+reference to it; it gets the catalog and the ExtentWriter it writes to and
+returns what it built.  A prepared ingest found at restart is a
+`RecoveredIngest` (recovered_ingest.py).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from dlfs.server.core import catalog_records as records
 from dlfs.server.core.directory import Cluster, DatasetIndex
 from dlfs.server.core.extents import ExtentStore, ExtentWriter
 from dlfs.server.core.checkpoints import Checkpoint, encode_checkpoint
+from dlfs.server.ingest.recovered_ingest import discard_dataset
 from dlfs.types import DatasetInfo
 
 log = logging.getLogger(__name__)
@@ -57,12 +59,12 @@ class _OpenFile:
 
 
 class IngestSession:
-    """Receives one dataset's files; create with `Store.begin_ingest`.
+    """Receives one dataset's files; create with `IngestMachine.begin`.
 
     Call `start_file`, then `write` until the announced size is reached
     (the file ends itself then; `check_last_crc` compares the client's
-    CRC), repeat, then hand the session to `Store.commit_ingest` (or
-    `prepare_ingest`, or `abort_ingest`).  One stream drives one session;
+    CRC), repeat, then hand the session to `IngestMachine.commit` (or
+    `prepare`, or `abort`).  One stream drives one session;
     the one call from another thread is the stopping daemon's `close_writer`
     (or `discard`), which waits for the write or checkpoint under way and
     makes every later one raise Unavailable.
@@ -301,8 +303,8 @@ class IngestSession:
         Cost: an fsync of the open extent and its directory, one catalog
         append, and the index build (O(n log n) for n samples).  Call it
         once.  Raises InvalidArgument on an unfinished file, a duplicate
-        path or a file/directory conflict, StorageFull (the Store aborts
-        the ingest then).
+        path or a file/directory conflict, StorageFull (the IngestMachine
+        aborts the ingest then).
         """
         if self._file is not None:
             raise InvalidArgument(
@@ -404,62 +406,6 @@ class IngestSession:
                 f"the daemon is stopping: the ingest of dataset {self.name!r} ends here (a "
                 "resumable ingest keeps its last checkpoint: `dlfs ingest --resume` once the "
                 "daemon is back; any other ingest again)")
-
-
-class RecoveredIngest:
-    """A two-phase ingest that a restart found prepared in the catalog.
-
-    Its data and records are durable; the Store registers it PREPARED with
-    the index replay built, and it then waits for CommitIngest, AbortIngest
-    or the decision of its dataset's first member, as a prepared
-    `IngestSession` does.  `name`, `dataset_id`, `created_ns`, `replace` and
-    `cluster` as there.
-    """
-
-    def __init__(self, index: DatasetIndex, replace: bool, catalog: cat.Catalog,
-                 extents: ExtentStore):
-        self.name = index.name
-        self.dataset_id = index.dataset_id
-        self.created_ns = index.created_ns
-        self.replace = replace
-        self.cluster = index.cluster
-        self._samples = len(index)
-        self._bytes = index.total_bytes
-        self._catalog = catalog
-        self._extents = extents
-
-    def summary(self) -> DatasetInfo:
-        return DatasetInfo(self.name, self._samples, self._bytes, False, self.created_ns, 0)
-
-    def discard(self) -> None:
-        """A DELETE record, then the extents.  Never raises (see `discard_dataset`)."""
-        discard_dataset(self._catalog, lambda: self._extents.remove_dataset(self.dataset_id),
-                        self.name, self.dataset_id)
-
-
-def discard_dataset(catalog: cat.Catalog, remove_extents, name: str, dataset_id: int,
-                    sync: bool = False) -> None:
-    """Record that an unpublished dataset is gone (`sync`: durably), then remove its
-    extents.  Never raises.
-
-    The extents stay when the catalog has failed (see Catalog.append): a
-    SEAL of this dataset may have reached the disk, and only the restart's
-    replay can tell; it removes them if not.  Extents that cannot be removed
-    now are removed by that replay too.
-    """
-    try:
-        catalog.append(records.RecordType.DELETE, records.encode_delete(dataset_id), sync=sync)
-    except Exception:  # noqa: BLE001 - replay discards an unsealed dataset anyway
-        log.exception("could not record the abort of dataset %r", name)
-    if catalog.failed:
-        log.warning("keeping the extents of dataset %r for the restart to decide: %s",
-                    name, catalog.failed)
-        return
-    try:
-        remove_extents()
-    except OSError as exc:
-        log.warning("could not remove the extents of the aborted ingest of %r (%s); "
-                    "the next start removes them", name, exc)
 
 
 def _regular_mode(path: str, mode: int) -> int:

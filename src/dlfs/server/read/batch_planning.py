@@ -18,8 +18,8 @@ maps any window of that payload to its pieces, sorted by (extent, file
 offset) so reads go to the device in storage order, with buffer offsets in
 request order.
 
-`plan_request` checks a request against the dataset and
-the configured bounds first.  Vectorized throughout: no Python loop per
+`plan_request` checks a request against the dataset and the daemon's
+`BatchLimits` first.  Vectorized throughout: no Python loop per
 sample.  Nothing here reads a file or imports grpc.
 """
 
@@ -32,8 +32,8 @@ import numpy as np
 
 from dlfs import limits
 from dlfs.errors import InvalidArgument
-from dlfs.server.config import ServerConfig
 from dlfs.server.core.directory import DatasetIndex
+from dlfs.server.read.batch_limits import BatchLimits
 
 
 @dataclasses.dataclass
@@ -235,31 +235,25 @@ class RequestOrder:
 
 
 def plan_request(dataset: DatasetIndex, ids: Sequence[int] | None, paths: Sequence[str] | None,
-                 config: ServerConfig) -> tuple[np.ndarray, BatchPlan]:
+                 batch_limits: BatchLimits, *,
+                 coalesce_gap_bytes: int = limits.coalesce_gap_bytes_default
+                 ) -> tuple[np.ndarray, BatchPlan]:
     """Validate a batch and plan its read.  Returns (ids, plan).
 
     O(k log k) for k samples (paths add a lookup each).  Raises
-    InvalidArgument (bad id, both ids and paths, over batch_ids_max or
-    batch_bytes_max), NotFound (unknown path) and FailedPrecondition (a
-    sample other members store).
+    InvalidArgument (bad id, both ids and paths, over `batch_limits`),
+    NotFound (unknown path) and FailedPrecondition (a sample other members
+    store).
     """
     id_count = 0 if ids is None else len(ids)
     path_count = 0 if paths is None else len(paths)
     if id_count and path_count:
         raise InvalidArgument("give either sample ids or paths, not both")
     count = id_count + path_count
-    if count > config.batch_ids_max:
-        raise InvalidArgument(
-            f"batch of {count} samples exceeds the limit of {config.batch_ids_max} "
-            "(--batch-ids-max); split it into smaller batches"
-        )
+    batch_limits.check_count(count)
     checked = dataset.ids_of(paths) if path_count else dataset.check_ids(ids if id_count else [])
     dataset.check_local(checked)
     plan = plan_batch(checked, dataset.extent, dataset.offset, dataset.length, dataset.crc,
-                      coalesce_gap_bytes=config.coalesce_gap_bytes)
-    if plan.payload_bytes > config.batch_bytes_max:
-        raise InvalidArgument(
-            f"batch of {count} samples holds {plan.payload_bytes} bytes, over the limit of "
-            f"{config.batch_bytes_max} (--batch-bytes-max); split it into smaller batches"
-        )
+                      coalesce_gap_bytes=coalesce_gap_bytes)
+    batch_limits.check_payload(count, plan.payload_bytes)
     return checked, plan

@@ -22,7 +22,7 @@ from dlfs.errors import DataCorruption, Overloaded
 from dlfs.server.read import uring_reads
 from dlfs.server.core.extents import ExtentFiles
 from dlfs.server.read.batch_planning import BatchPlan, window_pieces
-from dlfs.server.read.read_engine import advise_willneed
+from dlfs.server.read.preadv_reads import advise_willneed
 
 log = logging.getLogger(__name__)
 

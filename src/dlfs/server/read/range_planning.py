@@ -20,9 +20,8 @@ from typing import Callable, Iterator
 import numpy as np
 
 from dlfs.formats import block_crcs
-from dlfs.errors import InvalidArgument
-from dlfs.server.config import ServerConfig
 from dlfs.server.core.directory import DatasetIndex
+from dlfs.server.read.batch_limits import BatchLimits
 from dlfs.server.read.batch_planning import BatchPlan, plan_batch
 
 
@@ -53,21 +52,18 @@ class RangeRead:
 
 
 def plan_range(dataset: DatasetIndex, sample_id: int, offset: int, length: int,
-               config: ServerConfig, *, blocks: bool = True) -> RangeRead:
+               batch_limits: BatchLimits, *, blocks: bool = True) -> RangeRead:
     """Plan `length` bytes (0: to the end) at `offset` of one sample, clipped to it.
 
     With `blocks` (default), a part of a sample with block CRCs is widened
-    to whole blocks.  O(blocks).  Raises InvalidArgument (bad id, range past
-    batch_bytes_max), FailedPrecondition (stored by other members).
+    to whole blocks.  O(blocks).  Raises InvalidArgument (bad id, a range
+    over `batch_limits`), FailedPrecondition (stored by other members).
     """
     dataset.check_local(dataset.check_ids([sample_id]))
     size = int(dataset.length[sample_id])
     start = min(offset, size)
     stop = size if length == 0 else min(size, start + length)
-    if stop - start > config.batch_bytes_max:
-        raise InvalidArgument(
-            f"a range of {stop - start} bytes is over the limit of "
-            f"{config.batch_bytes_max} (--batch-bytes-max); read it in parts")
+    batch_limits.check_range(stop - start)
     extent, base = int(dataset.extent[sample_id]), int(dataset.offset[sample_id])
     if start == 0 and stop == size:
         lengths = np.array([size], np.uint64)

@@ -15,7 +15,8 @@ into windows of `chunk_bytes`, keeps `read_ahead_windows` windows in flight
 while the caller sends the previous one, and verifies each sample's CRC32C
 when asked; memory per stream is bounded by
 `(read_ahead_windows + 1) * chunk_bytes`.  `ReadEngine.read_into` fills one
-caller-owned buffer (the data path's reused windows).
+caller-owned buffer (the data path's reused windows).  The system calls
+that read the pieces are in preadv_reads.py and uring_reads.py.
 
 Nothing here imports grpc.
 """
@@ -23,9 +24,6 @@ Nothing here imports grpc.
 from __future__ import annotations
 
 import collections
-import contextlib
-import errno
-import os
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -34,20 +32,12 @@ from typing import Callable, Iterator
 import numpy as np
 
 from dlfs import limits
-from dlfs.server.read import uring
 from dlfs.crc import crc32c
 from dlfs.errors import DataCorruption, DeadlineExceeded, Overloaded
-from dlfs.server.read import uring_reads
 from dlfs.server.core.extents import ExtentFiles
+from dlfs.server.read import uring, uring_reads
 from dlfs.server.read.batch_planning import BatchPlan, Piece, window_pieces
-
-
-class ShortRead(Exception):
-    """An extent ended before a planned range did (the extent is truncated)."""
-
-    def __init__(self, extent_no: int, file_offset: int, wanted: int, got: int):
-        super().__init__(extent_no, file_offset, wanted, got)
-        self.extent_no, self.file_offset, self.wanted, self.got = extent_no, file_offset, wanted, got
+from dlfs.server.read.preadv_reads import ShortRead, advise_willneed, read_cached, read_pieces
 
 
 class _Window:
@@ -234,7 +224,7 @@ class ReadEngine:
         # call and one release of the GIL for all of them (docs/DESIGN.md).
         ring = (uring.for_this_thread()
                 if self.io_uring and probed >= limits.uring_pieces_min else None)
-        pieces = _read_cached(self.files, dataset_id, pieces, buffer, ring)
+        pieces = read_cached(self.files, dataset_id, pieces, buffer, ring)
         if self.metrics is not None:
             self.metrics.cache_hits.inc(probed - len(pieces))
             self.metrics.cache_misses.inc(len(pieces))
@@ -250,7 +240,7 @@ class ReadEngine:
         payload = sum(piece[3] for piece in pieces)
         shares = max(1, min(self.threads, len(pieces), payload // limits.reader_share_bytes_min))
         cuts = [len(pieces) * i // shares for i in range(shares + 1)]
-        futures = [self._pool.submit(_read_pieces, self.files, dataset_id, pieces[lo:hi], buffer)
+        futures = [self._pool.submit(read_pieces, self.files, dataset_id, pieces[lo:hi], buffer)
                    for lo, hi in zip(cuts, cuts[1:])]
         return _Window(start, buffer, futures, [], len(pieces))
 
@@ -273,7 +263,7 @@ class ReadEngine:
                 future.cancel()
             raise DeadlineExceeded("the read passed its deadline")
         if window.pieces:
-            _read_pieces(self.files, dataset_id, window.pieces, window.buffer)
+            read_pieces(self.files, dataset_id, window.pieces, window.buffer)
         for future in window.futures:
             future.result()
 
@@ -341,112 +331,3 @@ def _short_read_error(plan: BatchPlan, short: ShortRead, describe) -> DataCorrup
         f"extent {short.extent_no} is truncated: reading {sample} got {short.got} of "
         f"{short.wanted} bytes at offset {short.file_offset}; re-ingest the dataset"
     )
-
-
-_nowait_supported = hasattr(os, "RWF_NOWAIT")
-
-
-@contextlib.contextmanager
-def _with_fds(files: ExtentFiles, dataset_id: int, pieces: list[Piece]):
-    """Iterate (fd, piece) over `pieces`, holding the current extent's descriptor.
-
-    Pieces come sorted by extent, so each extent is acquired once; the last
-    one is released when the `with` block ends, also on an early exit.
-    """
-    with contextlib.ExitStack() as stack:
-        def walk():
-            current_extent, fd = -1, -1
-            for piece in pieces:
-                if piece[0] != current_extent:
-                    stack.close()
-                    fd = stack.enter_context(files.acquire(dataset_id, piece[0]))
-                    current_extent = piece[0]
-                yield fd, piece
-
-        yield walk()
-
-
-def _read_cached(files: ExtentFiles, dataset_id: int, pieces: list[Piece],
-                 buffer: memoryview, ring: uring.RingReads | None = None) -> list[Piece]:
-    """Copy what the page cache holds of `pieces` into `buffer` without blocking.
-
-    Returns the pieces (or their remainders) that still need a blocking read.
-    One `preadv(RWF_NOWAIT)` per piece, where, when the first
-    `limits.nowait_probe_pieces` pieces all miss, the window is cold and
-    everything is returned without probing the rest; or with a `ring` one
-    submission of all pieces (`_read_cached_ring`).  All pieces are
-    returned where the file system does not support RWF_NOWAIT.
-    """
-    global _nowait_supported
-    if not _nowait_supported:
-        return pieces
-    if ring is not None:
-        missed = _read_cached_ring(ring, files, dataset_id, pieces, buffer)
-        if missed is not None:
-            return missed
-    missed: list[Piece] = []
-    with _with_fds(files, dataset_id, pieces) as walk:
-        for index, (fd, piece) in enumerate(walk):
-            if index == limits.nowait_probe_pieces and len(missed) == index:
-                # Nothing cached so far: a cold window; leave the rest to the
-                # reader threads rather than paying a syscall per piece here.
-                return pieces
-            extent_no, file_offset, buffer_offset, size = piece
-            try:
-                got = os.preadv(fd, [buffer[buffer_offset:buffer_offset + size]], file_offset,
-                                os.RWF_NOWAIT)
-            except BlockingIOError:
-                got = 0
-            except OSError as exc:
-                if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
-                    raise
-                _nowait_supported = False
-                return pieces
-            if got < size:
-                missed.append((extent_no, file_offset + got, buffer_offset + got, size - got))
-    return missed
-
-
-def _read_cached_ring(ring: uring.RingReads, files: ExtentFiles, dataset_id: int,
-                      pieces: list[Piece], buffer: memoryview) -> list[Piece] | None:
-    """`_read_cached` in one submission of RWF_NOWAIT reads of every piece.  None when
-    the ring cannot take the pieces (the caller probes them one call each).
-
-    A cold window costs little more than its first pieces would: a miss is
-    answered at once, after the kernel started reading exactly that piece
-    (the extents are FADV_RANDOM), which the blocking read or the advice
-    that follows would ask for anyway.  Probing the first pieces alone first
-    cost a warm window a second submission (about a tenth of its read time).
-    """
-    return uring_reads.read(ring, files, dataset_id, pieces, buffer, nowait=True)
-
-
-def advise_willneed(files: ExtentFiles, dataset_id: int, pieces: list[Piece]) -> None:
-    """Submit the device reads of every piece at once, without waiting for them.
-
-    `posix_fadvise(WILLNEED)` starts the read and returns, so one thread puts
-    a whole window's misses into the device queue within microseconds; the
-    reader threads' `preadv`s then only wait for data already on its way.
-    Measured on 2 cores (cold 4 KiB batches): 71-79 k samples/s with 2-8
-    threads, against 36-50 k without the advice (the device does 85 k IOPS
-    at queue depth 64), and better than issuing the advice from each share.
-    """
-    with _with_fds(files, dataset_id, pieces) as walk:
-        for fd, (_extent_no, file_offset, _buffer_offset, size) in walk:
-            # The kernel reads at most its read-ahead size per call.
-            for start in range(file_offset, file_offset + size, limits.willneed_chunk_bytes):
-                length = min(limits.willneed_chunk_bytes, file_offset + size - start)
-                os.posix_fadvise(fd, start, length, os.POSIX_FADV_WILLNEED)
-
-
-def _read_pieces(files: ExtentFiles, dataset_id: int, pieces: list[Piece], buffer: memoryview) -> None:
-    """Read `pieces` into `buffer`, one blocking `preadv` per piece.  Runs on a reader thread."""
-    with _with_fds(files, dataset_id, pieces) as walk:
-        for fd, (extent_no, file_offset, buffer_offset, size) in walk:
-            target = buffer[buffer_offset:buffer_offset + size]
-            got = os.preadv(fd, [target], file_offset)
-            while got < size:
-                more = os.preadv(fd, [target[got:]], file_offset + got)
-                if more == 0:
-                    raise ShortRead(extent_no, file_offset, size, got)
-                got += more

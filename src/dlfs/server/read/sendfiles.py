@@ -35,7 +35,7 @@ import numpy as np
 from dlfs import limits
 from dlfs.server.core.extents import ExtentFiles
 from dlfs.server.read.batch_planning import PieceColumns
-from dlfs.server.read.read_engine import ShortRead
+from dlfs.server.read.preadv_reads import ShortRead
 
 _PAGE_BYTES = 4096
 _FIRST = np.zeros(1, dtype=np.intp)  # the one extent of a one-piece window

@@ -1,0 +1,619 @@
+"""The ingest state machine's transitions, and the publishing and deleting of datasets.
+
+Over 400 lines on purpose: every transition of an ingest is here, in one
+object (the house rule: one state machine, one place that changes it), and
+each transition is a few lines of what it means on disk.  The states and
+their timers live in ingest_registry.py, whose `move` only this object
+calls; an `IngestSession` receives the bytes and knows nothing of this.
+
+What each transition means (durability order as in catalog.py):
+
+- begin: BEGIN (and HOLDERS) records and an extent directory; a resumable
+  ingest also its first CHECKPOINT (checkpoints.py);
+- commit (one phase): the session's `finish` (extents fsync'ed, entries
+  written), then SEAL synced, then the dataset is published; a replaced
+  dataset's extents are freed after its last read (read_leases.py);
+- prepare (phase one of two): `finish`, then PREPARE synced: a restart
+  finds the ingest prepared again (`recover`); commit_prepared: SEAL
+  synced, then published, as above;
+- abort, expire, a failed commit: a DELETE record (synced for a resumable
+  ingest), then the extents (recovered_ingest.discard_dataset);
+- break_off: a resumable RECEIVING ingest is checkpointed and PARKED, any
+  other aborted; resume: a fresh extent after the checkpoint, RECEIVING;
+- delete: DELETE synced, then the dataset is unpublished (a parked ingest
+  of the name is discarded).
+
+Two-phase ingests of striped datasets: the PREPARE record keeps a prepared
+ingest across restarts; the first member's SEAL is the decision; any other
+member left prepared asks the first one (`decisions`, set by the daemon)
+and follows it; only the first member aborts on a timeout.  A PREPARED
+ingest is never resumed: it voted yes, and only that decision ends it.  See
+docs/cluster.md.  Nothing here imports grpc or the daemon's config.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from typing import Callable
+
+from dlfs import limits
+from dlfs.errors import (AlreadyExists, DlfsError, FailedPrecondition, NotFound, Overloaded,
+                         ResumeConflict, Unavailable)
+from dlfs.paths import check_dataset_name
+from dlfs.server.core import catalog as cat
+from dlfs.server.core import catalog_records as records
+from dlfs.server.core import faults
+from dlfs.server.core.checkpoints import ParkedIngest, ProgressInfo
+from dlfs.server.core.directory import Cluster, DatasetIndex, generation_of
+from dlfs.server.core.extents import ExtentStore, ExtentWriter
+from dlfs.server.core.read_leases import ReadLeases
+from dlfs.server.core.sealed_datasets import SampleDirectory
+from dlfs.server.ingest.ingest_registry import IngestRegistry, IngestState
+from dlfs.server.ingest.ingest_session import IngestSession
+from dlfs.server.ingest.recovered_ingest import RecoveredIngest
+from dlfs.types import DatasetInfo
+
+log = logging.getLogger(__name__)
+
+# (name, generation, first member's address) -> "committed", "aborted" or None.
+Decisions = Callable[[str, int, str], "str | None"]
+
+
+class IngestMachine:
+    """Every ingest of the daemon, from BEGIN to SEAL or DELETE.  Thread-safe.
+
+    `_mutex` guards the registry, the next dataset id, the closed flag, and
+    each publish or delete together with its catalog record.  Lock order:
+    `_mutex` before the catalog's and the directory's own locks.  The read
+    leases (`leases`) have their own lock, and no code holds `_mutex` while
+    taking it (`retire` runs after); sessions finish, checkpoint, park and
+    discard outside `_mutex`, so their write lock never nests with it.
+
+    `catalog`, `extents` and `directory` are the Store's; `leases` frees a
+    replaced or deleted dataset's extents after its last read; `metrics`
+    counts ingested samples and bytes.  `next_dataset_id` is the first id
+    replay left free.  The keyword bounds are the daemon's settings of the
+    same names (see ServerConfig).  `decisions` (set by the daemon, None
+    until then) is how a member in doubt learns a striped ingest's outcome.
+    """
+
+    def __init__(self, catalog: cat.Catalog, extents: ExtentStore, directory: SampleDirectory,
+                 leases: ReadLeases, metrics, *, next_dataset_id: int,
+                 extent_bytes_max: int = limits.extent_bytes_max_default,
+                 ingests_concurrent_max: int = limits.ingests_concurrent_max_default,
+                 prepared_ingest_timeout_s: float = limits.prepared_ingest_timeout_s,
+                 in_doubt_poll_s: float = limits.in_doubt_poll_s,
+                 resumable_ingest_timeout_s: float = limits.resumable_ingest_timeout_s_default,
+                 checkpoint_bytes: int = limits.ingest_checkpoint_bytes,
+                 checkpoint_interval_s: float = limits.ingest_checkpoint_interval_s):
+        self._catalog = catalog
+        self._extents = extents
+        self._directory = directory
+        self._leases = leases
+        self._metrics = metrics
+        self._extent_bytes_max = extent_bytes_max
+        self._ingests_concurrent_max = ingests_concurrent_max
+        self._prepared_ingest_timeout_s = prepared_ingest_timeout_s
+        self._in_doubt_poll_s = in_doubt_poll_s
+        self._resumable_ingest_timeout_s = resumable_ingest_timeout_s
+        self._checkpoint_bytes = checkpoint_bytes
+        self._checkpoint_interval_s = checkpoint_interval_s
+        self._mutex = threading.Lock()
+        self._next_dataset_id = next_dataset_id
+        self._registry = IngestRegistry(expire=self._expire,
+                                        parked_timeout_s=resumable_ingest_timeout_s)
+        self._closed = False
+        self.decisions: Decisions | None = None
+
+    # --- open and closed -------------------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def check_open(self) -> None:
+        """Raise Unavailable once `close` began (the daemon is shutting down)."""
+        if self._closed:
+            raise Unavailable("the daemon is shutting down; retry once it is back")
+
+    def recover(self, prepared: list[tuple[DatasetIndex, bool]],
+                parked: list[ParkedIngest]) -> None:
+        """Register what replay found: prepared ingests ((index, replaces) pairs) as
+        PREPARED, each waiting for its decision as before the restart, and broken-off
+        resumable ones as PARKED, each expiring --resumable-ingest-timeout-s after
+        its last checkpoint.  Called once, before any other call."""
+        with self._mutex:
+            for index, replace in prepared:
+                session = RecoveredIngest(index, replace, self._catalog, self._extents)
+                self._registry.add(session)
+                self._registry.move(session, IngestState.PREPARED, index,
+                                    self._prepared_timeout_s(session))
+            for entry in parked:
+                session = IngestSession.restored(entry.name, entry.dataset_id, entry.created_ns,
+                                                 self._catalog, entry.blocks, entry.checkpoint,
+                                                 entry.cluster, self._extents)
+                session.checkpoint_bytes = self._checkpoint_bytes
+                session.checkpoint_interval_s = self._checkpoint_interval_s
+                waited_s = max(0.0, (time.time_ns() - entry.checkpoint.time_ns) / 1e9)
+                self._registry.add_parked(session, entry.checkpoint.time_ns,
+                                          self._resumable_ingest_timeout_s - waited_s)
+                log.warning("ingest of dataset %r is parked with %d files durable (it broke off "
+                            "when the daemon stopped); `dlfs ingest --resume` continues it",
+                            entry.name, entry.checkpoint.samples)
+
+    def close(self) -> bool:
+        """Abort the receiving ingests and stop every timer; later calls raise
+        Unavailable.  Prepared ingests stay prepared on disk, resumable ones as
+        their last checkpoint recorded them: the next start finds them.
+        Idempotent: False when an earlier call closed it."""
+        with self._mutex:
+            if self._closed:
+                return False
+            self._closed = True
+            sessions = [s for s in self._registry.sessions()
+                        if self._registry.state(s) is IngestState.RECEIVING]
+            for session in sessions:
+                self._registry.move(session, IngestState.ABORTED)
+            self._registry.stop_timers()
+        for session in sessions:
+            if session.resumable:
+                session.close_writer()
+            else:
+                self._discard(session, "the daemon is shutting down")
+        return True
+
+    # --- one phase ---------------------------------------------------------------------
+
+    def begin(self, name: str, replace: bool = False, cluster: Cluster | None = None,
+              resumable: bool = False) -> IngestSession:
+        """Start an ingest of dataset `name` (RECEIVING).
+
+        Raises AlreadyExists (name taken without `replace`, being ingested,
+        or a parked ingest of that name), Overloaded (too many ingests),
+        Unavailable (shutting down), InvalidArgument (bad name).
+        """
+        check_dataset_name(name)
+        with self._mutex:
+            self.check_open()
+            found = self._registry.find(name)
+            if found is not None and found[1] is IngestState.PARKED:
+                raise AlreadyExists(
+                    f"an ingest of dataset {name!r} broke off and is parked with "
+                    f"{found[0].samples} files durable: continue it with `dlfs ingest --resume` "
+                    f"(same sources and options), or discard it with `dlfs rm {name}`")
+            if found is not None:
+                raise AlreadyExists(f"dataset {name!r} is being ingested by another client")
+            if not replace and self._directory.find(name) is not None:
+                raise AlreadyExists(
+                    f"dataset {name!r} exists; pass --replace (replace=True) to replace it, or "
+                    "choose another name")
+            self._check_slots()
+            dataset_id = self._next_dataset_id
+            self._next_dataset_id += 1
+            created_ns = time.time_ns()
+            writer = ExtentWriter(self._extents, dataset_id, created_ns, self._extent_bytes_max,
+                                  label=f"dataset {name!r}")
+            for record_type, payload in records.start_records(dataset_id, created_ns, name,
+                                                              cluster):
+                self._catalog.append(record_type, payload)
+            session = IngestSession(name, dataset_id, created_ns, self._catalog, writer,
+                                    replace, cluster, resumable=resumable,
+                                    checkpoint_bytes=self._checkpoint_bytes,
+                                    checkpoint_interval_s=self._checkpoint_interval_s)
+            self._registry.add(session)
+        if resumable:
+            try:
+                session.take_checkpoint()
+            except BaseException as exc:
+                self.abort(session, f"{type(exc).__name__}: {exc}")
+                raise
+        return session
+
+    def commit(self, session: IngestSession) -> DatasetInfo:
+        """Finish a RECEIVING ingest, then seal and publish it (one-phase commit).
+
+        Durable when it returns: extents fsync'ed, SEAL appended, catalog
+        fsync'ed.  Raises InvalidArgument (unfinished file, duplicate path,
+        file/directory conflict), AlreadyExists (the name was published
+        meanwhile and `replace` is off), StorageFull, Unavailable (shutting
+        down); the ingest is aborted then.  FailedPrecondition or NotFound
+        when the session is not receiving (prepared, or already ended).
+        """
+        index = self._finish(session)
+        return self._seal(session, IngestState.RECEIVING, index)
+
+    def abort(self, session: IngestSession, reason: str) -> None:
+        """Discard a running ingest: a DELETE record, its extents removed, `reason` logged.
+        Idempotent: an ingest already sealed or aborted is left alone.  Never raises."""
+        with self._mutex:
+            if self._registry.state(session) is None:
+                return
+            self._registry.move(session, IngestState.ABORTED)
+        self._discard(session, reason)
+
+    # --- two phases --------------------------------------------------------------------
+
+    def prepare(self, session: IngestSession) -> DatasetInfo:
+        """Finish a RECEIVING ingest without publishing it (PREPARED; phase one of two).
+
+        The dataset is durable and checked (a PREPARE record: a restart
+        keeps it prepared); it waits for `commit_prepared` or
+        `abort_prepared`.  Who decides when nobody does (see `_expire`): a
+        striped dataset's first member, or a dataset of one daemon, aborts it
+        after --prepared-ingest-timeout-s; the other members ask the first
+        one for its outcome (`decisions`).  Returns its (unsealed) summary.
+        Raises as `commit` (but for AlreadyExists, checked at commit).
+        """
+        index = self._finish(session)
+        try:
+            with self._mutex:
+                self._expect(session, IngestState.RECEIVING)  # only a shutdown ends it meanwhile
+                # Durable before it answers: a restart finds it prepared, not discarded.
+                self._catalog.append(records.RecordType.PREPARE,
+                                     records.encode_prepare(session.dataset_id, session.replace),
+                                     sync=True)
+                self._registry.move(session, IngestState.PREPARED, index,
+                                    self._prepared_timeout_s(session))
+        except BaseException as exc:
+            self.abort(session, f"prepare failed: {type(exc).__name__}: {exc}")
+            raise
+        return session.summary()
+
+    def commit_prepared(self, name: str, generation: int = 0) -> DatasetInfo:
+        """Seal and publish the prepared ingest of `name` (CommitIngest).
+
+        With a `generation`, only that version is committed, and if it is
+        already published the call answers with its summary (a retried
+        commit that had succeeded).  Raises NotFound (none prepared),
+        InvalidArgument (bad name), and AlreadyExists, StorageFull,
+        Unavailable as `commit`; a failed commit aborts the ingest (see `_seal`).
+        """
+        check_dataset_name(name)
+        with self._mutex:
+            self.check_open()
+            published = self._directory.find(name)
+            if generation and published is not None and published.generation == generation:
+                return published.summary()
+            session, index = self._registry.require_prepared(name)
+            if generation and index.generation != generation:
+                raise NotFound(f"dataset {name!r} is prepared in generation {index.generation}, "
+                               f"not {generation}")
+        return self._seal(session, IngestState.PREPARED, index)
+
+    def abort_prepared(self, name: str) -> DatasetInfo:
+        """Discard the prepared ingest of `name` (AbortIngest); return its summary.
+        Raises NotFound (none prepared), InvalidArgument, Unavailable."""
+        check_dataset_name(name)
+        with self._mutex:
+            self.check_open()
+            session, _index = self._registry.require_prepared(name)
+            self._registry.move(session, IngestState.ABORTED)
+        self._discard(session, "aborted by the client")
+        return session.summary()
+
+    def outcome(self, name: str, generation: int) -> str:
+        """What became of `generation` of dataset `name` here: "committed"
+        (published now), "pending" (receiving or prepared), or "aborted"
+        (anything else: never prepared, aborted, or replaced since); "pending"
+        too while the catalog has failed (the restart tells).  The answer a
+        striped dataset's first member gives the others (GetIngestOutcome)."""
+        check_dataset_name(name)
+        with self._mutex:
+            if self._catalog.failed:
+                return "pending"  # what the disk holds is known after the restart only
+            published = self._directory.find(name)
+            if published is not None and published.generation == generation:
+                return "committed"
+            for session in self._registry.sessions():
+                if session.name == name and generation_of(session.cluster,
+                                                          session.dataset_id) == generation:
+                    return "pending"
+        return "aborted"
+
+    # --- resumable ingests: break off, park, resume --------------------------------------
+
+    def break_off(self, session: IngestSession, reason: str) -> None:
+        """The ingest's stream failed: park a resumable RECEIVING ingest (checkpoint,
+        then PARKED), abort any other.  Never raises."""
+        with self._mutex:
+            state = self._registry.state(session)
+            if state is None:
+                return
+            park = session.resumable and state is IngestState.RECEIVING and not self._closed
+        if not park:
+            self.abort(session, reason)
+            return
+        try:
+            checkpoint = session.park()
+        except Exception as exc:  # noqa: BLE001 - then nothing can be trusted: discard
+            self.abort(session, f"{reason}; parking it failed too: {exc}")
+            return
+        with self._mutex:
+            if self._registry.state(session) is not IngestState.RECEIVING:
+                return
+            self._registry.move(session, IngestState.PARKED)
+        log.warning("ingest of dataset %r broke off (%s); parked with %d files durable, kept "
+                    "%.0f s for a resume", session.name, reason, checkpoint.samples,
+                    self._resumable_ingest_timeout_s)
+
+    def resume(self, name: str, resume_from: int, replace: bool = False,
+               cluster: Cluster | None = None) -> IngestSession:
+        """Continue the parked resumable ingest of `name` (-> RECEIVING).
+
+        `resume_from` is the number of files the client skips: it must be
+        what the daemon holds, and `replace` and `cluster` must be the
+        ingest's own.  The extent the last checkpoint ends in is cut there
+        and new data goes to a new extent.  Raises NotFound (nothing to
+        resume), ResumeConflict, Overloaded, Unavailable, StorageFull.
+        """
+        check_dataset_name(name)
+        with self._mutex:
+            self.check_open()
+            found = self._registry.find(name)
+            if found is None or not found[0].resumable:
+                raise NotFound(f"no ingest of dataset {name!r} to resume (never started, sealed, "
+                               "removed, or not resumed within --resumable-ingest-timeout-s)")
+            session, state = found
+            if state is IngestState.RECEIVING:
+                raise ResumeConflict(f"the ingest of dataset {name!r} is still receiving from "
+                                     "another client; resume it once that stream has ended")
+            if state is IngestState.PREPARED:
+                raise ResumeConflict(
+                    f"the ingest of dataset {name!r} is prepared (it holds all its files) and "
+                    "waits for its commit; `dlfs ingest --resume` with every member in "
+                    "--server commits it")
+            if resume_from != session.samples:
+                raise ResumeConflict(
+                    f"the ingest of dataset {name!r} holds {session.samples} files durably, the "
+                    f"resume assumed {resume_from}; ask again (GetIngestProgress)")
+            if replace != session.replace or cluster != session.cluster:
+                raise ResumeConflict(
+                    f"the ingest of dataset {name!r} was started with other options (replace "
+                    f"{session.replace}, striping {session.cluster}); resume it with the same")
+            self._check_slots()
+            position = session.checkpoint
+            self._registry.move(session, IngestState.RECEIVING)
+        try:
+            writer = ExtentWriter(self._extents, session.dataset_id, session.created_ns,
+                                  self._extent_bytes_max, label=f"dataset {name!r}",
+                                  resume_after=(position.extent_no, position.extent_end))
+            session.resume(writer)
+        except BaseException as exc:
+            self.break_off(session, f"the resume failed: {type(exc).__name__}: {exc}")
+            raise
+        log.info("resuming the ingest of dataset %r after %d files", name, resume_from)
+        return session
+
+    def progress(self, name: str) -> ProgressInfo:
+        """What the unsealed ingest of `name` holds durably (GetIngestProgress).
+        Raises NotFound (no unsealed ingest of that name), InvalidArgument."""
+        check_dataset_name(name)
+        with self._mutex:
+            found = self._registry.find(name)
+            if found is None:
+                raise NotFound(f"no unsealed ingest of dataset {name!r} (never started, sealed, "
+                               "removed, or not resumed within --resumable-ingest-timeout-s)")
+            session, state = found
+            parked_ns, expires_in_s = self._registry.parked_times(session)
+            checkpoint = None if state is IngestState.PREPARED else session.checkpoint
+        if state is IngestState.PREPARED:  # holds all its files: the commit is what remains
+            summary = session.summary()
+            samples, size, digest = summary.samples, summary.bytes, b""
+            last_path = session.last_path
+        elif checkpoint is None:  # not resumable: nothing of it survives a break
+            samples, size, digest, last_path = 0, 0, b"", ""
+        else:
+            samples, size, digest = checkpoint.samples, checkpoint.bytes, checkpoint.digest
+            last_path = session.last_path if samples == session.samples else ""
+        return ProgressInfo(name, state.value, samples, size, digest, last_path, session.replace,
+                            session.cluster, parked_ns, expires_in_s)
+
+    # --- datasets: what the Store asks of the ingests -------------------------------------
+
+    def delete(self, name: str) -> DatasetInfo:
+        """Remove a sealed dataset durably, then free its extents (after its last read).
+
+        A parked ingest of `name` is discarded too (its summary is returned
+        when there is no sealed dataset).  Raises InvalidArgument, NotFound,
+        FailedPrecondition (only an ingest in progress has that name),
+        Unavailable (shutting down), StorageFull and CatalogFailed (the
+        dataset stays then).
+        """
+        check_dataset_name(name)
+        parked = dataset = None
+        with self._mutex:
+            self.check_open()
+            found = self._registry.find(name)
+            if found is not None and found[1] is IngestState.PARKED:
+                parked = found[0]
+            elif found is not None and self._directory.find(name) is None:
+                raise FailedPrecondition(
+                    f"dataset {name!r} is being ingested ({found[1].value}); stop that ingest "
+                    "first (it can be removed once it is sealed or has broken off)")
+            if parked is None or self._directory.find(name) is not None:
+                dataset = self._directory.get(name)
+                # Durable first, then gone from listings: a failed append (disk full,
+                # a failed catalog) leaves the dataset listed and whole.
+                self._catalog.append(records.RecordType.DELETE,
+                                     records.encode_delete(dataset.dataset_id), sync=True)
+                self._directory.remove(name)
+            if parked is not None:
+                self._registry.move(parked, IngestState.ABORTED)
+        if parked is not None:
+            self._discard(parked, "removed by DeleteDataset")
+        if dataset is None:
+            return parked.summary()
+        self._leases.retire(dataset.dataset_id)
+        log.info("deleted dataset %r (%d samples)", name, len(dataset))
+        return dataset.summary()
+
+    def state(self, session: IngestSession) -> IngestState | None:
+        """RECEIVING, PREPARED or PARKED while the ingest runs; None once sealed or aborted."""
+        with self._mutex:
+            return self._registry.state(session)
+
+    def find(self, name: str) -> tuple[IngestSession, IngestState] | None:
+        """The unsealed ingest of `name` and its state, or None.  O(1)."""
+        with self._mutex:
+            return self._registry.find(name)
+
+    def ingesting_generation(self, name: str) -> int:
+        """The generation an unsealed ingest of `name` would publish, 0 if none runs."""
+        found = self.find(name)
+        return 0 if found is None else generation_of(found[0].cluster, found[0].dataset_id)
+
+    def summaries(self) -> list[DatasetInfo]:
+        """The unsealed ingests' summaries with their states, in name order."""
+        with self._mutex:
+            return [dataclasses.replace(s.summary(), ingest_state=self._registry.state(s).value)
+                    for s in self._registry.sessions()]
+
+    def active_count(self) -> int:
+        """Ingests holding a stream or a prepared index (parked ones not counted)."""
+        with self._mutex:
+            return self._registry.active_count()
+
+    def check_invariants(self) -> None:
+        """Assert the ingests and the directory agree.  O(datasets + ingests); for tests."""
+        with self._mutex:
+            self._registry.check_invariants()
+            running = {s.dataset_id for s in self._registry.sessions()}
+            published = {d.dataset_id for d in self._directory.all()}
+            assert not running & published, "a running ingest's dataset is published"
+            assert all(i < self._next_dataset_id for i in running | published)
+
+    # --- inside the transitions -------------------------------------------------------
+
+    def _check_slots(self) -> None:
+        """Raise Overloaded when ingests_concurrent_max streams run (caller holds `_mutex`)."""
+        running = self._registry.active_count()
+        if running >= self._ingests_concurrent_max:
+            raise Overloaded(
+                f"{running} ingests are running, the limit (--ingests-concurrent-max) is "
+                f"{self._ingests_concurrent_max}; retry later")
+
+    def _finish(self, session: IngestSession) -> DatasetIndex:
+        """`session.finish()` of a RECEIVING ingest; aborts the ingest when it fails."""
+        with self._mutex:
+            self._expect(session, IngestState.RECEIVING)
+        try:
+            return session.finish()
+        except BaseException as exc:
+            self.abort(session, f"{type(exc).__name__}: {exc}")
+            raise
+
+    def _seal(self, session: IngestSession, expected: IngestState,
+              index: DatasetIndex) -> DatasetInfo:
+        """Durably seal and publish `index` if `session` is still `expected` (-> SEALED).
+
+        A failure aborts the ingest, except for a prepared ingest whose first
+        member decides (another member of a striped dataset), or when the
+        catalog failed: that one stays prepared, as two-phase commit requires
+        of a member that voted yes.
+        """
+        try:
+            with self._mutex:
+                self._expect(session, expected)
+                previous = self._directory.find(session.name)
+                if previous is not None and not session.replace:
+                    raise AlreadyExists(f"dataset {session.name!r} appeared during the ingest")
+                replaces = previous.dataset_id if previous is not None else 0
+                faults.point("seal", session.name)
+                self._catalog.append(records.RecordType.SEAL,
+                                     records.encode_seal(session.dataset_id, replaces), sync=True)
+                self._directory.publish(index)
+                self._registry.move(session, IngestState.SEALED)
+        except BaseException as exc:
+            decider = decider_of(session)
+            if expected is IngestState.PREPARED and (decider is not None
+                                                     or self._catalog.failed):
+                # Not ours to abort: the first member may have committed, or (a
+                # failed catalog) our own SEAL may be on disk.  Stay prepared:
+                # commit when asked again, or let the restart's replay decide.
+                log.warning("commit of dataset %r failed (%s: %s); it stays prepared until %s",
+                            session.name, type(exc).__name__, exc,
+                            f"{decider}'s decision is applied again" if decider
+                            else "the daemon restarts")
+                raise
+            self.abort(session, f"commit failed: {type(exc).__name__}: {exc}")
+            raise
+        if previous is not None:
+            self._leases.retire(previous.dataset_id)
+        self._metrics.ingested_samples.inc(len(index))
+        self._metrics.ingested_bytes.inc(index.total_bytes)
+        log.info("sealed dataset %r: %d samples, %d bytes%s", index.name, len(index),
+                 index.total_bytes, " (replaced the previous one)" if previous else "")
+        return index.summary()
+
+    def _prepared_timeout_s(self, session) -> float:
+        """How long a prepared ingest waits before `_expire` looks at it."""
+        if decider_of(session) is None:
+            return self._prepared_ingest_timeout_s
+        return self._in_doubt_poll_s
+
+    def _expire(self, session) -> None:
+        """Timer thread: a prepared ingest waited its timeout (see `prepare`), or a
+        parked one was not resumed in time (discarded)."""
+        with self._mutex:
+            state = self._registry.state(session)
+            if state is IngestState.PARKED:
+                self._registry.move(session, IngestState.ABORTED)
+        if state is IngestState.PARKED:
+            self._discard(session, "not resumed within "
+                                   f"{self._resumable_ingest_timeout_s:.0f} s "
+                                   "(--resumable-ingest-timeout-s)")
+            return
+        with self._mutex:
+            if self._registry.state(session) is not IngestState.PREPARED:
+                return  # committed or aborted meanwhile
+            decider = decider_of(session)
+            if decider is None:  # this daemon decides: nobody committed in time
+                self._registry.move(session, IngestState.ABORTED)
+        if decider is None:
+            self._discard(session, "not committed within "
+                                   f"{self._prepared_ingest_timeout_s:.0f} s "
+                                   "(--prepared-ingest-timeout-s)")
+            return
+        self._learn_outcome(session, decider)
+
+    def _learn_outcome(self, session, decider: str) -> None:
+        """Ask the first member what it decided; follow it, or ask again later."""
+        generation = generation_of(session.cluster, session.dataset_id)
+        outcome = self.decisions(session.name, generation, decider) if self.decisions else None
+        try:
+            if outcome == "committed":
+                log.info("dataset %r generation %d: %s committed it; committing here",
+                         session.name, generation, decider)
+                self.commit_prepared(session.name, generation)
+                return
+            if outcome == "aborted":
+                self.abort(session, f"{decider} decided to abort generation {generation}")
+                return
+        except (DlfsError, OSError) as exc:
+            log.warning("could not apply %s's decision on dataset %r: %s", decider,
+                        session.name, exc)
+        with self._mutex:
+            if self._registry.state(session) is IngestState.PREPARED:
+                self._registry.rearm(session, self._in_doubt_poll_s)
+
+    def _discard(self, session: IngestSession, reason: str) -> None:
+        """What ABORTED means on disk (after the move, outside `_mutex`)."""
+        log.warning("ingest of dataset %r aborted: %s", session.name, reason)
+        session.discard()
+
+    def _expect(self, session: IngestSession, state: IngestState) -> None:
+        """Raise unless `session` is in `state` (caller holds `_mutex`)."""
+        self.check_open()  # closing aborts every ingest: Unavailable says why
+        self._registry.require(session, state)
+
+
+def decider_of(session) -> str | None:
+    """The address of the member whose commit decides a striped ingest, or None
+    when this daemon decides (one daemon's dataset, or this is the first member)."""
+    cluster = session.cluster
+    if cluster is None or cluster.member_index == 0 or not cluster.generation:
+        return None
+    return cluster.members[0]

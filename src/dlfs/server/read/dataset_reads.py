@@ -1,0 +1,239 @@
+"""Reads of sealed datasets: planning, reading, hints, descriptors, scrub, counters.
+
+`DatasetReads` is the read side of the Store (`Store.reads`): what both
+front doors call to turn a request on a dataset they hold (`Store.reading`)
+into bytes.  It owns the read engine and the prefetcher it is given (and
+closes them), checks requests against the daemon's `BatchLimits`, applies
+the daemon's --verify setting, and counts what it serves.  It takes no lock
+of its own and keeps no dataset alive: the caller's read lease does.
+Nothing here imports grpc or the daemon's config.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from dlfs import limits
+from dlfs.errors import DataCorruption, Overloaded
+from dlfs.formats import disk_layout as layout
+from dlfs.server.core.directory import DatasetIndex
+from dlfs.server.core.extents import ExtentFiles
+from dlfs.server.read import batch_planning, range_planning, sendfiles
+from dlfs.server.read.batch_limits import BatchLimits
+from dlfs.server.read.batch_planning import BatchPlan
+from dlfs.server.read.preadv_reads import ShortRead
+from dlfs.server.read.prefetch import Prefetcher
+from dlfs.server.read.range_planning import RangeRead
+from dlfs.server.read.read_engine import ReadEngine
+from dlfs.server.read.scrub import scrub as scrub_dataset
+
+log = logging.getLogger(__name__)
+
+VERIFY_MODES = ("request", "always", "never")
+
+
+class DatasetReads:
+    """Reads of sealed datasets.  Thread-safe; `close()` stops the engine and prefetcher.
+
+    `files` are the daemon's open extent files (shared with the Store,
+    which closes them); `engine` and `prefetcher` read from them and are
+    closed by `close()`.  `metrics` (a `dlfs.server.metrics.Metrics`)
+    counts reads, hints and sendfile bytes.  `batch_limits` bounds every
+    request.  `verify`: "request" (each call says), "always" or "never".
+    `coalesce_gap_bytes`: samples at most this far apart are read as one
+    range.  `sendfile`: send cached data path windows straight from the page
+    cache where the kernel allows (`sendfile_state` says why not).
+    """
+
+    def __init__(self, files: ExtentFiles, engine: ReadEngine, prefetcher: Prefetcher,
+                 metrics, batch_limits: BatchLimits, *, verify: str = "request",
+                 coalesce_gap_bytes: int = limits.coalesce_gap_bytes_default,
+                 sendfile: bool = True):
+        assert verify in VERIFY_MODES
+        self.files = files
+        self.engine = engine
+        self.prefetcher = prefetcher
+        self.metrics = metrics
+        self.batch_limits = batch_limits
+        self.verify = verify
+        self.coalesce_gap_bytes = coalesce_gap_bytes
+        # Whether data path windows may go out by sendfile (the setting and the kernel).
+        self.sendfile_state = sendfiles.state(sendfile)
+        self.sendfile = self.sendfile_state == "on"
+        if sendfile and not self.sendfile:
+            log.warning("sendfile from the page cache is %s: data path replies are read into "
+                        "buffers and sent, which costs the daemon more CPU per byte",
+                        self.sendfile_state)
+
+    def close(self) -> None:
+        """Stop the prefetch thread and the reader threads (waits for running reads)."""
+        self.prefetcher.close()
+        self.engine.close()
+
+    # --- planning ------------------------------------------------------------------
+
+    def plan(self, dataset: DatasetIndex, ids: Sequence[int] | None = None,
+             paths: Sequence[str] | None = None) -> tuple[np.ndarray, BatchPlan]:
+        """Validate a batch and plan its read: (ids, plan).  See batch_planning.plan_request."""
+        return batch_planning.plan_request(dataset, ids, paths, self.batch_limits,
+                                           coalesce_gap_bytes=self.coalesce_gap_bytes)
+
+    def plan_range(self, dataset: DatasetIndex, sample_id: int, offset: int, length: int, *,
+                   blocks: bool = True) -> RangeRead:
+        """Plan a byte range of one sample, in whole blocks when it can be verified so
+        (`blocks`).  See range_planning.plan_range."""
+        return range_planning.plan_range(dataset, sample_id, offset, length, self.batch_limits,
+                                         blocks=blocks)
+
+    # --- reading -------------------------------------------------------------------
+
+    def read(self, dataset: DatasetIndex, plan: BatchPlan, *, verify: bool = True,
+             deadline: float | None = None, describe=None,
+             window_bytes: int | None = None) -> Iterator[tuple[int, memoryview]]:
+        """Stream the plan's payload windows (see ReadEngine.stream); `describe(item)`
+        names an item in errors (default: items are sample ids).  `verify` is
+        overridden by the daemon's --verify always / never."""
+        if self.verify == "always":
+            verify = True
+        elif self.verify == "never":
+            verify = False
+        return self.engine.stream(dataset.dataset_id, plan, verify=verify,
+                                  describe=describe or dataset.describe, deadline=deadline,
+                                  window_bytes=window_bytes)
+
+    def read_range(self, dataset: DatasetIndex, read: RangeRead, *, verify: bool = True,
+                   deadline: float | None = None) -> Iterator[tuple[int, memoryview]]:
+        """Stream the asked bytes of a planned range: (offset from its start, bytes).
+
+        Each window is verified (the whole sample, or each block) before it
+        is yielded, when `read.checkable` and `verify`.  Raises DataCorruption
+        naming the sample (and block), DeadlineExceeded.
+        """
+        windows = self.read(dataset, read.plan, verify=verify and read.checkable,
+                            deadline=deadline, describe=range_planning.describe(dataset, read),
+                            window_bytes=range_planning.window_bytes(
+                                read, self.engine.chunk_bytes, dataset.blocks.block_bytes))
+        return range_planning.trim(windows, read.skip, read.length)
+
+    def read_sample(self, dataset: DatasetIndex, sample_id: int) -> Iterator[memoryview]:
+        """The bytes of one locally stored sample, in windows, CRC32C-checked (whole, or
+        by blocks when it is read in parts of at most the batch byte limit).
+
+        Raises FailedPrecondition if another member stores it, DataCorruption.
+        """
+        size = int(dataset.length[sample_id])
+        step = self.batch_limits.bytes_max
+        for offset in range(0, size, step):
+            read = self.plan_range(dataset, sample_id, offset, step)
+            for _, window in self.read_range(dataset, read):
+                yield window
+
+    def read_into(self, dataset: DatasetIndex, pieces: list, buffer) -> int:
+        """Fill `buffer` with file pieces of `dataset`; returns the pieces the page cache
+        lacked (see ReadEngine.read_into)."""
+        return self.engine.read_into(
+            dataset.dataset_id, pieces, buffer,
+            describe_extent=lambda extent: dataset.describe_extent(extent))
+
+    def send_cached(self, dataset: DatasetIndex, pieces, sock, head: bytes, *,
+                    before=None) -> bool:
+        """Send `head` and then file pieces of `dataset` (tiling one window, sent in
+        buffer-offset order) straight from the page cache to `sock` by `sendfile`,
+        if it holds every page of them; False, with nothing sent, otherwise (see
+        sendfiles.send).  `before()` runs once the pages are known cached, before
+        anything is sent.  Raises DataCorruption naming the extent when one ends
+        early (the window is padded first, so the framing stays whole), OSError
+        (socket.timeout: the peer stopped reading)."""
+        try:
+            if not sendfiles.send(sock, self.files, dataset.dataset_id, pieces, head,
+                                  before=before):
+                return False
+        except ShortRead as short:
+            raise DataCorruption(
+                f"{dataset.describe_extent(short.extent_no)} is truncated: reading "
+                f"{short.wanted} bytes at offset {short.file_offset} got {short.got}; "
+                "re-ingest the dataset") from None
+        # Cached ranges, as the read engine counts the ones it copies.
+        self.metrics.ranges_read.inc(len(pieces))
+        self.metrics.cache_hits.inc(len(pieces))
+        self.metrics.sendfile_bytes.inc(int(pieces.size.sum()))
+        return True
+
+    def advise(self, dataset: DatasetIndex, pieces: list) -> None:
+        """Start the device reads of file pieces of `dataset` without waiting for them."""
+        self.engine.advise(dataset.dataset_id, pieces)
+
+    @contextlib.contextmanager
+    def extent_descriptors(self, dataset: DatasetIndex) -> Iterator[list[tuple[int, int]]]:
+        """(extent no, read-only fd) of every extent of `dataset` stored here, held open
+        for the block (to pass them to a co-located client).  Headers are checked."""
+        local = np.unique(dataset.extent[dataset.extent != layout.NO_EXTENT]).tolist()
+        with self.files.acquire_all(dataset.dataset_id, local) as fds:
+            yield list(zip(local, fds))
+
+    def scrub(self, dataset: DatasetIndex) -> Iterator[tuple[int, int, list[tuple[int, str]]]]:
+        """Verify every locally stored sample of `dataset` (see scrub.scrub)."""
+        return scrub_dataset(self.engine, dataset)
+
+    # --- prefetch hints --------------------------------------------------------------
+
+    def hint(self, dataset: DatasetIndex, plan: BatchPlan, *, probed: bool = False) -> None:
+        """Queue WILLNEED advice for a plan's ranges (a prefetch hint); returns at once.
+
+        Raises Overloaded when the prefetch queue is full: the hint is
+        dropped (and counted), which only costs speed.
+        """
+        try:
+            self.prefetcher.submit(dataset.dataset_id, plan, probed=probed)
+        except Overloaded:
+            self.metrics.prefetch_hints.labels("dropped").inc()
+            raise
+        self.metrics.prefetch_hints.labels("queued").inc()
+
+    def hint_ids(self, dataset: DatasetIndex, ids, *, alone: bool = False) -> bool:
+        """A prefetch hint for sample ids riding on a read, as GetBatch's prefetch_ids:
+        a bad id fails the read (InvalidArgument), a full prefetch queue drops the
+        hint (returns False), and ids other members store are left to them.
+
+        `alone`: the request is only this hint (its sender need not wait for
+        the answer).  Its first samples are then probed on this thread and a
+        hint for cached data ends here (`Prefetcher.cached`); a hint riding a
+        read is handed on at once, so that the read is not delayed.
+        """
+        ids = dataset.check_ids(np.asarray(ids, dtype=np.int64))
+        if dataset.cluster is not None:
+            ids = ids[dataset.extent[ids] != layout.NO_EXTENT]
+        if alone:
+            head = ids[:limits.nowait_probe_pieces]
+            offset = dataset.offset[head].astype(np.int64)
+            # Pieces of whole samples, as a plan would cut them (buffer offsets unused).
+            pieces = batch_planning.PieceColumns(dataset.extent[head].astype(np.int64), offset,
+                                                 np.zeros_like(offset),
+                                                 dataset.length[head].astype(np.int64))
+            if self.prefetcher.cached(dataset.dataset_id, pieces):
+                self.metrics.prefetch_hints.labels("cached").inc()
+                return True
+        plan = batch_planning.plan_batch(ids, dataset.extent, dataset.offset, dataset.length,
+                                         dataset.crc)
+        try:
+            self.hint(dataset, plan, probed=alone)
+        except Overloaded:
+            return False
+        return True
+
+    # --- counters ------------------------------------------------------------------
+
+    def count_read(self, method: str, plan: BatchPlan, seconds: float) -> None:
+        """Count one read call served (see Metrics.count_read)."""
+        self.metrics.count_read(method, plan, seconds)
+
+    def count_served(self, method: str, samples: int, payload_bytes: int,
+                     started: float) -> None:
+        """Count one data path request served since `started` (time.perf_counter)."""
+        self.metrics.count_served(method, samples, payload_bytes,
+                                  time.perf_counter() - started)
