@@ -8,8 +8,9 @@
 
 Prints the markdown table and writes results.json, results.md and
 results.png to --out.  Generated data is cached in --data-dir.  Besides the
-rows: the scaling experiment (1 vs 4 client processes, warm 110 KB, over
-TCP; --no-scaling skips it), the memory experiment (--no-memory) and the
+rows: the scaling experiment (1, 2, 4, 8, 12 client processes up to the
+CPUs, beside raw TCP with as many connections, warm 110 KB; --no-scaling
+skips it, --scaling-clients picks the counts), the memory experiment (--no-memory) and the
 staging rows (workload "ingest": bench/ingest_bench.py).
 """
 
@@ -53,7 +54,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--runs", type=int, help="timed runs per row (default 3, quick 1)")
     parser.add_argument("--no-memory", action="store_true", help="skip the memory experiment")
     parser.add_argument("--no-scaling", action="store_true",
-                        help="skip the scaling experiment (1 vs 4 client processes, warm 110 KB)")
+                        help="skip the scaling experiment (N client processes beside N raw TCP "
+                             "connections, warm 110 KB)")
+    parser.add_argument("--scaling-clients", default="", metavar="N,N,...",
+                        help="client process counts of the scaling experiment (default: 1, 2, "
+                             "4, 8, 12 up to the CPUs)")
     parser.add_argument("--no-restart", action="store_true",
                         help="skip starting a daemon on a 1,000,000-sample catalog")
     parser.add_argument("--reader-threads", type=int,
@@ -177,7 +182,7 @@ def run_reads(args, prepared, data_dir, daemon_args, daemon_info, settings, cach
                 daemon_info[f"rss_after_{p.workload.name}_kib"] = proc_status_kib(daemon.pid, "VmRSS")
             if not args.no_scaling:
                 scaling_results = run_scaling(prepared, daemon, settings.runs, scaling_window_s,
-                                              progress)
+                                              progress, args.scaling_clients)
             daemon_info["hwm_end_kib"] = proc_status_kib(daemon.pid, "VmHWM")
         finally:
             if fuse is not None:
@@ -190,13 +195,15 @@ def run_dlio(args: argparse.Namespace) -> int:
     return dlio_mount.main((["--quick"] if args.quick else []) + ["--out", args.out])
 
 
-def run_scaling(prepared: list, daemon, runs: int, window_s: float, progress) -> dict:
+def run_scaling(prepared: list, daemon, runs: int, window_s: float, progress,
+                clients: str = "") -> dict:
     """The scaling experiment on the 110k workload, or why it did not run."""
     workload = next((p for p in prepared if p.workload.name == scaling.WORKLOAD), None)
     if workload is None:
         return {"skipped": f"needs the {scaling.WORKLOAD} workload (--workloads)"}
     try:
         return scaling.run(workload, daemon.address, daemon.pid, runs=runs, duration_s=window_s,
+                           counts=scaling.client_counts(len(os.sched_getaffinity(0)), clients),
                            log=progress)
     except Exception as exc:  # noqa: BLE001 - reported in the results, the run goes on
         logging.getLogger("bench").exception("scaling experiment failed")

@@ -56,7 +56,7 @@ import time
 
 from bench import processes
 from bench.fuse_bench import page_cache_drops
-from bench.measure import CacheControl, git_info, process_cpu_s
+from bench.measure import CacheControl, git_info, process_cpu_s, process_tree_cpu_s
 from bench.report import fresh_memory, proactive_reclaim
 from dlfs import Client
 from dlfs.tools.launch import MountProcess, fuse_unavailable
@@ -282,9 +282,10 @@ def mount_run(python: str, case: Case, data_dir: str, data_bytes: int, out_dir: 
         with mount, WarmWatch(daemon.address, case.data) as warm:
             caches.make_cold([])
             drops = page_cache_drops()
-            cpu = process_cpu_s(daemon.pid), process_cpu_s(mount.pid)
+            cpu = process_tree_cpu_s(daemon.pid), process_cpu_s(mount.pid)
             summary = dlio(python, case, mount.mountpoint, out_dir)
-            cpu = process_cpu_s(daemon.pid) - cpu[0], process_cpu_s(mount.pid) - cpu[1]
+            cpu = (process_tree_cpu_s(daemon.pid) - cpu[0],
+                   process_cpu_s(mount.pid) - cpu[1])
             drops = page_cache_drops() - drops
             requests = mount.request_counts()
             calls = mount.request_counts(label="daemon calls")

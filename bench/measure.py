@@ -203,6 +203,35 @@ def process_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS_PER_S  # fields 14, 15
 
 
+def process_tree_cpu_s(pid: int) -> float:
+    """CPU seconds of process `pid` and every process below it: the daemon and its data
+    path workers.  Its own utime + stime + cutime + cstime (children that ended and were
+    reaped, e.g. a worker that died) plus each live descendant's utime + stime.  Raises
+    OSError when `pid` is gone; a descendant that ends meanwhile is skipped."""
+    total = 0.0
+    pending = [pid]
+    while pending:
+        current = pending.pop()
+        try:
+            with open(f"/proc/{current}/stat") as f:
+                stat = f.read()
+            children = []
+            for tid in os.listdir(f"/proc/{current}/task"):
+                with open(f"/proc/{current}/task/{tid}/children") as f:
+                    children += [int(c) for c in f.read().split()]
+        except OSError:
+            if current == pid:
+                raise
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        ticks = int(fields[11]) + int(fields[12])  # fields 14, 15: utime, stime
+        if current == pid:
+            ticks += int(fields[13]) + int(fields[14])  # cutime, cstime: reaped children
+        total += ticks / CLOCK_TICKS_PER_S
+        pending += children
+    return total
+
+
 def self_cpu_s() -> float:
     """User + system CPU seconds of this process, all its threads (getrusage RUSAGE_SELF)."""
     usage = resource.getrusage(resource.RUSAGE_SELF)
@@ -213,9 +242,10 @@ class CpuMeter:
     """CPU seconds spent inside a `with` block by the server side and by this process.
 
     `server_pids`: the daemon, or a ceiling's sender (empty: the block does
-    not use one, and `server_s` stays None).  `helper_pids`: processes
-    that work for this process on the client side (a FUSE mount); their CPU
-    is added to `client_s`.  Cost: one /proc read per pid and one getrusage
+    not use one, and `server_s` stays None), each with the processes below
+    it (the daemon's data path workers).  `helper_pids`: processes that work
+    for this process on the client side (a FUSE mount); their CPU is added
+    to `client_s`.  Cost: a few /proc reads per process and one getrusage
     at each end, outside anything timed.
     """
 
@@ -226,8 +256,8 @@ class CpuMeter:
         self.client_s: float | None = None
 
     def _snapshot(self) -> tuple[float, float]:
-        server = sum(process_cpu_s(pid) for pid in self.server_pids)
-        client = self_cpu_s() + sum(process_cpu_s(pid) for pid in self.helper_pids)
+        server = sum(process_tree_cpu_s(pid) for pid in self.server_pids)
+        client = self_cpu_s() + sum(process_tree_cpu_s(pid) for pid in self.helper_pids)
         return server, client
 
     def __enter__(self) -> "CpuMeter":

@@ -1,178 +1,205 @@
-"""Scaling: several client processes against one daemon, warm 110 KB batches over TCP.
+"""Scaling: N client processes against one daemon, beside N raw loopback TCP connections.
 
-Each case starts N client processes (multiprocessing, spawned: the
-benchmark process holds gRPC threads, which do not survive a fork).  Every
-process opens its own `Client(address, data_path="tcp")`, reads a few
-batches to connect and warm up, then all start together (a barrier) and
-each reads its own seeded sequence of random batches, one batch in flight,
-for `duration_s`.  A case is `runs` such windows in the same processes.
+    python -m bench.scaling [--quick] [--clients 1,2,4,8,12] [--out DIR] [--data-dir DIR]
 
-Per window: aggregate bytes / (last process's stop - first one's start);
-the daemon's CPU seconds (/proc/PID/stat) and wall seconds of the window
-give its CPU-s/GB and its utilisation (1.0 = one CPU busy all the time);
-the clients' CPU is each process's getrusage, summed; "machine busy" is the
-share of all CPUs not idle in /proc/stat (other tenants of a shared machine
-count too).  The issue asks for 4 processes >= 1.5x one; `explain` says
-what limits them when they are not.
+(also part of every `python -m bench` run; `--no-scaling` skips it there).
+For each N in `CLIENT_PROCESSES` up to the CPUs this process may use
+(`--clients` to choose), in the same run:
+
+- **DLFS**: N client processes (multiprocessing, spawned: the benchmark
+  process holds gRPC threads, which do not survive a fork), each with its
+  own `Client(address, data_path="tcp")`, one batch of 256 in flight, its
+  own seeded random batches of the warm 110 KB workload; they warm up, then
+  all start together (a barrier) for `runs` windows of `duration_s`.
+- **raw TCP**: N sender processes (`python -m bench.rawsend tcp`, one
+  reused buffer of the workload's mean batch size, `sendall` in a loop),
+  each streaming into its own receiver process (`recv_into` one
+  preallocated buffer): N loopback connections at once, the same windows.
+
+Per N and side: the aggregate GB/s (bytes / (last stop - first start) of
+each window; median, min-max); DLFS / raw; the daemon's CPU seconds (the
+main process and its data path workers, /proc) per GB and per wall second
+("CPUs busy": 1.0 = one CPU), with each worker's share from `dlfs status`;
+the raw senders' CPU-s/GB beside it; the clients' and receivers' CPU-s/GB;
+and how busy the whole machine was (/proc/stat: other tenants count too).
+The targets (issue 36): with 8 and 12 clients DLFS >= 0.6x raw TCP, DLFS
+never falling as clients are added, the daemon's CPU-s/GB <= 1.5x the raw
+senders' at every N; on fewer CPUs the table shows what it can.
 """
 
 from __future__ import annotations
 
+import argparse
+import datetime
+import json
 import multiprocessing
 import os
 import queue
+import socket
 import statistics
+import subprocess
+import sys
 import time
 
 from bench.datagen import Prepared, Workload, batch_sequence
-from bench.measure import CacheControl, process_cpu_s, self_cpu_s
+from bench.measure import (CacheControl, git_info, process_cpu_s, process_tree_cpu_s,
+                           self_cpu_s)
 
 WORKLOAD = "110k"
-CLIENT_PROCESSES = (1, 4)
+CLIENT_PROCESSES = (1, 2, 4, 8, 12)
 WARM_UP_BATCHES = 2
 # A spawned process imports numpy, grpc and dlfs, connects and warms up within this.
 WORKER_START_TIMEOUT_S = 120.0
-TARGET_RATIO = 1.5
+# Issue 36's targets.
+RAW_RATIO_GOAL = 0.6  # DLFS / raw TCP with 8 and 12 clients
+RAW_RATIO_AT = (8, 12)
+CPU_RATIO_GOAL = 1.5  # daemon CPU-s/GB / raw senders' CPU-s/GB, at every N
+# "Never falling as clients are added": a window-to-window spread this small
+# on a shared machine is noise, not a fall.
+FALL_TOLERANCE = 0.95
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def client_counts(cpus: int, wanted: str = "") -> list[int]:
+    """The client process counts to measure: `wanted` ("1,2,4"), or CLIENT_PROCESSES up to
+    `cpus` (at least one)."""
+    if wanted:
+        return [int(n) for n in wanted.split(",") if n.strip()]
+    return [n for n in CLIENT_PROCESSES if n <= max(cpus, 1)]
 
 
 def run(prepared: Prepared, daemon_address: str, daemon_pid: int, *, runs: int,
-        duration_s: float, log=print) -> dict:
-    """Both cases on `prepared` (the 110 KB workload, warm); figures for results.json."""
+        duration_s: float, counts: list[int] | None = None, log=print) -> dict:
+    """Both sides for each N on `prepared` (the 110 KB workload, warm): for results.json."""
     CacheControl.make_warm(prepared.extent_files())
+    cpus = len(os.sched_getaffinity(0))
+    counts = counts or client_counts(cpus)
     cases = []
-    for processes in CLIENT_PROCESSES:
-        case = measure_case(prepared, daemon_address, daemon_pid, processes, runs, duration_s)
-        log(f"bench: scaling {processes} client process{'es' if processes > 1 else ''}: "
-            f"{case['gb_per_s']:.2f} GB/s, daemon {case['daemon_cpu_utilisation']:.2f} CPU, "
-            f"{case['daemon_cpu_s_per_gb']:.2f} CPU-s/GB")
+    for processes in counts:
+        dlfs = measure_dlfs(prepared, daemon_address, daemon_pid, processes, runs, duration_s)
+        raw = measure_raw(prepared, processes, runs, duration_s)
+        case = {"processes": processes, "dlfs": dlfs, "raw": raw,
+                "ratio_to_raw": dlfs["gb_per_s"] / raw["gb_per_s"] if raw["gb_per_s"] else None,
+                "cpu_ratio_to_raw": (dlfs["daemon_cpu_s_per_gb"] / raw["sender_cpu_s_per_gb"]
+                                     if raw["sender_cpu_s_per_gb"] else None)}
+        log(f"bench: scaling {processes} client process{'es' if processes > 1 else ''}: DLFS "
+            f"{dlfs['gb_per_s']:.2f} GB/s (daemon {dlfs['daemon_cpu_utilisation']:.2f} CPUs, "
+            f"{dlfs['daemon_cpu_s_per_gb']:.2f} CPU-s/GB), raw TCP {raw['gb_per_s']:.2f} GB/s "
+            f"({raw['sender_cpu_s_per_gb']:.2f} CPU-s/GB)")
         cases.append(case)
-    one, many = cases[0], cases[-1]
-    ratio = many["gb_per_s"] / one["gb_per_s"] if one["gb_per_s"] else None
     return {"workload": prepared.workload.name, "transport": "tcp", "runs": runs,
-            "duration_s": duration_s, "cpus": len(os.sched_getaffinity(0)),
+            "duration_s": duration_s, "cpus": cpus,
             "batch_size": prepared.workload.batch_size, "cases": cases,
-            "ratio": ratio, "goal": TARGET_RATIO,
-            "explanation": explain(one, many, ratio, len(os.sched_getaffinity(0)))}
+            "targets": targets(cases), "explanation": explain(cases, cpus)}
 
 
-def measure_case(prepared: Prepared, daemon_address: str, daemon_pid: int, processes: int,
+def targets(cases: list[dict]) -> list[tuple[str, float | None, float | None, str, str]]:
+    """(name, measured, goal, detail, compare) of issue 36's targets, where measured."""
+    found = []
+    for n in RAW_RATIO_AT:
+        case = next((c for c in cases if c["processes"] == n), None)
+        found.append((f"warm 110 KB: {n} client processes >= {RAW_RATIO_GOAL:g}x raw TCP with "
+                      f"{n} connections", case["ratio_to_raw"] if case else None,
+                      RAW_RATIO_GOAL,
+                      f"{case['dlfs']['gb_per_s']:.2f} vs {case['raw']['gb_per_s']:.2f} GB/s"
+                      if case else f"not measured: fewer than {n} CPUs", ">="))
+    rates = [(c["processes"], c["dlfs"]["gb_per_s"]) for c in cases]
+    worst = min((b / a, n0, n1) for (n0, a), (n1, b) in zip(rates, rates[1:]) if a) \
+        if len(rates) > 1 else None
+    found.append(("warm 110 KB: DLFS GB/s never falls as clients are added "
+                  f"({'/'.join(str(n) for n, _ in rates)}; next / previous)",
+                  worst[0] if worst else None, FALL_TOLERANCE,
+                  f"worst step {worst[1]} -> {worst[2]} clients: {worst[0]:.2f}x" if worst
+                  else "one client count only", ">="))
+    ratios = [(c["cpu_ratio_to_raw"], c["processes"]) for c in cases
+              if c["cpu_ratio_to_raw"] is not None]
+    if ratios:
+        highest = max(ratios)
+        found.append((f"warm 110 KB: daemon CPU-s/GB <= {CPU_RATIO_GOAL:g}x the raw senders' "
+                      "at every client count", highest[0], CPU_RATIO_GOAL,
+                      f"highest with {highest[1]} clients", "<="))
+    return found
+
+
+def explain(cases: list[dict], cpus: int) -> str:
+    """What the figures say limits the largest N (a sentence for the report)."""
+    if not cases:
+        return "not measured"
+    last = cases[-1]
+    n, dlfs, raw = last["processes"], last["dlfs"], last["raw"]
+    workers = dlfs.get("worker_cpu_utilisation") or []
+    text = (f"With {n} client process{'es' if n > 1 else ''} DLFS moved {dlfs['gb_per_s']:.2f} "
+            f"GB/s, {last['ratio_to_raw']:.2f}x raw TCP's {raw['gb_per_s']:.2f} GB/s with as "
+            f"many connections; the daemon kept {dlfs['daemon_cpu_utilisation']:.2f} of {cpus} "
+            f"CPUs busy" + (f" over {len(workers)} worker processes ("
+                            + ", ".join(f"{u:.2f}" for u in workers) + ")" if workers else "")
+            + f" and the clients {dlfs['client_cpu_utilisation']:.2f}; the machine was "
+            f"{dlfs['machine_busy']:.0%} busy.")
+    if dlfs["machine_busy"] >= 0.9 or (dlfs["daemon_cpu_utilisation"]
+                                       + dlfs["client_cpu_utilisation"] >= 0.9 * cpus):
+        text += (f"  The CPUs are saturated: every GB costs {dlfs['daemon_cpu_s_per_gb']:.2f} "
+                 f"CPU-s in the daemon and {dlfs['client_cpu_s_per_gb']:.2f} in the clients "
+                 f"(raw TCP: {raw['sender_cpu_s_per_gb']:.2f} and "
+                 f"{raw['receiver_cpu_s_per_gb']:.2f}), so more processes only share the same "
+                 "CPU time.")
+    return text
+
+
+# --- the DLFS side ---------------------------------------------------------------------------
+
+def measure_dlfs(prepared: Prepared, daemon_address: str, daemon_pid: int, processes: int,
                  runs: int, duration_s: float) -> dict:
+    """N client processes against the daemon: `runs` windows of `duration_s`."""
+    from dlfs import Client
+
     context = multiprocessing.get_context("spawn")
     barrier = context.Barrier(processes + 1)
     results = context.Queue()
-    workers = [context.Process(target=_worker, name=f"bench-scaling-{k}",
+    workers = [context.Process(target=_client, name=f"bench-scaling-{k}",
                                args=(daemon_address, prepared.dataset, prepared.workload, k,
                                      runs, duration_s, barrier, results))
                for k in range(processes)]
-    for worker in workers:
-        worker.start()
     windows = []
-    try:
-        for _ in range(runs):
-            try:
-                barrier.wait(WORKER_START_TIMEOUT_S)
-            except multiprocessing.BrokenBarrierError:
-                raise RuntimeError(_worker_error(results) or "a client process did not start")
-            daemon0, busy0, wall0 = process_cpu_s(daemon_pid), _machine_busy(), time.monotonic()
-            got = [results.get(timeout=duration_s + WORKER_START_TIMEOUT_S)
-                   for _ in range(processes)]
-            daemon1, busy1, wall1 = process_cpu_s(daemon_pid), _machine_busy(), time.monotonic()
-            failed = [g["error"] for g in got if "error" in g]
-            if failed:
-                raise RuntimeError(f"a client process failed: {failed[0]}")
-            nbytes = sum(g["bytes"] for g in got)
-            span_s = max(g["stopped"] for g in got) - min(g["started"] for g in got)
-            wall_s = wall1 - wall0
-            windows.append({
-                "bytes": nbytes, "samples": sum(g["samples"] for g in got), "span_s": span_s,
-                "gb_per_s": nbytes / 1e9 / span_s, "wall_s": wall_s,
-                "daemon_cpu_s": daemon1 - daemon0,
-                "client_cpu_s": sum(g["cpu_s"] for g in got),
-                "machine_busy": (busy1[0] - busy0[0]) / max(busy1[1] - busy0[1], 1e-9),
-            })
-    finally:
+    with Client(daemon_address, data_path=False) as status_client:
         for worker in workers:
-            worker.join(WORKER_START_TIMEOUT_S)
-            if worker.is_alive():
-                worker.kill()
-                worker.join()
-    return _summarise(processes, windows)
-
-
-def _summarise(processes: int, windows: list[dict]) -> dict:
-    rates = [w["gb_per_s"] for w in windows]
-    gb = sum(w["bytes"] for w in windows) / 1e9
+            worker.start()
+        try:
+            for _ in range(runs):
+                _wait(barrier, results)
+                before = _worker_cpu(status_client)
+                daemon0, busy0, wall0 = (process_tree_cpu_s(daemon_pid), _machine_busy(),
+                                         time.monotonic())
+                got = _collect(results, processes, duration_s)
+                daemon1, busy1, wall1 = (process_tree_cpu_s(daemon_pid), _machine_busy(),
+                                         time.monotonic())
+                after = _worker_cpu(status_client)
+                window = _window(got, wall1 - wall0, busy0, busy1)
+                window["daemon_cpu_s"] = daemon1 - daemon0
+                window["worker_cpu_s"] = [after.get(k, 0.0) - before.get(k, 0.0)
+                                          for k in sorted(after)]
+                windows.append(window)
+        finally:
+            _join(workers)
+    summary = _summarise(windows)
     wall_s = sum(w["wall_s"] for w in windows)
     daemon_s = sum(w["daemon_cpu_s"] for w in windows)
-    client_s = sum(w["client_cpu_s"] for w in windows)
-    return {
-        "processes": processes,
-        "gb_per_s": statistics.median(rates), "gb_per_s_min": min(rates),
-        "gb_per_s_max": max(rates),
-        "samples_per_s": statistics.median(w["samples"] / w["span_s"] for w in windows),
-        "daemon_cpu_s_per_gb": daemon_s / gb if gb else None,
-        "daemon_cpu_utilisation": daemon_s / wall_s,
-        "client_cpu_s_per_gb": client_s / gb if gb else None,
-        "client_cpu_utilisation": client_s / wall_s,
-        "machine_busy": statistics.median(w["machine_busy"] for w in windows),
-        "windows": windows,
-    }
+    gb = sum(w["bytes"] for w in windows) / 1e9
+    summary.update(
+        daemon_cpu_s_per_gb=daemon_s / gb if gb else None,
+        daemon_cpu_utilisation=daemon_s / wall_s,
+        worker_cpu_utilisation=[sum(w["worker_cpu_s"][k] for w in windows) / wall_s
+                                for k in range(len(windows[0]["worker_cpu_s"]))],
+        client_cpu_s_per_gb=summary.pop("peer_cpu_s_per_gb"),
+        client_cpu_utilisation=summary.pop("peer_cpu_utilisation"))
+    return summary
 
 
-def explain(one: dict, many: dict, ratio: float | None, cpus: int) -> str:
-    """What the figures say limits several client processes (sentences for the report).
-
-    Saturated CPUs: the daemon's plus the clients' utilisation near the
-    CPUs there are (or the machine near fully busy).  A daemon near one CPU
-    is said too: past that, its threads' Python work (one interpreter lock)
-    may be what bounds it on a larger machine.
-    """
-    if ratio is None:
-        return "not measured"
-    n = many["processes"]
-    daemon, clients = many["daemon_cpu_utilisation"], many["client_cpu_utilisation"]
-    text = (f"{n} processes reach {ratio:.2f}x one.  With {n} the daemon used {daemon:.2f} CPU "
-            f"(with 1: {one['daemon_cpu_utilisation']:.2f}) and the clients {clients:.2f}, "
-            f"{daemon + clients:.2f} of {cpus} CPUs; the machine was "
-            f"{many['machine_busy']:.0%} busy (with 1: {one['machine_busy']:.0%}).")
-    if ratio >= TARGET_RATIO:
-        return text
-    limits = []
-    if many["machine_busy"] >= 0.9 or daemon + clients >= 0.9 * cpus:
-        limits.append(
-            f"the CPUs are saturated: every GB costs {many['daemon_cpu_s_per_gb']:.2f} CPU-s in "
-            f"the daemon and {many['client_cpu_s_per_gb']:.2f} in the clients, so once they "
-            "fill the cores more client processes only share the same CPU time")
-    if daemon >= 0.85:
-        limits.append("the daemon is at about one CPU, a share of this machine it cannot grow "
-                      "while clients need the rest (whether its threads, which share one "
-                      "interpreter lock, could use more cores is not shown here)")
-    if not limits:
-        limits.append("neither the CPUs nor the daemon are saturated: the limit is elsewhere "
-                      "(queueing in the daemon, memory bandwidth)")
-    return text + "  What limits them: " + "; and ".join(limits) + "."
+def _worker_cpu(client) -> dict[int, float]:
+    """Each data path worker's CPU seconds now (slot -> seconds); {} without workers."""
+    return {w.index: w.cpu_s for w in client.status().data_workers}
 
 
-def _machine_busy() -> tuple[float, float]:
-    """(busy, total) jiffies of all CPUs from /proc/stat's first line."""
-    with open("/proc/stat") as f:
-        fields = [int(x) for x in f.readline().split()[1:]]
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
-    total = sum(fields[:8])  # guest time is already in user
-    return total - idle, total
-
-
-def _worker_error(results) -> str:
-    try:
-        while True:
-            got = results.get(timeout=1.0)
-            if "error" in got:
-                return f"a client process failed: {got['error']}"
-    except queue.Empty:
-        return ""
-
-
-def _worker(address: str, dataset: str, workload: Workload, seed: int, runs: int,
+def _client(address: str, dataset: str, workload: Workload, seed: int, runs: int,
             duration_s: float, barrier, results) -> None:
     """One client process: warm up, then `runs` windows of `duration_s` started by `barrier`."""
     try:
@@ -189,18 +216,218 @@ def _worker(address: str, dataset: str, workload: Workload, seed: int, runs: int
                 cpu0 = self_cpu_s()
                 started = time.monotonic()
                 stop_at = started + duration_s
-                nbytes = samples = 0
+                nbytes = 0
                 while True:
                     out = ds.get_batch(batches[position % len(batches)])
                     position += 1
                     nbytes += sum(len(s) for s in out)
-                    samples += len(out)
                     del out  # the reply buffer goes back to the client's pool
                     now = time.monotonic()
                     if now >= stop_at:
                         break
-                results.put({"bytes": nbytes, "samples": samples, "started": started,
-                             "stopped": now, "cpu_s": self_cpu_s() - cpu0})
+                results.put({"bytes": nbytes, "started": started, "stopped": now,
+                             "cpu_s": self_cpu_s() - cpu0})
     except BaseException as exc:  # noqa: BLE001 - reported to the parent, which raises it
         results.put({"error": f"{type(exc).__name__}: {exc}"})
         barrier.abort()
+
+
+# --- the raw TCP side ------------------------------------------------------------------------
+
+def measure_raw(prepared: Prepared, connections: int, runs: int, duration_s: float) -> dict:
+    """N loopback TCP connections at once, each a sender process streaming into a receiver
+    process: `runs` windows of `duration_s`."""
+    workload = prepared.workload
+    batch_bytes = int(round(workload.mean_sample_bytes * workload.batch_size))
+    context = multiprocessing.get_context("spawn")
+    barrier = context.Barrier(connections + 1)
+    results = context.Queue()
+    receivers = [context.Process(target=_receiver, name=f"bench-raw-{k}",
+                                 args=(batch_bytes, runs, duration_s, barrier, results))
+                 for k in range(connections)]
+    for receiver in receivers:
+        receiver.start()
+    windows = []
+    try:
+        for _ in range(runs):
+            _wait(barrier, results)
+            busy0, wall0 = _machine_busy(), time.monotonic()
+            got = _collect(results, connections, duration_s)
+            busy1, wall1 = _machine_busy(), time.monotonic()
+            window = _window(got, wall1 - wall0, busy0, busy1)
+            window["sender_cpu_s"] = sum(g["sender_cpu_s"] for g in got)
+            windows.append(window)
+    finally:
+        _join(receivers)
+    summary = _summarise(windows)
+    gb = sum(w["bytes"] for w in windows) / 1e9
+    wall_s = sum(w["wall_s"] for w in windows)
+    sender_s = sum(w["sender_cpu_s"] for w in windows)
+    summary.update(sender_cpu_s_per_gb=sender_s / gb if gb else None,
+                   sender_cpu_utilisation=sender_s / wall_s,
+                   receiver_cpu_s_per_gb=summary.pop("peer_cpu_s_per_gb"),
+                   receiver_cpu_utilisation=summary.pop("peer_cpu_utilisation"),
+                   batch_bytes=batch_bytes)
+    return summary
+
+
+def _receiver(batch_bytes: int, runs: int, duration_s: float, barrier, results) -> None:
+    """One raw connection: start its sender, then `runs` windows of receiving."""
+    import numpy as np
+
+    from dlfs.sockio import recv_exactly
+
+    sender = None
+    try:
+        with socket.create_server(("127.0.0.1", 0)) as listener:
+            listener.settimeout(WORKER_START_TIMEOUT_S)
+            sender = subprocess.Popen([sys.executable, "-m", "bench.rawsend", "tcp",
+                                       "127.0.0.1", str(listener.getsockname()[1]),
+                                       str(batch_bytes)], cwd=REPO)
+            sock, _ = listener.accept()
+        sock.settimeout(None)
+        view = memoryview(np.empty(batch_bytes, dtype=np.uint8))
+        recv_exactly(sock, view)  # the stream flows
+        with sock:
+            for _ in range(runs):
+                barrier.wait(WORKER_START_TIMEOUT_S)
+                cpu0, sent0 = self_cpu_s(), process_cpu_s(sender.pid)
+                started = time.monotonic()
+                stop_at = started + duration_s
+                nbytes = 0
+                while True:
+                    recv_exactly(sock, view)
+                    nbytes += batch_bytes
+                    now = time.monotonic()
+                    if now >= stop_at:
+                        break
+                results.put({"bytes": nbytes, "started": started, "stopped": now,
+                             "cpu_s": self_cpu_s() - cpu0,
+                             "sender_cpu_s": process_cpu_s(sender.pid) - sent0})
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent, which raises it
+        results.put({"error": f"{type(exc).__name__}: {exc}"})
+        barrier.abort()
+    finally:
+        if sender is not None:  # our end closed: its next send fails and it exits
+            try:
+                sender.wait(10)
+            except subprocess.TimeoutExpired:
+                sender.kill()
+                sender.wait()
+
+
+# --- shared ---------------------------------------------------------------------------------
+
+def _wait(barrier, results) -> None:
+    try:
+        barrier.wait(WORKER_START_TIMEOUT_S)
+    except multiprocessing.BrokenBarrierError:
+        raise RuntimeError(_worker_error(results) or "a measuring process did not start")
+
+
+def _collect(results, processes: int, duration_s: float) -> list[dict]:
+    got = [results.get(timeout=duration_s + WORKER_START_TIMEOUT_S) for _ in range(processes)]
+    failed = [g["error"] for g in got if "error" in g]
+    if failed:
+        raise RuntimeError(f"a measuring process failed: {failed[0]}")
+    return got
+
+
+def _window(got: list[dict], wall_s: float, busy0, busy1) -> dict:
+    nbytes = sum(g["bytes"] for g in got)
+    span_s = max(g["stopped"] for g in got) - min(g["started"] for g in got)
+    return {"bytes": nbytes, "span_s": span_s, "gb_per_s": nbytes / 1e9 / span_s,
+            "wall_s": wall_s, "peer_cpu_s": sum(g["cpu_s"] for g in got),
+            "machine_busy": (busy1[0] - busy0[0]) / max(busy1[1] - busy0[1], 1e-9)}
+
+
+def _summarise(windows: list[dict]) -> dict:
+    rates = [w["gb_per_s"] for w in windows]
+    gb = sum(w["bytes"] for w in windows) / 1e9
+    wall_s = sum(w["wall_s"] for w in windows)
+    peer_s = sum(w["peer_cpu_s"] for w in windows)
+    return {"gb_per_s": statistics.median(rates), "gb_per_s_min": min(rates),
+            "gb_per_s_max": max(rates),
+            "peer_cpu_s_per_gb": peer_s / gb if gb else None,
+            "peer_cpu_utilisation": peer_s / wall_s,
+            "machine_busy": statistics.median(w["machine_busy"] for w in windows),
+            "windows": windows}
+
+
+def _join(processes) -> None:
+    for process in processes:
+        process.join(WORKER_START_TIMEOUT_S)
+        if process.is_alive():
+            process.kill()
+            process.join()
+
+
+def _machine_busy() -> tuple[float, float]:
+    """(busy, total) jiffies of all CPUs from /proc/stat's first line."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    total = sum(fields[:8])  # guest time is already in user
+    return total - idle, total
+
+
+def _worker_error(results) -> str:
+    try:
+        while True:
+            got = results.get(timeout=1.0)
+            if "error" in got:
+                return f"a measuring process failed: {got['error']}"
+    except queue.Empty:
+        return ""
+
+
+# --- alone: python -m bench.scaling ----------------------------------------------------------
+
+def main(argv: list[str] | None = None) -> int:
+    """Only this experiment: the 110 KB workload (generated if missing), a daemon, the
+    table; writes scaling.{md,json} to --out and prints the table."""
+    from bench import datagen, processes, report
+
+    parser = argparse.ArgumentParser(prog="python -m bench.scaling", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true",
+                        help="a small workload, one window of 0.5 s per case")
+    parser.add_argument("--clients", default="",
+                        help="client process counts, e.g. 1,2,4,8,12 (default: those of "
+                             f"{','.join(map(str, CLIENT_PROCESSES))} up to the CPUs)")
+    parser.add_argument("--runs", type=int, help="windows per case (default 3, quick 1)")
+    parser.add_argument("--seconds", type=float, help="seconds per window (default 3)")
+    parser.add_argument("--data-dir", default="/var/tmp/dlfs-bench")
+    parser.add_argument("--out", default=os.path.join(REPO, "bench", "results"))
+    parser.add_argument("--daemon-arg", action="append", default=[], metavar="ARG",
+                        help="extra dlfs-server argument (repeatable)")
+    args = parser.parse_args(argv)
+    workloads = datagen.quick_workloads() if args.quick else datagen.full_workloads()
+    workload = next(w for w in workloads if w.name == WORKLOAD)
+    data_dir = os.path.abspath(args.data_dir)
+    started = time.monotonic()
+    prepared = datagen.prepare_all([workload], data_dir,
+                                   log=lambda m: print(m, file=sys.stderr, flush=True))[0]
+    with processes.daemon(os.path.join(data_dir, "dlfs"), os.path.join(data_dir, "daemon.log"),
+                          args.daemon_arg) as daemon:
+        results = run(prepared, daemon.address, daemon.pid,
+                      runs=args.runs or (1 if args.quick else 3),
+                      duration_s=args.seconds or (0.5 if args.quick else 3.0),
+                      counts=client_counts(len(os.sched_getaffinity(0)), args.clients),
+                      log=lambda m: print(m, file=sys.stderr, flush=True))
+    results.update(
+        timestamp=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        git=git_info(REPO), machine=report.machine_info(data_dir), quick=args.quick,
+        elapsed_s=time.monotonic() - started, daemon_args=args.daemon_arg)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "scaling.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    text = "\n".join(report.scaling_markdown(results))
+    with open(os.path.join(args.out, "scaling.md"), "w") as f:
+        f.write(text + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

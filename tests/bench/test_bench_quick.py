@@ -94,19 +94,32 @@ def test_quick_benchmark_runs_and_writes_results(tmp_path):
     for prefix in ("warm 110 KB: best of dlfs-tcp-1", "warm 4 KB: best DLFS TCP row",
                    "warm 110 KB: daemon CPU-s/GB of dlfs-tcp-1",
                    "warm 110 KB: client CPU-s/GB of dlfs-tcp-1", "cold 4 KB: best DLFS TCP row",
-                   "cold 110 KB: best DLFS TCP row", "warm 110 KB: 4 client processes"):
+                   "cold 110 KB: best DLFS TCP row",
+                   "warm 110 KB: DLFS GB/s never falls as clients are added",
+                   "warm 110 KB: daemon CPU-s/GB <= 1.5x the raw senders'",
+                   "warm 110 KB: 8 client processes >= 0.6x raw TCP"):
         assert any(name.startswith(prefix) for name in targets), prefix
     warm110 = next(t for name, t in targets.items() if name.startswith("warm 110 KB: best of"))
     assert warm110["status"] in ("met", "missed") and warm110["detail"].startswith("dlfs-tcp")
 
     scaling = results["scaling"]
-    assert [c["processes"] for c in scaling["cases"]] == [1, 4]
+    cpus = len(os.sched_getaffinity(0))
+    assert [c["processes"] for c in scaling["cases"]] == [n for n in (1, 2, 4, 8, 12)
+                                                          if n <= cpus]
     for case in scaling["cases"]:
-        for field in ("gb_per_s", "samples_per_s", "daemon_cpu_s_per_gb",
-                      "daemon_cpu_utilisation", "client_cpu_s_per_gb", "machine_busy"):
-            assert isinstance(case[field], (int, float)) and case[field] >= 0, (case, field)
-        assert case["gb_per_s"] > 0
-    assert scaling["ratio"] > 0 and scaling["explanation"]
+        for side, fields in (("dlfs", ("gb_per_s", "daemon_cpu_s_per_gb",
+                                       "daemon_cpu_utilisation", "client_cpu_s_per_gb",
+                                       "machine_busy")),
+                             ("raw", ("gb_per_s", "sender_cpu_s_per_gb",
+                                      "receiver_cpu_s_per_gb", "machine_busy"))):
+            for field in fields:
+                value = case[side][field]
+                assert isinstance(value, (int, float)) and value >= 0, (case, side, field)
+            assert case[side]["gb_per_s"] > 0
+        assert case["ratio_to_raw"] > 0
+        # The daemon's workers show in it, each with its CPU share.
+        assert len(case["dlfs"]["worker_cpu_utilisation"]) == cpus
+    assert scaling["explanation"]
 
     memory = results["memory"]["index_build"]
     assert memory and all(m["bytes_per_sample"] > 0 for m in memory)

@@ -289,8 +289,8 @@ def test_status_and_metrics_add_up_over_the_workers(daemon_factory, tree):
             assert status.data_connections == 2 == sum(w.connections
                                                        for w in status.data_workers)
             address = status.metrics_address
-            assert metric(address, "dlfs_bytes_served_total") == expected
-            assert metric(address, "dlfs_batches_total", method="DataBatch") == \
+            assert metric(address, "dlfs_served_bytes_total") == expected
+            assert metric(address, "dlfs_reads_total", method="DataBatch") == \
                 status.batches_served
             assert sum(metric(address, "dlfs_data_worker_served_bytes_total", worker=str(k))
                        for k in range(2)) == expected
@@ -299,7 +299,7 @@ def test_status_and_metrics_add_up_over_the_workers(daemon_factory, tree):
             wait_until(lambda: first.status().data_workers[0].restarts == 1,
                        "the worker is restarted", 60)
             assert first.status().bytes_served == expected
-            assert metric(address, "dlfs_bytes_served_total") == expected
+            assert metric(address, "dlfs_served_bytes_total") == expected
         finally:
             second.close()
 

@@ -150,11 +150,15 @@ class Worker:
         self.send({"type": "ack", "seq": seq})
 
     def _stats(self, question: int) -> dict:
-        """This worker's counters (every dlfs_* sample of its registry) and figures."""
+        """This worker's figures, and the samples of its registry that add up over the
+        daemon's processes: its dlfs_* counters and histograms, and its data connections
+        (not gauges such as dlfs_build_info, nor the process_* and python_* families)."""
+        connections = self.store.metrics.data_connections.describe()[0].name
         samples = [[s.name, s.labels, s.value]
                    for family in self.store.metrics.registry.collect()
-                   for s in family.samples
-                   if s.name.startswith("dlfs_") and not s.name.endswith("_created")]
+                   if family.name.startswith("dlfs_") and (
+                       family.type in ("counter", "histogram") or family.name == connections)
+                   for s in family.samples if not s.name.endswith("_created")]
         times = os.times()
         served = self.store.metrics.bytes_served.collect()[0].samples
         return {"type": "stats_reply", "id": question, "samples": samples, "pid": os.getpid(),
