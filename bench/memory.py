@@ -13,7 +13,13 @@ Two experiments:
 2. *Daemon restart* (full runs): a data dir holding one dataset of N
    one-byte samples is written once through `Store` (cached), then the real
    daemon is started on it: time until it serves, and its VmRSS / VmHWM,
-   against the same daemon on an empty data dir.
+   against the same daemon on an empty data dir.  With its data path
+   workers (the default) each worker's RSS and PSS are reported too, and
+   the PSS of all the daemon's processes together: the index of a dataset
+   is one shared mapping, so its pages count once in the sum of PSS
+   (shared pages are split among the processes that touched them) but in
+   every process's RSS.  The same start with `--datapath-workers 0` (one
+   process) is the reference.
 
     python -m bench.memory [--samples 1000000] [--restart] [--data-dir DIR]
 """
@@ -140,18 +146,50 @@ def daemon_restart(data_dir: str, n: int, log=print) -> dict:
     empty_dir = os.path.join(data_dir, "memory-empty")
     write_s = _build_restart_data_dir(full_dir, n, log)
     out = {"samples": n, "write_s": write_s}
-    for label, directory in (("empty", empty_dir), ("full", full_dir)):
-        os.makedirs(directory, exist_ok=True)
-        with processes.daemon(directory,
-                              os.path.join(data_dir, f"memory-daemon-{label}.log")) as daemon:
-            time.sleep(0.5)  # let the gRPC threads settle
-            out[f"{label}_startup_s"] = daemon.startup_s
-            out[f"{label}_rss_kib"] = proc_status_kib(daemon.pid, "VmRSS")
-            out[f"{label}_hwm_kib"] = proc_status_kib(daemon.pid, "VmHWM")
-    out["rss_delta_bytes"] = (out["full_rss_kib"] - out["empty_rss_kib"]) * 1024
-    out["bytes_per_sample"] = out["rss_delta_bytes"] / n
-    out["peak_bytes_per_sample"] = (out["full_hwm_kib"] - out["empty_rss_kib"]) * 1024 / n
+    for workers, prefix in ((None, ""), (0, "one_process_")):
+        extra = [] if workers is None else ["--datapath-workers", str(workers)]
+        for label, directory in (("empty", empty_dir), ("full", full_dir)):
+            os.makedirs(directory, exist_ok=True)
+            with processes.daemon(directory, os.path.join(
+                    data_dir, f"memory-daemon-{prefix}{label}.log"), extra) as daemon:
+                time.sleep(0.5)  # let the gRPC threads settle
+                out[f"{prefix}{label}_startup_s"] = daemon.startup_s
+                out[f"{prefix}{label}_rss_kib"] = proc_status_kib(daemon.pid, "VmRSS")
+                out[f"{prefix}{label}_hwm_kib"] = proc_status_kib(daemon.pid, "VmHWM")
+                tree = _process_tree_memory(daemon.pid)
+                out[f"{prefix}{label}_pss_kib"] = sum(p["pss_kib"] for p in tree)
+                out[f"{prefix}{label}_workers"] = tree[1:]
+        out[f"{prefix}rss_delta_bytes"] = (out[f"{prefix}full_rss_kib"]
+                                           - out[f"{prefix}empty_rss_kib"]) * 1024
+        out[f"{prefix}bytes_per_sample"] = out[f"{prefix}rss_delta_bytes"] / n
+        out[f"{prefix}pss_bytes_per_sample"] = (out[f"{prefix}full_pss_kib"]
+                                                - out[f"{prefix}empty_pss_kib"]) * 1024 / n
+        out[f"{prefix}peak_bytes_per_sample"] = (out[f"{prefix}full_hwm_kib"]
+                                                 - out[f"{prefix}empty_rss_kib"]) * 1024 / n
     return out
+
+
+def _process_tree_memory(pid: int) -> list[dict]:
+    """RSS and PSS (KiB) of process `pid`, then of each of its children (the data path
+    workers), from /proc."""
+    found = []
+    for member in [pid] + _children(pid):
+        pss = 0
+        with open(f"/proc/{member}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    pss = int(line.split()[1])
+        found.append({"pid": member, "rss_kib": proc_status_kib(member, "VmRSS"),
+                      "pss_kib": pss})
+    return found
+
+
+def _children(pid: int) -> list[int]:
+    children = []
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{tid}/children") as f:
+            children += [int(c) for c in f.read().split()]
+    return children
 
 
 def run(sizes: list[int], restart_samples: int | None, data_dir: str, log=print) -> dict:
@@ -171,8 +209,11 @@ def run(sizes: list[int], restart_samples: int | None, data_dir: str, log=print)
         restart = daemon_restart(data_dir, restart_samples, log)
         log(f"bench: memory: daemon with {restart_samples:,} samples: RSS "
             f"{restart['full_rss_kib'] / 1024:.0f} MiB (empty {restart['empty_rss_kib'] / 1024:.0f}"
-            f" MiB; {restart['bytes_per_sample']:.0f} B/sample), peak "
-            f"{restart['full_hwm_kib'] / 1024:.0f} MiB, ready in {restart['full_startup_s']:.1f} s")
+            f" MiB; {restart['bytes_per_sample']:.0f} B/sample), all its processes' PSS "
+            f"{restart['pss_bytes_per_sample']:.0f} B/sample, peak "
+            f"{restart['full_hwm_kib'] / 1024:.0f} MiB, ready in {restart['full_startup_s']:.1f} s; "
+            f"one process: RSS {restart['one_process_full_rss_kib'] / 1024:.0f} MiB "
+            f"({restart['one_process_bytes_per_sample']:.0f} B/sample)")
         out["daemon_restart"] = restart
     return out
 

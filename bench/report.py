@@ -430,6 +430,19 @@ def markdown(results: dict) -> str:
                 f"{restart['empty_rss_kib'] / 1024:.0f} MiB; {restart['bytes_per_sample']:.0f} "
                 f"B/sample), peak {restart['full_hwm_kib'] / 1024:.0f} MiB, serving after "
                 f"{restart['full_startup_s']:.1f} s (empty: {restart['empty_startup_s']:.1f} s).")
+            if "pss_bytes_per_sample" in restart:
+                workers = restart["full_workers"]
+                lines.append("")
+                lines.append(
+                    f"With its {len(workers)} data path workers (the figures above are the main "
+                    "process's): each worker's RSS "
+                    + ", ".join(f"{w['rss_kib'] / 1024:.0f}" for w in workers)
+                    + " MiB (PSS " + ", ".join(f"{w['pss_kib'] / 1024:.0f}" for w in workers)
+                    + f" MiB); all the daemon's processes together {restart['pss_bytes_per_sample']:.0f}"
+                    " B/sample of PSS (the shared index counted once).  One process "
+                    "(--datapath-workers 0): RSS "
+                    f"{restart['one_process_full_rss_kib'] / 1024:.0f} MiB, "
+                    f"{restart['one_process_bytes_per_sample']:.0f} B/sample.")
         lines.append("")
     lines += scaling_markdown(results.get("scaling"))
     lines += ingest_bench.markdown(results.get("ingest"))

@@ -178,3 +178,22 @@ def test_cluster_benchmark_runs(tmp_path):
     for row in results["model"]:
         assert row["load_max_over_mean"] >= 1.0
         assert abs(row["moved_when_adding_one"] - row["expected_moved"]) < 0.05
+
+
+@pytest.mark.timeout(300)
+def test_scaling_runs_alone_as_on_the_gpu_machine(tmp_path):
+    """`python -m bench.scaling`, the command the 16-core machine runs: its own data, daemon
+    and report, both sides for each client count."""
+    proc = subprocess.run([sys.executable, "-m", "bench.scaling", "--quick", "--clients", "1,2",
+                           "--data-dir", str(tmp_path / "data"), "--out", str(tmp_path)],
+                          cwd=REPO, capture_output=True, text=True, timeout=280)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    with open(tmp_path / "scaling.json") as f:
+        results = json.load(f)
+    assert [c["processes"] for c in results["cases"]] == [1, 2]
+    for case in results["cases"]:
+        assert case["dlfs"]["gb_per_s"] > 0 and case["raw"]["gb_per_s"] > 0
+        assert case["dlfs"]["daemon_cpu_s_per_gb"] > 0 and case["raw"]["sender_cpu_s_per_gb"] > 0
+    names = [t[0] for t in results["targets"]]
+    assert any("never falls" in name for name in names)
+    assert "| clients N | DLFS GB/s | raw TCP GB/s |" in (tmp_path / "scaling.md").read_text()
