@@ -18,7 +18,7 @@ import pytest
 
 import dlfs
 from conftest import wait_until, write_tree
-from dlfs import Client
+from dlfs import Client, limits
 from dlfs.formats import datapath_frames as frames
 from dlfs.sockio import recv_exactly
 
@@ -327,3 +327,43 @@ def test_ingests_over_the_data_path_are_handed_to_the_main_process(daemon_factor
             client.ingest(str(root), "ds", via="datapath")  # the main process answers it
         paths = sorted(files)
         assert bytes(client.dataset("ds").get_batch([7])[0]) == files[paths[7]]
+
+
+def test_reads_of_a_dataset_being_published_never_hold_the_publish_up(daemon_factory, tmp_path):
+    """A worker that lacks a dataset asks the main process why, while the main process may
+    be publishing that very dataset and waiting for the worker's acknowledgement: the
+    question must not block the acknowledgement (nor kill the worker)."""
+    write_tree(tmp_path / "src", {f"{i:02d}": bytes([i]) * 100 for i in range(16)})
+    daemon = daemon_factory(extra_args=WORKERS)
+    stop = threading.Event()
+    answers = {"found": 0, "missing": 0}
+
+    def ask():
+        with Client(daemon.address, data_path="tcp") as client:
+            data = client.transport.data_path()
+            while not stop.is_set():
+                try:
+                    data.get_batch("churn", np.array([0]))
+                    answers["found"] += 1
+                except (dlfs.NotFound, dlfs.StaleGeneration):
+                    answers["missing"] += 1
+
+    askers = [threading.Thread(target=ask) for _ in range(4)]
+    for thread in askers:
+        thread.start()
+    try:
+        with Client(daemon.address) as writer:
+            for _ in range(6):
+                started = time.monotonic()
+                writer.ingest(str(tmp_path / "src"), "churn", via="grpc")
+                writer.delete("churn")
+                assert time.monotonic() - started < limits.worker_ack_timeout_s
+    finally:
+        stop.set()
+        for thread in askers:
+            thread.join(60)
+    assert answers["missing"] and answers["found"]
+    assert "did not apply a dataset change" not in daemon.log()
+    with Client(daemon.address) as client:
+        assert all(w.restarts == 0 for w in client.status().data_workers)
+

@@ -77,6 +77,9 @@ class SampleArrays:
         self.mode, self.mtime_ns = mode, mtime_ns
         self.holders = holders
         self.blocks = blocks
+        # The sealed memfd the arrays are views of, when other processes serve this
+        # dataset too (shared_index.share); None while they are private.
+        self.shared_index = None
         if (self.holders is None) != (cluster is None):
             raise InvalidArgument(f"dataset {name!r}: sample holders and cluster members must "
                                   "come together")

@@ -26,7 +26,8 @@ class DirectoryMirror(Protocol):
     """Who else must see the directory's changes before they are acknowledged."""
 
     def prepare(self, dataset: DatasetIndex) -> None:
-        """Called before `dataset` is published, outside the lock (may take time)."""
+        """Called before `dataset` is published, before its publishing is durable and
+        outside the lock (it may take time, and fail with OSError)."""
 
     def attached(self, datasets: list[DatasetIndex]) -> None:
         """Called once, under the lock, with every dataset published so far."""
@@ -72,11 +73,15 @@ class SampleDirectory:
         with self._lock:
             return [self._datasets[name] for name in sorted(self._datasets)]
 
+    def prepare(self, dataset: DatasetIndex) -> None:
+        """Get `dataset` ready to be published (with a mirror: `DirectoryMirror.prepare`),
+        before the record that makes its publishing durable.  Raises OSError."""
+        if self._mirror is not None:
+            self._mirror.prepare(dataset)
+
     def publish(self, dataset: DatasetIndex) -> DatasetIndex | None:
         """Make `dataset` visible under its name; return the one it replaced.  With a
         mirror, returns once the mirror applied the change (see DirectoryMirror)."""
-        if self._mirror is not None:
-            self._mirror.prepare(dataset)
         with self._lock:
             previous = self._datasets.get(dataset.name)
             self._datasets[dataset.name] = dataset

@@ -42,6 +42,32 @@ _SEALS = fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_S
 _NAME_CHARS_MAX = 200
 
 
+class SharedIndex:
+    """The sealed memfd of one dataset's index (`export`), owned: `close()` closes the
+    descriptor (the mappings made from it live on); so does losing the last
+    reference, so an index exported for an ingest that then failed leaks nothing."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+
+    def close(self) -> None:
+        fd, self.fd = self.fd, -1
+        if fd >= 0:
+            os.close(fd)
+
+    def __del__(self):
+        self.close()
+
+
+def share(arrays: SampleArrays) -> SharedIndex:
+    """Export `arrays` into a sealed memfd and make them use its mapping (`export`, then
+    `adopt`): their private copies are freed.  Cost: one copy of the arrays.  Raises
+    OSError (ENOMEM, EMFILE)."""
+    handle = SharedIndex(export(arrays))
+    adopt(arrays, handle.fd)
+    return handle
+
+
 def _columns(arrays: SampleArrays) -> dict[str, np.ndarray]:
     columns = {field: getattr(arrays, field) for field in SampleArrays.COLUMNS}
     if arrays.holders is not None:

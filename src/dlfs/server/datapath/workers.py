@@ -126,8 +126,8 @@ class WorkerSupervisor:
         self._slots: list[_Worker | None] = [None] * count
         self._restarts = [0] * count
         self._seq = 0  # sequence number of the last change of the directory
-        self._datasets: dict[str, tuple[SampleArrays, int]] = {}  # name -> (dataset, index fd)
-        self._exported: dict[int, int] = {}  # dataset id -> index fd, before publishing
+        # name -> (dataset, its shared index): what a starting worker is sent.
+        self._datasets: dict[str, tuple[SampleArrays, shared_index.SharedIndex]] = {}
         self._holders: dict[int, set[_Worker]] = collections.defaultdict(set)
         self._pending_free: dict[int, Callable[[], None]] = {}
         self._retired: dict[tuple, float] = collections.defaultdict(float)
@@ -184,12 +184,9 @@ class WorkerSupervisor:
                 worker.process.wait()
         self._spawner.join(limits.worker_stop_grace_s)
         with self._lock:
-            for _dataset, fd in self._datasets.values():
-                os.close(fd)
+            for _dataset, index in self._datasets.values():
+                index.close()
             self._datasets.clear()
-            for fd in self._exported.values():
-                os.close(fd)
-            self._exported.clear()
 
     # --- starting workers -------------------------------------------------------------------
 
@@ -236,8 +233,8 @@ class WorkerSupervisor:
         current dataset, then `state_end`; from now on it gets every change.  Caller
         holds the lock (no change can come in between)."""
         try:
-            for dataset, fd in self._datasets.values():
-                worker.channel.send(self._publish_message(dataset, self._seq), [fd])
+            for dataset, index in self._datasets.values():
+                worker.channel.send(self._publish_message(dataset, self._seq), [index.fd])
                 self._holders[dataset.dataset_id].add(worker)
             worker.channel.send({"type": "state_end", "seq": self._seq})
         except (ChannelClosed, OSError) as exc:
@@ -291,9 +288,10 @@ class WorkerSupervisor:
                 worker.stats = message
                 self._lock.notify_all()
         elif kind == "missing":
-            error = self._explain(message["name"], message["generation"])
-            worker.channel.send({"type": "missing_reply", "id": message["id"],
-                                 "error": error})
+            # Not on this thread: the answer may wait for the ingest lock, whose holder
+            # may be waiting for this worker's ack, which this thread must read.
+            threading.Thread(target=self._answer_missing, args=(worker, message),
+                             daemon=True, name="dlfs-data-worker-question").start()
         elif kind == "first_read":
             self.store.first_read_elsewhere(message["name"], message["generation"])
         elif kind == "ingest":
@@ -319,13 +317,18 @@ class WorkerSupervisor:
         if worker.restarts:
             log.info("data path worker %d serves again (pid %d)", worker.slot, worker.pid)
 
-    def _explain(self, name: str, generation: int) -> list | None:
-        """[error class, message] of why `name` cannot be read now, or None."""
+    def _answer_missing(self, worker: _Worker, message: dict) -> None:
+        """Tell `worker` why the dataset it lacks cannot be read: [error class, message],
+        or None when it can (its publish is then ahead of this answer on the channel)."""
         try:
-            self.store.check_readable(name, generation)
+            self.store.check_readable(message["name"], message["generation"])
+            error = None
         except DlfsError as exc:
-            return [type(exc).__name__, exc.message]
-        return None
+            error = [type(exc).__name__, exc.message]
+        try:
+            worker.channel.send({"type": "missing_reply", "id": message["id"], "error": error})
+        except (ChannelClosed, OSError):
+            pass  # it died: the question died with it
 
     def _died(self, worker: _Worker) -> None:
         """A worker's channel ended: reap it, forget what it held, start another."""
@@ -367,42 +370,37 @@ class WorkerSupervisor:
     # --- the directory's mirror (core/sealed_datasets.DirectoryMirror) -------------------
 
     def prepare(self, dataset: SampleArrays) -> None:
-        """Export `dataset` into a shared index and make it use that copy (before it is
-        published, outside the directory's lock: a copy of its arrays)."""
-        fd = shared_index.export(dataset)
-        shared_index.adopt(dataset, fd)
-        with self._lock:
-            self._exported[dataset.dataset_id] = fd
+        """Export `dataset` into a shared index and make it use that copy, before its
+        publishing is durable (core/shared_index.share: a copy of its arrays).  Raises
+        OSError."""
+        dataset.shared_index = shared_index.share(dataset)
 
     def attached(self, datasets: list[SampleArrays]) -> None:
         """The datasets published before the workers: exported now."""
         for dataset in datasets:
             self.prepare(dataset)
             with self._lock:
-                self._datasets[dataset.name] = (dataset, self._exported.pop(dataset.dataset_id))
+                self._datasets[dataset.name] = (dataset, dataset.shared_index)
 
     def published(self, dataset: SampleArrays,
                   previous: SampleArrays | None) -> Callable[[], None]:
-        with self._lock:
-            fd = self._exported.pop(dataset.dataset_id, None)
-        if fd is None:  # published without `prepare` (attached in between)
-            self.prepare(dataset)
-            with self._lock:
-                fd = self._exported.pop(dataset.dataset_id)
+        if getattr(dataset, "shared_index", None) is None:
+            self.prepare(dataset)  # attached between its `prepare` and its publishing
+        index = dataset.shared_index
         with self._lock:
             old = self._datasets.pop(dataset.name, None)
             if old is not None:
-                os.close(old[1])  # workers have theirs; no new worker needs this one
-            self._datasets[dataset.name] = (dataset, fd)
+                old[1].close()  # workers have theirs; no new worker needs this one
+            self._datasets[dataset.name] = (dataset, index)
             self._seq += 1
-            return self._broadcast(self._publish_message(dataset, self._seq), [fd],
+            return self._broadcast(self._publish_message(dataset, self._seq), [index.fd],
                                    holds=dataset.dataset_id)
 
     def removed(self, dataset: SampleArrays) -> Callable[[], None]:
         with self._lock:
             old = self._datasets.pop(dataset.name, None)
             if old is not None:
-                os.close(old[1])
+                old[1].close()
             self._seq += 1
             return self._broadcast({"type": "remove", "seq": self._seq, "name": dataset.name,
                                     "dataset_id": dataset.dataset_id}, [])

@@ -515,6 +515,9 @@ class IngestMachine:
         of a member that voted yes.
         """
         try:
+            # Before the SEAL: a failure here (no memory for the index the data path's
+            # workers share) leaves nothing durable to undo.
+            self._directory.prepare(index)
             with self._mutex:
                 self._expect(session, expected)
                 previous = self._directory.find(session.name)
