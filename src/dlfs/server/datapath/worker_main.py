@@ -63,8 +63,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     assert message["type"] == "start", message
     settings = WorkerSettings.from_message(message["settings"])
-    logs.configure(settings.log_level, settings.log_format,
-                   program=f"dlfs-server worker {args.index}")
+    # The daemon's program name: its log is one stream; the pid tells the processes
+    # apart (`dlfs status` lists the workers' pids).
+    logs.configure(settings.log_level, settings.log_format, program="dlfs-server")
     listeners = [socket.socket(fileno=fd) for fd in args.listen_fd]
     worker = Worker(args.index, settings, channel, listeners)
     worker.send({"type": "hello", "pid": os.getpid()})
