@@ -26,6 +26,7 @@ from dlfs.errors import (
     PermissionDenied,
     ResumeConflict,
     StaleGeneration,
+    StorageFailed,
     StorageFull,
     Unauthenticated,
     Unavailable,
@@ -42,7 +43,7 @@ __all__ = [
     "DatasetTicket",
     "DeadlineExceeded", "DlfsError", "Entry", "FailedPrecondition", "Internal",
     "InvalidArgument", "NotFound", "Overloaded", "PermissionDenied", "ResumeConflict",
-    "StaleGeneration", "StorageFull",
+    "StaleGeneration", "StorageFailed", "StorageFull",
     "Unauthenticated", "Unavailable", "request_id",
 ]
 

@@ -9,7 +9,8 @@ import pytest
 
 from conftest import store_read
 from dlfs.formats import ingest_digest
-from dlfs.errors import AlreadyExists, DataCorruption, NotFound, ResumeConflict, Unavailable
+from dlfs.errors import (AlreadyExists, DataCorruption, FailedPrecondition, NotFound,
+                         ResumeConflict, Unavailable)
 from dlfs.server.core import catalog as cat
 from dlfs.server.config import ServerConfig
 from dlfs.server.ingest.ingest_registry import IngestState
@@ -169,10 +170,10 @@ def test_a_resume_refuses_an_extent_shorter_than_its_checkpoint(tmp_path):
     path = store.extents.extent_path(session.dataset_id, checkpoint.extent_no)
     os.truncate(path, checkpoint.extent_end - 1)  # a disk that lost synced bytes
     try:
-        with pytest.raises(DataCorruption, match="dlfs rm"):
+        with pytest.raises(DataCorruption, match="`dlfs discard ds` ends it"):
             store.ingests.resume("ds", 10)
         assert store.ingests.progress("ds").state == "parked"  # still there, to remove
-        store.delete("ds")
+        store.discard_ingest("ds")
     finally:
         store.close()
 
@@ -210,17 +211,43 @@ def test_parked_ingests_survive_compaction_and_expire(tmp_path):
     assert records[-1][0] is cat.RecordType.DELETE  # the expiry is durable
 
 
-def test_delete_discards_a_parked_ingest(tmp_path):
+def test_delete_and_discard_each_remove_only_what_they_name(tmp_path):
+    """A parked ingest and a sealed dataset of one name (a --replace that broke off):
+    DeleteDataset removes the dataset only, DiscardIngest the parked ingest only
+    (DeleteDataset used to discard both)."""
     store = Store.open(config(tmp_path))
     try:
-        session = store.ingests.begin("ds", resumable=True)
+        old = files_of("old", 5)
+        session = store.ingests.begin("ds")
+        send(session, old)
+        store.ingests.commit(session)
+        sealed_id = store.dataset("ds").dataset_id
+        session = store.ingests.begin("ds", replace=True, resumable=True)
         send(session, files_of("a", 10))
         store.ingests.break_off(session, "gone")
-        summary = store.delete("ds")
+        summary = store.discard_ingest("ds")
         assert (summary.samples, summary.sealed) == (10, False)
-        assert store.extents.dataset_ids_on_disk() == []
+        assert read_all(store, "ds") == old  # the sealed dataset is untouched
+        assert store.extents.dataset_ids_on_disk() == [sealed_id]
         with pytest.raises(NotFound):
             store.ingests.progress("ds")
+        with pytest.raises(NotFound, match="no parked ingest"):
+            store.discard_ingest("ds")
+
+        session = store.ingests.begin("ds", replace=True, resumable=True)
+        send(session, files_of("b", 10))
+        store.ingests.break_off(session, "gone")
+        assert store.delete("ds").sealed  # the dataset only
+        assert store.ingests.progress("ds").state == "parked"
+        assert store.extents.dataset_ids_on_disk() == [session.dataset_id]
+        with pytest.raises(NotFound, match="parked with 10 files: `dlfs discard ds` ends it"):
+            store.delete("ds")
+        session = store.ingests.resume("ds", 10, replace=True)  # still whole: resumable
+        with pytest.raises(FailedPrecondition, match="still receiving, not parked"):
+            store.discard_ingest("ds")
+        store.ingests.break_off(session, "gone again")
+        store.discard_ingest("ds")
+        assert store.extents.dataset_ids_on_disk() == []
         session = store.ingests.begin("ds")  # the name is free
         store.ingests.abort(session, "done")
     finally:

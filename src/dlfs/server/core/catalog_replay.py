@@ -75,6 +75,15 @@ def restore(catalog: cat.Catalog, logged, extents: ExtentStore,
     prepared: list[tuple[DatasetIndex, bool]] = []
     parked: list[ParkedIngest] = []
     for dataset_id, entry in replayed.items():
+        if (not entry.sealed and not entry.prepared and entry.checkpoint is not None
+                and entry.checkpoint.samples == 0):
+            # Broken off before its first file was durable: nothing to resume from,
+            # so it takes no space (a resume with nothing parked starts afresh).
+            log.warning("discarding the broken-off ingest of dataset %r: it held no file "
+                        "durably", entry.name)
+            catalog.append(records.RecordType.DELETE, records.encode_delete(dataset_id))
+            _remove_quietly(extents, dataset_id)
+            continue
         if not entry.sealed and not entry.prepared and entry.checkpoint is not None:
             checkpoint = entry.checkpoint
             entry.blocks = truncate_blocks(entry.blocks, checkpoint.samples)
