@@ -45,7 +45,12 @@ streamed in archive order without extracting anything):
   not valid UTF-8 stop the ingest with InvalidArgument naming the archive
   and the member: extracting such an archive would write outside its
   directory, and DLFS refuses to guess what was meant;
-- mode and mtime come from the member's header (mtime in whole seconds).
+- mode and mtime come from the member's header (mtime in whole seconds);
+- an archive is read to its declared end (`dlfs.staging.tar_end`): a damaged
+  or missing header, or a compressed stream that fails its check, stops the
+  ingest with InvalidArgument naming the byte offset and the member it
+  followed (tarfile would end quietly there, a shorter archive), before the
+  stream's end is sent: nothing is sealed or replaced from such an archive.
 
 Several sources make one dataset: their entries share one namespace, in the
 order the sources were given (archives of a glob or a directory in sorted
@@ -73,6 +78,7 @@ from typing import Callable, Iterator, Sequence
 
 from dlfs.errors import InvalidArgument, NotFound
 from dlfs.paths import check_sample_path
+from dlfs.staging.tar_end import check_end, open_archive
 
 log = logging.getLogger(__name__)
 
@@ -587,8 +593,7 @@ class TarSource:
     def _open(self, direct: bool = False):
         self._raw = open_sequential(self.path) if direct else open(self.path, "rb")
         try:
-            return tarfile.open(fileobj=self._raw, mode="r:*", encoding="utf-8",
-                                errors="surrogateescape")
+            return open_archive(self._raw, self.path)
         except tarfile.TarError as exc:
             self._raw.close()
             raise InvalidArgument(f"{self.path!r} is not a tar archive tarfile can read "
@@ -599,6 +604,7 @@ class TarSource:
         self._raw = None
         tf = self._open(direct=read)
         links: list[_Link] = []
+        last = None  # the last member's name, for messages
         try:
             while True:
                 try:
@@ -606,8 +612,10 @@ class TarSource:
                 except tarfile.TarError as exc:
                     raise InvalidArgument(f"archive {self.path!r} is damaged after "
                                           f"{self._position()} bytes: {exc}") from None
-                if member is None:
+                if member is None:  # its end, or a header tarfile could not read
+                    check_end(tf, self._raw, self.path, last)
                     break
+                last = member.name
                 tf.members = []  # tarfile keeps every header otherwise: memory per member
                 taken = self._take(member, links)
                 if taken is None:
