@@ -16,7 +16,7 @@ import tarfile
 import pytest
 
 from dlfs.errors import InvalidArgument
-from dlfs.staging.sources import TarSource
+from dlfs.staging.tar_archive import TarSource
 
 MEMBER_BYTES = 1000  # one header block and two data blocks each
 MEMBER_SPAN = 512 + 1024
