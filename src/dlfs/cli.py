@@ -11,6 +11,7 @@
     dlfs [--server HOST:PORT] status
     dlfs [--server HOST:PORT] scrub NAME
     dlfs [--server HOST:PORT] rm NAME
+    dlfs [--server HOST:PORT] discard NAME
     dlfs [--server HOST:PORT[,HOST:PORT...]] settle NAME [--first-member-lost]
 
 `--server` defaults to $DLFS_SERVER, then 127.0.0.1:7010.  Errors print one
@@ -134,7 +135,7 @@ def cmd_warm(client: Client, args) -> int:
     return 0 if all(info.state in ("warm", "queued", "warming", "none") for info in infos) \
         else 1
 _INGEST_STATES = {
-    "parked": "  (ingest broke off: `dlfs ingest --resume` continues it, `dlfs rm` discards it)",
+    "parked": "  (ingest broke off: `dlfs ingest --resume` continues it, `dlfs discard` ends it)",
     "prepared": "  (ingest prepared, waiting for its commit)",
 }
 
@@ -236,7 +237,27 @@ def cmd_rebalance(client: Client, args) -> int:
 def cmd_rm(client: Client, args) -> int:
     info = client.delete(args.name)
     print(f"removed {info.name}: {info.samples} samples, {human_bytes(info.bytes)} freed")
+    left = _named(client, args.name)
+    if left is not None and left.ingest_state == "parked":  # rm never touches it
+        print(f"an ingest of {info.name} is still parked ({left.samples} files, "
+              f"{human_bytes(left.bytes)}): `dlfs discard {info.name}` ends it")
     return 0
+
+
+def cmd_discard(client: Client, args) -> int:
+    info = client.discard_ingest(args.name)
+    print(f"discarded the parked ingest of {info.name}: {info.samples} files, "
+          f"{human_bytes(info.bytes)} freed")
+    left = _named(client, args.name)
+    if left is not None and left.sealed:  # discard never touches it
+        print(f"dataset {info.name} is untouched: {left.samples} samples, "
+              f"{human_bytes(left.bytes)}")
+    return 0
+
+
+def _named(client: Client, name: str):
+    """The listing's entry for `name` (a sealed dataset before an unsealed ingest), or None."""
+    return next((info for info in client.dataset_infos() if info.name == name), None)
 
 
 def cmd_settle(client: Client, args) -> int:
@@ -344,9 +365,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--first-member-lost", action="store_true",
                    help="the first member will never come back: decide without it")
     p.set_defaults(run=cmd_settle)
-    p = sub.add_parser("rm", help="remove a dataset (and a parked ingest of that name)")
+    p = sub.add_parser("rm", help="remove a dataset and free its space (a parked ingest of "
+                       "that name stays: see discard)")
     p.add_argument("name")
     p.set_defaults(run=cmd_rm)
+    p = sub.add_parser("discard", help="end the parked (broken-off) ingest of NAME and free its "
+                       "space; a dataset NAME stays as it is")
+    p.add_argument("name")
+    p.set_defaults(run=cmd_discard)
     return parser
 
 

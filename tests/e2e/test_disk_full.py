@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 
 import numpy as np
 import pytest
 
 import dlfs
+from cli_advice import run_as_printed, run_dlfs, the_command
 from conftest import read_dataset, write_tree
 from dlfs import Client
-from small_disks import ext4_disk, extent_dirs, used_bytes
+from small_disks import ext4_disk, extent_dirs, tree_disk_bytes, used_bytes
 
 
 @pytest.fixture
@@ -124,3 +126,111 @@ def test_a_disk_error_mid_ingest_is_a_typed_error_and_leaves_nothing(daemon_fact
         assert client.dataset_infos() == []
         client.ingest(str(tmp_path / "src"), "ds", resumable=resumable, via=via)  # fired once
         assert read_dataset(client, "ds") == files
+
+
+PARKED = re.compile(r"the ingest is parked with ([\d,]+) files \(([\d,]+) bytes\) durable, "
+                    r"which take ([\d,]+) bytes of the data dir")
+
+
+def test_a_full_disk_parks_the_durable_files_and_each_piece_of_advice_works(daemon_factory,
+                                                                            tmp_path):
+    """Checkpoints every 4 MiB: the ingest that fills the disk keeps what its checkpoints
+    made durable, the error says how much and how to free it, and every command it
+    prints, run as printed, does what it says (a restart in between changes nothing)."""
+    with ext4_disk(tmp_path / "disk", DISK_MIB) as disk:
+        daemon = daemon_factory(data_dir=str(disk / "data"),
+                                extra_args=["--ingest-checkpoint-bytes", str(4 << 20)])
+        big_source(tmp_path / "filler", 20, 1_000_000, seed=4)
+        big = big_source(tmp_path / "big", 30, 1_000_000, seed=5)
+        assert run_dlfs(daemon.address, ["ingest", str(tmp_path / "filler"), "filler",
+                                         "--progress", "none"]).returncode == 0
+        command = ["ingest", str(tmp_path / "big"), "big", "--progress", "none"]
+        failed = run_dlfs(daemon.address, command)
+        assert failed.returncode == 1
+        message = failed.stderr
+        assert message.startswith("dlfs: StorageFull: no space left on the data dir while "
+                                  "writing dataset 'big'"), message
+        parked = PARKED.search(message)
+        assert parked, message
+        files, data_bytes, held = (int(g.replace(",", "")) for g in parked.groups())
+        assert files >= 4 and data_bytes == files * 1_000_000
+        [big_dir] = set(extent_dirs(daemon.data_dir)) - {extent_dirs(daemon.data_dir)[0]}
+        on_disk = tree_disk_bytes(os.path.join(daemon.data_dir, "extents", big_dir))
+        assert on_disk == held  # the extents were cut where the checkpoint ends
+        assert data_bytes <= held < data_bytes + (1 << 20)
+        daemon.restart()  # parked, with the same files and the same space
+        assert tree_disk_bytes(os.path.join(daemon.data_dir, "extents", big_dir)) == held
+        listed = run_as_printed(daemon.address, the_command(message, "dlfs datasets"))
+        assert listed.returncode == 0
+        assert listed.stdout.splitlines()[0].startswith(f"big\t{files} samples")
+        assert "ingest broke off" in listed.stdout.splitlines()[0]
+        assert listed.stdout.splitlines()[1].startswith("filler\t20 samples")
+        # "`dlfs rm NAME` deletes one": NAME is the user's to choose.
+        freed = run_as_printed(daemon.address,
+                               the_command(message, "dlfs rm").replace("NAME", "filler"))
+        assert freed.returncode == 0 and freed.stdout.startswith("removed filler: 20 samples")
+        # "run the same `dlfs ingest` command with --resume"
+        resumed = run_dlfs(daemon.address, command + ["--resume"])
+        assert resumed.returncode == 0, resumed.stderr
+        assert f"resumed after {files} files" in resumed.stdout
+        with Client(daemon.address) as client:
+            assert read_dataset(client, "big") == big
+
+        # Again, and this time `dlfs discard big2` as printed gives the space back.
+        before, kept = used_bytes(disk), extent_dirs(daemon.data_dir)
+        big_source(tmp_path / "big2", 30, 1_000_000, seed=6)
+        failed = run_dlfs(daemon.address, ["ingest", str(tmp_path / "big2"), "big2",
+                                           "--progress", "none"])
+        assert failed.returncode == 1 and PARKED.search(failed.stderr), failed.stderr
+        ended = run_as_printed(daemon.address, the_command(failed.stderr, "dlfs discard"))
+        assert ended.returncode == 0, ended.stderr
+        assert ended.stdout.startswith("discarded the parked ingest of big2")
+        assert extent_dirs(daemon.data_dir) == kept
+        assert used_bytes(disk) - before < 1 << 20
+        daemon.restart()
+        assert extent_dirs(daemon.data_dir) == kept
+        with Client(daemon.address) as client:
+            assert [i.name for i in client.dataset_infos()] == ["big"]
+            assert read_dataset(client, "big") == big
+
+
+def test_a_full_member_of_a_striped_ingest(daemon_factory, tmp_path):
+    """A striped ingest whose first member's disk fills: StorageFull names that member,
+    its space and the other member's are accounted for (nothing kept without
+    --resumable; with it, nothing durable on the full member, the other's part
+    kept for the resume), and the advice, run as printed, completes the ingest."""
+    with ext4_disk(tmp_path / "disk", DISK_MIB) as disk:
+        full = daemon_factory(data_dir=str(disk / "data"))
+        other = daemon_factory(extra_args=["--in-doubt-poll-s", "0.2"])
+        servers = f"{full.address},{other.address}"
+        big_source(tmp_path / "filler", 14, 1_000_000, seed=7)
+        assert run_dlfs(full.address, ["ingest", str(tmp_path / "filler"), "filler",
+                                       "--progress", "none"]).returncode == 0
+        source = big_source(tmp_path / "src", 80, 1_000_000, seed=8)  # about 40 MB each
+        kept = (extent_dirs(full.data_dir), extent_dirs(other.data_dir))
+        before = used_bytes(disk)
+        command = ["ingest", str(tmp_path / "src"), "ds", "--progress", "none"]
+
+        failed = run_dlfs(servers, command + ["--no-resumable"])
+        assert failed.returncode == 1
+        assert failed.stderr.startswith(f"dlfs: StorageFull: ingest into {full.address} "
+                                        "failed, nothing was kept: no space left on the data "
+                                        "dir while writing dataset 'ds'"), failed.stderr
+        assert (extent_dirs(full.data_dir), extent_dirs(other.data_dir)) == kept
+        assert used_bytes(disk) - before < 1 << 20
+
+        failed = run_dlfs(servers, command)  # resumable, the default
+        assert failed.returncode == 1
+        message = failed.stderr
+        assert message.startswith(f"dlfs: StorageFull: ingest into {full.address} failed: no "
+                                  "space left on the data dir"), message
+        assert "the ingest was discarded: nothing of it takes space" in message
+        assert extent_dirs(full.data_dir) == kept[0]
+        assert used_bytes(disk) - before < 1 << 20
+        freed = run_as_printed(servers,
+                               the_command(message, "dlfs rm").replace("NAME", "filler"))
+        assert freed.returncode == 0, freed.stderr
+        resumed = run_dlfs(servers, command + ["--resume"])
+        assert resumed.returncode == 0, resumed.stderr
+        with Client(servers) as client:
+            assert read_dataset(client, "ds") == source

@@ -687,14 +687,23 @@ class IngestMachine:
         """The end of an error message whose ingest was parked."""
         return (f"the ingest is parked with {samples:,} files ({size:,} bytes) durable, which "
                 f"take {held:,} bytes of the data dir for up to "
-                f"{self._resumable_ingest_timeout_s:,.0f} s (--resumable-ingest-timeout-s): run "
-                "the same `dlfs ingest` command with --resume to continue it, or "
+                f"{_duration(self._resumable_ingest_timeout_s)} (--resumable-ingest-timeout-s): "
+                "run the same `dlfs ingest` command with --resume to continue it, or "
                 f"`dlfs discard {session.name}` to end it and free that space")
 
     def _expect(self, session: IngestSession, state: IngestState) -> None:
         """Raise unless `session` is in `state` (caller holds `_mutex`)."""
         self.check_open()  # closing aborts every ingest: Unavailable says why
         self._registry.require(session, state)
+
+
+def _duration(seconds: float) -> str:
+    """'24 h', '90 min', '45 s': a timeout as an operator set it."""
+    if seconds >= 3600 and seconds % 3600 == 0:
+        return f"{seconds / 3600:.0f} h"
+    if seconds >= 60 and seconds % 60 == 0:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds:.0f} s"
 
 
 def with_outcome(exc: BaseException, note: str | None) -> BaseException:
