@@ -12,6 +12,7 @@ from dlfs.formats import ingest_digest
 from dlfs.errors import (AlreadyExists, DataCorruption, FailedPrecondition, NotFound,
                          ResumeConflict, Unavailable)
 from dlfs.server.core import catalog as cat
+from dlfs.server.core import faults
 from dlfs.server.config import ServerConfig
 from dlfs.server.ingest.ingest_registry import IngestState
 from dlfs.server.store import Store
@@ -264,3 +265,36 @@ def test_a_non_resumable_ingest_still_leaves_nothing(tmp_path):
         assert store.extents.dataset_ids_on_disk() == []
     finally:
         store.close()
+
+
+def test_a_discard_whose_record_meets_a_full_disk_still_frees_the_space(tmp_path):
+    """The DELETE of a discarded parked ingest cannot be written (ENOSPC at the catalog):
+    its extents go all the same, and the restart, finding a parked ingest whose
+    extents are gone, discards it instead of parking it again (a resume of it
+    could only fail)."""
+    store = Store.open(config(tmp_path))
+    session = store.ingests.begin("ds", resumable=True)
+    send(session, files_of("a", 10))
+    store.ingests.break_off(session, "gone")
+    plan = faults.install("write:1:ENOSPC")
+    faults.serving()
+    try:
+        assert store.discard_ingest("ds").samples == 10
+        assert plan.fired  # the DELETE met the full disk
+    finally:
+        faults.install(None)
+    try:
+        assert store.extents.dataset_ids_on_disk() == []
+        with pytest.raises(NotFound):
+            store.ingests.progress("ds")
+    finally:
+        store.close()
+    store = Store.open(config(tmp_path))
+    try:
+        with pytest.raises(NotFound):
+            store.ingests.progress("ds")
+        assert store.summaries() == []
+    finally:
+        store.close()
+    records = cat.scan(os.path.join(str(tmp_path / "data"), "catalog.log")).records
+    assert records[-1][0] is cat.RecordType.DELETE  # written by the restart

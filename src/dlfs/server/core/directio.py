@@ -136,7 +136,10 @@ class DirectAppender:
             if self._writer is not None:
                 self._writer.shutdown()
         finally:
-            os.close(fd)
+            try:
+                os.close(fd)
+            except OSError:
+                pass  # the data is being dropped; the descriptor is gone either way
             self._release_buffers()
 
     def _release_buffers(self) -> None:

@@ -24,7 +24,8 @@ import socket
 
 from dlfs import limits
 from dlfs.formats import datapath_frames as frames
-from dlfs.errors import Cancelled, DlfsError, InvalidArgument, PermissionDenied, StorageFailed
+from dlfs.errors import Cancelled, DlfsError, InvalidArgument, PermissionDenied
+from dlfs.server.core.extents import disk_error
 from dlfs.server.ingest.ingest_machine import with_outcome
 
 log = logging.getLogger("dlfs.server.datapath.listener")
@@ -116,9 +117,7 @@ def ingest(connection, request: frames.IngestStartRequest) -> None:
                         request.dataset, connection.peer, exc, note or "it had ended")
             raise _Closed() from None
         if isinstance(exc, OSError):  # not the socket's (that is _PeerGone): the disk's
-            exc = StorageFailed(f"the daemon's disk failed during the ingest of dataset "
-                                f"{request.dataset!r}: {exc}; check the data dir's device "
-                                "(dmesg)")
+            exc = disk_error(exc, f"dataset {request.dataset!r}")
         if isinstance(exc, DlfsError):
             # The error says what became of the ingest (parked or discarded).
             connection.fail(frames.Kind.INGEST_START, with_outcome(exc, note))

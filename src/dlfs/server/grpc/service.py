@@ -18,6 +18,7 @@ from dlfs.formats import grpc_chunks
 from dlfs.errors import Cancelled, InvalidArgument, Overloaded, ReplyTooLarge
 from dlfs.proto import dlfs_pb2 as pb
 from dlfs.proto import dlfs_pb2_grpc
+from dlfs.server.core.extents import disk_error
 from dlfs.server.grpc import messages
 from dlfs.server.ingest.ingest_machine import with_outcome
 from dlfs.server.store import Store
@@ -291,6 +292,8 @@ class DlfsServicer(dlfs_pb2_grpc.DlfsServicer):
             if isinstance(exc, grpc.RpcError) and not context.is_active():
                 raise Cancelled(f"the ingest stream broke off; {note or 'it had ended'}") \
                     from exc
+            if isinstance(exc, OSError) and session is not None:  # the disk's, untyped
+                exc = disk_error(exc, f"dataset {session.name!r}")
             # The error says what became of the ingest: parked (how much, and what
             # continues or ends it) or discarded.
             raise with_outcome(exc, note)
