@@ -9,8 +9,9 @@ import pytest
 
 from conftest import store_read
 from dlfs.formats import ingest_digest
+from dlfs.crc import crc32c
 from dlfs.errors import (AlreadyExists, DataCorruption, FailedPrecondition, NotFound,
-                         ResumeConflict, Unavailable)
+                         ResumeConflict, StorageFull, Unavailable)
 from dlfs.server.core import catalog as cat
 from dlfs.server.core import faults
 from dlfs.server.config import ServerConfig
@@ -298,3 +299,54 @@ def test_a_discard_whose_record_meets_a_full_disk_still_frees_the_space(tmp_path
         store.close()
     records = cat.scan(os.path.join(str(tmp_path / "data"), "catalog.log")).records
     assert records[-1][0] is cat.RecordType.DELETE  # written by the restart
+
+
+def test_a_catalog_write_that_fails_mid_block_parks_at_the_last_checkpoint(tmp_path):
+    """A striped member's SAMPLES record is written, its HOLDERS record meets a full
+    disk.  Writing that block again, as the checkpoint at the break did, left the
+    samples twice in the catalog, the first time without their holders; now the
+    session records nothing more and parks at its last checkpoint, whose later
+    records are void, and the resumed dataset comes out whole."""
+    from dlfs.server.core.directory import Cluster
+
+    cluster = Cluster(("a:1", "b:2"), 1, 0, 1 << 62 | 5)
+    store = Store.open(config(tmp_path, ingest_checkpoint_bytes=1 << 30))
+    first, rest = files_of("a", 4), files_of("b", 6)
+
+    def send_striped(session, files):
+        for i, (path, data) in enumerate(files.items()):
+            if i % 2:  # the other member holds every other file
+                session.add_remote(path, len(data), 0o100644, 7, crc32c(data), (1,))
+            else:
+                session.start_file(path, len(data), 0o100644, 7, holders=(0,))
+                session.write(data)
+
+    session = store.ingests.begin("ds", cluster=cluster, resumable=True)
+    send_striped(session, first)
+    session.take_checkpoint()
+    send_striped(session, rest)
+    plan = faults.install("write:3:ENOSPC")  # the extent's flush, SAMPLES, then HOLDERS
+    faults.serving()
+    try:
+        with pytest.raises(StorageFull):
+            session.take_checkpoint()
+        assert plan.fired
+    finally:
+        faults.install(None)
+    store.ingests.break_off(session, "the disk is full")
+    assert store.ingests.progress("ds").samples == 4  # back to the last checkpoint
+    store.close()
+    store = Store.open(config(tmp_path, ingest_checkpoint_bytes=1 << 30))
+    try:
+        assert (store.ingests.progress("ds").state, store.ingests.progress("ds").samples) == \
+            ("parked", 4)
+        session = store.ingests.resume("ds", 4, cluster=cluster)
+        send_striped(session, rest)
+        store.ingests.commit(session)
+        dataset = store.dataset("ds")
+        everything = {**first, **rest}
+        assert [dataset.path(i) for i in range(len(dataset))] == sorted(everything)
+        holders = [int(dataset.holders[i][0]) for i in range(len(dataset))]
+        assert holders == [list(everything).index(p) % 2 for p in sorted(everything)]
+    finally:
+        store.close()

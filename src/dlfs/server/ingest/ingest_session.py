@@ -28,7 +28,7 @@ from dlfs import limits
 from dlfs.formats import ingest_digest
 from dlfs.formats.block_crcs import BLOCK_BYTES, BlockHasher
 from dlfs.crc import crc32c
-from dlfs.errors import DataCorruption, InvalidArgument, Unavailable
+from dlfs.errors import DataCorruption, DlfsError, InvalidArgument, Unavailable
 from dlfs.formats.disk_layout import NO_EXTENT
 from dlfs.paths import check_sample_path
 from dlfs.server.core import catalog as cat
@@ -114,6 +114,8 @@ class IngestSession:
         # checkpoint.
         self._writing = threading.RLock()
         self._stopped = False
+        # The error of a catalog append of samples that failed (see `_flush_entries`).
+        self._records_failed: DlfsError | None = None
 
     @classmethod
     def restored(cls, name: str, dataset_id: int, created_ns: int, catalog: cat.Catalog,
@@ -278,6 +280,15 @@ class IngestSession:
             self._flush_entries()
 
     def _flush_entries(self) -> None:
+        """Append the pending samples' records (SAMPLES, HOLDERS, BLOCKS).  A failure
+        may leave some of one block's records in the catalog: the session then
+        appends no more entries (`_records_failed`), so no checkpoint or seal can
+        follow them; a resumable one goes back to its last checkpoint instead
+        (`park`), after which such records are void (checkpoints.py)."""
+        if self._records_failed is not None:
+            raise type(self._records_failed)(
+                f"{self._records_failed.message} (an earlier catalog write of this ingest "
+                "failed; it records nothing more)")
         if not self._pending:
             return
         columns = list(zip(*self._pending))
@@ -293,9 +304,13 @@ class IngestSession:
             block_crc=np.array(self._pending_block_crcs, dtype=np.uint32),
             block_bytes=BLOCK_BYTES,
         )
+        try:
+            for record_type, payload in records.block_records(self.dataset_id, block):
+                self._catalog.append(record_type, payload)
+        except DlfsError as exc:
+            self._records_failed = exc
+            raise
         self._pending_block_crcs = []
-        for record_type, payload in records.block_records(self.dataset_id, block):
-            self._catalog.append(record_type, payload)
         self._blocks.append(block)
         self._pending = []
 
@@ -396,6 +411,7 @@ class IngestSession:
                 self._writer.close()
                 self._writer = None
             self._pending, self._pending_block_crcs, self._holders = [], [], ()
+            self._records_failed = None  # what it appended past the checkpoint is void
             self._blocks = truncate_blocks(self._blocks, checkpoint.samples)
             self.samples, self.bytes = checkpoint.samples, checkpoint.bytes
             self.digest = checkpoint.digest
