@@ -96,8 +96,8 @@ def _dry_run(sources: SourceSet, name: str) -> int:
 
 def cmd_datasets(client: Client, args) -> int:
     for info in client.dataset_infos():
-        state = "" if info.sealed else _INGEST_STATES.get(info.ingest_state,
-                                                          "  (ingest in progress)")
+        state = "" if info.sealed else _INGEST_STATES.get(
+            info.ingest_state, "  (ingest in progress)").format(name=info.name)
         if info.sealed:
             state = _warm_state(client, info.name)
         print(f"{info.name}\t{info.samples} samples\t{human_bytes(info.bytes)}{state}")
@@ -135,7 +135,8 @@ def cmd_warm(client: Client, args) -> int:
     return 0 if all(info.state in ("warm", "queued", "warming", "none") for info in infos) \
         else 1
 _INGEST_STATES = {
-    "parked": "  (ingest broke off: `dlfs ingest --resume` continues it, `dlfs discard` ends it)",
+    "parked": "  (ingest broke off: the same `dlfs ingest` command with --resume continues it, "
+              "`dlfs discard {name}` ends it)",
     "prepared": "  (ingest prepared, waiting for its commit)",
 }
 

@@ -182,7 +182,11 @@ def test_a_full_disk_parks_the_durable_files_and_each_piece_of_advice_works(daem
         failed = run_dlfs(daemon.address, ["ingest", str(tmp_path / "big2"), "big2",
                                            "--progress", "none"])
         assert failed.returncode == 1 and PARKED.search(failed.stderr), failed.stderr
-        ended = run_as_printed(daemon.address, the_command(failed.stderr, "dlfs discard"))
+        discard = the_command(failed.stderr, "dlfs discard")
+        [listed] = [line for line in run_dlfs(daemon.address, ["datasets"]).stdout.splitlines()
+                    if line.startswith("big2\t")]
+        assert the_command(listed, "dlfs discard") == discard  # the listing says the same
+        ended = run_as_printed(daemon.address, discard)
         assert ended.returncode == 0, ended.stderr
         assert ended.stdout.startswith("discarded the parked ingest of big2")
         assert extent_dirs(daemon.data_dir) == kept
