@@ -22,11 +22,19 @@ def quoted_commands(message: str) -> list[str]:
 
 
 def the_command(message: str, starting: str) -> str:
-    """The one quoted command of `message` that starts with `starting`; fails the test
-    when there is none or several."""
-    found = [c for c in quoted_commands(message) if c.startswith(starting)]
+    """The one quoted command of `message` that starts with `starting` once a global
+    `--server ADDRESS` is left out ("dlfs discard" finds `dlfs --server H:P discard
+    ds` too); fails the test when there is none or several."""
+    found = [c for c in quoted_commands(message)
+             if shlex.join(_without_server(shlex.split(c))).startswith(starting)]
     assert len(found) == 1, f"no single `{starting}...` in: {message}"
     return found[0]
+
+
+def _without_server(words: list[str]) -> list[str]:
+    if len(words) > 2 and words[1] == "--server":
+        return words[:1] + words[3:]
+    return words
 
 
 def run_dlfs(address: str, argv: list[str], timeout_s: float = 120.0
@@ -37,7 +45,11 @@ def run_dlfs(address: str, argv: list[str], timeout_s: float = 120.0
 
 
 def run_as_printed(address: str, command: str) -> subprocess.CompletedProcess:
-    """Run the quoted `command` ("dlfs discard ds") against `address`."""
+    """Run the quoted `command` ("dlfs discard ds") against `address`, unless it names its
+    own --server (the CLI's advice does; the daemon's cannot know how it is reached)."""
     words = shlex.split(command)
     assert words[0] == "dlfs", command
+    if "--server" in words:
+        return subprocess.run([sys.executable, "-m", "dlfs.cli", *words[1:]],
+                              capture_output=True, text=True, timeout=120)
     return run_dlfs(address, words[1:])

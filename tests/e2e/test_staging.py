@@ -273,7 +273,7 @@ def test_a_damaged_tar_never_replaces_a_dataset_and_the_advice_does_what_it_says
     assert os.listdir(os.path.join(daemon.data_dir, "extents")) == []
     # Nothing is left to remove: both commands say so, and what there is.
     missing = run_dlfs(daemon.address, ["rm", "ds"])
-    assert missing.returncode == 1 and "NotFound: dataset 'ds' does not exist" in missing.stderr
+    assert missing.returncode == 1 and "NotFound: no dataset named 'ds'" in missing.stderr
     nothing = run_dlfs(daemon.address, ["discard", "ds"])
     assert nothing.returncode == 1 and "NotFound: no parked ingest of dataset 'ds'" in \
         nothing.stderr

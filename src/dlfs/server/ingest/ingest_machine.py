@@ -492,8 +492,9 @@ class IngestMachine:
             dataset = self._directory.find(name)
             if dataset is None:
                 found = self._registry.find(name)
-                raise NotFound(f"dataset {name!r} does not exist"
-                               + ("" if found is None else self._unsealed_hint(*found)))
+                if found is None:
+                    self._directory.get(name)  # raises NotFound, saying how to list them
+                raise NotFound(f"no dataset named {name!r}" + self._unsealed_hint(*found))
             # Durable first, then gone from listings: a failed append (disk full,
             # a failed catalog) leaves the dataset listed and whole.
             self._catalog.append(records.RecordType.DELETE,
