@@ -13,6 +13,7 @@ import dlfs
 from cli_advice import run_as_printed, run_dlfs, the_command
 from conftest import read_dataset, write_tree
 from dlfs import Client
+from dlfs.client.cluster.placement import place
 from small_disks import ext4_disk, extent_dirs, tree_disk_bytes, used_bytes
 
 
@@ -185,7 +186,9 @@ def test_a_full_disk_parks_the_durable_files_and_each_piece_of_advice_works(daem
         discard = the_command(failed.stderr, "dlfs discard")
         [listed] = [line for line in run_dlfs(daemon.address, ["datasets"]).stdout.splitlines()
                     if line.startswith("big2\t")]
-        assert the_command(listed, "dlfs discard") == discard  # the listing says the same
+        # The listing says the same, naming the daemon it asked.
+        assert the_command(listed, "dlfs discard") == \
+            f"dlfs --server {daemon.address} discard big2"
         ended = run_as_printed(daemon.address, discard)
         assert ended.returncode == 0, ended.stderr
         assert ended.stdout.startswith("discarded the parked ingest of big2")
@@ -198,6 +201,22 @@ def test_a_full_disk_parks_the_durable_files_and_each_piece_of_advice_works(daem
             assert read_dataset(client, "big") == big
 
 
+def striped_source(root, name: str, members: list[str], per_member: int) -> dict[str, bytes]:
+    """A tree of 1 MB files that a striped ingest as `name` over `members` (one replica)
+    places `per_member` on each member."""
+    rng = np.random.default_rng(8)
+    counts, tree, i = [0] * len(members), {}, 0
+    while min(counts) < per_member:
+        path = f"f{i:05d}.bin"
+        i += 1
+        holder = int(place(name, [path], members, 1)[0][0])
+        if counts[holder] < per_member:
+            counts[holder] += 1
+            tree[path] = rng.bytes(1_000_000)
+    write_tree(root, tree)
+    return tree
+
+
 def test_a_full_member_of_a_striped_ingest(daemon_factory, tmp_path):
     """A striped ingest whose first member's disk fills: StorageFull names that member,
     its space and the other member's are accounted for (nothing kept without
@@ -207,10 +226,13 @@ def test_a_full_member_of_a_striped_ingest(daemon_factory, tmp_path):
         full = daemon_factory(data_dir=str(disk / "data"))
         other = daemon_factory(extra_args=["--in-doubt-poll-s", "0.2"])
         servers = f"{full.address},{other.address}"
-        big_source(tmp_path / "filler", 14, 1_000_000, seed=7)
+        big_source(tmp_path / "filler", 20, 1_000_000, seed=7)
         assert run_dlfs(full.address, ["ingest", str(tmp_path / "filler"), "filler",
                                        "--progress", "none"]).returncode == 0
-        source = big_source(tmp_path / "src", 80, 1_000_000, seed=8)  # about 40 MB each
+        # 36 MB on each member: more than the full disk has left (about 26 MB), less than
+        # it has once the filler is removed (about 46 MB).  Placement hashes the members'
+        # addresses, so the names are picked for these two.
+        source = striped_source(tmp_path / "src", "ds", [full.address, other.address], 36)
         kept = (extent_dirs(full.data_dir), extent_dirs(other.data_dir))
         before = used_bytes(disk)
         command = ["ingest", str(tmp_path / "src"), "ds", "--progress", "none"]
