@@ -102,24 +102,31 @@ def test_a_full_disk_during_a_resumable_ingest_gives_its_space_back(daemon_facto
             assert read_dataset(client, "half") == half
 
 
-@pytest.mark.parametrize("via", ["datapath", "grpc"])
-@pytest.mark.parametrize("resumable", [True, False])
+@pytest.mark.parametrize("error, via, resumable", [
+    ("EIO", "datapath", True), ("EIO", "datapath", False), ("EIO", "grpc", True),
+    ("EIO", "grpc", False), ("EDQUOT", "datapath", True), ("EDQUOT", "grpc", False)])
 def test_a_disk_error_mid_ingest_is_a_typed_error_and_leaves_nothing(daemon_factory, tmp_path,
-                                                                     via, resumable):
-    """EIO at an extent write (the fault hook; before the first checkpoint): the
-    client gets StorageFailed saying the ingest was discarded, over both front
-    doors (the data path took the disk's OSError for its socket's and closed the
-    connection without a word), and nothing of the ingest stays."""
+                                                                     error, via, resumable):
+    """EIO (or EDQUOT, a quota: full for this user) at an extent write (the fault hook;
+    before the first checkpoint): the client gets StorageFailed (StorageFull) saying
+    the ingest was discarded, over both front doors (the data path took the disk's
+    OSError for its socket's and closed the connection without a word), and nothing
+    of the ingest stays."""
     daemon = daemon_factory(start=False)
-    daemon.extra_env = {"DLFS_FAULT": "write:40:EIO"}
+    daemon.extra_env = {"DLFS_FAULT": f"write:40:{error}"}
     daemon.start()
     files = big_source(tmp_path / "src", 100, 100_000)
+    expected = dlfs.StorageFailed if error == "EIO" else dlfs.StorageFull
     with Client(daemon.address) as client:
-        with pytest.raises(dlfs.StorageFailed) as caught:
+        with pytest.raises(expected) as caught:
             client.ingest(str(tmp_path / "src"), "ds", resumable=resumable, via=via)
         message = caught.value.message
-        assert "the daemon's disk failed while writing dataset 'ds'" in message, message
-        assert "(EIO)" in message and "dmesg" in message
+        if error == "EIO":
+            assert "the daemon's disk failed while writing dataset 'ds'" in message, message
+            assert "(EIO)" in message and "dmesg" in message
+        else:
+            assert message.startswith("no space left on the data dir while writing dataset "
+                                      "'ds'"), message
         assert message.endswith("the ingest was discarded: nothing of it takes space on the "
                                 "data dir"), message
         assert "fault injected: write #40" in daemon.log()
