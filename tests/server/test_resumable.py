@@ -233,7 +233,8 @@ def test_delete_and_discard_each_remove_only_what_they_name(tmp_path):
         assert store.extents.dataset_ids_on_disk() == [sealed_id]
         with pytest.raises(NotFound):
             store.ingests.progress("ds")
-        with pytest.raises(NotFound, match="no parked ingest"):
+        with pytest.raises(NotFound, match=r"no parked ingest .*; the sealed dataset 'ds' "
+                                           r"stays \(`dlfs rm ds` removes it\)"):
             store.discard_ingest("ds")
 
         session = store.ingests.begin("ds", replace=True, resumable=True)

@@ -263,8 +263,12 @@ class IngestMachine:
             self.check_open()
             found = self._registry.find(name)
             if found is None:
-                raise NotFound(f"no parked ingest of dataset {name!r} (never started, sealed, "
-                               "discarded, or not resumed within --resumable-ingest-timeout-s)")
+                sealed = self._directory.find(name) is not None
+                raise NotFound(
+                    f"no parked ingest of dataset {name!r} (never started, sealed, discarded, "
+                    "or not resumed within --resumable-ingest-timeout-s)"
+                    + (f"; the sealed dataset {name!r} stays (`dlfs rm {name}` removes it)"
+                       if sealed else ""))
             session, state = found
             if state is IngestState.RECEIVING:
                 raise FailedPrecondition(
