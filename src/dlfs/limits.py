@@ -205,7 +205,7 @@ striped_settle_attempts_max = 40
 ingest_checkpoint_bytes = 256 * MiB
 ingest_checkpoint_interval_s = 10.0
 # A parked ingest (resumable, broke off) not resumed within this is discarded
-# (daemon setting --resumable-ingest-timeout-s); `dlfs rm NAME` discards it sooner.
+# (daemon setting --resumable-ingest-timeout-s); `dlfs discard NAME` ends it sooner.
 resumable_ingest_timeout_s_default = 24 * 3600.0
 # An ingest asks the kernel to start writing its extent back after this many
 # bytes (sync_file_range), so the fsync of a checkpoint or of the seal finds

@@ -202,9 +202,14 @@ class Store:
         return [result[name] for name in sorted(result)]
 
     def delete(self, name: str) -> DatasetInfo:
-        """Remove dataset `name` (DeleteDataset): see IngestMachine.delete, which owns
-        the lock a delete shares with publishing."""
+        """Remove the sealed dataset `name` (DeleteDataset), nothing else: see
+        IngestMachine.delete, which owns the lock a delete shares with publishing."""
         return self.ingests.delete(name)
+
+    def discard_ingest(self, name: str) -> DatasetInfo:
+        """End the parked ingest of `name` (DiscardIngest), nothing else: see
+        IngestMachine.discard_parked."""
+        return self.ingests.discard_parked(name)
 
     def warm(self, name: str) -> WarmStatus:
         """Start reading dataset `name` into the page cache in the background (unless a
