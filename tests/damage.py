@@ -25,10 +25,8 @@ def big_tree(root) -> dict[str, bytes]:
 def sample_location(address: str, name: str, sample_id: int) -> tuple[int, int]:
     """(extent number, offset in the extent) of a sample, as GetIndex reports it."""
     with Client(address) as client:
-        chunks = client.transport.index(name)
-    extents = np.frombuffer(b"".join(c.extent for c in chunks), "<u4")
-    offsets = np.frombuffer(b"".join(c.offset for c in chunks), "<u8")
-    return int(extents[sample_id]), int(offsets[sample_id])
+        index = client.transport.control.index(name)
+    return int(index.extent[sample_id]), int(index.offset[sample_id])
 
 
 def flip_byte(daemon, name: str, sample_id: int, position: int) -> None:

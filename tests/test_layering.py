@@ -54,23 +54,6 @@ FLOORS = [
 GRPC_MODULES = ("dlfs.server.grpc", "dlfs.server.daemon", "dlfs.client.transport.grpc_",
                 "dlfs.formats.grpc_chunks", "dlfs.proto")
 
-# Modules that still break a rule, while the renovation of issue 35 reaches them;
-# each entry is removed with the change that fixes it.  (rule, module)
-PENDING = {
-    *(("grpc", f"dlfs.client.{m}") for m in (
-        "client", "cluster.rebalance", "cluster.router", "cluster.settle",
-        "cluster.striped_ingest", "dataset", "ingest_upload", "metadata", "requests",
-        "transport.datapath_transport", "transport.direct_transport", "transport.retry",
-        "warm_calls")),  # protobuf stops at the gRPC transport
-    *(("public client", m) for m in (
-        "dlfs.cli", "dlfs.fuse.attributes", "dlfs.fuse.backend", "dlfs.fuse.extentreads",
-        "dlfs.torch", "dlfs.training.pipeline")),
-}
-
-
-def _pending(rule: str, name: str) -> bool:
-    return (rule, name) in PENDING
-
 
 def _module_name(path: pathlib.Path) -> str:
     parts = list(path.relative_to(SRC).with_suffix("").parts)
@@ -240,8 +223,6 @@ SERVER_LAYER_MAY_IMPORT = {
 
 @pytest.mark.parametrize("name", sorted(n for n in MODULES if _in(n, "dlfs.server")))
 def test_the_server_layers_import_only_below_them(name):
-    if _pending("server layers", name):
-        return
     layer = _server_layer(name)
     allowed = SERVER_LAYER_MAY_IMPORT[layer] | {layer}
     crossing = [f"{target} ({_server_layer(target)}, line {line})"
@@ -252,7 +233,7 @@ def test_the_server_layers_import_only_below_them(name):
 
 @pytest.mark.parametrize("name", sorted(MODULES))
 def test_only_the_grpc_edges_import_grpc(name):
-    if _in(name, *GRPC_MODULES) or _pending("grpc", name):
+    if _in(name, *GRPC_MODULES):
         return
     network = [f"{target} (line {line})" for target, _, line in _imports(name)
                if _in(target, *NETWORK_PACKAGES)]
@@ -262,8 +243,6 @@ def test_only_the_grpc_edges_import_grpc(name):
 @pytest.mark.parametrize("name", sorted(n for n in MODULES
                                         if _floor(n) >= _floor("dlfs.training")))
 def test_training_and_adapters_use_the_public_client(name):
-    if _pending("public client", name):
-        return
     inside = [f"{target} (line {line})" for target, line in _arrows(name)
               if _in(target, "dlfs.client") and target != "dlfs.client"]
     assert inside == []

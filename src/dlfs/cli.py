@@ -25,9 +25,11 @@ import os
 import sys
 
 from dlfs.client import Client
+from dlfs.staging.duplicates import Duplicates
 from dlfs.staging.progress import IngestStats, human_bytes
 from dlfs.staging.read_pool import READERS_DEFAULT
-from dlfs.staging.sources import SKIP_KINDS, SourceSet, open_sources
+from dlfs.staging.source_files import SKIP_KINDS
+from dlfs.staging.source_set import SourceSet, open_sources
 from dlfs.errors import DlfsError, InvalidArgument
 from dlfs.paths import split_dataset_path
 
@@ -62,8 +64,6 @@ def cmd_ingest(client: Client, args) -> int:
 
 def _dry_run(sources: SourceSet, name: str) -> int:
     """List what an ingest of `sources` would take and skip, without a daemon."""
-    from dlfs.client.ingest_upload import Duplicates
-
     sources.scan()
     duplicates = Duplicates() if sources.needs_duplicate_check else None
     files = total = 0
@@ -123,11 +123,7 @@ def cmd_warm(client: Client, args) -> int:
     if args.status:
         infos = client.warm_status(args.name)
     else:
-        infos = client.warm(args.name)
-        if not args.no_wait:
-            from dlfs.client import warm_calls as warmups
-
-            infos = warmups.wait(client.transport, args.name)
+        infos = client.warm(args.name, wait=not args.no_wait)
     for info in infos:
         where = f" on {info.address}" if len(infos) > 1 else ""
         print(f"{info.dataset}{where}: {info.state}, {human_bytes(info.bytes_warmed)} of "

@@ -538,6 +538,12 @@ readahead_stop_timeout_s = 10.0
 # Hints waiting for the hint thread; when it lags this far behind, new hints
 # are skipped (counted) rather than queued: a late hint is worthless.
 pipeline_hint_queue_max = 2 * prefetch_queue_max
+# Side of the square images DecodedBatches makes: its batch of float pixels and the gather
+# indices behind it grow with the square of it (4096: 512 MiB of indices per image).
+decoded_image_side_max = 4096
+# Batches DecodedBatches decodes ahead of the training step: each holds a whole batch of
+# float pixels in GPU memory (about 150 MB at 256 x 224 x 224).
+decode_ahead_batches_max = 8
 # Spans one timeline keeps (about 200 bytes each in memory and in the file).
 # Beyond it, new spans are counted as dropped and the summary says so:
 # a multi-day run must not grow without bound.

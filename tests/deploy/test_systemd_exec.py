@@ -22,7 +22,7 @@ import pytest
 
 from conftest import requires_fuse, write_tree
 from dlfs import Client
-from dlfs.client.ingest_upload import walk_tree
+from dlfs.staging.tree_walk import walk_tree
 from dlfs.tools.launch import is_mounted, wait_for_file
 from systemd_units import (INSTALL_BIN, MOUNT_ENV, MOUNT_UNIT, SERVER_ENV, SERVER_UNIT,
                            command_line, one, parse_unit, unit_environment)

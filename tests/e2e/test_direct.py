@@ -13,6 +13,7 @@ import pytest
 import dlfs
 from conftest import write_tree
 from dlfs import Client
+from dlfs.client import named_checksum_error
 from dlfs.client.transport.datapath_conn import DataConnection
 
 
@@ -191,7 +192,9 @@ def test_one_sample_read_whole_is_checked_and_names_its_version(daemon, tmp_path
     write_tree(tmp_path / "src", tree)
     with Client(daemon.address) as remote, Client(daemon.address, direct=True) as local:
         remote.ingest(str(tmp_path / "src"), "ds")
-        reader = local.transport.extent_reader("ds")
+        reader = local.extent_reader("ds")
+        with pytest.raises(dlfs.FailedPrecondition, match="direct=True"):
+            remote.extent_reader("ds")  # the extents are mapped by direct clients only
         generation = local.dataset("ds").info.generation
         for sample_id, rel in enumerate(sorted(tree)):
             assert bytes(reader.sample(sample_id, generation=generation)) == tree[rel]
@@ -204,6 +207,10 @@ def test_one_sample_read_whole_is_checked_and_names_its_version(daemon, tmp_path
         with pytest.raises(dlfs.DataCorruption, match="checksum mismatch for sample 3") as info:
             reader.sample(3)
         assert info.value.sample_id == 3
+        # The mount names the file it read (as reads through the daemon name it).
+        named = named_checksum_error(info.value, lambda i: f"sample {i} '03' of dataset 'ds'")
+        assert isinstance(named, dlfs.DataCorruption)
+        assert "checksum mismatch for sample 3 '03' of dataset 'ds'" in named.message
         with pytest.raises(dlfs.InvalidArgument, match="out of range"):
             reader.sample(4)
         write_tree(tmp_path / "v2", {"only": b"new"})

@@ -50,6 +50,35 @@ def test_a_dataset_reads_the_version_it_names(daemon, tmp_path, data_path):
             client.transport.data_path().get_batch("ds", np.array([0]), generation=first)
 
 
+@pytest.mark.parametrize("direct", [False, True], ids=["data path", "direct"])
+def test_a_read_that_names_its_version_is_pinned_to_it(daemon, tmp_path, direct):
+    """What the mount does: every read names the version its node was made from, and a
+    replaced version is refused (StaleGeneration) rather than followed; 0 reads the
+    current one."""
+    v1, v2 = versions(tmp_path)
+    with Client(daemon.address) as writer, Client(daemon.address, direct=direct) as reader:
+        writer.ingest(str(v1), "ds")
+        ds = reader.dataset("ds")
+        old = ds.info.generation
+        assert bytes(ds.get_batch([3], generation=old)[0]) == b"1" * 100
+        assert bytes(reader.read("ds", 3, 10, 5, generation=old)) == b"1" * 5
+        assert [(p, bytes(c)) for p, c in reader.read_chunks("ds", "003", 0, 7,
+                                                             generation=old)] == [(0, b"1" * 7)]
+        writer.ingest(str(v2), "ds", replace=True)
+        for read in (lambda: ds.get_batch([3], generation=old),
+                     lambda: ds.read(3, 10, 5, generation=old),
+                     lambda: reader.get_batch([3], dataset="ds", generation=old),
+                     lambda: reader.read("ds", 3, generation=old),
+                     lambda: reader.read("ds", "003", 10, 5, generation=old),
+                     lambda: list(reader.read_chunks("ds", 3, 0, 7, generation=old))):
+            with pytest.raises(dlfs.StaleGeneration, match="was replaced"):
+                read()
+        assert ds.info.generation == old  # a pinned read does not switch the dataset
+        assert bytes(reader.read("ds", 3, 10, 5)) == b"2" * 5  # 0: whatever is current
+        assert bytes(ds.get_batch([3])[0]) == b"2" * 100  # unpinned: switches
+        assert ds.info.generation != old
+
+
 def test_a_cluster_client_follows_a_replace_by_another_client(daemon_factory, tmp_path):
     """The cached placement is of one version: a replace with more files is noticed."""
     three = [daemon_factory() for _ in range(3)]
@@ -94,5 +123,4 @@ def test_a_direct_reader_follows_a_replace(daemon, tmp_path):
         old = ds.info.generation
         writer.ingest(str(v1), "ds", replace=True)
         with pytest.raises(dlfs.StaleGeneration):
-            reader.transport.get_batch(pb.GetBatchRequest(dataset="ds", ids=[0],
-                                                          generation=old))
+            reader.get_batch([0], dataset="ds", generation=old)

@@ -20,7 +20,6 @@ import pytest
 import dlfs
 from conftest import read_dataset, unique_name, write_tree
 from dlfs import Client
-from dlfs.proto import dlfs_pb2 as pb
 
 # Small checkpoints, so that a daemon killed a moment into an ingest holds something.
 CHECKPOINTS = ["--ingest-checkpoint-bytes", str(2 * 1024 * 1024),
@@ -46,8 +45,7 @@ def dataset_digests(client, name) -> dict[str, bytes]:
 def progress(address, name):
     with Client(address) as client:
         try:
-            return client.transport.call("GetIngestProgress",
-                                         pb.GetIngestProgressRequest(dataset=name))
+            return client.transport.control.ingest_progress(name)
         except dlfs.NotFound:
             return None
 

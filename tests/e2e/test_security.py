@@ -12,7 +12,6 @@ import dlfs
 from conftest import write_tree
 from dlfs import Client
 from dlfs.tools.launch import DaemonProcess
-from dlfs.proto import dlfs_pb2 as pb
 
 READ_TOKEN = "r" * 8 + "-read-token-0123"
 ADMIN_TOKEN = "a" * 8 + "-admin-token-456"
@@ -86,9 +85,11 @@ def test_read_token_cannot_ingest_or_delete(secure_daemon, pki, tmp_path):
             c.ingest(str(tmp_path / "src"), "new")
         with pytest.raises(dlfs.PermissionDenied, match="DeleteDataset needs an admin token"):
             c.delete("ds")
-        for method in ("CommitIngest", "AbortIngest"):  # would publish or drop others' work
+        decisions = {"CommitIngest": c.transport.control.commit_ingest,
+                     "AbortIngest": c.transport.control.abort_ingest}
+        for method, decide in decisions.items():  # would publish or drop others' work
             with pytest.raises(dlfs.PermissionDenied, match=f"{method} needs an admin token"):
-                c.transport.call(method, pb.CommitIngestRequest(dataset="ds"), retry=False)
+                decide("ds", 0, retry=False)
         assert c.datasets() == ["ds"]
 
 

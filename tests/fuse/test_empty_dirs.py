@@ -12,7 +12,8 @@ import pytest
 import dlfs
 from conftest import write_tree
 from dlfs import Client
-from dlfs.client.ingest_upload import SourceFile, WalkReport, walk_tree
+from dlfs.staging.source_files import SourceFile
+from dlfs.staging.tree_walk import WalkReport, walk_tree
 from mounting import mount_factory, requires_fuse  # noqa: F401 (fixture)
 
 pytestmark = requires_fuse

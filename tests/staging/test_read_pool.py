@@ -9,7 +9,7 @@ import time
 import pytest
 
 from dlfs.staging.read_pool import ReadPool
-from dlfs.staging.sources import SourceFile
+from dlfs.staging.source_files import SourceFile
 
 
 def unit(index: int, chunks: int, chunk_bytes: int, delay_s: float = 0.0, fail: bool = False):

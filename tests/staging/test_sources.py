@@ -8,7 +8,9 @@ import tarfile
 
 import pytest
 
-from dlfs.staging.sources import TarSource, member_path, open_sources
+from dlfs.staging.source_set import open_sources
+from dlfs.staging.tar_archive import TarSource
+from dlfs.staging.tar_members import member_path
 from dlfs.errors import InvalidArgument, NotFound
 
 
@@ -116,7 +118,7 @@ def test_a_damaged_archive_is_named(tmp_path):
 
 
 def test_the_sequential_reader_returns_what_a_plain_file_does(tmp_path):
-    from dlfs.staging.sources import SequentialReader
+    from dlfs.staging.sequential_reads import SequentialReader
 
     path = tmp_path / "blob"
     data = os.urandom(3 * SequentialReader.CHUNK + 12345)
@@ -141,7 +143,7 @@ def test_the_sequential_reader_returns_what_a_plain_file_does(tmp_path):
 
 
 def test_a_cold_archive_is_read_with_o_direct_and_the_same_members_come_out(tmp_path):
-    from dlfs.staging.sources import SequentialReader, open_sequential
+    from dlfs.staging.sequential_reads import SequentialReader, open_sequential
 
     members = [(f"k{i:03d}.bin", os.urandom(1000 * i)) for i in range(40)]
     path = make_tar(tmp_path / "cold.tar", members)
@@ -179,7 +181,8 @@ def test_a_cold_archive_is_read_with_o_direct_and_the_same_members_come_out(tmp_
 
 @pytest.mark.parametrize("size", [0, 1, 4096, 110_000, 1_048_577, 3 * 1_048_576 + 7])
 def test_tree_files_read_cold_or_warm_come_out_whole(tmp_path, size):
-    from dlfs.staging.sources import ReadHints, SourceFile, read_file
+    from dlfs.staging.file_reads import ReadHints, read_file
+    from dlfs.staging.source_files import SourceFile
 
     data = os.urandom(size)
     path = tmp_path / "f.bin"

@@ -8,7 +8,7 @@ import pytest
 
 import dlfs
 from conftest import write_tree
-from dlfs.client.ingest_upload import walk_tree
+from dlfs.staging.tree_walk import walk_tree
 
 
 @pytest.fixture

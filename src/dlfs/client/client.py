@@ -10,41 +10,45 @@ client-side copy, buffer protocol (``np.frombuffer``, ``io.BytesIO``,
 ``bytes(sample)``).  All samples of one batch share one payload buffer,
 which lives as long as any of them does.
 
-A client holds one transport (`dlfs.client.transport.grpc_transport`): a single daemon
-over gRPC, a co-located daemon whose extent files it reads itself, or a
-router over several daemons.  They answer the same calls, so nothing here
-depends on which.
+A client holds one transport (`dlfs.client.transport.contract.Transport`):
+a single daemon over its data path or over gRPC, a co-located daemon whose
+extent files it reads itself, or a router over several daemons.  They
+answer the same calls, so nothing here depends on which, but ingest: one
+daemon gets one stream (`ingest_upload`), several a striped two-phase
+ingest (`cluster.striped_ingest`).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import sys
 from typing import Iterable, Iterator, Sequence
 
 from dlfs import limits
 from dlfs.client import metadata
-from dlfs.client.transport import grpc_types
 from dlfs.client import warm_calls as warmups
-from dlfs.client.reply_buffers import BufferPool
+from dlfs.client.cluster.rebalance import RebalanceReport, rebalance
 from dlfs.client.cluster.router import ClusterRouter
-from dlfs.client.transport.grpc_types import DatasetInfo, Entry
-from dlfs.client.dataset import Dataset
-from dlfs.client.transport.datapath_transport import DataPathTransport
-from dlfs.client.transport.direct_transport import DirectTransport
-from dlfs.client.metadata import members_disagree
-from dlfs.staging.progress import IngestStats
-from dlfs.staging.read_pool import READERS_DEFAULT
 from dlfs.client.cluster.settle import SettleReport
 from dlfs.client.cluster.settle import settle as settle_ingest
-from dlfs.staging.sources import open_sources
-from dlfs.client.requests import SampleKey, batch_request
-from dlfs.client.transport.grpc_transport import DaemonTransport
-from dlfs.errors import DlfsError, InvalidArgument, NotFound, Unavailable
+from dlfs.client.cluster.striped_ingest import ingest_striped
+from dlfs.client.dataset import Dataset
+from dlfs.client.ingest_upload import upload as upload_one
+from dlfs.client.metadata import merged_listings
+from dlfs.client.reply_buffers import BufferPool
+from dlfs.client.scrub_report import ScrubReport, scrub_member, summed
+from dlfs.client.transport.contract import Daemon, Transport
+from dlfs.client.transport.datapath_transport import DataPathTransport
+from dlfs.client.transport.direct_reader import DirectReader
+from dlfs.client.transport.direct_transport import DirectTransport
+from dlfs.client.transport.grpc_transport import GrpcTransport
+from dlfs.client.transport.read_requests import SampleKey, batch_request, range_request
+from dlfs.errors import DlfsError, FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from dlfs.paths import check_dataset_name
-from dlfs.proto import dlfs_pb2 as pb
-from dlfs.types import WarmInfo
+from dlfs.staging.progress import IngestStats
+from dlfs.staging.read_pool import READERS_DEFAULT
+from dlfs.staging.source_set import open_sources
+from dlfs.types import DaemonStatus, DatasetInfo, Entry, WarmInfo
 
 
 class Client:
@@ -115,12 +119,13 @@ class Client:
             pool = self.reply_buffers = BufferPool()
             socket = "auto" if data_path is True else data_path
 
-            def daemon(address: str) -> DaemonTransport:
+            def daemon(address: str) -> Daemon:
                 return DataPathTransport(address, pool=pool, socket=socket,
                                          hint=hints.get(address), **options)
         else:
-            def daemon(address: str) -> DaemonTransport:
-                return DaemonTransport(address, **options)
+            def daemon(address: str) -> Daemon:
+                return GrpcTransport(address, **options)
+        self.transport: Transport
         if len(addresses) > 1:
             # A member that does not answer is failed over to a replica quickly.
             options["reconnect_timeout_s"] = min(reconnect_timeout_s, limits.failover_timeout_s)
@@ -155,24 +160,11 @@ class Client:
 
         Several daemons: the union over the members that answer.
         """
-        def listing(member) -> list[DatasetInfo]:
-            reply = member.call("ListDatasets", pb.ListDatasetsRequest())
-            return [grpc_types.dataset_info(d) for d in reply.datasets]
-
-        results = _sole_failure_raised(self.transport.each(listing))
+        results = _sole_failure_raised(self.transport.each(
+            lambda member: member.control.list_datasets()))
         if all(isinstance(r, DlfsError) for r in results.values()):
             raise Unavailable(f"none of the DLFS daemons {self.address} answers")
-        found: dict[str, DatasetInfo] = {}
-        by_member: dict[str, dict[str, DatasetInfo]] = {}
-        for address, result in results.items():
-            if isinstance(result, list):
-                by_member[address] = {info.name: info for info in result}
-                for info in result:
-                    if info.name not in found or (info.sealed and not found[info.name].sealed):
-                        found[info.name] = info
-        return [dataclasses.replace(found[name],
-                                    disagreement=members_disagree(found[name], by_member))
-                for name in sorted(found)]
+        return merged_listings(results)
 
     def dataset(self, name: str) -> Dataset:
         """Open dataset `name`.  Raises NotFound, InvalidArgument."""
@@ -186,10 +178,8 @@ class Client:
         may hold part of it does not answer (delete again once it is back).
         """
         check_dataset_name(name)
-        request = pb.DeleteDatasetRequest(dataset=name)
         results = _sole_failure_raised(self.transport.each(
-            lambda member: grpc_types.dataset_info(member.call("DeleteDataset", request,
-                                                            retry=False))))
+            lambda member: member.control.delete_dataset(name)))
         refused = [r for r in results.values()
                    if isinstance(r, DlfsError) and not isinstance(r, (NotFound, Unavailable))]
         if refused:
@@ -213,14 +203,14 @@ class Client:
         """
         check_dataset_name(name)
         options = {key: self.options[key] for key in ("token", "tls_ca", "tls_cert", "tls_key")}
-        made: dict[str, DaemonTransport] = {}
+        made: dict[str, GrpcTransport] = {}
 
-        def member(address: str) -> DaemonTransport:
+        def member(address: str):
             if address not in made:
-                made[address] = DaemonTransport(
+                made[address] = GrpcTransport(
                     address, timeout_s=limits.decision_call_timeout_s,
                     batch_timeout_s=self.batch_timeout_s, reconnect_timeout_s=0.0, **options)
-            return made[address]
+            return made[address].control
 
         try:
             return settle_ingest(name, self.addresses, member,
@@ -259,8 +249,8 @@ class Client:
 
         `archives`: directories name directories of archives.  `readers`:
         files read at once.  `resumable`: a broken-off ingest is kept on the
-        daemon for `resume=True`.  See `dlfs.staging.sources` for the file
-        selection rules, and `upload`.
+        daemon for `resume=True`.  File selection rules: `dlfs.staging.tree_walk`
+        and `dlfs.staging.tar_archive`; see also `upload`.
         """
         check_dataset_name(name)
         paths = [source] if isinstance(source, (str, os.PathLike)) else list(source)
@@ -274,18 +264,26 @@ class Client:
                progress: bool | str | None = None, replicas: int = 1,
                readers: int = READERS_DEFAULT, resumable: bool = False, resume: bool = False,
                via: str = "auto", stats: IngestStats | None = None) -> DatasetInfo:
-        """Upload a `walk_tree` report or a `dlfs.staging.sources.SourceSet` as dataset `name`.
+        """Upload a `walk_tree` report or a `dlfs.staging.source_set.SourceSet` as `name`.
 
         Several daemons: the dataset is striped over all of them, each sample
         stored on `replicas` of them (docs/cluster.md).
         """
         check_dataset_name(name)
-        return self.transport.upload(source, name, replace=replace, progress=progress,
-                                     replicas=replicas, readers=readers, resumable=resumable,
-                                     resume=resume, via=via, stats=stats)
+        options = dict(progress=progress, readers=readers, resumable=resumable, resume=resume,
+                       via=via, stats=stats)
+        if isinstance(self.transport, ClusterRouter):
+            try:
+                return ingest_striped(self.transport, source, name, replace=replace,
+                                      replicas=replicas, **options)
+            finally:
+                self.transport.forget(name)
+        if replicas != 1:
+            raise InvalidArgument(f"--replicas {replicas} needs as many daemons; one was given")
+        return upload_one(self.transport, name, source, replace=replace, **options)
 
     def rebalance(self, name: str, *, replicas: int | None = None,
-                  progress: bool | None = None):
+                  progress: bool | None = None) -> RebalanceReport:
         """Re-place dataset `name` on this client's daemons (e.g. after adding one).
 
         Only copies whose holder changes cross the network; see
@@ -293,18 +291,21 @@ class Client:
         InvalidArgument with a single address, NotFound, Unavailable.
         """
         check_dataset_name(name)
-        return self.transport.rebalance(name, replicas=replicas, progress=progress)
+        if not isinstance(self.transport, ClusterRouter):
+            raise InvalidArgument("rebalance places a dataset on several daemons: give the new "
+                                  "list of addresses (A,B,C)")
+        return rebalance(self.transport, name, replicas=replicas, progress=progress)
 
-    def status(self) -> grpc_types.DaemonStatus:
+    def status(self) -> DaemonStatus:
         """The daemon's health and counters (what `dlfs status` prints).
 
         Several daemons: the first member that answers; see `statuses`.
         """
-        return self.transport.call_any(_status)
+        return self.transport.call_any(lambda member: member.control.status())
 
     def statuses(self) -> dict:
         """Per daemon address: its DaemonStatus, or the error that reaching it raised."""
-        return self.transport.each(_status)
+        return self.transport.each(lambda member: member.control.status())
 
     def scrub(self, name: str, *, progress: bool | None = None) -> ScrubReport:
         """Verify every sample of dataset `name` on its daemons; report the damaged ones.
@@ -317,23 +318,57 @@ class Client:
         show = (sys.stderr.isatty() if progress is None else progress) \
             and len(self.transport.addresses) == 1
         results = _sole_failure_raised(self.transport.each(
-            lambda member: _scrub(member, name, show)))
+            lambda member: scrub_member(member, name, show)))
         reports = [r for r in results.values() if isinstance(r, ScrubReport)]
         down = [a for a, r in results.items() if isinstance(r, Unavailable)]
         if down:
             raise Unavailable(f"cannot scrub {name!r} on {', '.join(down)}: not answering")
         if not reports:
             raise NotFound(f"no dataset named {name!r} on any daemon")
-        return ScrubReport(sum(r.samples for r in reports), sum(r.bytes for r in reports),
-                           [d for r in reports for d in r.damaged])
+        return summed(reports)
 
     # --- samples --------------------------------------------------------------------
 
     def get_batch(self, keys: Iterable[SampleKey], *, dataset: str, verify: bool = True,
-                  prefetch: Iterable[int] = (), out=None) -> list[memoryview]:
-        """Shorthand for ``client.dataset(dataset).get_batch(keys)`` without the lookup."""
-        return self.transport.get_batch(batch_request(dataset, keys, verify=verify,
-                                                      prefetch=prefetch), out)
+                  prefetch: Iterable[int] = (), out=None, generation: int = 0
+                  ) -> list[memoryview]:
+        """``client.dataset(dataset).get_batch(keys)`` without the lookup: samples by ids
+        or paths of version `generation` (0: the current one; another version raises
+        StaleGeneration, ids are per version).  One round trip; raises as
+        `Dataset.get_batch`."""
+        return self.transport.get_batch(batch_request(
+            dataset, keys, verify=verify, prefetch=prefetch, generation=generation), out)
+
+    def read(self, dataset: str, key: SampleKey, offset: int = 0, length: int = 0, *,
+             verify: bool = True, generation: int = 0) -> memoryview:
+        """`length` bytes (0: to the end) at `offset` of one sample of version
+        `generation` (0: the current one), without the lookup; a whole sample is read
+        as a batch of one.  One round trip; raises as `Dataset.read`."""
+        if offset == 0 and length == 0:  # the whole sample: as a batch of one (unary call)
+            return self.get_batch([key], dataset=dataset, verify=verify,
+                                  generation=generation)[0]
+        return self.transport.read_range(range_request(dataset, key, offset, length,
+                                                       verify=verify, generation=generation))
+
+    def read_chunks(self, dataset: str, key: SampleKey, offset: int = 0, length: int = 0, *,
+                    verify: bool = True, generation: int = 0
+                    ) -> Iterator[tuple[int, memoryview]]:
+        """`Dataset.read_chunks` without the lookup: (position from `offset`, bytes)
+        pieces as they arrive, of version `generation` (0: the current one)."""
+        request = range_request(dataset, key, offset, length, verify=verify,
+                                generation=generation)
+        return self.transport.read_chunks(request)
+
+    def extent_reader(self, dataset: str) -> DirectReader:
+        """Dataset `dataset`'s extent files, mapped into this process (`direct=True`
+        clients only): whole samples, checked parts and extent pieces read without a
+        round trip (`DirectReader`).  The first call per dataset asks the daemon for
+        them.  Raises FailedPrecondition (not a direct client, or the extents cannot be
+        passed here), PermissionDenied, NotFound."""
+        if not isinstance(self.transport, DirectTransport):
+            raise FailedPrecondition("extent readers map a co-located daemon's extents: make "
+                                     "the client with direct=True")
+        return self.transport.extent_reader(dataset)
 
     def stat(self, dataset: str, path: str) -> Entry:
         """Metadata of a file or directory ("" is the dataset root)."""
@@ -351,13 +386,6 @@ class Client:
         return metadata.list_page(self.transport, dataset, path, start_after, page_size)
 
 
-@dataclasses.dataclass(frozen=True)
-class ScrubReport:
-    samples: int
-    bytes: int
-    damaged: list  # (Entry, reason) of each sample that failed its checksum
-
-
 def _sole_failure_raised(results: dict) -> dict:
     """`results` of `transport.each`; raises the error when one daemon was asked and failed.
 
@@ -369,30 +397,3 @@ def _sole_failure_raised(results: dict) -> dict:
         if isinstance(result, DlfsError):
             raise result
     return results
-
-
-def _status(member) -> grpc_types.DaemonStatus:
-    return grpc_types.daemon_status(member.address, member.call("Status", pb.StatusRequest()))
-
-
-def _scrub(member, name: str, show: bool) -> ScrubReport:
-    """One daemon's scrub of its samples of `name`, with a progress bar if `show`."""
-    bar = None
-    damaged: list[tuple[Entry, str]] = []
-    try:
-        for update in member.scrub(name):
-            if show and bar is None:
-                from tqdm import tqdm
-
-                bar = tqdm(total=update.bytes_checked if update.done else None, unit="B",
-                           unit_scale=True, unit_divisor=1024, desc=f"scrub {name}",
-                           file=sys.stderr)
-            if bar is not None:
-                bar.update(update.bytes_checked - bar.n)
-            damaged.extend(zip(map(grpc_types.entry, update.damaged), update.reasons))
-            if update.done:
-                return ScrubReport(update.samples_checked, update.bytes_checked, damaged)
-    finally:
-        if bar is not None:
-            bar.close()
-    raise Unavailable(f"the scrub of {name!r} on {member.address} ended early")

@@ -7,9 +7,8 @@ from typing import Iterable, Iterator, Sequence
 import numpy as np
 
 from dlfs.client import metadata
-from dlfs.client.requests import SampleKey, batch_request, fill_keys, range_request
+from dlfs.client.transport.read_requests import SampleKey, prefetch_request
 from dlfs.errors import StaleGeneration
-from dlfs.proto import dlfs_pb2 as pb
 from dlfs.types import DatasetInfo, Entry
 
 
@@ -22,6 +21,8 @@ class Dataset:
     mixes versions.  When the dataset was replaced since it was opened,
     `get_batch` and `read` switch to the current version (`info` is updated)
     and ask once more: the whole batch then comes from the new version.
+    A read that names a `generation` itself is pinned to it instead
+    (StaleGeneration once it is replaced; 0: whatever is current).
     """
 
     def __init__(self, client, info: DatasetInfo):
@@ -40,7 +41,8 @@ class Dataset:
         return f"Dataset({self.name!r}, samples={len(self)}, bytes={self.info.bytes})"
 
     def get_batch(self, keys: Iterable[SampleKey], *, verify: bool = True,
-                  prefetch: Iterable[int] = (), out=None) -> list[memoryview]:
+                  prefetch: Iterable[int] = (), out=None,
+                  generation: int | None = None) -> list[memoryview]:
         """Samples by ids or by paths, in request order, duplicates allowed.
 
         One round trip.  Samples are read-only memoryviews of one reply
@@ -53,10 +55,14 @@ class Dataset:
         InvalidArgument (bad id, mixed ids and paths, batch over the
         daemon's limit, `out` too small), NotFound (unknown path),
         DataCorruption (stored or received bytes fail their checksum),
-        StaleGeneration (replaced again while it was being read).
+        StaleGeneration (replaced again while it was being read, or the
+        `generation` asked for is no longer served).
         """
-        return self._current(lambda generation: self._transport.get_batch(batch_request(
-            self.name, keys, verify=verify, prefetch=prefetch, generation=generation), out))
+        def read(version: int) -> list[memoryview]:
+            return self.client.get_batch(keys, dataset=self.name, verify=verify,
+                                         prefetch=prefetch, out=out, generation=version)
+
+        return read(generation) if generation is not None else self._current(read)
 
     def refresh(self) -> DatasetInfo:
         """Ask the daemon for the dataset's current version and read that one from now on."""
@@ -100,16 +106,16 @@ class Dataset:
         outside this version's range are asked of the daemon and waited
         for, so that it decides).
         """
-        request = pb.PrefetchRequest(dataset=self.name)
-        if not fill_keys(request, keys):
+        request = prefetch_request(self.name, keys)
+        if not request.size:
             return True
         # Ids this version holds go without waiting; others are the daemon's to judge.
-        ids = np.asarray(request.ids, dtype=np.int64)
+        ids = request.ids if request.ids is not None else np.empty(0, np.int64)
         known = ids.size > 0 and 0 <= ids.min() and ids.max() < len(self)
         return self._transport.prefetch(request, wait=wait or not known)
 
-    def read(self, key: SampleKey, offset: int = 0, length: int = 0, *, verify: bool = True
-             ) -> memoryview:
+    def read(self, key: SampleKey, offset: int = 0, length: int = 0, *, verify: bool = True,
+             generation: int | None = None) -> memoryview:
         """`length` bytes (0: to the end) at `offset` of one sample, clipped to its size.
 
         One round trip.  With `verify`, every byte returned was checked: the
@@ -117,15 +123,17 @@ class Dataset:
         1 MiB blocks it touches (dlfs.formats.block_crcs; at most a block more is read
         on each side).  Parts of samples over 1 MiB of datasets ingested
         before block CRCs cannot be checked.  Raises DataCorruption naming
-        the sample (and block).
+        the sample (and block); `generation` as for get_batch.
         """
-        if offset == 0 and length == 0:  # the whole sample: as a batch of one (unary call)
-            return self.get_batch([key], verify=verify)[0]
-        return self._current(lambda generation: self._transport.read_range(range_request(
-            self.name, key, offset, length, verify=verify, generation=generation)))
+        def read(version: int) -> memoryview:
+            return self.client.read(self.name, key, offset, length, verify=verify,
+                                    generation=version)
+
+        return read(generation) if generation is not None else self._current(read)
 
     def read_chunks(self, key: SampleKey, offset: int = 0, length: int = 0, *,
-                    verify: bool = True) -> Iterator[tuple[int, memoryview]]:
+                    verify: bool = True, generation: int | None = None
+                    ) -> Iterator[tuple[int, memoryview]]:
         """Like `read`, but hands out the reply's pieces as they arrive.
 
         Yields (position from `offset`, bytes) in order; one round trip, no
@@ -134,11 +142,12 @@ class Dataset:
         it (the blocks it touches, as `read`); a damaged block ends the
         stream with DataCorruption.  UNAVAILABLE before the first piece is
         retried as every read is; a stream that breaks later raises
-        Unavailable.
+        Unavailable.  Reads the version opened (or `generation`), without
+        switching: StaleGeneration when it was replaced.
         """
-        request = range_request(self.name, key, offset, length, verify=verify,
-                                generation=self.info.generation)
-        yield from self._transport.read_chunks(request)
+        yield from self.client.read_chunks(
+            self.name, key, offset, length, verify=verify,
+            generation=self.info.generation if generation is None else generation)
 
     def path(self, sample_id: int) -> str:
         """Path of sample `sample_id`."""

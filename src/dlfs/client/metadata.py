@@ -8,39 +8,32 @@ directory).  Each function is one round trip unless it says otherwise.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Iterator, Sequence
 
+import numpy as np
+
 from dlfs import limits
-from dlfs.client.transport import grpc_types
-from dlfs.client.requests import SampleKey, fill_keys
+from dlfs.client.transport.contract import Transport
+from dlfs.client.transport.read_requests import SampleKey, sample_keys
 from dlfs.paths import normalize_dir_path
-from dlfs.proto import dlfs_pb2 as pb
 from dlfs.types import DatasetInfo, Entry
 
 
-def dataset_info(transport, dataset: str) -> DatasetInfo:
-    """The summary of the current version of `dataset`.  Raises NotFound."""
-    request = pb.GetDatasetRequest(dataset=dataset)
-    return grpc_types.dataset_info(transport.call("GetDataset", request))
+def stat(transport: Transport, dataset: str, path: str) -> Entry:
+    """Metadata of a file or directory of `dataset` ("" is its root).  Raises NotFound,
+    InvalidArgument (a bad path)."""
+    return transport.stat(dataset, normalize_dir_path(path))
 
 
-def stat(transport, dataset: str, path: str) -> Entry:
-    """Metadata of a file or directory of `dataset` ("" is its root).  Raises NotFound."""
-    request = pb.StatRequest(dataset=dataset, path=normalize_dir_path(path))
-    return grpc_types.entry(transport.call("Stat", request))
-
-
-def list_page(transport, dataset: str, path: str = "", start_after: str = "",
+def list_page(transport: Transport, dataset: str, path: str = "", start_after: str = "",
               page_size: int = limits.list_page_entries_default) -> tuple[list[Entry], bool]:
     """At most `page_size` entries of a directory after name `start_after`, in name
     order, and whether more follow."""
-    reply = transport.call("ListDir", pb.ListDirRequest(
-        dataset=dataset, path=normalize_dir_path(path), start_after=start_after,
-        page_size=page_size))
-    return [grpc_types.entry(e) for e in reply.entries], reply.more
+    return transport.list_page(dataset, normalize_dir_path(path), start_after, page_size)
 
 
-def listdir(transport, dataset: str, path: str = "", *,
+def listdir(transport: Transport, dataset: str, path: str = "", *,
             page_size: int = limits.list_page_entries_default) -> Iterator[Entry]:
     """Entries of a directory in name order, fetched page by page (one call a page)."""
     start_after = ""
@@ -52,14 +45,14 @@ def listdir(transport, dataset: str, path: str = "", *,
         start_after = entries[-1].name
 
 
-def lookup(transport, dataset: str, keys: Sequence[SampleKey]) -> list[Entry]:
-    """Entries of samples by ids or paths, in order (at most limits.lookup_items_max)."""
-    request = pb.LookupRequest(dataset=dataset)
-    fill_keys(request, keys)
-    return [grpc_types.entry(e) for e in transport.call("Lookup", request).entries]
+def lookup(transport: Transport, dataset: str, keys: Sequence[SampleKey]) -> list[Entry]:
+    """Entries of samples by ids or paths, in order (at most limits.lookup_items_max).
+    Raises InvalidArgument (see `read_requests.sample_keys`), NotFound."""
+    ids, paths = sample_keys(keys)
+    return transport.lookup(dataset, ids=ids, paths=paths)
 
 
-def all_entries(transport, dataset: str, samples: int) -> list[Entry]:
+def all_entries(transport: Transport, dataset: str, samples: int) -> list[Entry]:
     """Every sample's entry of a dataset of `samples` samples, in id order.
 
     One Lookup per `limits.lookup_items_max` samples.
@@ -67,11 +60,12 @@ def all_entries(transport, dataset: str, samples: int) -> list[Entry]:
     step = limits.lookup_items_max
     entries: list[Entry] = []
     for start in range(0, samples, step):
-        entries.extend(lookup(transport, dataset, range(start, min(start + step, samples))))
+        ids = np.arange(start, min(start + step, samples), dtype=np.int64)
+        entries.extend(transport.lookup(dataset, ids=ids))
     return entries
 
 
-def empty_dirs(transport, dataset: str) -> list[str]:
+def empty_dirs(transport: Transport, dataset: str) -> list[str]:
     """Paths of the directories of a dataset that hold nothing, sorted.
 
     Walks every directory: one ListDir call per page of each directory
@@ -86,6 +80,22 @@ def empty_dirs(transport, dataset: str) -> list[str]:
                 (pending if entry.children else found).append(entry.path)
     return sorted(found)
 
+
+def merged_listings(listings: dict) -> list[DatasetInfo]:
+    """One listing of every dataset from each daemon's ListDatasets (`listings`: address
+    -> its summaries, or the error asking it raised), sorted by name: a sealed summary
+    wins over an unsealed one, and a striped dataset says how its members disagree."""
+    found: dict[str, DatasetInfo] = {}
+    by_member: dict[str, dict[str, DatasetInfo]] = {}
+    for address, result in listings.items():
+        if isinstance(result, list):
+            by_member[address] = {info.name: info for info in result}
+            for info in result:
+                if info.name not in found or (info.sealed and not found[info.name].sealed):
+                    found[info.name] = info
+    return [dataclasses.replace(found[name],
+                                disagreement=members_disagree(found[name], by_member))
+            for name in sorted(found)]
 
 
 def members_disagree(info: DatasetInfo, listings: dict[str, dict[str, DatasetInfo]]) -> str:

@@ -9,25 +9,23 @@ from __future__ import annotations
 import time
 
 from dlfs import limits
+from dlfs.client.transport.contract import Transport
 from dlfs.errors import DlfsError
-from dlfs.proto import dlfs_pb2 as pb
 from dlfs.types import WarmInfo
 
 
-def warm(transport, name: str, *, status_only: bool = False) -> list[WarmInfo]:
+def warm(transport: Transport, name: str, *, status_only: bool = False) -> list[WarmInfo]:
     """Start warming dataset `name` on every member (or, with `status_only`, report the
     latest warm-ups); one call per member.  Raises the first member's error when
     none answered."""
-    request = pb.WarmRequest(dataset=name, status_only=status_only)
-    results = transport.each(lambda member: member.call("Warm", request, retry=False))
-    infos = [_info(address, reply) for address, reply in results.items()
-             if not isinstance(reply, DlfsError)]
+    results = transport.each(lambda member: member.control.warm(name, status_only=status_only))
+    infos = [info for info in results.values() if not isinstance(info, DlfsError)]
     if not infos:
         raise next(iter(results.values()))
     return infos
 
 
-def wait(transport, name: str, *, timeout_s: float | None = None, progress=None
+def wait(transport: Transport, name: str, *, timeout_s: float | None = None, progress=None
          ) -> list[WarmInfo]:
     """Poll the warm-ups of `name` until all are done (or `timeout_s` passed);
     `progress(infos)` is called after each poll.  Returns the last statuses."""
@@ -40,8 +38,3 @@ def wait(transport, name: str, *, timeout_s: float | None = None, progress=None
                 (give_up is not None and time.monotonic() >= give_up):
             return infos
         time.sleep(limits.warm_poll_s)
-
-
-def _info(address: str, reply: pb.WarmReply) -> WarmInfo:
-    return WarmInfo(address, reply.dataset, reply.generation, reply.state, reply.bytes_total,
-                    reply.bytes_warmed, reply.budget_bytes, reply.fits, reply.message)

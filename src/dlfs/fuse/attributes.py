@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import stat
 
-from dlfs.client.transport.grpc_types import DatasetInfo, Entry
 from dlfs import limits as fuse_limits
+from dlfs.types import DatasetInfo, Entry
 from dlfs.fuse import lowlevel as ll
 from dlfs.fuse.inodes import Attrs, Key, Node
 

@@ -22,10 +22,9 @@ import threading
 import time
 from typing import Callable, TypeVar
 
-from dlfs import Client, errors
-from dlfs.client.requests import SampleKey, batch_request, range_request
-from dlfs.client.transport.grpc_types import DatasetInfo, Entry
+from dlfs import errors
 from dlfs import limits as fuse_limits
+from dlfs.client import Client, DatasetInfo, DirectReader, Entry, SampleKey
 from dlfs.fuse.errno_map import DAEMON_DOWN
 
 log = logging.getLogger(__name__)
@@ -57,9 +56,9 @@ class Backend:
         if self._direct is not None:
             self._direct.close()
 
-    def extent_reader(self, dataset: str):
+    def extent_reader(self, dataset: str) -> DirectReader:
         """The dataset's extents, mapped from descriptors the daemon passes over its Unix
-        socket (client/transport/direct_transport.py `DirectReader`).  Raises FailedPrecondition or
+        socket (`Client.extent_reader`).  Raises FailedPrecondition or
         PermissionDenied when this process cannot have them (another host, TLS, a
         foreign user without a token)."""
         with self._lock:
@@ -68,7 +67,7 @@ class Backend:
             direct = self._direct
         # A daemon call (OPEN_DATASET the first time): counted, and its failures say the
         # daemon is down as every call's do.
-        return self._run("extent_reader", lambda _c: direct.transport.extent_reader(dataset))
+        return self._run("extent_reader", lambda _c: direct.extent_reader(dataset))
 
     def reserve_reply_buffers(self, size: int, count: int) -> int:
         """Fault in `count` reply buffers of `size` bytes for the data path's
@@ -109,18 +108,14 @@ class Backend:
         current one).  `sample` is its path, or its id (no Lookup first:
         name the generation then, ids are per version).  Raises NotFound,
         DataCorruption, StaleGeneration."""
-        if offset == 0 and length == 0:
-            request = batch_request(dataset, [sample], verify=True, generation=generation)
-            return self._run("read", lambda c: c.transport.get_batch(request)[0])
-        request = range_request(dataset, sample, offset, length, verify=True,
-                                generation=generation)
-        return self._run("read", lambda c: c.transport.read_range(request))
+        return self._run("read", lambda c: c.read(dataset, sample, offset, length,
+                                                  generation=generation))
 
     def read_batch(self, dataset: str, ids: list[int], generation: int) -> list[memoryview]:
         """Whole samples `ids` of version `generation`, CRC32C verified; one round trip.
         Raises NotFound, DataCorruption, StaleGeneration."""
-        request = batch_request(dataset, ids, verify=True, generation=generation)
-        return self._run("read_batch", lambda c: c.transport.get_batch(request))
+        return self._run("read_batch", lambda c: c.get_batch(ids, dataset=dataset,
+                                                             generation=generation))
 
     def warm_budget_bytes(self, dataset: str) -> int:
         """The smallest warm-up budget of the daemons warming `dataset` now or
@@ -145,12 +140,10 @@ class Backend:
         before it.  UNAVAILABLE before the first piece is retried like every
         read; a stream that breaks later raises.  Raises what `read` does.
         """
-        request = range_request(dataset, sample, offset, length, verify=True,
-                                generation=generation)
-
         def stream(client: Client) -> int:
             received = 0
-            for position, chunk in client.transport.read_chunks(request):
+            for position, chunk in client.read_chunks(dataset, sample, offset, length,
+                                                      generation=generation):
                 deliver(position, chunk)
                 received = position + len(chunk)
             return received

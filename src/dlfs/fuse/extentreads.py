@@ -31,14 +31,14 @@ import threading
 from typing import Callable
 
 from dlfs import errors
-from dlfs.client.transport.datapath_conn import named_checksum_error
+from dlfs.client import named_checksum_error
 from dlfs.fuse.attributes import read_generation
 from dlfs.fuse.inodes import Node
 
 log = logging.getLogger(__name__)
 
-# Maps a dataset's extents: (dataset) -> its reader (client/transport/direct_transport.py `DirectReader`);
-# raises DlfsError when this process cannot have them.
+# Maps a dataset's extents: (dataset) -> its reader (a `dlfs.client.DirectReader`, as
+# `Client.extent_reader` makes it); raises DlfsError when this process cannot have them.
 OpenReader = Callable[[str], object]
 
 

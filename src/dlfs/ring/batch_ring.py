@@ -45,6 +45,9 @@ class BatchRing:
     DLFS error at that batch.
     """
 
+    # Rings of this process, for `region_of`.
+    _live: "weakref.WeakSet[BatchRing]" = weakref.WeakSet()
+
     def __init__(self, ticket, *, slot_bytes: int, slots: int, context: str | None = None):
         if slots < 2 or slot_bytes < 1:
             raise InvalidArgument(f"a read-ahead ring needs at least 2 slots of at least 1 byte "
@@ -65,6 +68,7 @@ class BatchRing:
             os.ftruncate(fd, total)
             self._memory = np.frombuffer(mmap.mmap(fd, total), dtype=np.uint8)
             self._address = self._memory.ctypes.data  # asked once: numpy's ctypes is slow
+            BatchRing._live.add(self)
             ctx = multiprocessing.get_context(context)
             self._conn, child = ctx.Pipe()
             self._channel = Channel(self._conn)
@@ -168,6 +172,22 @@ class BatchRing:
     def __del__(self) -> None:
         if not getattr(self, "_closed", True):
             self.close()
+
+    @classmethod
+    def region_of(cls, address: int) -> tuple[int, int, np.ndarray] | None:
+        """The ring memory holding byte `address` of this process: (start, end, array).
+
+        The array maps the whole ring (keep it to keep the mapping, which
+        outlives a closed ring while referenced), so a caller can register
+        the ring once with a device driver (CUDA's page-locking) and use
+        every batch in place.  None when no ring of this process holds it.
+        Cost: O(rings).
+        """
+        for ring in list(cls._live):
+            memory = getattr(ring, "_memory", None)
+            if memory is not None and ring._address <= address < ring._address + memory.size:
+                return ring._address, ring._address + memory.size, memory
+        return None
 
     @property
     def closed(self) -> bool:

@@ -4,7 +4,7 @@ An ingest stream must carry its files one after the other, but a source on
 a parallel file system answers each open after a millisecond or so: read
 one file at a time and the open latency, not the bandwidth, sets the pace.
 `ReadPool` runs the units of a source (a file of a tree, a whole archive,
-see `dlfs.staging.sources`) on `threads` threads, many opens in flight, and
+see `dlfs.staging.source_set`) on `threads` threads, many opens in flight, and
 yields their chunks in unit order.
 
 Memory is bounded by bytes, not by files: a unit reserves the bytes of a
@@ -24,7 +24,7 @@ import heapq
 import threading
 from typing import Iterable, Iterator
 
-from dlfs.staging.sources import ReadContext, SourceFile
+from dlfs.staging.source_files import ReadContext, SourceFile
 
 READERS_DEFAULT = 16
 BUDGET_BYTES_DEFAULT = 64 * 1024 * 1024

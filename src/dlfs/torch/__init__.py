@@ -19,6 +19,11 @@ Modules, one job each (everything public is importable from here):
 - `samplers`: `ShuffleShardSampler` (DistributedSampler's order) and
   `PrefetchHints` (clairvoyant hints to the daemon);
 - `readahead`: `ReadAhead`, batches read ahead by a helper process (`dlfs.ring`);
+- `decoded_batches`: `DecodedBatches`, encoded batches decoded and augmented on
+  the GPU (or the CPU) one thread ahead of the training step;
+- `image_decode`: `ImageDecoder`, a batch of JPEGs in one nvJPEG (or DALI)
+  call, other formats by Pillow;
+- `image_augment`: crop, resize, flip and normalise a batch in one pass;
 - `tensors`: samples as uint8 tensors (`to_tensor`, `stack_samples`);
 - `folders`: which samples lie below a root, and ImageFolder-style labels;
 
@@ -27,14 +32,16 @@ Forked workers read over the data path only: gRPC is unusable after a fork
 whether gRPC's own fork support was switched on).
 """
 
-from dlfs.client.transport.grpc_channel import FORK_SUPPORT_ENV, fork_support_enabled
+from dlfs.client import FORK_SUPPORT_ENV, fork_support_enabled
 from dlfs.torch.torch_dataset import TARGET_PARENT_DIR, BatchSource, DLFSDataset
 from dlfs.torch.readahead import ReadAhead
+from dlfs.torch.decoded_batches import DecodedBatches, DecodeStats
+from dlfs.torch.image_decode import ImageDecoder
 from dlfs.torch.samplers import PrefetchHints, ShuffleShardSampler, torch_permutation
 from dlfs.torch.tensors import stack_samples, to_tensor
 
 __all__ = [
-    "BatchSource", "DLFSDataset", "FORK_SUPPORT_ENV", "PrefetchHints", "ReadAhead",
+    "BatchSource", "DLFSDataset", "DecodeStats", "DecodedBatches", "ImageDecoder", "FORK_SUPPORT_ENV", "PrefetchHints", "ReadAhead",
     "ShuffleShardSampler", "TARGET_PARENT_DIR", "fork_support_enabled", "stack_samples",
     "to_tensor", "torch_permutation",
 ]

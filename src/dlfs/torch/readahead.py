@@ -8,6 +8,7 @@ fetching it.
 
 from __future__ import annotations
 
+import inspect
 import itertools
 from typing import Iterator
 
@@ -60,6 +61,16 @@ class ReadAhead(Sampler[list[int]]):
     platform's, as for DataLoader workers).  Memory: ``(batches + 2) x
     batch_size x`` the largest sample, shared.  Cost per epoch: the order is
     materialised once (O(n)).
+
+    Resuming mid-epoch: `state_dict` / `load_state_dict` (torchdata's
+    ``Stateful``; ``StatefulDataLoader(ds, batch_size=None, sampler=ra)``
+    saves and restores it).  The state counts the batches handed to the
+    loader, not those read ahead.  With a sampler that takes
+    ``state_dict(consumed=)`` (`ShuffleShardSampler`) it is the sampler's
+    state after those samples, so it resumes at another batch size too;
+    with any other sampler it is the number of samples done, and the
+    resumed iteration skips that many of the sampler's order (which must
+    then be the same order again, as a seeded sampler's is).
     """
 
     def __init__(self, sampler: Sampler, dataset: DLFSDataset, *, batch_size: int,
@@ -84,6 +95,14 @@ class ReadAhead(Sampler[list[int]]):
         self.stack = stack
         self.multiprocessing_context = multiprocessing_context
         self._ring: BatchRing | None = None
+        self._positional = _takes_consumed(sampler)
+        self._skip_pending = 0  # samples to skip (sampler without a positional state)
+        self._pass: dict | None = None  # the current iteration: skipped, samples, batches taken
+
+    @property
+    def ring(self) -> BatchRing | None:
+        """The helper's ring while it runs (its `memory` is what a batch's tensors view)."""
+        return self._ring
 
     def set_epoch(self, epoch: int) -> None:
         self.sampler.set_epoch(epoch)
@@ -91,9 +110,54 @@ class ReadAhead(Sampler[list[int]]):
     def __len__(self) -> int:
         return batch_count(len(self.sampler), self.batch_size, self.drop_last)
 
+    def state_dict(self) -> dict:
+        """How far the current epoch has got: after the batches handed to the loader."""
+        current = self._pass
+        if current is None:  # not iterated since constructed or loaded
+            if self._positional:
+                return {"sampler": self.sampler.state_dict()}
+            return {"samples_done": self._skip_pending}
+        samples = len(current["positions"])
+        # Through its last batch, the iteration is through its order (a cut tail included).
+        done = samples if current["taken"] == batch_count(samples, self.batch_size,
+                                                           self.drop_last) \
+            else current["taken"] * self.batch_size
+        if self._positional:
+            return {"sampler": self.sampler.state_dict(consumed=done)}
+        return {"samples_done": current["skipped"] + done}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Make the next iteration start after the batches `state` counts as done.
+
+        Raises InvalidArgument for a state of the other kind (see the class
+        doc) or one the sampler refuses.
+        """
+        if self._positional and "sampler" in state:
+            self.sampler.load_state_dict(state["sampler"])
+        elif not self._positional and "samples_done" in state:
+            self._skip_pending = check_int("samples_done", state["samples_done"], 0,
+                                           limits.shuffle_samples_max)
+        else:
+            raise InvalidArgument(
+                f"not a state of this ReadAhead (its sampler {type(self.sampler).__name__} "
+                f"{'has' if self._positional else 'has no'} positional state): {state!r:.200}")
+        self._pass = None
+
     def __iter__(self) -> Iterator[list[int]]:
+        """The epoch's batches as index lists.
+
+        The sampler's order is drawn here, not at the first batch, so the
+        position (a loaded state's included) is fixed when `iter` is called.
+        """
+        order = np.fromiter(iter(self.sampler), dtype=np.int64)
+        skipped, self._skip_pending = self._skip_pending, 0
+        self._pass = {"skipped": skipped, "positions": self.dataset.positions(order[skipped:]),
+                      "taken": 0}
+        return self._batches_of(self._pass)
+
+    def _batches_of(self, current: dict) -> Iterator[list[int]]:
         dataset = self.dataset
-        positions = dataset.positions(np.fromiter(iter(self.sampler), dtype=np.int64))
+        positions = current["positions"]
         count = batch_count(len(positions), self.batch_size, self.drop_last)
         ring = self._started_ring()
         ring.start_epoch(dataset.ids[positions], batch_size=self.batch_size,
@@ -111,6 +175,7 @@ class ReadAhead(Sampler[list[int]]):
                         "it has worker processes, which fetch for themselves.  Use "
                         "DataLoader(ds, batch_size=None, sampler=ReadAhead(...)) with "
                         "num_workers=0, or sampler=BatchSampler(...) with workers")
+                current["taken"] = number + 1
                 yield epoch.batches[number]
         finally:
             if epoch.taken < count:
@@ -131,6 +196,17 @@ class ReadAhead(Sampler[list[int]]):
                                    slots=self.batches + 2,
                                    context=self.multiprocessing_context)
         return self._ring
+
+
+def _takes_consumed(sampler) -> bool:
+    """Whether `sampler` has ``state_dict(consumed=)``: a state at any position of its order."""
+    method = getattr(sampler, "state_dict", None)
+    if method is None or not hasattr(sampler, "load_state_dict"):
+        return False
+    try:
+        return "consumed" in inspect.signature(method).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 class _ReadAheadEpoch:

@@ -40,11 +40,18 @@ class ShuffleShardSampler(Sampler[int]):
     `indices(epoch)` gives any epoch's list without changing the current
     epoch, which is what clairvoyant prefetch needs.  Cost per epoch:
     O(n) time and memory.  Raises InvalidArgument for bad arguments.
+
+    Resuming mid-epoch: `state_dict` / `load_state_dict` (torchdata's
+    ``Stateful`` protocol, so a ``StatefulDataLoader`` saves and restores
+    it, with or without workers); with a plain DataLoader, which runs the
+    sampler ahead of the loop, save ``state_dict(consumed=batches * B)``.
+    ``elastic=True`` keeps one state for the whole job that resumes at any
+    world size (`dlfs.training.shard_order`).
     """
 
     def __init__(self, data_source_or_len, *, seed: int = 0, rank: int | None = None,
                  world_size: int | None = None, drop_last: bool = False, shuffle: bool = True,
-                 generator: str = "torch"):
+                 generator: str = "torch", elastic: bool = False):
         n = data_source_or_len if isinstance(data_source_or_len, (int, np.integer)) \
             else len(data_source_or_len)
         if rank is None or world_size is None:
@@ -55,13 +62,15 @@ class ShuffleShardSampler(Sampler[int]):
             raise InvalidArgument(f"generator must be 'torch' or 'numpy', not {generator!r}")
         permute = torch_permutation if generator == "torch" else numpy_permutation
         self._shard = ShuffleShard(n, seed=seed, rank=rank, world_size=world_size,
-                                   drop_last=drop_last, shuffle=shuffle, permute=permute)
+                                   drop_last=drop_last, shuffle=shuffle, permute=permute,
+                                   elastic=elastic)
 
     num_replicas = property(lambda self: self._shard.world_size)
     rank = property(lambda self: self._shard.rank)
     seed = property(lambda self: self._shard.seed)
     epoch = property(lambda self: self._shard.epoch)
     drop_last = property(lambda self: self._shard.drop_last)
+    elastic = property(lambda self: self._shard.elastic)
 
     def set_epoch(self, epoch: int) -> None:
         self._shard.set_epoch(epoch)
@@ -71,10 +80,20 @@ class ShuffleShardSampler(Sampler[int]):
         return self._shard.indices(epoch)
 
     def __iter__(self) -> Iterator[int]:
-        return iter(self._shard.indices())
+        """This rank's indices of the current epoch, from where a loaded state left off."""
+        return iter(self._shard)
 
     def __len__(self) -> int:
+        """This rank's samples in a whole epoch (an iteration resumed mid-epoch yields fewer)."""
         return len(self._shard)
+
+    def state_dict(self, consumed: int | None = None) -> dict:
+        """How far the current epoch has got (`dlfs.training.shard_order.ShuffleShard.state_dict`)."""
+        return self._shard.state_dict(consumed)
+
+    def load_state_dict(self, state: dict) -> None:
+        """Resume the state's epoch where it left off (`ShuffleShard.load_state_dict`)."""
+        self._shard.load_state_dict(state)
 
     def __repr__(self) -> str:
         return repr(self._shard).replace("ShuffleShard", "ShuffleShardSampler", 1)
@@ -98,6 +117,11 @@ class PrefetchHints(Sampler[int]):
     of the last epoch (``hints_sent``, ``hints_dropped``).  Cost: the epoch's
     order is materialised once per epoch (O(n)); the hint thread lives while
     an epoch is being iterated.
+
+    Stateful when `sampler` is (``state_dict(consumed=)`` and
+    `load_state_dict`, as `ShuffleShardSampler`): its state is the
+    sampler's after the items it has handed out, since it draws the
+    sampler's whole order at once.
     """
 
     def __init__(self, sampler: Sampler, dataset: DLFSDataset, *, ahead: int, chunk: int = 256):
@@ -108,6 +132,7 @@ class PrefetchHints(Sampler[int]):
         self.sampler = sampler
         self.dataset = dataset
         self.stats = PipelineStats()
+        self._handed_out = 0
 
     def set_epoch(self, epoch: int) -> None:
         self.sampler.set_epoch(epoch)
@@ -115,8 +140,20 @@ class PrefetchHints(Sampler[int]):
     def __len__(self) -> int:
         return len(self.sampler)
 
+    def state_dict(self) -> dict:
+        """The sampler's state after the items handed out by the current iteration."""
+        return self.sampler.state_dict(consumed=self._handed_out)
+
+    def load_state_dict(self, state: dict) -> None:
+        """Resume where `state` (from `state_dict`) left off: the sampler's own load."""
+        self.sampler.load_state_dict(state)
+
     def __iter__(self) -> Iterator[int]:
         order = list(iter(self.sampler))
+        self._handed_out = 0
+        return self._hinted(order)
+
+    def _hinted(self, order: list[int]) -> Iterator[int]:
         self.stats = PipelineStats()
         # A thread of its own: it may wait for each answer, so that the counts are exact.
         sender = HintSender(lambda ids: self.dataset.hint(ids, wait=True), name="dlfs-torch-hints",
@@ -130,6 +167,7 @@ class PrefetchHints(Sampler[int]):
                         end = min(hinted + self.chunk, want)
                         sender.submit(order[hinted:end])
                         hinted = end
+                self._handed_out += 1
                 yield index
         finally:
             sender.close()

@@ -129,7 +129,7 @@ class RowBuffers:
     """The pooled ``[B, L]`` arrays an `iter_rows` pipeline receives its batches into."""
 
     def __init__(self, ds, sizes: np.ndarray | None):
-        from dlfs.client.reply_buffers import BufferPool
+        from dlfs.client import BufferPool
 
         if sizes is None:
             sizes = ds.listing()[1]

@@ -18,17 +18,40 @@ members with the highest scores.  Properties that matter here:
 
 Scores are splitmix64(hash(path) xor hash(member)), vectorized with numpy:
 O(n x N) word operations, no Python loop per pair.
+
+A `Placement` is where a dataset's samples live as its daemons recorded it
+(`placement_of` a daemon's index): what readers route by.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from typing import Sequence
 
 import numpy as np
 
 from dlfs import limits
+from dlfs.client.transport.control_replies import DatasetIndex
 from dlfs.errors import InvalidArgument
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    """Where a dataset's samples live, as its daemons reported it."""
+
+    members: tuple  # addresses in placement order; () for a one-daemon dataset
+    holders: np.ndarray | None  # uint16 (samples, replicas); None for a one-daemon dataset
+    owner: str  # for a one-daemon dataset: the daemon that has it
+    generation: int  # the version it describes; every part of a batch names it
+
+
+def placement_of(index: DatasetIndex, address: str) -> Placement:
+    """The placement a daemon's index (from `address`) records: its members and holders,
+    or for a one-daemon dataset that daemon as the owner."""
+    if not index.members:
+        return Placement((), None, address, index.generation)
+    return Placement(index.members, index.holders, "", index.generation)
 
 # Pairs scored per numpy step (bounds the temporary score matrix to ~32 MiB).
 _PAIRS_PER_STEP = 4 * 1024 * 1024

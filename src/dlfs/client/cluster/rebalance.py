@@ -14,7 +14,7 @@ daemon changes the holders of replicas/(N+1) of the samples, so:
 - every member gets the dataset's empty directories.
 
 It is one two-phase ingest with `replace` on every new member (see
-`striped.run_two_phase`): until all of them prepared, readers see the old
+`two_phase.run_two_phase`): until all of them prepared, readers see the old
 placement; any failure aborts everywhere and the old dataset stays as it
 was.  Daemons that left the list get the dataset deleted after the commit.
 The same call stripes a one-daemon dataset over several daemons, or
@@ -31,12 +31,10 @@ import dataclasses
 import numpy as np
 
 from dlfs.client import metadata
-from dlfs.client.transport import grpc_types
-from dlfs.client.ingest_upload import buffer_pieces, dir_pieces
 from dlfs.client.cluster.placement import place
-from dlfs.client.cluster.striped_ingest import check_streams, run_two_phase
+from dlfs.client.cluster.two_phase import check_streams, run_two_phase
+from dlfs.client.transport.ingest_requests import IngestPiece, buffer_pieces, dir_pieces
 from dlfs.errors import DlfsError
-from dlfs.proto import dlfs_pb2 as pb
 from dlfs.types import Entry
 
 # A chunk of samples handled at once: one get_batch for its moved copies.
@@ -122,18 +120,17 @@ def _remove_old_copy(member, name: str, old_members: tuple) -> bool:
     and "127.0.0.1:7010") is in both lists; it already holds the new
     placement, and deleting it would lose the data.
     """
-    info = member.call("GetDataset", pb.GetDatasetRequest(dataset=name), retry=False)
+    info = member.control.get_dataset(name, retry=False)
     if tuple(info.members) != old_members:
         return False
-    member.call("DeleteDataset", pb.DeleteDatasetRequest(dataset=name), retry=False)
+    member.control.delete_dataset(name)
     return True
 
 
 def _entries(router, name: str) -> list[Entry]:
     """Every sample's entry in id order, from any member holding the directory."""
     def fetch(member) -> list[Entry]:
-        info = grpc_types.dataset_info(member.call("GetDataset",
-                                                    pb.GetDatasetRequest(dataset=name)))
+        info = member.control.get_dataset(name)
         return metadata.all_entries(member, name, info.samples)
 
     return router.call_any(fetch)
@@ -163,17 +160,16 @@ def _produce(router, name, entries, new_holders, holds, moves, sizes, streams, b
             check_streams(streams)
             entry = entries[i]
             holders = new_holders[i].tolist()
-            meta = dict(path=entry.path, size=entry.size, mode=entry.mode,
-                        mtime_ns=entry.mtime_ns, holders=holders, crc32c=entry.crc32c)
+            meta = IngestPiece(entry.path, entry.size, entry.mode, entry.mtime_ns,
+                               crc32c=entry.crc32c, holders=holders)
             for j, stream in enumerate(streams):
                 if moves[i, j]:
-                    head = pb.IngestPiece(path=entry.path, size=entry.size, mode=entry.mode,
-                                          mtime_ns=entry.mtime_ns, holders=holders)
+                    head = meta._replace(crc32c=None)
                     for piece in buffer_pieces(head, fetched[i]):
                         stream.put(piece)
                     if bar is not None:
                         bar.update(entry.size)
                 elif holds[i, j]:
-                    stream.put(pb.IngestPiece(kept=True, **meta))
+                    stream.put(meta._replace(kept=True))
                 else:
-                    stream.put(pb.IngestPiece(remote=True, **meta))
+                    stream.put(meta._replace(remote=True))

@@ -1,8 +1,8 @@
 """`ClusterRouter`: the transport of a client of several daemons.
 
-`Client(["A", "B", "C"])` holds one `DaemonTransport` per member and this
-router, which offers the same methods as a single transport and decides
-which member serves what:
+`Client(["A", "B", "C"])` holds one transport per member (`contract.Daemon`)
+and this router, which answers the same `contract.Transport` as a single
+daemon's transport and decides which member serves what:
 
 - metadata calls (stat, listdir, lookup, dataset info) go to any live member:
   every member of a striped dataset holds its whole directory;
@@ -16,8 +16,8 @@ which member serves what:
   holder; with no live holder left the error names the daemon and the
   samples.  A member that is back is used again once its mark expires.
 
-Striped ingest and rebalancing are in `dlfs.client.cluster.striped_ingest` and
-`dlfs.client.cluster.rebalance`.
+Striped ingest and rebalancing (`dlfs.client.cluster.striped_ingest`,
+`dlfs.client.cluster.rebalance`) use the members through `member`.
 """
 
 from __future__ import annotations
@@ -33,10 +33,16 @@ from typing import Callable, Iterator, TypeVar
 import numpy as np
 
 from dlfs import limits
-from dlfs.client import metadata
+from dlfs.client.cluster.placement import Placement, placement_of
 from dlfs.client.reply_buffers import copy_into
-from dlfs.client.requests import batch_size
-from dlfs.client.transport.grpc_transport import DaemonTransport
+from dlfs.client.transport.contract import Daemon
+from dlfs.client.transport.read_requests import (
+    BatchRequest,
+    PrefetchRequest,
+    RangeRequest,
+    range_id,
+    request_ids,
+)
 from dlfs.errors import (
     DlfsError,
     FailedPrecondition,
@@ -45,32 +51,22 @@ from dlfs.errors import (
     StaleGeneration,
     Unavailable,
 )
-from dlfs.proto import dlfs_pb2 as pb
-from dlfs.types import DatasetInfo
+from dlfs.types import DatasetInfo, Entry
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-@dataclasses.dataclass(frozen=True)
-class Placement:
-    """Where a dataset's samples live, as its daemons reported it."""
-
-    members: tuple  # addresses in placement order; () for a one-daemon dataset
-    holders: np.ndarray | None  # uint16 (samples, replicas); None for a one-daemon dataset
-    owner: str  # for a one-daemon dataset: the daemon that has it
-    generation: int  # the version it describes; every part of a batch names it
-
-
 class ClusterRouter:
-    """Routes the calls of a multi-daemon `Client` to its members.  Thread-safe.
+    """Routes the calls of a multi-daemon `Client` to its members (`contract.Transport`).
+    Thread-safe.
 
-    `make_member(address)` builds a member's `DaemonTransport`.  `clock`
+    `make_member(address)` builds a member's transport (a `contract.Daemon`).  `clock`
     (default `time.monotonic`) times the down marks; tests replace it to
     let a mark expire without waiting.
     """
 
-    def __init__(self, make_member: Callable[[str], DaemonTransport], addresses: list[str], *,
+    def __init__(self, make_member: Callable[[str], Daemon], addresses: list[str], *,
                  clock: Callable[[], float] = time.monotonic):
         self._make_member = make_member
         self._lock = threading.Lock()
@@ -93,7 +89,7 @@ class ClusterRouter:
 
     # --- members ---------------------------------------------------------------
 
-    def member(self, address: str) -> DaemonTransport:
+    def member(self, address: str) -> Daemon:
         """The transport of `address`, created when placement names a new member."""
         with self._lock:
             transport = self.members.get(address)
@@ -119,15 +115,9 @@ class ClusterRouter:
         """Run `function` on the router's pool in the caller's context (its request id travels)."""
         return self._pool.submit(contextvars.copy_context().run, function, *args, **kwargs)
 
-    # --- control plane -------------------------------------------------------------
+    # --- any member, every member ----------------------------------------------------
 
-    def call(self, method: str, request, *, timeout_s: float | None = None,
-             retry: bool = True):
-        """Unary call `method` on the first member that answers it (see `call_any`)."""
-        return self.call_any(lambda member: member.call(method, request, timeout_s=timeout_s,
-                                                        retry=retry))
-
-    def call_any(self, call: Callable[[DaemonTransport], T]) -> T:
+    def call_any(self, call: Callable[[Daemon], T]) -> T:
         """`call(member)` on the first member that answers it.
 
         Unavailable members are marked down and skipped; NotFound tries the
@@ -146,7 +136,7 @@ class ClusterRouter:
         assert last is not None
         raise last
 
-    def each(self, call: Callable[[DaemonTransport], T]) -> dict[str, T | DlfsError]:
+    def each(self, call: Callable[[Daemon], T]) -> dict[str, T | DlfsError]:
         """`call(member)` on every member in parallel: address -> result, or its DlfsError."""
         futures = {a: self.submit(call, self.member(a)) for a in list(self.members)}
         results: dict = {}
@@ -159,21 +149,24 @@ class ClusterRouter:
                 results[address] = exc
         return results
 
-    def upload(self, source, name: str, *, replace: bool, progress, replicas: int, **options):
-        """Stripe `source` over every member (see `striped.ingest_striped`)."""
-        from dlfs.client.cluster.striped_ingest import ingest_striped
+    # --- metadata: any member holds a striped dataset's whole directory ---------------------
 
-        try:
-            return ingest_striped(self, source, name, replace=replace, replicas=replicas,
-                                  progress=progress, **options)
-        finally:
-            self.forget(name)
+    def dataset_info(self, dataset: str, known: DatasetInfo | None = None) -> DatasetInfo:
+        """The summary of the current version of `dataset` from any live member
+        (`known` is unused).  Raises NotFound."""
+        return self.call_any(lambda member: member.control.get_dataset(dataset))
 
-    def rebalance(self, name: str, *, replicas: int | None, progress: bool | None):
-        """Re-place dataset `name` on the members (see `dlfs.client.cluster.rebalance`)."""
-        from dlfs.client.cluster.rebalance import rebalance
+    def stat(self, dataset: str, path: str) -> Entry:
+        return self.call_any(lambda member: member.stat(dataset, path))
 
-        return rebalance(self, name, replicas=replicas, progress=progress)
+    def list_page(self, dataset: str, path: str, start_after: str,
+                  page_size: int) -> tuple[list[Entry], bool]:
+        return self.call_any(lambda member: member.list_page(dataset, path, start_after,
+                                                             page_size))
+
+    def lookup(self, dataset: str, *, ids: np.ndarray | None = None,
+               paths=None) -> list[Entry]:
+        return self.call_any(lambda member: member.lookup(dataset, ids=ids, paths=paths))
 
     # --- placement ----------------------------------------------------------------
 
@@ -182,9 +175,8 @@ class ClusterRouter:
             known = self._placements.get(dataset)
         if known is not None and not refresh:
             return known
-        address, (members, holders, generation) = self.call_any(
-            lambda member: (member.address, _placement_of(member.index(dataset))))
-        placement = Placement(members, holders, "" if members else address, generation)
+        placement = self.call_any(
+            lambda member: placement_of(member.control.index(dataset), member.address))
         with self._lock:
             self._placements[dataset] = placement
         return placement
@@ -208,7 +200,7 @@ class ClusterRouter:
         with self._lock:
             self._placements.pop(dataset, None)
 
-    def holder_of(self, dataset: str, sample_id: int) -> DaemonTransport:
+    def holder_of(self, dataset: str, sample_id: int) -> Daemon:
         """The member that should serve one sample (its first live holder)."""
         placement = self.placement(dataset)
         if not placement.members:
@@ -222,20 +214,13 @@ class ClusterRouter:
     def prepare(self, dataset: str) -> None:
         """Nothing to set up: placement is learned at the first batch."""
 
-    def ids_of(self, request) -> np.ndarray:
-        """The sample ids a GetBatch or Prefetch request names; paths cost one Lookup."""
-        return self.call_any(lambda member: member.ids_of(request))
-
-    def get_batch(self, request: pb.GetBatchRequest, out=None) -> list[memoryview]:
-        """The samples of a GetBatchRequest in request order, each part from a live holder.
-
-        With `out`, the parts are copied into it (see `buffers.copy_into`).
-        """
-        if not batch_size(request):
+    def get_batch(self, request: BatchRequest, out=None) -> list[memoryview]:
+        """The samples in request order, each part from a live holder (paths: one Lookup
+        first).  With `out`, the parts are copied into it (`reply_buffers.copy_into`)."""
+        if not request.size:
             return []
-        samples = self.get_ids(request.dataset, self.ids_of(request),
-                               verify=not request.skip_verify,
-                               prefetch=np.asarray(request.prefetch_ids, dtype=np.int64),
+        samples = self.get_ids(request.dataset, request_ids(request, self.lookup),
+                               verify=request.verify, prefetch=request.prefetch_ids,
                                generation=request.generation)
         return samples if out is None else copy_into(out, samples)
 
@@ -287,55 +272,43 @@ class ClusterRouter:
         raise StaleGeneration(f"the daemons of dataset {dataset!r} kept serving different "
                               "versions; ingest it again with --replace")
 
-    def read_range(self, request: pb.ReadRangeRequest) -> memoryview:
+    def read_range(self, request: RangeRequest) -> memoryview:
         """A byte range of one sample from a live holder, failing over to replicas."""
         request = self._by_id(request)
         for _attempt in range(limits.replicas_max):
-            member = self.holder_of(request.dataset, request.id)
+            member = self.holder_of(request.dataset, request.sample_id)
             try:
                 return member.read_range(request)
             except Unavailable as exc:
                 self.mark_down(member.address, exc)
-        raise Unavailable(f"no holder of sample {request.id} of dataset {request.dataset!r} "
-                          "answers")
+        raise Unavailable(f"no holder of sample {request.sample_id} of dataset "
+                          f"{request.dataset!r} answers")
 
-    def read_chunks(self, request: pb.ReadRangeRequest) -> Iterator[tuple[int, memoryview]]:
+    def read_chunks(self, request: RangeRequest) -> Iterator[tuple[int, memoryview]]:
         """The pieces of a byte range of one sample, from its first live holder."""
         request = self._by_id(request)
-        return self.holder_of(request.dataset, request.id).read_chunks(request)
+        return self.holder_of(request.dataset, request.sample_id).read_chunks(request)
 
-    def dataset_info(self, dataset: str, known: DatasetInfo | None = None) -> DatasetInfo:
-        """The summary of the current version of `dataset` from any live member
-        (`known` is unused).  Raises NotFound."""
-        return metadata.dataset_info(self, dataset)
-
-    def prefetch(self, request: pb.PrefetchRequest, wait: bool = True) -> bool:
+    def prefetch(self, request: PrefetchRequest, wait: bool = True) -> bool:
         """Send hints for the request's samples to their first live holders (fire and forget)."""
-        ids = self.ids_of(request)
+        ids = request_ids(request, self.lookup)
         placement = self.placement(request.dataset)
         if not placement.members:
             return self.member(placement.owner).prefetch(request, wait)
         self._hint(request.dataset, placement, ids)
         return True
 
-    def _by_id(self, request: pb.ReadRangeRequest) -> pb.ReadRangeRequest:
+    def _by_id(self, request: RangeRequest) -> RangeRequest:
         """The same range request naming its sample by id (paths cost one Lookup)."""
-        if not request.path:
+        if request.path is None:
             return request
-        lookup = pb.LookupRequest(dataset=request.dataset, paths=[request.path])
-        by_id = pb.ReadRangeRequest()
-        by_id.CopyFrom(request)
-        by_id.id = self.call("Lookup", lookup).entries[0].id
-        by_id.ClearField("path")
-        return by_id
+        return dataclasses.replace(request, sample_id=range_id(request, self.lookup), path=None)
 
     def _get_ids(self, dataset: str, placement: Placement, ids: np.ndarray, verify: bool,
                  prefetch: np.ndarray) -> list[memoryview]:
         if not placement.members:
-            request = pb.GetBatchRequest(dataset=dataset, ids=ids.tolist(),
-                                         prefetch_ids=prefetch.tolist(), skip_verify=not verify,
-                                         generation=placement.generation)
-            return self.member(placement.owner).get_batch(request)
+            return self.member(placement.owner).get_batch(BatchRequest(
+                dataset, ids, None, verify, prefetch, placement.generation))
         if ids.size and (ids.min() < 0 or ids.max() >= len(placement.holders)):
             raise _OutOfRange()
         if prefetch.size:
@@ -348,9 +321,8 @@ class ClusterRouter:
             futures = {}
             for address in np.unique(chosen):
                 positions = pending[chosen == address]
-                part = pb.GetBatchRequest(dataset=dataset, ids=ids[positions].tolist(),
-                                          skip_verify=not verify,
-                                          generation=placement.generation)
+                part = BatchRequest(dataset, ids[positions], None, verify,
+                                    generation=placement.generation)
                 futures[address] = (positions, self.submit(self.member(address).get_batch, part))
             retry = []
             for address, (positions, future) in futures.items():
@@ -404,22 +376,8 @@ def _out_of_range(dataset: str, ids: np.ndarray, placement: Placement) -> str:
             f"0..{len(placement.holders) - 1}")
 
 
-def _placement_of(chunks: list[pb.IndexChunk]) -> tuple[tuple, np.ndarray | None, int]:
-    """(members, holders, generation) of a dataset from its GetIndex stream."""
-    members: tuple = ()
-    replicas = 0
-    for chunk in chunks:
-        if chunk.members:
-            members, replicas = tuple(chunk.members), chunk.replicas
-    generation = chunks[0].generation if chunks else 0
-    if not members:
-        return (), None, generation
-    holders = np.frombuffer(b"".join(c.holders for c in chunks), "<u2").reshape(-1, replicas)
-    return members, holders, generation
-
-
-def _quiet_prefetch(member: DaemonTransport, dataset: str, ids: np.ndarray) -> None:
+def _quiet_prefetch(member: Daemon, dataset: str, ids: np.ndarray) -> None:
     try:
-        member.prefetch(pb.PrefetchRequest(dataset=dataset, ids=ids.tolist()))
+        member.prefetch(PrefetchRequest(dataset, ids))
     except DlfsError as exc:
         log.debug("prefetch hint to %s dropped: %s", member.address, exc)

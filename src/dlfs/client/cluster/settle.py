@@ -26,12 +26,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable
 
-from dlfs.client.transport.grpc_transport import DaemonTransport
+from dlfs.client.transport.contract import DaemonControl
+from dlfs.client.transport.control_replies import ABORTED, COMMITTED, PENDING
 from dlfs.errors import DlfsError, FailedPrecondition, NotFound, Unavailable
-from dlfs.proto import dlfs_pb2 as pb
-
-_OUTCOMES = {pb.IngestOutcome.COMMITTED: "committed", pb.IngestOutcome.ABORTED: "aborted",
-             pb.IngestOutcome.PENDING: "pending"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,14 +44,15 @@ class SettleReport:
     failed: tuple = ()  # (address, error message) of members that could not be told
 
 
-def settle(name: str, addresses: tuple, member: Callable[[str], DaemonTransport], *,
+def settle(name: str, addresses: tuple, member: Callable[[str], DaemonControl], *,
            first_member_lost: bool = False) -> SettleReport:
     """Decide the prepared ingest of dataset `name` on its members (see the module doc).
 
     `addresses`: daemons to look for a prepared ingest of `name` on (one
     member left prepared is enough: it knows all members; the first member,
     once it has decided, holds nothing prepared).  `member(address)`
-    makes the transport of a member.  Raises NotFound (none of `addresses`
+    makes the control calls of a member (made once each: the decision must not
+    wait on a member that does not answer).  Raises NotFound (none of `addresses`
     answers about `name`), FailedPrecondition (the first member still
     decides), Unavailable (the first member does not answer and
     `first_member_lost` is not set, or another member does not answer).
@@ -65,7 +63,7 @@ def settle(name: str, addresses: tuple, member: Callable[[str], DaemonTransport]
     generation, members = prepared
     first, others = members[0], members[1:]
     outcome = _outcome(member(first), name, generation)
-    if outcome == "pending":
+    if outcome == PENDING:
         raise FailedPrecondition(
             f"the first member {first} of dataset {name!r} holds generation {generation} "
             "prepared itself: it decides, and aborts it after its --prepared-ingest-timeout-s "
@@ -87,19 +85,19 @@ def settle(name: str, addresses: tuple, member: Callable[[str], DaemonTransport]
                 f"member(s) {', '.join(down)} of dataset {name!r} do not answer: without "
                 f"the first member {first}, every other member must answer to decide (one "
                 "of them may have committed)")
-        committed = [address for address, state in states.items() if state == "committed"]
+        committed = [address for address, state in states.items() if state == COMMITTED]
         if committed:
-            decision = "committed"
+            decision = COMMITTED
             decided_by = f"{committed[0]}, which had committed it (so {first} had)"
         else:
-            decision = "aborted"
+            decision = ABORTED
             decided_by = f"the operator ({first} lost; no other member had committed)"
     settled, failed = [], []
-    method = "CommitIngest" if decision == "committed" else "AbortIngest"
-    request = pb.CommitIngestRequest(dataset=name, generation=generation)
     for address in [address for address, state in states.items() if state == "prepared"]:
+        control = member(address)
+        decide = control.commit_ingest if decision == COMMITTED else control.abort_ingest
         try:
-            member(address).call(method, request, retry=False)
+            decide(name, generation, retry=False)
             settled.append(address)
         except DlfsError as exc:
             failed.append((address, exc.message))
@@ -112,8 +110,7 @@ def _find_prepared(name: str, addresses: tuple, member) -> tuple[int, tuple] | N
     answered = False
     for address in addresses:
         try:
-            progress = member(address).call(
-                "GetIngestProgress", pb.GetIngestProgressRequest(dataset=name), retry=False)
+            progress = member(address).ingest_progress(name, retry=False)
         except NotFound:
             answered = True
             continue
@@ -127,21 +124,19 @@ def _find_prepared(name: str, addresses: tuple, member) -> tuple[int, tuple] | N
     return None
 
 
-def _outcome(transport: DaemonTransport, name: str, generation: int) -> str | None:
-    """The first member's GetIngestOutcome; None when it does not answer."""
+def _outcome(control: DaemonControl, name: str, generation: int) -> str | None:
+    """The first member's outcome of `generation` (`control_replies.COMMITTED`, ...); None when
+    it does not answer."""
     try:
-        reply = transport.call("GetIngestOutcome", pb.IngestOutcomeRequest(
-            dataset=name, generation=generation), retry=False)
+        return control.ingest_outcome(name, generation, retry=False)
     except Unavailable:
         return None
-    return _OUTCOMES[reply.state]
 
 
-def _state(transport: DaemonTransport, name: str, generation: int) -> str | None:
+def _state(control: DaemonControl, name: str, generation: int) -> str | None:
     """"prepared", "committed" (publishes `generation`), "other", or None (no answer)."""
     try:
-        progress = transport.call("GetIngestProgress",
-                                  pb.GetIngestProgressRequest(dataset=name), retry=False)
+        progress = control.ingest_progress(name, retry=False)
         if progress.state == "prepared" and progress.generation == generation:
             return "prepared"
     except NotFound:
@@ -149,9 +144,9 @@ def _state(transport: DaemonTransport, name: str, generation: int) -> str | None
     except Unavailable:
         return None
     try:
-        info = transport.call("GetDataset", pb.GetDatasetRequest(dataset=name), retry=False)
+        info = control.get_dataset(name, retry=False)
     except NotFound:
         return "other"
     except Unavailable:
         return None
-    return "committed" if info.sealed and info.generation == generation else "other"
+    return COMMITTED if info.sealed and info.generation == generation else "other"

@@ -1,13 +1,13 @@
 """Striped ingest: one dataset over several daemons, all of them or none.
 
-`ingest_striped` reads every file once (with the reader pool of
-`dlfs.client.ingest_upload`: many files in flight, bounded memory), streams it to
-its holders (rendezvous placement, `dlfs.client.cluster.placement`) and its
-metadata to every other member, with two-phase commit: all members prepare
-(durable, unpublished), then the first member commits (its SEAL is the
-decision), then the others (see `_commit`).  `run_two_phase` is that protocol
-for any producer; rebalancing (`dlfs.client.cluster.rebalance`) uses it too.
-`router` is the `ClusterRouter` of the members.
+`ingest_striped` reads every file once (staging's reader pool,
+`dlfs.staging.ordered_files`: many files in flight, bounded memory),
+streams it to its holders (rendezvous placement,
+`dlfs.client.cluster.placement`) and its metadata to every other member,
+with two-phase commit (`dlfs.client.cluster.two_phase`): all members
+prepare (durable, unpublished), then the first member commits (its SEAL is
+the decision), then the others.  `router` is the `ClusterRouter` of the
+members.
 
 Resumable striped ingests: each member parks its part when its stream
 breaks off; a resume asks every member what it holds (each may hold a
@@ -16,53 +16,18 @@ different number of files) and sends each member the files after its own.
 
 from __future__ import annotations
 
-import logging
-import queue
-import secrets
-import sys
-import threading
-from concurrent.futures import ThreadPoolExecutor
-
-import grpc
-
-from dlfs import limits
-from dlfs.client.transport import grpc_types
-from dlfs.client.transport.grpc_errors import from_rpc_error
-from dlfs.client.ingest_upload import (
-    Duplicates,
-    as_source_set,
-    batch_messages,
-    check_prefix,
-    check_resumable,
-    dir_pieces,
-    get_progress,
-    ordered_files,
-    pool_for,
-    resume_hint,
-    resume_prefix,
-)
 from dlfs.client.cluster.placement import member_hashes, place, place_one
+from dlfs.client.cluster.two_phase import check_streams, run_two_phase
+from dlfs.client.ingest_resume import check_prefix, check_resumable, held_ingest, resume_hint
+from dlfs.client.transport.ingest_requests import IngestPiece, dir_pieces
+from dlfs.errors import DlfsError, ResumeConflict
+from dlfs.staging.duplicates import Duplicates
+from dlfs.staging.ordered_files import ordered_files, pool_for
 from dlfs.staging.progress import IngestProgress, IngestStats, progress_mode
 from dlfs.staging.read_pool import READERS_DEFAULT
-from dlfs.errors import Cancelled, DlfsError, InvalidArgument, ResumeConflict, Unavailable
-from dlfs.proto import dlfs_pb2 as pb
+from dlfs.staging.resume_prefix import resume_prefix
+from dlfs.staging.source_set import as_source_set
 from dlfs.types import DatasetInfo
-
-log = logging.getLogger(__name__)
-_END = object()
-_ABORT = object()
-
-
-class _Aborted(Exception):
-    """Raised inside a member's request stream to cancel its Ingest call."""
-
-
-class _MemberFailed(Exception):
-    """A member's stream failed while the producer was still reading files."""
-
-    def __init__(self, stream):
-        super().__init__(stream.member.address)
-        self.stream = stream
 
 
 def ingest_striped(router, source, name: str, *, replace: bool, replicas: int,
@@ -123,7 +88,8 @@ def ingest_striped(router, source, name: str, *, replace: bool, replicas: int,
                                  keep_on_failure=resumable)
         except DlfsError as exc:
             if resumable:
-                raise resume_hint(exc, [router.member(a) for a in members], name) from None
+                raise resume_hint(exc, [router.member(a).control for a in members],
+                                  name) from None
             raise
         finally:
             elapsed = meter.close()
@@ -138,7 +104,7 @@ def _resume_points(router, members, replicas, replace, name, sources, duplicates
                    fields) -> int | None:
     """Ask every member what it holds; fill `skips` and `fields`; return the generation
     to reuse (None when nothing is parked anywhere)."""
-    results = router.each(lambda member: get_progress(member, name))
+    results = router.each(lambda member: held_ingest(member.control, name))
     states = []
     for index, address in enumerate(members):
         state = results.get(address)
@@ -168,156 +134,8 @@ def _resume_points(router, members, replicas, replace, name, sources, duplicates
             fields[index] = {"prepared_already": True}
             continue
         check_prefix(state, prefixes[state.samples], name, members[index])
-        fields[index].update(resume=True, resume_from=state.samples)
+        fields[index].update(resume_from=state.samples)
     return generations.pop()  # members that hold nothing start from the beginning
-
-
-def run_two_phase(router, name: str, members: list[str], replicas: int, *,
-                  replace: bool, produce, total_bytes: int, progress: bool | None,
-                  desc: str, generation: int | None = None, start_fields=None,
-                  keep_on_failure: bool = False) -> DatasetInfo:
-    """One prepared Ingest stream per member, fed by `produce(streams, bar)`, then commit.
-
-    `produce` puts pieces on each member's stream (`stream.put`) and calls
-    `check_streams(streams)` between samples; `bar` (None or a tqdm bar of
-    `total_bytes`) is its to update.  If it raises, or any member fails,
-    every member aborts and nothing is kept; OSError from the producer
-    becomes InvalidArgument (the source could not be read).  Returns the
-    first member's DatasetInfo after all committed.  `generation`: the
-    version to name (a resume repeats the broken-off ingest's); default a new
-    one.  `start_fields`: per member, more IngestStart fields (resuming).
-    `keep_on_failure`: a failure aborts no prepared member (resumable
-    ingests: they are parked and can be resumed).
-    """
-    # The new version's number, the same on every member (above the dataset ids
-    # daemons hand out), so readers can tell it from the one it replaces.
-    if generation is None:
-        generation = limits.cluster_generation_min | secrets.randbits(62)
-    streams = [_MemberStream(router.member(address), name, replace, members, replicas, index,
-                             generation, **(start_fields[index] if start_fields else {}))
-               for index, address in enumerate(members)]
-    bar = None
-    if progress if progress is not None else sys.stderr.isatty():
-        from tqdm import tqdm
-
-        bar = tqdm(total=total_bytes, unit="B", unit_scale=True, unit_divisor=1024, desc=desc,
-                   file=sys.stderr)
-    threads = [threading.Thread(target=s.run, name=f"dlfs-ingest-{s.index}", daemon=True)
-               for s in streams]
-    for thread in threads:
-        thread.start()
-    try:
-        produce(streams, bar)
-    except BaseException as exc:
-        for stream in streams:
-            stream.put(_ABORT)  # the member's call is cancelled: it keeps nothing
-        for thread in threads:
-            thread.join()
-        if not keep_on_failure:
-            _finish_all(streams, commit=False)
-        if isinstance(exc, OSError):
-            raise InvalidArgument(f"cannot read the source: {exc}") from None
-        if not isinstance(exc, _MemberFailed):
-            raise
-    else:
-        for stream in streams:
-            stream.put(_END)
-        for thread in threads:
-            thread.join()
-    finally:
-        if bar is not None:
-            bar.close()
-    failures = [(s.member.address, s.error) for s in streams if s.error is not None]
-    # The member that failed first, not those the client then cancelled.
-    failures.sort(key=lambda failure: isinstance(failure[1], (Cancelled, _Aborted)))
-    if failures:
-        if not keep_on_failure:
-            _finish_all(streams, commit=False)
-        address, error = failures[0]
-        if isinstance(error, DlfsError):
-            raise type(error)(f"ingest into {address} failed, nothing was kept: {error.message}")
-        raise error
-    return _commit(streams, name)
-
-
-def _commit(streams, name: str) -> DatasetInfo:
-    """Commit on the first member, whose SEAL is the decision, then on the others.
-
-    A member the commit does not reach (down, restarted) stays prepared and
-    learns the decision from the first member by itself (GetIngestOutcome,
-    server/grpc/decisions.py), so once the first member committed, the dataset
-    is committed: the others' failures are logged, not raised.  If the
-    first member's commit fails, its outcome is asked: aborted, every
-    member aborts; committed, the others commit; otherwise (no answer, or
-    its catalog failed) the outcome is not known yet and the members follow
-    whatever it turns out to be.
-    """
-    first, rest = streams[0], streams[1:]
-    [(address, result)] = _finish_all([first], commit=True)
-    if isinstance(result, Exception):
-        # An error need not mean "not committed" (its SEAL may be on disk): the
-        # first member's own answer decides whether the others may abort.
-        outcome = _outcome(first)
-        if outcome == pb.IngestOutcome.ABORTED:
-            _finish_all(rest, commit=False)
-            raise type(result)(f"dataset {name!r} was not committed: its first member "
-                               f"{address} refused ({result.message}); nothing was kept")
-        if outcome != pb.IngestOutcome.COMMITTED:
-            raise Unavailable(
-                f"the commit of dataset {name!r} on its first member {address} did not "
-                f"finish ({result.message}); the other members follow its decision once it "
-                "has one: `dlfs datasets` shows the dataset once it is published")
-        result = grpc_types.dataset_info(first.member.call(
-            "GetDataset", pb.GetDatasetRequest(dataset=name)))
-    for address, other in _finish_all(rest, commit=True):
-        if isinstance(other, Exception):
-            log.warning("dataset %r is committed, but %s did not confirm (%s); it commits by "
-                        "itself once it reaches %s", name, address, other, first.member.address)
-    return result
-
-
-def check_streams(streams) -> None:
-    """Raise (ending the producer) once any member's stream has failed."""
-    failed = next((s for s in streams if s.error is not None), None)
-    if failed is not None:  # stop every member: a striped ingest is all or nothing
-        raise _MemberFailed(failed)
-
-
-def _outcome(stream) -> int | None:
-    """GetIngestOutcome of the stream's generation on its member; None if it does not answer."""
-    request = pb.IngestOutcomeRequest(dataset=stream.name, generation=stream.start.generation)
-    try:
-        return stream.member.call("GetIngestOutcome", request, retry=True).state
-    except DlfsError:
-        return None
-
-
-def _finish_all(streams, commit: bool) -> list[tuple[str, object]]:
-    """CommitIngest (or AbortIngest) on every prepared member, all at once.
-
-    In parallel so that the window in which some members published and
-    others not yet is one round trip, not one per member.  Returns, in
-    member order, (address, DatasetInfo or the DlfsError it raised).
-    """
-    method = "CommitIngest" if commit else "AbortIngest"
-    prepared = [stream for stream in streams if stream.prepared]
-    for stream in prepared:
-        stream.prepared = False
-
-    def finish(stream):
-        try:
-            request = pb.CommitIngestRequest(dataset=stream.name,
-                                             generation=stream.start.generation)
-            reply = stream.member.call(method, request, retry=True)
-            return stream.member.address, grpc_types.dataset_info(reply)
-        except DlfsError as exc:
-            return stream.member.address, exc
-
-    if not prepared:
-        return []
-    with ThreadPoolExecutor(max_workers=min(len(prepared), limits.cluster_calls_in_flight_max),
-                            thread_name_prefix="dlfs-commit") as pool:
-        return list(pool.map(finish, prepared))
 
 
 def _produce(chunks, skip: int, skips: list[int], holders_of, streams, dirs=()) -> None:
@@ -338,78 +156,15 @@ def _produce(chunks, skip: int, skips: list[int], holders_of, streams, dirs=()) 
             current = file
             holders = holders_of(index, file)
             holding = [streams[h] for h in holders if index >= skips[h]]
-            piece = pb.IngestPiece(path=file.path, size=file.size, mode=file.mode,
-                                   mtime_ns=file.mtime_ns, holders=holders, data=data)
+            piece = IngestPiece(file.path, file.size, file.mode, file.mtime_ns, data,
+                                crc if last else None, holders)
         else:
-            piece = pb.IngestPiece(data=data)
-        if last:
-            piece.crc32c = crc
+            piece = IngestPiece(data=data, crc32c=crc if last else None)
         for stream in holding:
             stream.put(piece)
         if last:
-            remote = pb.IngestPiece(path=current.path, size=current.size, mode=current.mode,
-                                    mtime_ns=current.mtime_ns, holders=holders, crc32c=crc,
-                                    remote=True)
+            remote = IngestPiece(current.path, current.size, current.mode, current.mtime_ns,
+                                 crc32c=crc, holders=holders, remote=True)
             for member, stream in enumerate(streams):
                 if member not in holders and index >= skips[member]:
                     stream.put(remote)
-
-
-class _MemberStream:
-    """One member's Ingest call, fed piece by piece through a bounded queue."""
-
-    def __init__(self, member, name: str, replace: bool, members: list[str], replicas: int,
-                 index: int, generation: int, prepared_already: bool = False, **start_fields):
-        """`prepared_already`: the member holds its part prepared (a resumed ingest that
-        broke off before its commit): no stream, it joins the commit."""
-        self.member = member
-        self.prepared_already = prepared_already
-        self.name = name
-        self.index = index
-        self.start = pb.IngestStart(dataset=name, replace=replace, members=members,
-                                    replicas=replicas, member_index=index, prepare_only=True,
-                                    generation=generation, **start_fields)
-        self._queue: queue.Queue = queue.Queue(maxsize=limits.ingest_queue_pieces_max)
-        self.error: BaseException | None = None
-        self.prepared = False
-        self.aborted = False  # the client cancelled this member's call itself
-
-    def put(self, piece) -> None:
-        if self.prepared_already:
-            return
-        while self.error is None:
-            try:
-                self._queue.put(piece, timeout=0.1)
-                return
-            except queue.Full:
-                continue
-
-    def _messages(self):
-        yield pb.IngestMessage(start=self.start)
-        yield from batch_messages(self._pieces())
-
-    def _pieces(self):
-        while (piece := self._queue.get()) is not _END:
-            if piece is _ABORT:
-                self.aborted = True
-                raise _Aborted("the client stopped the ingest")
-            yield piece
-
-    def run(self) -> None:
-        if self.prepared_already:
-            self.prepared = True
-            return
-        try:
-            self.member.ingest(self._messages())
-            self.prepared = True
-        except grpc.RpcError as exc:
-            self.error = (_Aborted("cancelled by the client") if self.aborted
-                          else from_rpc_error(exc, self.member.address))
-        except BaseException as exc:  # noqa: BLE001 - reported by ingest_striped
-            self.error = exc
-        finally:
-            while True:  # unblock the producer if it is waiting on this queue
-                try:
-                    self._queue.get_nowait()
-                except queue.Empty:
-                    break

@@ -6,12 +6,17 @@ STAT_DATASET / OPEN_DATASET.  Every reply's payload is received with
 `recv_into` straight into a buffer: the caller's `out`, or a recycled one
 from a `BufferPool`; each sample is checked against the CRC32C the reply
 header carries.  No sample byte is copied in Python.
+
+Longer than most modules (about 450 lines): it is one state machine, a
+connection and the frames it reads, and every request (batches, ranges,
+block CRCs, descriptors, ingest) goes through the same private frame reader
+and failure rule (`_frame`, `_failed`); split, those would have to be public.
+The reply's checks are in `datapath_checks`.
 """
 
 from __future__ import annotations
 
 import array
-import bisect
 import logging
 import os
 import resource
@@ -21,10 +26,10 @@ from typing import NamedTuple
 import numpy as np
 
 from dlfs import limits, logs
-from dlfs.formats import block_crcs, datapath_frames as frames
 from dlfs.client.reply_buffers import BufferPool, out_array
+from dlfs.client.transport.datapath_checks import ReplyChecker
+from dlfs.formats import datapath_frames as frames
 from dlfs.errors import (
-    DataCorruption,
     DeadlineExceeded,
     DlfsError,
     FailedPrecondition,
@@ -330,7 +335,7 @@ class DataConnection:
             if verify and reply.flags & frames.BATCH_CRCS:
                 # Blocks are named by the bytes of the sample they hold.
                 first = offset - reply.skip if blocks else None
-                checker = _Checker(samples, ends, reply.crcs,
+                checker = ReplyChecker(samples, ends, reply.crcs,
                                    np.repeat(ids, len(samples)) if blocks else ids, dataset,
                                    self.endpoint.label, first)
             self._receive_payload(payload, checker)
@@ -343,7 +348,7 @@ class DataConnection:
         return Received(reply.generation, samples,
                         bool(reply.flags & frames.BATCH_HINTS_DROPPED))
 
-    def _receive_payload(self, payload: np.ndarray, checker: "_Checker | None" = None) -> None:
+    def _receive_payload(self, payload: np.ndarray, checker: "ReplyChecker | None" = None) -> None:
         """Receive the DATA frames of a payload into `payload`; `checker` verifies the
         samples each frame completes while the next one is still on its way."""
         view = memoryview(payload).cast("B")
@@ -445,76 +450,3 @@ def _descriptors_cut_off(received: int) -> Exception:
 def _target(out, size: int, pool: BufferPool) -> np.ndarray:
     """The uint8 array a payload of `size` bytes is received into."""
     return pool.take(size) if out is None else out_array(out, size)
-
-
-def checksum_mismatch(sample: str, label: str, expected: int, got: int) -> DataCorruption:
-    """The error for a sample (named by `sample`) whose bytes fail their CRC32C here."""
-    return DataCorruption(
-        f"checksum mismatch for {sample} (received from {label}): stored CRC32C "
-        f"{expected:08x}, received {got:08x}; the daemon's copy or the transfer is damaged "
-        "(`dlfs scrub` checks the daemon's copy)")
-
-
-class _Checker:
-    """Verifies each sample's CRC32C once the payload bytes received cover it.
-
-    The first mismatch is kept (`failure`) and raised after the whole reply
-    arrived, so the connection stays usable.  O(samples) in all.
-    """
-
-    def __init__(self, samples: list[memoryview], ends: list[int], crcs: np.ndarray,
-                 ids: np.ndarray, dataset: str, label: str, first_byte: int | None = None):
-        # Items are blocks of one sample whose payload starts at `first_byte` of it
-        # (None: items are whole samples).
-        self.first_byte = first_byte
-        self.samples = samples
-        self.ends = ends
-        self.crcs = crcs.tolist()
-        self.ids = ids
-        self.dataset = dataset
-        self.label = label
-        self.next = 0
-        self.failure: DataCorruption | None = None
-
-    def check_until(self, received: int) -> None:
-        i = self.next
-        j = bisect.bisect_right(self.ends, received, i)
-        if j == i:
-            return
-        expected = self.crcs[i:j]
-        bad = block_crcs.first_bad_piece(self.samples[i:j], expected)
-        if bad is not None and self.failure is None:
-            k, got = bad
-            self.failure = self._mismatch(i + k, expected[k], got)
-        self.next = j
-
-    def _mismatch(self, i: int, expected: int, got: int) -> DataCorruption:
-        sample_id = int(self.ids[i])
-        block = None
-        if self.first_byte is not None:
-            hi = self.first_byte + self.ends[i]
-            block = (hi - len(self.samples[i]), hi)
-        label = self.label
-        error = checksum_mismatch(block_prefix(block) + f"sample {sample_id} of dataset "
-                                  f"{self.dataset!r}", label, expected, got)
-        # What DataPathTransport needs to name the sample's path (`named_checksum_error`).
-        error.sample_id, error.block = sample_id, block
-        error.renamed = lambda what: checksum_mismatch(what, label, expected, got)
-        return error
-
-
-def named_checksum_error(exc: DataCorruption, describe) -> DataCorruption:
-    """`exc` naming its sample as `describe(sample_id)` does (a path, say) when it is a
-    checksum mismatch that says how to (`sample_id`, `block`, `renamed`), logged; any
-    other DataCorruption as it is."""
-    sample_id = getattr(exc, "sample_id", None)
-    if sample_id is None:
-        return exc
-    error = exc.renamed(block_prefix(exc.block) + describe(sample_id))
-    log.error("%s", error.message)
-    return error
-
-
-def block_prefix(block: tuple[int, int] | None) -> str:
-    """How a checksum error names a block of a sample ("" for a whole sample)."""
-    return "" if block is None else f"the block at bytes {block[0]}..{block[1]} of "

@@ -1,15 +1,16 @@
 """`DataPathTransport`: one daemon, with its reads on the data path.
 
-The default transport of `Client(address)`.  Control calls (metadata,
-ingest, hints) go over gRPC as in `DaemonTransport` (in a forked worker,
-where gRPC cannot be used, hints and the dataset's current version go over
-the data path too); batches and ranges go
-over the daemon's data path (`dlfs.client.transport.datapath_pool`), received straight
-into the caller's `out` or a recycled buffer, each sample checked against
-its CRC32C here.  The data path is asked for once (GetDataPath); a daemon
-that offers none (it serves TLS, or predates the data path) or whose data
-port cannot be reached on the first try is read through gRPC instead, with
-one log line saying why.
+The default transport of `Client(address)`.  It holds a `GrpcTransport`
+for the daemon's control calls (its `control`: metadata, ingest) and for
+reads when there is no data path, and the daemon's data path
+(`dlfs.client.transport.datapath_pool`) for reads: batches and ranges are
+received straight into the caller's `out` or a recycled buffer, each
+sample checked against its CRC32C here.  In a forked worker, where gRPC
+cannot be used, hints and the dataset's current version go over the data
+path too.  The data path is asked for once (GetDataPath); a daemon that
+offers none (it serves TLS, or predates the data path) or whose data port
+cannot be reached on the first try is read through gRPC instead, with one
+log line saying why.
 """
 
 from __future__ import annotations
@@ -17,25 +18,30 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
-from typing import NamedTuple
+from typing import Callable, NamedTuple, TypeVar
 
-import grpc
 import numpy as np
 
 from dlfs import limits, logs
-from dlfs.formats import datapath_frames as frames
 from dlfs.client.reply_buffers import BufferPool
-from dlfs.client.transport.grpc_channel import grpc_usable
-from dlfs.client.transport.datapath_conn import named_checksum_error
+from dlfs.client.transport.checksum_errors import with_sample_path
 from dlfs.client.transport.datapath_pool import DataPath, endpoints
-from dlfs.client.requests import batch_size
+from dlfs.client.transport.grpc_channel import grpc_usable
+from dlfs.client.transport.grpc_transport import GrpcTransport
+from dlfs.client.transport.read_requests import (
+    BatchRequest,
+    PrefetchRequest,
+    RangeRequest,
+    range_id,
+    request_ids,
+)
 from dlfs.client.transport.retry import call_with_retry
-from dlfs.client.transport.grpc_transport import DaemonTransport
 from dlfs.errors import DataCorruption, DlfsError, InvalidArgument, Unavailable
-from dlfs.proto import dlfs_pb2 as pb
-from dlfs.types import DatasetInfo
+from dlfs.formats import datapath_frames as frames
+from dlfs.types import DatasetInfo, Entry
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 # The data path of a transport, before it was asked for.
 _UNKNOWN = object()
@@ -63,22 +69,31 @@ class _NoDataPath(Exception):
 SOCKET_CHOICES = ("auto", "tcp", "unix")
 
 
-class DataPathTransport(DaemonTransport):
-    """A daemon's transport whose reads take its data path when it offers one.
+class DataPathTransport:
+    """A daemon's transport whose reads take its data path when it offers one
+    (`contract.Daemon`).
 
     `pool` recycles reply buffers (one per client by default).  `socket`
     picks the data path's endpoint: "auto" (the Unix socket when this host
-    reaches it, else TCP), "tcp" or "unix".  Thread-safe; after `os.fork`
-    the child opens its own data connections.
+    reaches it, else TCP), "tcp" or "unix".  `hint`: where the data path
+    listens, from another process (no GetDataPath then).  The other options
+    are `GrpcTransport`'s.  Thread-safe; after `os.fork` the child opens its
+    own data connections.
     """
 
-    def __init__(self, address: str, *, token: str | None = None, tls_ca: str | None = None,
-                 pool: BufferPool | None = None, socket: str = "auto",
+    def __init__(self, address: str, *, pool: BufferPool | None = None, socket: str = "auto",
                  hint: DataPathHint | None = None, **options):
         if socket not in SOCKET_CHOICES:
             raise InvalidArgument(f"data_path must be one of {', '.join(SOCKET_CHOICES)}, "
                                   f"True or False, not {socket!r}")
-        super().__init__(address, token=token, tls_ca=tls_ca, **options)
+        self.grpc = GrpcTransport(address, **options)
+        self.control = self.grpc.control
+        self.address = address
+        self.addresses = (address,)
+        self.timeout_s = self.grpc.timeout_s
+        self.batch_timeout_s = self.grpc.batch_timeout_s
+        self.reconnect_timeout_s = self.grpc.reconnect_timeout_s
+        self.settings = self.grpc.settings
         self._socket = socket
         self.pool = pool or BufferPool()
         self._lock = threading.Lock()
@@ -93,7 +108,25 @@ class DataPathTransport(DaemonTransport):
         data = self._data
         if isinstance(data, DataPath):
             data.close()
-        super().close()
+        self.grpc.close()
+
+    def __repr__(self) -> str:
+        return f"DataPathTransport({self.address!r})"
+
+    def call_any(self, call: Callable[["DataPathTransport"], T]) -> T:
+        return call(self)
+
+    def each(self, call: Callable[["DataPathTransport"], T]) -> dict[str, T | DlfsError]:
+        try:
+            return {self.address: call(self)}
+        except DlfsError as exc:
+            return {self.address: exc}
+
+    def forget(self, dataset: str) -> None:
+        """Nothing is cached about a dataset here."""
+
+    def prepare(self, dataset: str) -> None:
+        """Nothing to set up: the data path is asked for at the first read."""
 
     def data_path(self) -> DataPath | None:
         """The daemon's data path (asked for at the first read), or None: reads use gRPC."""
@@ -108,37 +141,18 @@ class DataPathTransport(DaemonTransport):
         data = self.data_path()
         return {} if data is None else {self.address: data.hint}
 
-    def get_batch(self, request: pb.GetBatchRequest, out=None) -> list[memoryview]:
-        if self.data_path() is None or not batch_size(request):
-            return super().get_batch(request, out)
-        ids = self.ids_of(request)
-        hints = np.asarray(request.prefetch_ids, dtype=np.int64)
-        return self._on_data_path(request.dataset, lambda data: data.get_batch(
-            request.dataset, ids, generation=request.generation, hints=hints,
-            verify=not request.skip_verify, out=out,
-            request_id=logs.current_request_id()).samples,
-            fallback=lambda: super(DataPathTransport, self).get_batch(request, out))
+    # --- metadata ----------------------------------------------------------------------
 
-    def prefetch(self, request: pb.PrefetchRequest, wait: bool = True) -> bool:
-        """As gRPC's Prefetch (False: the daemon's queue dropped the hint), but a hint by
-        ids rides the data path, as a GET_BATCH of no samples: a reader hinting
-        every batch then pays no gRPC call per batch (and a forked worker can
-        hint at all).  Unless `wait`, it is sent without waiting for the
-        daemon's answer (True: sent; see `DataPath.send_hints`).  Hints by
-        path go over gRPC (they need the names resolved)."""
-        if request.paths or self.data_path() is None:
-            return super().prefetch(request)
-        hints = np.asarray(request.ids, dtype=np.int64)
-        if wait:
-            def send(data) -> bool:
-                return not data.get_batch(request.dataset, np.empty(0, np.int64), hints=hints,
-                                          request_id=logs.current_request_id()).hints_dropped
-        else:
-            def send(data) -> bool:
-                data.send_hints(request.dataset, hints, request_id=logs.current_request_id())
-                return True
-        return self._on_data_path(request.dataset, send,
-                                  fallback=lambda: super(DataPathTransport, self).prefetch(request))
+    def stat(self, dataset: str, path: str) -> Entry:
+        return self.control.stat(dataset, path)
+
+    def list_page(self, dataset: str, path: str, start_after: str,
+                  page_size: int) -> tuple[list[Entry], bool]:
+        return self.control.list_page(dataset, path, start_after, page_size)
+
+    def lookup(self, dataset: str, *, ids: np.ndarray | None = None,
+               paths=None) -> list[Entry]:
+        return self.control.lookup(dataset, ids=ids, paths=paths)
 
     def dataset_info(self, dataset: str, known: DatasetInfo | None = None) -> DatasetInfo:
         """The current version of `dataset` (`known`: the version this client had).
@@ -149,38 +163,71 @@ class DataPathTransport(DaemonTransport):
         `created_ns` and `extents`), or without `known` zero.
         """
         if grpc_usable() or self.data_path() is None:
-            return super().dataset_info(dataset, known)
+            return self.control.get_dataset(dataset)
         generation, samples, size = self._on_data_path(
             dataset, lambda data: data.stat_dataset(dataset),
-            fallback=lambda: super(DataPathTransport, self).dataset_info(dataset, known))
+            fallback=lambda: self.control.get_dataset(dataset))
         if known is None:
             return DatasetInfo(dataset, samples, size, True, 0, 0, generation=generation)
         return dataclasses.replace(known, generation=generation, samples=samples, bytes=size)
 
-    def read_range(self, request: pb.ReadRangeRequest) -> memoryview:
+    # --- reads -------------------------------------------------------------------------
+
+    def get_batch(self, request: BatchRequest, out=None) -> list[memoryview]:
+        """Over the data path: one GET_BATCH (paths: one Lookup first), received into
+        `out` or a pooled buffer; else as `GrpcTransport.get_batch`."""
+        if self.data_path() is None or not request.size:
+            return self.grpc.get_batch(request, out)
+        ids = request_ids(request, self.lookup)
+        return self._on_data_path(request.dataset, lambda data: data.get_batch(
+            request.dataset, ids, generation=request.generation, hints=request.prefetch_ids,
+            verify=request.verify, out=out, request_id=logs.current_request_id()).samples,
+            fallback=lambda: self.grpc.get_batch(request, out))
+
+    def prefetch(self, request: PrefetchRequest, wait: bool = True) -> bool:
+        """As gRPC's Prefetch (False: the daemon's queue dropped the hint), but a hint by
+        ids rides the data path, as a GET_BATCH of no samples: a reader hinting
+        every batch then pays no gRPC call per batch (and a forked worker can
+        hint at all).  Unless `wait`, it is sent without waiting for the
+        daemon's answer (True: sent; see `DataPath.send_hints`).  Hints by
+        path go over gRPC (they need the names resolved)."""
+        if request.paths is not None or self.data_path() is None:
+            return self.grpc.prefetch(request)
+        hints = request.ids
+        if wait:
+            def send(data) -> bool:
+                return not data.get_batch(request.dataset, np.empty(0, np.int64), hints=hints,
+                                          request_id=logs.current_request_id()).hints_dropped
+        else:
+            def send(data) -> bool:
+                data.send_hints(request.dataset, hints, request_id=logs.current_request_id())
+                return True
+        return self._on_data_path(request.dataset, send,
+                                  fallback=lambda: self.grpc.prefetch(request))
+
+    def read_range(self, request: RangeRequest) -> memoryview:
         if self.data_path() is None:
-            return super().read_range(request)
-        sample_id = request.id if not request.path else int(self.ids_of(
-            pb.GetBatchRequest(dataset=request.dataset, paths=[request.path]))[0])
+            return self.grpc.read_range(request)
+        sample_id = range_id(request, self.lookup)
         return self._on_data_path(request.dataset, lambda data: data.read_range(
             request.dataset, sample_id, request.offset, request.length,
-            generation=request.generation, verify=not request.skip_verify,
+            generation=request.generation, verify=request.verify,
             request_id=logs.current_request_id()).samples[0],
-            fallback=lambda: super(DataPathTransport, self).read_range(request))
+            fallback=lambda: self.grpc.read_range(request))
 
-    def read_chunks(self, request: pb.ReadRangeRequest):
-        """As the gRPC stream (`DaemonTransport.read_chunks`), but a range of at
+    def read_chunks(self, request: RangeRequest):
+        """As the gRPC stream (`GrpcTransport.read_chunks`), but a range of at
         most `limits.data_path_chunks_bytes_max` comes over the data path as
         one piece: one reply into a pooled buffer, block CRCs checked, at the
         data path's speed rather than gRPC's.  Longer ranges (or to the end
         of the sample, length 0) stream over gRPC, piece by piece."""
         if self.data_path() is None or not 0 < request.length <= limits.data_path_chunks_bytes_max:
-            yield from super().read_chunks(request)
+            yield from self.grpc.read_chunks(request)
             return
         yield 0, self.read_range(request)
 
     def _on_data_path(self, dataset: str, read, fallback):
-        """`read(data_path)`, retried on UNAVAILABLE like every read.
+        """`read(data_path)`, retried on Unavailable like every read.
 
         A daemon restarted since the data path was asked for listens on
         another port: when connecting fails, the data path is asked for
@@ -201,12 +248,12 @@ class DataPathTransport(DaemonTransport):
                 raise
 
         try:
-            return call_with_retry(attempt, address=self.address,
+            return call_with_retry(attempt,
                                    timeout_s=self.reconnect_timeout_s if self._worked else 0.0)
         except _NoDataPath:
             return fallback()
         except DataCorruption as exc:
-            raise self._with_path(exc, dataset) from None
+            raise with_sample_path(exc, dataset, self.control.lookup) from None
         except Unavailable as exc:
             if self._worked:
                 raise
@@ -230,20 +277,6 @@ class DataPathTransport(DaemonTransport):
         if isinstance(current, DataPath):
             current.close()
 
-    def _with_path(self, exc: DataCorruption, dataset: str) -> DataCorruption:
-        """A checksum mismatch naming the sample's path too (one Lookup, on this error
-        only), logged (datapath_conn.named_checksum_error)."""
-        return named_checksum_error(exc, lambda sample_id: self._describe(dataset, sample_id))
-
-    def _describe(self, dataset: str, sample_id: int) -> str:
-        """Sample ID 'PATH' of dataset 'NAME', for error messages (the path if it can be had)."""
-        try:
-            lookup = pb.LookupRequest(dataset=dataset, ids=[sample_id])
-            path = self.call("Lookup", lookup, retry=False).entries[0].path
-        except (DlfsError, IndexError):
-            return f"sample {sample_id} of dataset {dataset!r}"
-        return f"sample {sample_id} {path!r} of dataset {dataset!r}"
-
     def _from_hint(self, hint: DataPathHint) -> DataPath | None:
         found = endpoints(self.address, hint.port if self._socket != "unix" else 0,
                           hint.unix_socket if self._socket != "tcp" else "")
@@ -262,29 +295,19 @@ class DataPathTransport(DaemonTransport):
             # The data path carries no TLS: reads stay on the encrypted channel.
             self.no_data_path_reason = "this client uses TLS, which the data path does not carry"
             return None
-
-        def ask():
-            try:
-                return self._stub.GetDataPath(pb.GetDataPathRequest(), timeout=self.timeout_s,
-                                              metadata=logs.outgoing_metadata())
-            except grpc.RpcError as exc:
-                if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
-                    return None
-                raise
-
-        info = call_with_retry(ask, address=self.address, timeout_s=self.reconnect_timeout_s)
-        if info is None or not info.enabled:
-            self.no_data_path_reason = (f"it offers none ({info.reason})" if info is not None
+        offer = self.control.data_path_offer()
+        if offer is None or not offer.enabled:
+            self.no_data_path_reason = (f"it offers none ({offer.reason})" if offer is not None
                                         else "it predates the data path")
-        elif info.version != frames.VERSION:
-            self.no_data_path_reason = (f"it speaks data path version {info.version}, this "
+        elif offer.version != frames.VERSION:
+            self.no_data_path_reason = (f"it speaks data path version {offer.version}, this "
                                         f"client {frames.VERSION}")
         else:
-            found = endpoints(self.address, info.port if self._socket != "unix" else 0,
-                              info.unix_socket if self._socket != "tcp" else "")
+            found = endpoints(self.address, offer.port if self._socket != "unix" else 0,
+                              offer.unix_socket if self._socket != "tcp" else "")
             if found:
-                return self._data_path(found, DataPathHint(info.port, info.unix_socket,
-                                                           info.instance))
+                return self._data_path(found, DataPathHint(offer.port, offer.unix_socket,
+                                                           offer.instance))
             self.no_data_path_reason = f"it offers no {self._socket} socket for its data path"
         log.info("reading from the DLFS daemon at %s through gRPC: %s", self.address,
                  self.no_data_path_reason)

@@ -1,15 +1,24 @@
 """The gRPC channel to a daemon: message limits, reconnect backoff, TLS, token; and
 whether this process may open one at all (`check_grpc_usable`: not after a
-fork from a process that had opened one, unless gRPC's fork support is on)."""
+fork from a process that had opened one, unless gRPC's fork support is on).
+
+`DaemonChannel` is one daemon's channel, opened at the first call that needs
+it (a process that only reads over the data path, a forked DataLoader
+worker, never opens one), with its stub and the raw read calls whose replies
+`dlfs.formats.grpc_chunks` slices without copying.
+"""
 
 from __future__ import annotations
 
 import os
+import threading
 
 import grpc
 
 from dlfs import limits
 from dlfs.errors import FailedPrecondition, InvalidArgument
+from dlfs.proto import dlfs_pb2 as pb
+from dlfs.proto import dlfs_pb2_grpc
 
 FORK_SUPPORT_ENV = "GRPC_ENABLE_FORK_SUPPORT"
 
@@ -123,6 +132,62 @@ def open_channel(address: str, settings: ChannelSettings) -> grpc.Channel:
     if settings.token:
         channel = grpc.intercept_channel(channel, _TokenInterceptor(settings.token))
     return channel
+
+
+class DaemonChannel:
+    """One daemon's gRPC channel, stub and raw read calls, opened at the first use.
+    Thread-safe; after `os.fork` make a new one."""
+
+    def __init__(self, address: str, settings: ChannelSettings):
+        self.address = address
+        self.settings = settings
+        self._open: _OpenChannel | None = None
+        self._lock = threading.Lock()
+
+    def _now(self) -> "_OpenChannel":
+        with self._lock:
+            if self._open is None:
+                self._open = _OpenChannel(open_channel(self.address, self.settings))
+            return self._open
+
+    @property
+    def channel(self) -> grpc.Channel:
+        return self._now().channel
+
+    @property
+    def stub(self) -> dlfs_pb2_grpc.DlfsStub:
+        return self._now().stub
+
+    @property
+    def raw_reads(self) -> dict:
+        """The read calls by method name, answering raw BatchChunk bytes."""
+        return self._now().raw_reads
+
+    def close(self) -> None:
+        with self._lock:
+            opened, self._open = self._open, None
+        if opened is not None:
+            opened.channel.close()
+
+
+# The read calls whose replies are handed over raw, and their request types.
+_RAW_STREAMS = {"GetBatch": pb.GetBatchRequest, "ReadRange": pb.ReadRangeRequest}
+
+
+class _OpenChannel:
+    """An open channel, its stub and the raw read calls."""
+
+    def __init__(self, channel: grpc.Channel):
+        self.channel = channel
+        self.stub = dlfs_pb2_grpc.DlfsStub(channel)
+        self.raw_reads = {
+            name: channel.unary_stream(f"/dlfs.v1.Dlfs/{name}",
+                                       request_serializer=request_type.SerializeToString,
+                                       response_deserializer=None)
+            for name, request_type in _RAW_STREAMS.items()}
+        self.raw_reads["GetSmallBatch"] = channel.unary_unary(
+            "/dlfs.v1.Dlfs/GetSmallBatch", request_serializer=pb.GetBatchRequest.SerializeToString,
+            response_deserializer=None)
 
 
 def grpc_core_held() -> bool:

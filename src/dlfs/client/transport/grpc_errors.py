@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Callable, TypeVar
+
 import grpc
 
 from dlfs.logs import REQUEST_ID_METADATA
@@ -13,6 +15,18 @@ from dlfs.errors import (
     Internal,
     Unavailable,
 )
+
+
+T = TypeVar("T")
+
+
+def typed(call: Callable[[], T], address: str) -> T:
+    """`call()` (one gRPC call to the daemon at `address`), its failure raised as the
+    typed DlfsError (`from_rpc_error`)."""
+    try:
+        return call()
+    except grpc.RpcError as exc:
+        raise from_rpc_error(exc, address) from None
 
 
 def from_rpc_error(exc: grpc.RpcError, address: str) -> DlfsError:

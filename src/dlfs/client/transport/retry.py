@@ -1,13 +1,16 @@
-"""The one retry rule for calls to a daemon: UNAVAILABLE is waited out, within bounds.
+"""The one retry rule for calls to a daemon: Unavailable is waited out, within bounds.
 
 A daemon that is restarting refuses connections for a moment; a read or
-metadata call that fails with UNAVAILABLE is therefore tried again after a
+metadata call that fails with Unavailable is therefore tried again after a
 pause (`limits.retry_backoff_s`, growing), as long as the next attempt
 starts before the caller's give-up time and fewer than
 `limits.call_attempts_max` attempts were made.  Every other failure, and
-UNAVAILABLE past those bounds, raises the typed error of `dlfs.errors`
-naming the daemon.  Calls that change state (ingest, delete, commit) are
-made with `timeout_s=0`: one attempt.
+Unavailable past those bounds, is raised as it is.  Calls that change state
+(ingest, delete, commit) are made with `timeout_s=0`: one attempt.
+
+Transport-neutral: an attempt raises the typed errors of `dlfs.errors`
+(the gRPC transport converts gRPC's failures inside its attempts,
+`grpc_errors.from_rpc_error`; the data path raises them itself).
 """
 
 from __future__ import annotations
@@ -15,39 +18,30 @@ from __future__ import annotations
 import time
 from typing import Callable, TypeVar
 
-import grpc
-
 from dlfs import limits
-from dlfs.client.transport.grpc_errors import from_rpc_error
-from dlfs.errors import DlfsError, Unavailable
+from dlfs.errors import Unavailable
 
 T = TypeVar("T")
 
 
-def call_with_retry(attempt: Callable[[], T], *, address: str, timeout_s: float,
+def call_with_retry(attempt: Callable[[], T], *, timeout_s: float,
                     clock: Callable[[], float] = time.monotonic,
                     sleep: Callable[[float], None] = time.sleep) -> T:
-    """`attempt()`, repeated while it fails with UNAVAILABLE and the bounds allow.
+    """`attempt()`, repeated while it raises Unavailable and the bounds allow.
 
-    `attempt` makes one call and raises `grpc.RpcError` (a gRPC call) or a
-    DlfsError (the data path) when it fails; other exceptions pass through
-    untouched.  Retries stop when the next pause would end later than
-    `timeout_s` after the first attempt, or after `limits.call_attempts_max`
-    attempts.  Raises the DlfsError of the last failure (gRPC failures are
-    translated by `dlfs.client.transport.grpc_errors.from_rpc_error`).
+    Retries stop when the next pause would end later than `timeout_s` after
+    the first attempt, or after `limits.call_attempts_max` attempts; then
+    the last Unavailable is raised.  Any other exception passes through at
+    once.
     """
     give_up = clock() + timeout_s
     backoff = limits.retry_backoff_s
     for number in range(limits.call_attempts_max):
         try:
             return attempt()
-        except grpc.RpcError as exc:
-            error: DlfsError = from_rpc_error(exc, address)
-        except Unavailable as exc:
-            error = exc
-        pause = backoff[min(number, len(backoff) - 1)]
-        if (not isinstance(error, Unavailable) or number + 1 == limits.call_attempts_max
-                or clock() + pause > give_up):
-            raise error
+        except Unavailable:
+            pause = backoff[min(number, len(backoff) - 1)]
+            if number + 1 == limits.call_attempts_max or clock() + pause > give_up:
+                raise
         sleep(pause)
     raise AssertionError("unreachable: the last attempt raises")

@@ -1,0 +1,152 @@
+"""`GrpcControl`: one daemon's control calls over its gRPC service.
+
+The `contract.DaemonControl` of every one-daemon transport: metadata,
+datasets, status, warm-ups, scrubs, the index, ingest streams and the
+two-phase commit's calls.  Each call carries the metadata deadline and the
+request id, converts gRPC's failures into typed errors inside its attempt
+(`grpc_errors.typed`) and is retried on Unavailable by `retry` where the
+contract says so.  Requests and answers are converted in `grpc_messages`.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Iterator, Sequence
+
+import grpc
+import numpy as np
+
+from dlfs import limits, logs
+from dlfs.client.transport import grpc_ingest
+from dlfs.client.transport import grpc_messages as convert
+from dlfs.client.transport.grpc_channel import DaemonChannel
+from dlfs.client.transport.grpc_errors import from_rpc_error, typed
+from dlfs.client.transport.ingest_requests import IngestPiece, IngestStart
+from dlfs.client.transport.control_replies import DataPathOffer, DatasetIndex, IngestState, ScrubUpdate
+from dlfs.client.transport.retry import call_with_retry
+from dlfs.proto import dlfs_pb2 as pb
+from dlfs.types import DaemonStatus, DatasetInfo, Entry, WarmInfo
+
+
+class GrpcControl:
+    """One daemon's control calls (`contract.DaemonControl`).  Thread-safe.
+
+    `timeout_s` is the deadline of each call, `reconnect_timeout_s` how long
+    a retried call waits out Unavailable.  The channel opens at the first call.
+    """
+
+    def __init__(self, channel: DaemonChannel, *, timeout_s: float, reconnect_timeout_s: float):
+        self.address = channel.address
+        self.channel = channel
+        self.timeout_s = timeout_s
+        self.reconnect_timeout_s = reconnect_timeout_s
+
+    def __repr__(self) -> str:
+        return f"GrpcControl({self.address!r})"
+
+    def _call(self, method: str, request, *, timeout_s: float | None = None,
+              retry: bool = True):
+        """Unary call `method`: one round trip, the typed error of its failure."""
+        stub_method = getattr(self.channel.stub, method)
+
+        def attempt():
+            return typed(lambda: stub_method(request, timeout=timeout_s or self.timeout_s,
+                                             metadata=logs.outgoing_metadata()), self.address)
+
+        return call_with_retry(attempt,
+                               timeout_s=self.reconnect_timeout_s if retry else 0.0)
+
+    # --- datasets and metadata ----------------------------------------------------------
+
+    def list_datasets(self) -> list[DatasetInfo]:
+        reply = self._call("ListDatasets", pb.ListDatasetsRequest())
+        return [convert.dataset_info(d) for d in reply.datasets]
+
+    def get_dataset(self, dataset: str, *, retry: bool = True) -> DatasetInfo:
+        return convert.dataset_info(self._call("GetDataset", pb.GetDatasetRequest(
+            dataset=dataset), retry=retry))
+
+    def delete_dataset(self, dataset: str) -> DatasetInfo:
+        return convert.dataset_info(self._call("DeleteDataset", pb.DeleteDatasetRequest(
+            dataset=dataset), retry=False))
+
+    def stat(self, dataset: str, path: str) -> Entry:
+        return convert.entry(self._call("Stat", pb.StatRequest(dataset=dataset, path=path)))
+
+    def list_page(self, dataset: str, path: str, start_after: str,
+                  page_size: int) -> tuple[list[Entry], bool]:
+        reply = self._call("ListDir", pb.ListDirRequest(
+            dataset=dataset, path=path, start_after=start_after, page_size=page_size))
+        return [convert.entry(e) for e in reply.entries], reply.more
+
+    def lookup(self, dataset: str, *, ids: np.ndarray | None = None,
+               paths: Sequence[str] | None = None, retry: bool = True) -> list[Entry]:
+        reply = self._call("Lookup", convert.lookup_message(dataset, ids, paths), retry=retry)
+        return [convert.entry(e) for e in reply.entries]
+
+    def index(self, dataset: str) -> DatasetIndex:
+        def attempt():
+            return typed(lambda: list(self.channel.stub.GetIndex(
+                pb.GetIndexRequest(dataset=dataset), timeout=self.timeout_s,
+                metadata=logs.outgoing_metadata())), self.address)
+
+        return convert.dataset_index(call_with_retry(attempt,
+                                                     timeout_s=self.reconnect_timeout_s))
+
+    # --- the daemon ---------------------------------------------------------------------
+
+    def status(self) -> DaemonStatus:
+        return convert.daemon_status(self.address, self._call("Status", pb.StatusRequest()))
+
+    def warm(self, dataset: str, *, status_only: bool = False) -> WarmInfo:
+        reply = self._call("Warm", pb.WarmRequest(dataset=dataset, status_only=status_only),
+                           retry=False)
+        return convert.warm_info(self.address, reply)
+
+    def scrub(self, dataset: str) -> Iterator[ScrubUpdate]:
+        try:
+            for update in self.channel.stub.Scrub(pb.ScrubRequest(dataset=dataset),
+                                                  timeout=limits.ingest_timeout_s_default,
+                                                  metadata=logs.outgoing_metadata()):
+                yield convert.scrub_update(update)
+        except grpc.RpcError as exc:
+            raise from_rpc_error(exc, self.address) from None
+
+    def data_path_offer(self) -> DataPathOffer | None:
+        def attempt():
+            try:
+                return self.channel.stub.GetDataPath(pb.GetDataPathRequest(),
+                                                     timeout=self.timeout_s,
+                                                     metadata=logs.outgoing_metadata())
+            except grpc.RpcError as exc:
+                if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+                    return None
+                raise from_rpc_error(exc, self.address) from None
+
+        offer = call_with_retry(attempt, timeout_s=self.reconnect_timeout_s)
+        return None if offer is None else convert.data_path_offer(offer)
+
+    # --- ingest ---------------------------------------------------------------------------
+
+    def ingest(self, start: IngestStart, pieces: Iterable[IngestPiece]) -> DatasetInfo:
+        return convert.dataset_info(grpc_ingest.send(self.channel, start, pieces))
+
+    def ingest_progress(self, dataset: str, *, timeout_s: float | None = None,
+                        retry: bool = True) -> IngestState:
+        return convert.ingest_state(self._call(
+            "GetIngestProgress", pb.GetIngestProgressRequest(dataset=dataset),
+            timeout_s=timeout_s, retry=retry))
+
+    def commit_ingest(self, dataset: str, generation: int, *, retry: bool = True
+                      ) -> DatasetInfo:
+        return convert.dataset_info(self._call("CommitIngest", pb.CommitIngestRequest(
+            dataset=dataset, generation=generation), retry=retry))
+
+    def abort_ingest(self, dataset: str, generation: int, *, retry: bool = True
+                     ) -> DatasetInfo:
+        return convert.dataset_info(self._call("AbortIngest", pb.CommitIngestRequest(
+            dataset=dataset, generation=generation), retry=retry))
+
+    def ingest_outcome(self, dataset: str, generation: int, *, retry: bool = True) -> str:
+        reply = self._call("GetIngestOutcome", pb.IngestOutcomeRequest(
+            dataset=dataset, generation=generation), retry=retry)
+        return convert.OUTCOMES[reply.state]
