@@ -111,6 +111,41 @@ def test_trickled_hellos_hold_no_slot_and_are_cut_off_within_the_handshake_budge
             trickler.close()
 
 
+def test_a_client_refused_at_connect_reads_through_grpc_and_says_so(daemon_factory, tree,
+                                                                   caplog):
+    root, files, paths = tree
+    daemon = daemon_factory(extra_args=["--datapath-connections-max", "1"])
+    with Client(daemon.address) as client:
+        client.ingest(str(root), "ds")
+        tcp, _unix = endpoints_of(client)
+    with Client(daemon.address, data_path=False) as client:
+        wait_until(lambda: client.status().data_connections == 0,
+                   "the daemon saw the ingesting client's connections close", 30)
+    holder = welcomed(tcp)  # the one connection the data path serves
+    try:
+        with Client(daemon.address) as client, caplog.at_level(logging.INFO, logger="dlfs"):
+            ds = client.dataset("ds")
+            assert [bytes(s) for s in ds.get_batch([1, 2])] == [files[paths[1]], files[paths[2]]]
+            said = [r.getMessage() for r in caplog.records if "Overloaded" in r.getMessage()]
+            assert said and "through gRPC" in said[0], caplog.text
+            assert not on_data_path(client)
+            holder.close()
+            holder = None
+            wait_until(lambda: client.status().data_connections == 0,
+                       "the daemon saw the held connection close", 30)
+            # Room again: reads take the data path again (it was not given up), once the
+            # client's pause after the refusal (limits.data_overloaded_retry_s) is over.
+
+            def read_on_data_path() -> bool:
+                assert bytes(ds.get_batch([3])[0]) == files[paths[3]]
+                return on_data_path(client)
+
+            wait_until(read_on_data_path, "reads took the data path again", 30)
+    finally:
+        if holder is not None:
+            holder.close()
+
+
 # --- item 2: out of descriptors -------------------------------------------------------------
 
 def open_descriptors(pid: int) -> int:
@@ -246,6 +281,30 @@ OVERSIZED = 722_000
 def oversized_message(ids_max: int = limits.batch_ids_max_default) -> str:
     return (f"batch of {OVERSIZED} samples exceeds the limit of {ids_max} "
             "(--batch-ids-max); split it into smaller batches")
+
+
+def test_an_oversized_batch_is_one_error_on_every_transport(daemon_factory, tree):
+    root, files, paths = tree
+    daemon = daemon_factory()  # the default limits: the request frame is over its limit too
+    with Client(daemon.address) as client:
+        client.ingest(str(root), "ds")
+    ids = np.zeros(OVERSIZED, dtype=np.int64)
+    refused_by_daemon = {}
+    for transport, options in (("grpc", {"data_path": False}), ("tcp", {"data_path": "tcp"}),
+                               ("unix", {"data_path": "unix"}), ("direct", {"direct": True})):
+        with Client(daemon.address, **options) as client:
+            before = client.status().errors.get("INVALID_ARGUMENT", 0)
+            ds = client.dataset("ds")
+            with pytest.raises(dlfs.InvalidArgument) as raised:
+                ds.get_batch(ids)
+            assert raised.value.message == oversized_message(), transport
+            refused_by_daemon[transport] = \
+                client.status().errors.get("INVALID_ARGUMENT", 0) - before
+            # The client and its connections are fine: the next read is served.
+            assert bytes(ds.get_batch([1])[0]) == files[paths[1]]
+    # Clients that know the limit (the data path's, told at WELCOME) refuse before
+    # sending a byte; over gRPC alone the daemon refuses it with the same words.
+    assert refused_by_daemon == {"grpc": 1, "tcp": 0, "unix": 0, "direct": 0}
 
 
 @pytest.mark.parametrize("socket_kind", ["tcp", "unix"])
