@@ -120,7 +120,8 @@ def _trickle_forever(endpoint, stop: threading.Event, source: str) -> None:
     """Trickled HELLOs, one after the other (the daemon cuts each off at its budget)."""
     while not stop.is_set():
         try:
-            trickler = Trickler(endpoint, 0.5, source=source)
+            # A byte a second: a HELLO takes 20 s, twice the daemon's budget for it.
+            trickler = Trickler(endpoint, 1.0, source=source)
         except OSError:
             stop.wait(0.5)
             continue

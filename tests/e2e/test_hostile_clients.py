@@ -361,3 +361,21 @@ def test_welcome_tells_the_limits_only_to_clients_that_ask(daemon_factory):
         assert welcome.request_bytes_max >= 16 * 1000
         readable, _, _ = select.select([sock], [], [], 0)
         assert not readable  # nothing else came
+
+
+def test_a_batch_header_in_place_of_hello_is_refused_for_its_size(daemon_factory):
+    daemon = daemon_factory()
+    with Client(daemon.address) as client:
+        client.status()
+        tcp, _unix = endpoints_of(client)
+    # A GET_BATCH of three billion ids where HELLO is due: not a request yet, so it is
+    # refused for its size alone (the batch limit speaks only to a served client).
+    with connect(tcp) as sock:
+        sock.sendall(frames.FRAME.pack(frames.Kind.GET_BATCH, 0, 0, (1 << 32) - 1)
+                     + frames.GET_BATCH.pack(0, 0, 3_205_999_682, 0, 2, 0, 0))
+        kind, body = read_frame(sock)
+        assert kind == frames.Kind.ERROR
+        error = frames.parse_error(body, "x")
+        assert isinstance(error, dlfs.InvalidArgument) and "over the limit" in error.message
+        assert read_frame(sock) == (0, b"")
+    assert "Traceback" not in daemon.log()

@@ -81,7 +81,12 @@ class Metrics:
         self.data_refused = Counter(
             "dlfs_data_refused_connections", "Data path connections refused or cut off before "
             "they were served, by reason (connections, peer_share, handshake_deadline, "
-            "handshake_evicted, descriptors, threads)", ["reason"], registry=r)
+            "handshake_evicted, unauthenticated, malformed, version, descriptors, threads)",
+            ["reason"], registry=r)
+        self.data_cut_off = Counter(
+            "dlfs_data_cut_off_connections", "Served data path connections the daemon ended "
+            "for their client's pace, by reason (idle; a request, or a reply, not whole "
+            "within its deadline or stalled)", ["reason"], registry=r)
         self.warm_bytes = Counter("dlfs_warm_bytes",
                                   "Bytes warm-ups read into the page cache", registry=r)
         self.warmups = Counter("dlfs_warmups", "Warm-ups ended, by state (warm, partial, "

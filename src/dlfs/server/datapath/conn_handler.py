@@ -59,6 +59,7 @@ class DataConnection:
         self.peer = _peer_name(self.sock)  # as logs name it
         self.role: str | None = None  # the HELLO token's role, when the daemon has tokens
         self._writable: select.poll | None = None  # polls the socket for room to send
+        self._started = False  # the frame being read has begun to arrive
 
     def handshake(self) -> bool:
         """Read HELLO, answer WELCOME; False (after an ERROR where one can be sent) when
@@ -75,7 +76,7 @@ class DataConnection:
                 raise frames.FrameError(f"the first frame must be HELLO, not kind {kind}")
             version, token = frames.parse_hello(body)
         except frames.FrameError as exc:
-            self._refuse(InvalidArgument(str(exc)))
+            self._refuse(InvalidArgument(str(exc)), "malformed")
             return False
         except OSError as exc:
             if entry.evicted:
@@ -92,12 +93,12 @@ class DataConnection:
         if authorizer is not None and self.role is None:
             self._refuse(Unauthenticated(
                 "this daemon requires a token: pass --token (or set DLFS_TOKEN) with a token "
-                "from its tokens file"))
+                "from its tokens file"), "unauthenticated")
             return False
         if version < 1:
             self._refuse(FailedPrecondition(
                 f"data path version {version} is not supported; this daemon speaks 1 to "
-                f"{frames.VERSION}"))
+                f"{frames.VERSION}"), "version")
             return False
         try:
             self.server.admission.admit(entry)
@@ -120,7 +121,9 @@ class DataConnection:
                 kind, _flags, body = self._frame(body_bytes_max,
                                                  idle_s=self.server.idle_timeout_s)
             except socket.timeout:
-                return  # idle (the client reconnects at its next read), or a trickled frame
+                # Idle (the client reconnects at its next read), or a trickled frame.
+                self._cut_off("request" if self._started else "idle")
+                return
             except frames.FrameError as exc:
                 self.send([frames.error(InvalidArgument(str(exc)))])
                 return
@@ -137,6 +140,10 @@ class DataConnection:
             with _serving(request_id) as call:
                 try:
                     self._handle(kind, request)
+                except socket.timeout:
+                    call.code = "CANCELLED"
+                    self._cut_off("reply")  # the client stopped reading, or too slowly
+                    return
                 except DlfsError as exc:
                     call.code = exc.status_code_name
                     self.fail(kind, exc)
@@ -198,32 +205,37 @@ class DataConnection:
         """(kind, flags, body) of the next frame; kind 0 when the client closed the
         connection between frames.  The whole frame must arrive by `deadline`, or,
         with `idle_s`, within `limits.datapath_request_timeout_s` of its first byte,
-        which may take `idle_s`.  Raises socket.timeout, FrameError, and
-        InvalidArgument for a GET_BATCH over the daemon's batch limits."""
+        which may take `idle_s`.  Raises socket.timeout, FrameError, and (with
+        `idle_s`: serving requests) InvalidArgument for a GET_BATCH over the
+        daemon's batch limits."""
         view = memoryview(self.header)
+        self._started = False
         if idle_s is not None:
             self.sock.settimeout(idle_s)
             got = self.sock.recv_into(view)
             if not got:
                 return 0, 0, memoryview(b"")
+            self._started = True  # a frame began: the request deadline runs
             deadline = time.monotonic() + limits.datapath_request_timeout_s
             recv_exactly(self.sock, view[got:], deadline=deadline)
         elif not recv_exactly(self.sock, view, eof_ok=True, deadline=deadline):
             return 0, 0, memoryview(b"")
         kind, flags, length = frames.parse_frame(self.header)
         if length > body_bytes_max:
-            self._oversized(kind, length, body_bytes_max, deadline)
+            self._oversized(kind, length, body_bytes_max, deadline, requests=idle_s is not None)
         if len(self.body) < length:
             self.body = bytearray(length)
         body = memoryview(self.body)[:length]
         recv_exactly(self.sock, body, deadline=deadline)
         return kind, flags, body
 
-    def _oversized(self, kind: int, length: int, body_bytes_max: int, deadline) -> None:
-        """Raise why a frame of `length` bytes is refused: a GET_BATCH of more ids than
-        the daemon's limit gets the batch limit's own error (the one gRPC gives, and
-        the client gives when it knows the limit), any other the frame's size."""
-        if kind == frames.Kind.GET_BATCH and length >= frames.GET_BATCH.size:
+    def _oversized(self, kind: int, length: int, body_bytes_max: int, deadline, *,
+                   requests: bool) -> None:
+        """Raise why a frame of `length` bytes is refused: a GET_BATCH (a request, past
+        the handshake) of more ids than the daemon's limit gets the batch limit's own
+        error (the one gRPC gives, and the client gives when it knows the limit), any
+        other frame the frame's size (FrameError)."""
+        if requests and kind == frames.Kind.GET_BATCH and length >= frames.GET_BATCH.size:
             fixed = memoryview(bytearray(frames.GET_BATCH.size))
             recv_exactly(self.sock, fixed, deadline=deadline)
             self.store.batch_limits.check_count(frames.get_batch_ids(fixed))
@@ -235,10 +247,15 @@ class DataConnection:
         send_all(self.sock, buffers, deadline=deadline if deadline is not None
                  else time.monotonic() + self.server.stall_timeout_s)
 
-    def _refuse(self, error: DlfsError, reason: str | None = None) -> None:
-        """Answer a connection that may not stay (counted under `reason` when given)."""
-        if reason is not None:
-            self.store.metrics.data_refused.labels(reason).inc()
+    def _cut_off(self, reason: str) -> None:
+        """Count a served connection the daemon ends for its client's pace: `idle`, a
+        `request` that did not arrive whole in time, a `reply` not read in time."""
+        self.store.metrics.data_cut_off.labels(reason).inc()
+        log.debug("%s: cut off (%s)", self.peer, reason)
+
+    def _refuse(self, error: DlfsError, reason: str) -> None:
+        """Answer a connection that may not stay, counted under `reason`."""
+        self.store.metrics.data_refused.labels(reason).inc()
         with contextlib.suppress(OSError):
             self.send([frames.error(error)],
                       deadline=time.monotonic() + limits.datapath_error_send_s)
