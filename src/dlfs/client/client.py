@@ -26,6 +26,7 @@ from typing import Iterable, Iterator, Sequence
 
 from dlfs import limits
 from dlfs.client import metadata
+from dlfs.client.addresses import daemon_addresses
 from dlfs.client import warm_calls as warmups
 from dlfs.client.cluster.rebalance import RebalanceReport, rebalance
 from dlfs.client.cluster.router import ClusterRouter
@@ -54,8 +55,8 @@ from dlfs.types import DaemonStatus, DatasetInfo, Entry, WarmInfo
 class Client:
     """Connection to DLFS daemons.
 
-    `address` is ``HOST:PORT``, or several (a list, or one string separated
-    by ','): then datasets striped over those daemons are read from all of
+    `address` is ``HOST:PORT`` (``HOST`` alone: port 7010), or several (a list, or
+    one string separated by ','): then datasets striped over those daemons are read from all of
     them, each sample from a live holder, with failover to replicas (see
     `dlfs.client.cluster.router`).  The client is thread-safe; after `os.fork` make
     a new one in the child.
@@ -91,11 +92,7 @@ class Client:
                  direct: bool = False, data_path: bool | str = True, token: str | None = None,
                  tls_ca: str | None = None, tls_cert: str | None = None,
                  tls_key: str | None = None, data_path_hints: dict | None = None):
-        addresses = [address] if isinstance(address, str) else list(address)
-        addresses = list(dict.fromkeys(a.strip() for part in addresses for a in part.split(",")
-                                       if a.strip()))
-        if not addresses:
-            raise InvalidArgument("no daemon address given (HOST:PORT, or several separated by ',')")
+        addresses = daemon_addresses(address)
         if direct and len(addresses) > 1:
             raise InvalidArgument("direct=True reads one daemon's files; give one address")
         self.timeout_s = timeout_s

@@ -150,6 +150,16 @@ class Backend:
 
         return self._run("read_chunks", stream)
 
+    @property
+    def down(self) -> bool:
+        """Whether the daemon failed to answer since its last answer."""
+        return self._down_since is not None
+
+    def call_counts(self) -> dict[str, int]:
+        """Calls made to the daemon so far, by kind: a copy (the metrics read it)."""
+        with self._lock:
+            return dict(self.calls)
+
     # --- internals ---------------------------------------------------------------------
 
     def _run(self, kind: str, call: Callable[[Client], T]) -> T:

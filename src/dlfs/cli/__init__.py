@@ -1,0 +1,23 @@
+"""`dlfs`: the command-line client.
+
+    dlfs [GLOBAL OPTIONS] COMMAND [OPTIONS] [GLOBAL OPTIONS]
+
+    dlfs ingest SOURCE [SOURCE...] NAME [--replace] [--replicas N] [--archives] [--resume] ...
+    dlfs datasets | ls NAME[/DIR] [-l] | stat NAME/PATH | cat NAME/PATH | status
+    dlfs warm NAME | scrub NAME | rebalance NAME | settle NAME | rm NAME [NAME...]
+
+Global options, before or after the command: `--server HOST[:PORT][,...]`
+(default $DLFS_SERVER, then 127.0.0.1:7010; port 7010 when none is given),
+`--token`, `--tls-ca`, `--json` (datasets, ls, stat, status), `--version`.
+Errors print one line on stderr and exit with status 1 (2 for usage errors,
+130 after Ctrl-C).
+
+Modules: `arguments` (the parser), `entry` (`main`: runs a command, turns
+errors into exit statuses), `ingest_command`, `listing_commands` (datasets,
+ls, stat, cat, status), `admin_commands` (warm, scrub, rebalance, settle,
+rm).
+"""
+
+from dlfs.cli.entry import main
+
+__all__ = ["main"]
