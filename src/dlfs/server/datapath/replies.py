@@ -165,13 +165,14 @@ def _send_window(connection, dataset, order: RequestOrder, start: int, stop: int
                  deadline: float, before, advised: int) -> int:
     """Payload bytes [start, stop) as one DATA frame, read into a buffer of the pool.
 
-    The buffer is taken only once the client has room in its socket, and held
+    The window is read while the socket may still be sending the one before
+    (as it always was: reading and sending overlap), and the buffer is held
     only while the client takes the bytes: when it takes none for
     `limits.datapath_buffer_hold_s`, the buffer goes back to the pool, the
     reply waits for the client holding nothing, and the rest of the window is
     read again (from the page cache, as a rule) into whichever buffer is free
-    when it made room.  So a client that stops reading holds no buffer another
-    client needs.  `before()` (if given) runs once the window was read.  A read
+    once the client made room.  So a client that stops reading holds no buffer
+    another client needs (it costs one read of a window it never takes).  `before()` (if given) runs once the window was read.  A read
     that fails after part of the frame went out completes the frame with zeros
     before its error propagates (the client's CRC checks never pass them).
     Returns the payload offset up to which the device was asked to read ahead.
@@ -184,7 +185,8 @@ def _send_window(connection, dataset, order: RequestOrder, start: int, stop: int
     done = 0  # bytes of the frame (its header, then payload) sent
     first = True
     while done < total:
-        connection.wait_writable(deadline)
+        if not first:  # the client took no bytes for a while: wait for it holding nothing
+            connection.wait_writable(deadline)
         offset = max(0, done - len(head))  # payload bytes of this window sent already
         try:
             with buffers.take(connection.peer_key, deadline) as buffer:
