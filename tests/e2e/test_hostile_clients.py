@@ -379,3 +379,29 @@ def test_a_batch_header_in_place_of_hello_is_refused_for_its_size(daemon_factory
         assert isinstance(error, dlfs.InvalidArgument) and "over the limit" in error.message
         assert read_frame(sock) == (0, b"")
     assert "Traceback" not in daemon.log()
+
+
+def test_a_trickled_request_is_cut_off_with_why(daemon_factory, tree):
+    root, _files, _paths = tree
+    daemon = daemon_factory()
+    with Client(daemon.address) as client:
+        client.ingest(str(root), "ds")
+        tcp, _unix = endpoints_of(client)
+    request = b"".join(bytes(b) for b in frames.get_batch("ds", np.array([1, 2])))
+    with welcomed(tcp) as sock:
+        started = time.monotonic()
+        sock.settimeout(1.0)
+        answer = None
+        for byte in request:  # a byte a second: the whole takes a minute
+            sock.sendall(bytes([byte]))
+            readable, _, _ = select.select([sock], [], [], 1.0)
+            if readable:
+                answer = read_frame(sock)
+                break
+        # Cut off once the frame took its budget, however its bytes trickled, and told why.
+        budget_s = limits.datapath_request_timeout_s
+        assert answer is not None and answer[0] == frames.Kind.ERROR, answer
+        error = frames.parse_error(answer[1], "x")
+        assert isinstance(error, dlfs.DeadlineExceeded) and "whole within" in error.message
+        assert budget_s - 1 <= time.monotonic() - started <= budget_s + 15
+        assert read_frame(sock) == (0, b"")

@@ -121,8 +121,16 @@ class DataConnection:
                 kind, _flags, body = self._frame(body_bytes_max,
                                                  idle_s=self.server.idle_timeout_s)
             except socket.timeout:
-                # Idle (the client reconnects at its next read), or a trickled frame.
-                self._cut_off("request" if self._started else "idle")
+                if not self._started:
+                    self._cut_off("idle")  # the client reconnects at its next read
+                    return
+                self._cut_off("request")
+                with contextlib.suppress(OSError):
+                    self.send([frames.error(DeadlineExceeded(
+                        f"a request frame did not arrive whole within "
+                        f"{limits.datapath_request_timeout_s:g} s of its first byte; send "
+                        "each request at once"))],
+                        deadline=time.monotonic() + limits.datapath_error_send_s)
                 return
             except frames.FrameError as exc:
                 self.send([frames.error(InvalidArgument(str(exc)))])
