@@ -10,7 +10,7 @@ each with explicit arguments taken from the config:
   an ingest (begin, prepare, commit, abort, break off, resume, expire,
   recover) and the publishing and deleting of datasets, under the one lock
   that keeps catalog, directory and extents consistent;
-- `store.batch_limits` (server/read/batch_limits.py): --batch-ids-max and
+- `store.batch_limits` (dlfs/batch_limits.py): --batch-ids-max and
   --batch-bytes-max, which the gRPC front door meets through
   `store.reads` and the data path checks directly: one error, one message.
 
@@ -28,6 +28,7 @@ import os
 import time
 from typing import ContextManager
 
+from dlfs.batch_limits import BatchLimits
 from dlfs.errors import NotFound, StaleGeneration
 from dlfs.formats import disk_layout as layout
 from dlfs.paths import check_dataset_name
@@ -42,7 +43,6 @@ from dlfs.server.core.read_leases import ReadLeases
 from dlfs.server.ingest.ingest_machine import IngestMachine
 from dlfs.server.ingest.ingest_registry import IngestState
 from dlfs.server.metrics import Metrics, StoredState
-from dlfs.server.read.batch_limits import BatchLimits
 from dlfs.server.read.dataset_reads import DatasetReads
 from dlfs.server.read.prefetch import Prefetcher
 from dlfs.server.read.read_engine import ReadEngine
