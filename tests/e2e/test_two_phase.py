@@ -72,6 +72,39 @@ def test_a_prepared_ingest_survives_a_restart_and_a_retried_commit_succeeds(daem
         assert read_dataset(client, "ds") == files
 
 
+def resume_stream(name: str, address: str):
+    """An Ingest that asks to resume `name` (as the one-member striped ingest above)."""
+    yield pb.IngestMessage(start=pb.IngestStart(
+        dataset=name, members=[address], replicas=1, member_index=0, prepare_only=True,
+        generation=GENERATION, resumable=True, resume=True, resume_from=0),
+        end=pb.IngestEnd())
+
+
+@pytest.mark.parametrize("restart", [False, True])
+def test_a_resume_of_a_prepared_ingest_is_refused_as_prepared(daemon_factory, restart):
+    """A prepared ingest waits for its commit, and a resume says so: also the one a
+    restart found prepared, which has no stream (the resume failed with INTERNAL,
+    an AttributeError, on it)."""
+    daemon = daemon_factory()
+    with grpc.insecure_channel(daemon.address) as channel:
+        dlfs_pb2_grpc.DlfsStub(channel).Ingest(
+            prepared_stream("ds", daemon.address, {"a.bin": b"a" * 100}), timeout=30)
+    if restart:
+        daemon.kill()
+        daemon.start_again()
+        assert "was prepared but not yet committed" in daemon.log()
+    with grpc.insecure_channel(daemon.address) as channel:
+        stub = dlfs_pb2_grpc.DlfsStub(channel)
+        with pytest.raises(grpc.RpcError) as caught:
+            stub.Ingest(resume_stream("ds", daemon.address), timeout=30)
+        assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION, caught.value.details()
+        assert "is prepared (it holds all its files) and waits for its commit" in \
+            caught.value.details()
+        committed = stub.CommitIngest(pb.CommitIngestRequest(dataset="ds",
+                                                             generation=GENERATION), timeout=30)
+        assert committed.sealed  # still prepared, and whole
+
+
 @pytest.fixture
 def tree(tmp_path):
     rng = np.random.default_rng(4)

@@ -5,6 +5,7 @@
     dlfs ingest SOURCE [SOURCE...] NAME [--replace] [--replicas N] [--archives] [--resume] ...
     dlfs datasets | ls NAME[/DIR] [-l] | stat NAME/PATH | cat NAME/PATH | status
     dlfs warm NAME | scrub NAME | rebalance NAME | settle NAME | rm NAME [NAME...]
+    dlfs discard NAME [NAME...]
 
 Global options, before or after the command: `--server HOST[:PORT][,...]`
 (default $DLFS_SERVER, then 127.0.0.1:7010; port 7010 when none is given),
@@ -15,7 +16,7 @@ Errors print one line on stderr and exit with status 1 (2 for usage errors,
 Modules: `arguments` (the parser), `entry` (`main`: runs a command, turns
 errors into exit statuses), `ingest_command`, `listing_commands` (datasets,
 ls, stat, cat, status), `admin_commands` (warm, scrub, rebalance, settle,
-rm).
+rm, discard).
 """
 
 from dlfs.cli.entry import main

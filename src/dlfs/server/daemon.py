@@ -19,7 +19,7 @@ from dlfs.formats import datapath_frames as frames
 from dlfs.proto import dlfs_pb2_grpc
 from dlfs.server.auth import Authorizer, load_tokens
 from dlfs.server.grpc.call_guard import CallGuard
-from dlfs.server.config import long_call_slots
+from dlfs.server.config import long_call_slots, peer_share
 from dlfs.server.datapath.listener import (DataPathInfo, DataPathServer, bind_listeners,
                                            close_listeners)
 from dlfs.server.datapath.worker_store import WorkerSettings
@@ -60,6 +60,8 @@ class Daemon:
                 ("grpc.max_receive_message_length", config.message_bytes_max),
                 ("grpc.so_reuseport", 0),
                 ("grpc.max_concurrent_streams", config.streams_per_connection_max),
+                # A whole handshake (TCP to HTTP/2 settings, TLS included) has a deadline.
+                ("grpc.server_handshake_timeout_ms", int(limits.grpc_handshake_timeout_s * 1e3)),
             ],
         )
         self.authorizer = authorizer
@@ -130,6 +132,7 @@ class Daemon:
                     self.store, tcp_host=host, tcp_port=config.data_port,
                     unix_socket=unix_socket, authorizer=self.authorizer,
                     instance=self.instance, connections_max=config.datapath_connections_max,
+                    connections_per_peer_max=config.datapath_connections_per_peer_max,
                     idle_timeout_s=config.datapath_idle_timeout_s,
                     stall_timeout_s=config.datapath_stall_timeout_s,
                     buffer_bytes_max=config.datapath_buffer_bytes_max)
@@ -158,6 +161,10 @@ class Daemon:
             idle_timeout_s=config.datapath_idle_timeout_s,
             stall_timeout_s=config.datapath_stall_timeout_s, buffer_bytes_max=config.chunk_bytes)
         connections = worker_shares(config.datapath_connections_max, count)
+        # Given, a peer's share is split too (each worker at least one); else each
+        # worker takes `config.peer_share` of its own connections.
+        per_peer = [max(1, n) if config.datapath_connections_per_peer_max else 0
+                    for n in worker_shares(config.datapath_connections_per_peer_max, count)]
         chunk = config.chunk_bytes
         common = dict(
             data_dir=os.path.abspath(config.data_dir), chunk_bytes=chunk,
@@ -169,6 +176,11 @@ class Daemon:
             io_uring=config.io_uring, sendfile=config.sendfile,
             warm_on_first_read=config.warm_on_first_read,
             buffer_bytes_max=max(chunk, (config.datapath_buffer_bytes_max - chunk) // count),
+            handshakes_max=max(1, limits.datapath_handshakes_max // count),
+            handshakes_per_peer_max=max(1, limits.datapath_handshakes_per_peer_max // count),
+            processes=count, daemon_connections_max=config.datapath_connections_max,
+            daemon_per_peer_max=min(config.datapath_connections_max, peer_share(
+                config.datapath_connections_max, config.datapath_connections_per_peer_max)),
             idle_timeout_s=config.datapath_idle_timeout_s,
             stall_timeout_s=config.datapath_stall_timeout_s, instance=self.instance.hex(),
             tokens=self.authorizer.tokens() if self.authorizer is not None else None,
@@ -176,7 +188,9 @@ class Daemon:
             log_format=self.log_format)
         self.workers = WorkerSupervisor(
             self.store, listeners, port=port, unix_socket=unix_socket, count=count,
-            settings=lambda slot: WorkerSettings(connections_max=connections[slot], **common),
+            settings=lambda slot: WorkerSettings(connections_max=connections[slot],
+                                                 connections_per_peer_max=per_peer[slot],
+                                                 **common),
             adopt=self.data_path.adopt)
         self.store.attach_mirror(self.workers)
         self.store.metrics.registry.register(self.workers)
@@ -185,13 +199,14 @@ class Daemon:
                  unix_socket or "no Unix socket")
 
     def _stop_data_path(self) -> None:
-        """Stop accepting (closing the listeners stops every worker's accept), stop the
-        workers, then the connections the main process serves."""
+        """Stop the workers (their connections break), then close the listeners (a
+        connection that arrived meanwhile is reset), then the connections the main
+        process serves."""
+        if self.workers is not None:
+            self.workers.stop()
         listeners, unix_socket = self._data_listeners
         close_listeners(listeners, unix_socket)
         self._data_listeners = ([], "")
-        if self.workers is not None:
-            self.workers.stop()
         if self.data_path is not None:
             self.data_path.stop()
 

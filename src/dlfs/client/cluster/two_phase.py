@@ -109,7 +109,8 @@ def run_two_phase(router, name: str, members: list[str], replicas: int, *,
             _finish_all(streams, commit=False)
         address, error = failures[0]
         if isinstance(error, DlfsError):
-            raise type(error)(f"ingest into {address} failed, nothing was kept: {error.message}")
+            kept = "" if keep_on_failure else ", nothing was kept"  # else the caller says
+            raise type(error)(f"ingest into {address} failed{kept}: {error.message}")
         raise error
     return _commit(streams, name)
 

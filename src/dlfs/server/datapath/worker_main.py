@@ -100,6 +100,12 @@ class Worker:
             authorizer=Authorizer(settings.tokens) if settings.tokens is not None else None,
             instance=bytes.fromhex(settings.instance),
             connections_max=settings.connections_max,
+            connections_per_peer_max=settings.connections_per_peer_max,
+            handshakes_max=settings.handshakes_max,
+            handshakes_per_peer_max=settings.handshakes_per_peer_max,
+            processes=settings.processes,
+            daemon_connections_max=settings.daemon_connections_max,
+            daemon_per_peer_max=settings.daemon_per_peer_max,
             idle_timeout_s=settings.idle_timeout_s, stall_timeout_s=settings.stall_timeout_s,
             buffer_bytes_max=settings.buffer_bytes_max, listeners=listeners)
         self.server.ingest = self._hand_over
@@ -153,12 +159,15 @@ class Worker:
     def _stats(self, question: int) -> dict:
         """This worker's figures, and the samples of its registry that add up over the
         daemon's processes: its dlfs_* counters and histograms, and its data connections
-        (not gauges such as dlfs_build_info, nor the process_* and python_* families)."""
-        connections = self.store.metrics.data_connections.describe()[0].name
+        and handshakes (not gauges such as dlfs_build_info, nor the process_* and python_*
+        families)."""
+        metrics = self.store.metrics
+        additive = {gauge.describe()[0].name
+                    for gauge in (metrics.data_connections, metrics.data_handshakes)}
         samples = [[s.name, s.labels, s.value]
-                   for family in self.store.metrics.registry.collect()
+                   for family in metrics.registry.collect()
                    if family.name.startswith("dlfs_") and (
-                       family.type in ("counter", "histogram") or family.name == connections)
+                       family.type in ("counter", "histogram") or family.name in additive)
                    for s in family.samples if not s.name.endswith("_created")]
         times = os.times()
         served = self.store.metrics.bytes_served.collect()[0].samples

@@ -32,7 +32,7 @@ from dlfs.server.core.read_leases import ReadLeases
 from dlfs.server.core.sample_arrays import SampleArrays
 from dlfs.server.core.sealed_datasets import SampleDirectory
 from dlfs.server.metrics import Metrics
-from dlfs.server.read.batch_limits import BatchLimits
+from dlfs.batch_limits import BatchLimits
 from dlfs.server.read.dataset_reads import DatasetReads
 from dlfs.server.read.prefetch import Prefetcher
 from dlfs.server.read.read_engine import ReadEngine
@@ -58,6 +58,12 @@ class WorkerSettings:
     sendfile: bool
     warm_on_first_read: bool
     connections_max: int  # share
+    connections_per_peer_max: int  # share (0: its peer_share of connections_max)
+    handshakes_max: int  # share of limits.datapath_handshakes_max
+    handshakes_per_peer_max: int  # share of limits.datapath_handshakes_per_peer_max
+    processes: int  # the workers that share the daemon's limits
+    daemon_connections_max: int  # the daemon's limits, as refusals name them
+    daemon_per_peer_max: int
     buffer_bytes_max: int  # share
     idle_timeout_s: float
     stall_timeout_s: float

@@ -31,6 +31,9 @@ class RecoveredIngest:
     """
 
     last_path = ""  # no stream: nothing arrived since the restart
+    # A prepared ingest is never resumed (it voted yes; its commit ends it), whether
+    # or not its stream was resumable: `IngestMachine.resume` refuses it as prepared.
+    resumable = False
 
     def __init__(self, index: DatasetIndex, replace: bool, catalog: cat.Catalog,
                  extents: ExtentStore):
