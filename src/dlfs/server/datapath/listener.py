@@ -45,6 +45,7 @@ import os
 import resource
 import select
 import socket
+import struct
 import threading
 import time
 from typing import Iterator, NamedTuple
@@ -63,6 +64,7 @@ from dlfs.sockio import send_all, unix_address, wait_at_most
 log = logging.getLogger(__name__)
 
 _LISTEN_BACKLOG = 128
+_NO_TIMEOUT = struct.pack("ll", 0, 0)  # a struct timeval of zero: SO_RCVTIMEO off
 
 
 class DataPathInfo(NamedTuple):
@@ -270,14 +272,18 @@ class DataPathServer:
             raise RuntimeError(f"cannot listen for the data path: {exc.strerror or exc}") from None
 
     def _listen(self, listener: socket.socket, label: str) -> None:
-        if not self._given:
-            # A bounded wait in accept, to see `stop`.  Not on listeners shared with
-            # other workers: a timeout makes the shared socket non-blocking for every
-            # process, and their accepts then wait in poll(), which wakes them all for
-            # each connection and hands it to whichever runs first (most often the same
-            # one); a blocking accept() wakes one waiter per connection, in turn, which
-            # spreads the connections over the workers.  A worker's accept loops end
-            # when the main process closes the listeners, or with the worker.
+        # A bounded wait in accept, to see `stop` and (out of descriptors) to let the
+        # other loop have the spare.  On listeners shared with other workers not by
+        # `settimeout`: it would make the shared socket non-blocking for every process,
+        # and their accepts would wait in poll(), which wakes them all for each
+        # connection and hands it to whichever runs first (most often the same one).
+        # SO_RCVTIMEO bounds a blocking accept(), which wakes one waiter per connection,
+        # in turn, and so spreads the connections over the workers.
+        if self._given:
+            seconds = limits.datapath_accept_backoff_s_max
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack(
+                "ll", int(seconds), int(seconds % 1 * 1e6)))
+        else:
             listener.settimeout(limits.datapath_accept_backoff_s_max)
         self._listeners.append(listener)
         thread = threading.Thread(target=self._accept, args=(listener, label), daemon=True,
@@ -294,9 +300,8 @@ class DataPathServer:
         for sock in self.admission.sockets():
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
-        if not self._given:  # a shared listener's accept() ends when its owner closes it
-            for thread in self._threads:
-                thread.join(limits.datapath_hello_timeout_s)
+        for thread in self._threads:
+            thread.join(limits.datapath_hello_timeout_s)
         with self._spare_lock:
             if self._spare is not None:
                 os.close(self._spare)
@@ -439,6 +444,10 @@ class DataPathServer:
         sock = entry.sock
         connection = None
         try:
+            if self._given and adopted is None:
+                # An accepted socket inherits its listener's SO_RCVTIMEO (see `_listen`);
+                # the connection's own deadlines are the only ones it may have.
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _NO_TIMEOUT)
             if sock.family != socket.AF_UNIX:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             else:
