@@ -1,6 +1,6 @@
 """`dlfs`: the command-line client.
 
-    dlfs [--server HOST:PORT[,HOST:PORT...]] ingest SOURCE [SOURCE...] NAME [--replace]
+    dlfs [--server HOST:PORT | --etcd URL] ingest SOURCE [SOURCE...] NAME [--replace]
          [--replicas N] [--include-hidden] [--follow-symlinks] [--archives] [--readers N]
          [--resume] [--no-resumable] [--dry-run] [--progress auto|bar|log|none]
          [--via auto|datapath|grpc]
@@ -11,10 +11,12 @@
     dlfs [--server HOST:PORT] status
     dlfs [--server HOST:PORT] scrub NAME
     dlfs [--server HOST:PORT] rm NAME
-    dlfs [--server HOST:PORT[,HOST:PORT...]] settle NAME [--first-member-lost]
+    dlfs --etcd URL[,URL...] [--cluster NAME] rebalance NAME [--replicas N] [--members A,B]
 
-`--server` defaults to $DLFS_SERVER, then 127.0.0.1:7010.  Errors print one
-line on stderr and exit with status 1 (2 for usage errors).
+`--server` (one daemon) defaults to $DLFS_SERVER, then 127.0.0.1:7010;
+`--etcd` (a cluster of daemons, found in its etcd) to $DLFS_ETCD, and wins
+when set.  Errors print one line on stderr and exit with status 1 (2 for
+usage errors).
 """
 
 from __future__ import annotations
@@ -190,6 +192,14 @@ def cmd_scrub(client: Client, args) -> int:
 
 def cmd_status(client: Client, args) -> int:
     failures = 0
+    members = client.members()
+    for member in members:  # a cluster: who holds a lease in etcd
+        print(f"member {member.address}: {member.state}, dlfs {member.version}, data port "
+              f"{member.data_port or 'none'}, {human_bytes(member.free_bytes)} free of "
+              f"{human_bytes(member.capacity_bytes)}")
+    if client.options.get("etcd") and not members:
+        print(f"no member holds a lease in {client.address}")
+        failures += 1
     for address, result in client.statuses().items():
         if isinstance(result, DlfsError):
             print(f"daemon {address}: DOWN ({type(result).__name__}: {result.message})")
@@ -219,17 +229,17 @@ def _print_status(st) -> None:
 
 
 def cmd_rebalance(client: Client, args) -> int:
-    report = client.rebalance(args.name, replicas=args.replicas)
+    members = [m.strip() for m in args.members.split(",") if m.strip()] if args.members else None
+    report = client.rebalance(args.name, replicas=args.replicas, members=members,
+                              source=args.source)
     print(f"rebalanced {report.dataset} onto {len(report.members)} daemons ({report.replicas}x): "
           f"{report.samples} samples; moved {report.copies_moved} copies "
           f"({human_bytes(report.bytes_moved)}), kept {report.copies_kept} in place")
     if report.removed_from:
         print(f"removed from {', '.join(report.removed_from)}")
     if report.not_removed:
-        print(f"could not remove the old copy from {', '.join(report.not_removed)}: run "
-              f"`dlfs --server ADDRESS rm {report.dataset}` there once it answers",
-              file=sys.stderr)
-        return 1
+        print(f"{', '.join(report.not_removed)} left the dataset but had not removed its copy "
+              "yet: it does so when it reads etcd again", file=sys.stderr)
     return 0
 
 
@@ -239,26 +249,19 @@ def cmd_rm(client: Client, args) -> int:
     return 0
 
 
-def cmd_settle(client: Client, args) -> int:
-    report = client.settle(args.name, first_member_lost=args.first_member_lost)
-    if not report.decision:
-        print(f"no member of {client.address} holds an ingest of {report.dataset} prepared: "
-              "nothing to settle")
-        return 0
-    print(f"{report.dataset} generation {report.generation}: {report.decision}, as decided by "
-          f"{report.decided_by}; {len(report.settled)} member(s) settled now"
-          + (f" ({', '.join(report.settled)})" if report.settled else ""))
-    for address, message in report.failed:
-        print(f"{address} could not be told ({message}): it follows by itself once it "
-              f"reaches {report.first_member}, or run this again", file=sys.stderr)
-    return 1 if report.failed else 0
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dlfs", description="DLFS command-line client")
-    parser.add_argument("--server", default=os.environ.get("DLFS_SERVER", DEFAULT_SERVER),
-                        help="daemon address HOST:PORT, or several separated by ',' for a "
-                             "dataset striped over them (default: $DLFS_SERVER or %(default)s)")
+    parser.add_argument("--server", default=None,
+                        help="one daemon's address HOST:PORT (default: $DLFS_SERVER or "
+                             f"{DEFAULT_SERVER})")
+    parser.add_argument("--etcd", default=os.environ.get("DLFS_ETCD") or None,
+                        metavar="URL[,URL...]",
+                        help="a cluster of daemons: its etcd's client URLs, e.g. "
+                             "http://10.0.0.1:2379 (default: $DLFS_ETCD); datasets are striped "
+                             "over its live members")
+    parser.add_argument("--cluster", default=os.environ.get("DLFS_CLUSTER") or "default",
+                        help="the cluster's name in etcd (default: $DLFS_CLUSTER or "
+                             "%(default)s)")
     parser.add_argument("--token", default=None,
                         help="token for a daemon started with --tokens-file (default: $DLFS_TOKEN)")
     parser.add_argument("--tls-ca", default=None, metavar="PEM",
@@ -301,7 +304,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--follow-symlinks", action="store_true",
                    help="follow symbolic links to files and directories (loops are skipped)")
     p.add_argument("--replicas", type=int, default=1,
-                   help="with several daemons (--server A,B,C): copies of each sample")
+                   help="in a cluster (--etcd): copies of each sample on distinct members")
     p.set_defaults(run=cmd_ingest)
     p = sub.add_parser("datasets", help="list datasets")
     p.set_defaults(run=cmd_datasets)
@@ -327,23 +330,17 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("scrub", help="verify every sample's checksum; exit 1 if any is damaged")
     p.add_argument("name")
     p.set_defaults(run=cmd_scrub)
-    p = sub.add_parser("rebalance", help="place a dataset on the daemons of --server (after "
+    p = sub.add_parser("rebalance", help="place a dataset on the cluster's live members (after "
                        "adding or removing one); only moved copies cross the network")
     p.add_argument("name")
     p.add_argument("--replicas", type=int, default=None,
                    help="copies of each sample (default: as it is now)")
+    p.add_argument("--members", default="", metavar="A,B,...",
+                   help="place it on these live members only (default: every live member); "
+                        "a member left out deletes its copy")
+    p.add_argument("--source", default=None, metavar="HOST:PORT",
+                   help="stripe the one-daemon dataset NAME of this daemon over the cluster")
     p.set_defaults(run=cmd_rebalance)
-    p = sub.add_parser(
-        "settle", help="decide a striped ingest its members hold prepared (docs/cluster.md)",
-        description="A striped ingest is committed on its first member first, and the "
-        "others follow its decision.  This applies the first member's decision now; with "
-        "--first-member-lost (it is gone for good) the other members decide: commit if any "
-        "of them had committed, else abort and keep the old version.  Give a member left "
-        "prepared (any one) in --server: it knows the others.")
-    p.add_argument("name", metavar="NAME")
-    p.add_argument("--first-member-lost", action="store_true",
-                   help="the first member will never come back: decide without it")
-    p.set_defaults(run=cmd_settle)
     p = sub.add_parser("rm", help="remove a dataset (and a parked ingest of that name)")
     p.add_argument("name")
     p.set_defaults(run=cmd_rm)
@@ -358,7 +355,11 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
         args.paths += extra
     try:
-        with Client(args.server, reconnect_timeout_s=2.0, token=args.token,
+        if args.etcd and args.server:
+            parser.error("give --server (one daemon) or --etcd (a cluster), not both")
+        where = dict(etcd=args.etcd, cluster=args.cluster) if args.etcd else \
+            dict(address=args.server or os.environ.get("DLFS_SERVER") or DEFAULT_SERVER)
+        with Client(**where, reconnect_timeout_s=2.0, token=args.token,
                     tls_ca=args.tls_ca) as client:
             return args.run(client, args)
     except DlfsError as exc:

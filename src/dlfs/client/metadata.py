@@ -111,11 +111,30 @@ def members_disagree(info: DatasetInfo, listings: dict[str, dict[str, DatasetInf
         if other is None:
             problems.append(f"{address} does not have it")
         elif not other.sealed:
-            problems.append(f"{address} has not committed it yet")
+            problems.append(f"{address} has not published it yet")
         elif other.generation != info.generation:
             problems.append(f"{address} serves version {other.generation}")
     if not problems:
         return ""
     return (f"members disagree about version {info.generation}: {'; '.join(problems)}. A "
-            "member left prepared commits or aborts by itself within seconds once it reaches "
-            f"{info.members[0]}; if this stays, run `dlfs ingest SOURCE {info.name} --replace`")
+            "member applies the version etcd holds as soon as it reads etcd (it watches it); "
+            "one that cannot reach etcd keeps what it has until it can")
+
+
+def cluster_listing(state, listings: dict) -> list[DatasetInfo]:
+    """Every dataset of a cluster, sorted by name: what etcd holds (`state`, a
+    `ClusterState`), each saying how the live members' own listings (`listings`:
+    address -> their summaries, or the error asking them raised) disagree with it;
+    changes in flight are listed unsealed ("receiving")."""
+    by_member = {address: {info.name: info for info in result}
+                 for address, result in listings.items() if isinstance(result, list)}
+    found = {}
+    for name, (record, _revision) in state.datasets.items():
+        info = DatasetInfo(name, record.samples, record.bytes, True, record.committed_unix_ns,
+                           0, record.members, record.replicas, generation=record.generation)
+        found[name] = dataclasses.replace(info, disagreement=members_disagree(info, by_member))
+    for name, (intent, _revision) in state.intents.items():
+        if name not in found:
+            found[name] = DatasetInfo(name, 0, 0, False, 0, 0, intent.members, intent.replicas,
+                                      ingest_state="receiving")
+    return [found[name] for name in sorted(found)]

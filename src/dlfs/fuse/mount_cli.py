@@ -54,10 +54,17 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         prog="dlfs-mount",
         description="Mount the datasets of a DLFS daemon as a read-only file system.",
         epilog="Unmount with `fusermount3 -u MOUNTPOINT` (or SIGTERM to a --foreground mount).")
-    parser.add_argument("address", metavar="ADDR",
-                        help="daemon address HOST:PORT, or several comma-separated for "
-                             "a dataset striped over them (reads fail over to replicas)")
-    parser.add_argument("mountpoint", metavar="MOUNTPOINT", help="an existing empty directory")
+    parser.add_argument("target", nargs="+", metavar="[ADDR] MOUNTPOINT",
+                        help="the daemon's address HOST:PORT (not with --etcd), then an "
+                             "existing empty directory")
+    parser.add_argument("--etcd", default=os.environ.get("DLFS_ETCD") or None,
+                        metavar="URL[,URL...]",
+                        help="mount a cluster's datasets: its etcd's client URLs (default "
+                             "$DLFS_ETCD when no ADDR is given); reads go to live members and "
+                             "fail over to replicas")
+    parser.add_argument("--cluster", default=os.environ.get("DLFS_CLUSTER") or "default",
+                        help="the cluster's name in etcd (default $DLFS_CLUSTER or "
+                             "%(default)s)")
     parser.add_argument("--dataset", metavar="NAME",
                         help="mount only this dataset, its root at MOUNTPOINT (default: every "
                              "dataset as a directory of MOUNTPOINT)")
@@ -101,6 +108,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                              "large files read from the extents and copied")
     parser.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if len(args.target) == 2 and not (args.etcd and "DLFS_ETCD" not in os.environ):
+        args.address, args.mountpoint = args.target
+        args.etcd = None  # an ADDR given wins over $DLFS_ETCD
+    elif len(args.target) == 1 and args.etcd:
+        args.address, args.mountpoint = None, args.target[0]
+    else:
+        parser.error("give ADDR MOUNTPOINT (one daemon), or --etcd URL MOUNTPOINT (a cluster)")
     for name in ("cache_timeout", "reconnect_timeout", "metadata_timeout", "read_timeout"):
         if not getattr(args, name) > 0:
             parser.error(f"--{name.replace('_', '-')} must be positive")
@@ -225,7 +239,8 @@ def run_foreground(args: argparse.Namespace) -> int:
     _keep_freed_memory()
     _raise_open_files_limit()
     try:
-        backend = Backend(args.address, reconnect_timeout_s=args.reconnect_timeout,
+        backend = Backend(args.address, etcd=args.etcd, cluster=args.cluster,
+                          reconnect_timeout_s=args.reconnect_timeout,
                           metadata_timeout_s=args.metadata_timeout,
                           read_timeout_s=args.read_timeout)
     except errors.DlfsError as exc:
@@ -235,7 +250,8 @@ def run_foreground(args: argparse.Namespace) -> int:
         operations = DlfsOperations(backend, root_key, root_attrs,
                                     cache_timeout_s=args.cache_timeout)
         options = ["ro", "default_permissions", "subtype=dlfs",
-                   "fsname=dlfs@" + re.sub(r"[^\w.:\-\[\]@]", "_", args.address)]
+                   "fsname=dlfs@" + re.sub(r"[^\w.:\-\[\]@]", "_",
+                                           args.address or "etcd-" + args.cluster)]
         if args.allow_other:
             options.append("allow_other")
         try:

@@ -36,6 +36,17 @@ def build_parser() -> argparse.ArgumentParser:
                              "default: exposing the daemon on other interfaces is a choice")
     parser.add_argument("--address-file",
                         help="write the bound HOST:PORT here once the daemon is serving")
+    parser.add_argument("--etcd", default=os.environ.get("DLFS_ETCD", ""), metavar="URL[,URL...]",
+                        help="join the cluster whose control plane is this etcd (client URLs, "
+                             "e.g. http://10.0.0.1:2379; default $DLFS_ETCD): the daemon "
+                             "registers as a member and commits striped datasets as etcd "
+                             "decides. Without it the daemon runs on its own")
+    parser.add_argument("--cluster", default=os.environ.get("DLFS_CLUSTER", "default"),
+                        help="the cluster's name in etcd (several clusters may share one etcd; "
+                             "default $DLFS_CLUSTER or %(default)s)")
+    parser.add_argument("--advertise", default="", metavar="HOST:PORT",
+                        help="with --etcd: the gRPC address other hosts reach this daemon at "
+                             "(default: the bound --listen address)")
     parser.add_argument("--demo", action="store_true",
                         help="create the small generated dataset 'demo' if it is missing")
     parser.add_argument("--verify", choices=("request", "always", "never"),
