@@ -180,8 +180,12 @@ class Client:
         unsealed), each saying which live members do not publish its version.
         """
         if isinstance(self.transport, ClusterRouter):
-            return cluster_listing(self.transport.view.refresh(), self.transport.each(
-                lambda member: member.control.list_datasets()))
+            state = self.transport.view.refresh()
+            listings = self.transport.each(lambda member: member.control.list_datasets())
+            if all(isinstance(r, DlfsError) for r in listings.values()):
+                raise Unavailable(f"none of the DLFS daemons of {self.address} answers "
+                                  f"({len(listings)} hold a lease in etcd)")
+            return cluster_listing(state, listings)
         results = _sole_failure_raised(self.transport.each(
             lambda member: member.control.list_datasets()))
         if all(isinstance(r, DlfsError) for r in results.values()):

@@ -199,6 +199,7 @@ class ClusterRouter:
         pending = [a for a in record.members if not self.is_down(a)]
         found: DatasetInfo | None = None
         while True:
+            pending = [a for a in pending if not self.is_down(a)]  # a lease gone: not waited
             for address in list(pending):
                 try:
                     info = self.member(address).control.get_dataset(dataset, retry=False)
