@@ -295,8 +295,10 @@ class Client:
         return upload_one(self.transport, name, source, replace=replace, **options)
 
     def rebalance(self, name: str, *, replicas: int | None = None,
-                  progress: bool | None = None, source: str | None = None) -> RebalanceReport:
-        """Re-place dataset `name` on the cluster's live members (e.g. after adding one).
+                  progress: bool | None = None, members: Sequence[str] | None = None,
+                  source: str | None = None) -> RebalanceReport:
+        """Re-place dataset `name` on the cluster's live members, or on `members` (some of
+        them), e.g. after adding or before removing one.
 
         Only copies whose holder changes cross the network; see
         `dlfs.client.cluster.rebalance`.  `source`: the address of a daemon
@@ -310,7 +312,7 @@ class Client:
             raise InvalidArgument("rebalance places a dataset on a cluster's members: give the "
                                   "cluster's etcd (Client(etcd=URL), dlfs --etcd URL)")
         return rebalance(self.transport, name, replicas=replicas, progress=progress,
-                         source=source)
+                         members=members, source=source)
 
     def status(self) -> DaemonStatus:
         """The daemon's health and counters (what `dlfs status` prints).
