@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import random
+import threading
 
 import pytest
 
@@ -224,15 +225,19 @@ def test_a_replace_whose_seal_fsync_fails_keeps_one_whole_version(daemon_factory
     assert len(os.listdir(os.path.join(daemon.data_dir, "extents"))) == 1
 
 
-# Members left prepared ask the first member every 0.2 s; a first member with
-# no decision aborts after 2 s (instead of 5 s and 300 s): the loop stays short.
-STRIPED_ARGS = ["--extent-bytes-max", "65536", "--in-doubt-poll-s", "0.2",
-                "--prepared-ingest-timeout-s", "2"]
-STRIPED_FAULTS_MIN = int(os.environ.get("DLFS_STRIPED_FAULTS_MIN", "16"))
+# The randomized loop over a cluster: a 3-member etcd and 3 daemons.  Each
+# iteration runs a striped replace or a rebalance with one fault: a disk fault
+# or a SIGKILL on one member (at its commit step, SEAL, among others), the etcd
+# leader killed at the commit, or every etcd member restarted at the commit.
+# Afterwards every name serves one whole version, the same on every member,
+# read without a mixed batch, and no member keeps a stray extent directory.
+STRIPED_ARGS = ["--extent-bytes-max", "65536", "--member-lease-ttl-s", "2"]
+STRIPED_FAULTS_MIN = int(os.environ.get("DLFS_STRIPED_FAULTS_MIN", "50"))
 # Faults on one member during a striped replace or a rebalance: the commit step
 # itself, and disk operations of the ingest and its commit.
 STRIPED_FAULTS = [("seal", 1), ("fsync", 8), ("write", 12), ("create", 3), ("mkdir", 1),
                   ("unlink", 1), ("any", 30)]
+FAULT_KINDS = ("member", "member", "etcd-leader", "etcd-restart")
 SETTLE_S = 60.0
 
 
@@ -245,59 +250,97 @@ def ingests_running(daemons) -> int:
     return running
 
 
-def test_random_faults_during_striped_commits_and_rebalances(daemon_factory, tmp_path):
+def test_random_faults_during_striped_commits_and_rebalances(daemon_factory, tmp_path,
+                                                               monkeypatch):
+    from dlfs.client.cluster.etcd_commit import ClusterChange
+    from dlfs.tools.launch import EtcdCluster
+
     rng = random.Random(int(os.environ.get("DLFS_FAULTS_SEED", "2026")) + 1)
     versions = Versions(tmp_path / "src", rng)
-    daemons = [daemon_factory(extra_args=STRIPED_ARGS) for _ in range(3)]
-    members = [d.address for d in daemons]
-    key = versions.new()
-    with Client(members) as client:
-        client.ingest(versions.path(key), "s", replicas=2)
-    versions.allowed["s"] = {key}
-    fired = iterations = 0
-    outcomes: dict[str, int] = {}
-    while fired < STRIPED_FAULTS_MIN and iterations < 4 * STRIPED_FAULTS_MIN:
-        iterations += 1
-        victim = rng.choice(daemons)
-        op, calls = rng.choice(STRIPED_FAULTS)
-        spec = f"{op}:{rng.randint(1, calls)}:{rng.choice(ACTIONS)}"
-        before = victim.log().count("fault injected:")
-        victim.stop()
-        victim.extra_env = {"DLFS_FAULT": spec}
-        victim.start_again()
-        scenario = rng.choice(("replace", "rebalance"))
-        new = versions.new() if scenario == "replace" else None
-        if new is not None:
-            versions.allowed["s"] = versions.allowed["s"] | {new}
-        try:
-            with Client(members, reconnect_timeout_s=1, timeout_s=30) as client:
-                if new is not None:
-                    client.ingest(versions.path(new), "s", replace=True, replicas=2)
-                else:
-                    client.rebalance("s", replicas=rng.choice((1, 2, 3)))
-        except (dlfs.DlfsError, OSError) as exc:
-            outcomes[type(exc).__name__] = outcomes.get(type(exc).__name__, 0) + 1
-        else:
-            outcomes["ok"] = outcomes.get("ok", 0) + 1
+    commit = ClusterChange.commit
+    with EtcdCluster(str(tmp_path / "etcd"), 3) as etcd:
+        args = ["--etcd", etcd.urls, "--cluster", "faults"] + STRIPED_ARGS
+        daemons = [daemon_factory(extra_args=args) for _ in range(3)]
+
+        def client(**options) -> Client:
+            return Client(etcd=etcd.urls, cluster="faults", **options)
+
+        key = versions.new()
+        with client() as c:
+            c.ingest(versions.path(key), "s", replicas=2)
+        versions.allowed["s"] = {key}
+        fired = iterations = 0
+        kinds: dict[str, int] = {}
+        outcomes: dict[str, int] = {}
+        while fired < STRIPED_FAULTS_MIN and iterations < 4 * STRIPED_FAULTS_MIN:
+            iterations += 1
+            kind = rng.choice(FAULT_KINDS)
+            victim = rng.choice(daemons)
+            before = victim.log().count("fault injected:")
+            etcd_faults: list[str] = []
+            if kind == "member":
+                op, calls = rng.choice(STRIPED_FAULTS)
+                spec = f"{op}:{rng.randint(1, calls)}:{rng.choice(ACTIONS)}"
+                victim.stop()
+                victim.extra_env = {"DLFS_FAULT": spec}
+                victim.start_again()
+            else:
+                def faulty_commit(change, record, kind=kind):
+                    if kind == "etcd-leader":
+                        leader = etcd.leader()
+                        leader.kill()
+                        threading.Timer(rng.uniform(0.2, 2.0), leader.start_again).start()
+                    else:  # the whole etcd restarts while the commit waits
+                        etcd.kill()
+                        threading.Timer(rng.uniform(0.2, 1.5), etcd.start).start()
+                    etcd_faults.append(kind)
+                    return commit(change, record)
+
+                monkeypatch.setattr(ClusterChange, "commit", faulty_commit)
+            scenario = rng.choice(("replace", "rebalance"))
+            new = versions.new() if scenario == "replace" else None
             if new is not None:
-                versions.allowed["s"] = {new}
-        fired += victim.log().count("fault injected:") - before
-        for daemon in daemons:  # the victim may be dead; every member restarts
-            daemon.stop() if rng.random() < 0.5 else daemon.kill()
-            daemon.extra_env = {}
-            daemon.start_again()
-        wait_until(lambda: ingests_running(daemons) == 0,
-                   "every prepared ingest to learn its outcome", SETTLE_S)
-        with Client(members) as client:
-            [info] = client.dataset_infos()
-            assert info.disagreement == "", info.disagreement
-            content = read_dataset(client, "s")
-        matches = [k for k in versions.allowed["s"] if versions.trees[k] == content]
-        assert matches, f"{spec} on {victim.address} during {scenario}: no whole version"
-        versions.allowed["s"] = {matches[0]}
-        for daemon in daemons:
-            dirs = os.listdir(os.path.join(daemon.data_dir, "extents"))
-            assert len(dirs) == 1, f"{daemon.address} keeps {len(dirs)} extent directories"
-    print(f"striped fault loop: {fired} faults fired in {iterations} iterations; "
-          f"outcomes {outcomes}")
-    assert fired >= STRIPED_FAULTS_MIN
+                versions.allowed["s"] = versions.allowed["s"] | {new}
+            try:
+                with client(reconnect_timeout_s=1, timeout_s=30) as c:
+                    if new is not None:
+                        c.ingest(versions.path(new), "s", replace=True, replicas=2)
+                    else:
+                        c.rebalance("s", replicas=rng.choice((1, 2, 3)))
+            except (dlfs.DlfsError, OSError) as exc:
+                outcomes[type(exc).__name__] = outcomes.get(type(exc).__name__, 0) + 1
+            else:
+                outcomes["ok"] = outcomes.get("ok", 0) + 1
+                if new is not None:
+                    versions.allowed["s"] = {new}
+            monkeypatch.undo()
+            now = victim.log().count("fault injected:") - before + len(etcd_faults)
+            fired += now
+            if now:
+                label = kind if kind != "member" else f"member {spec.split(':')[0]}"
+                kinds[label] = kinds.get(label, 0) + 1
+            for member in etcd.members:  # every etcd member back (a timer may still run)
+                wait_until(member.alive, "etcd to be restarted", SETTLE_S)
+            if kind == "member":
+                victim.stop() if rng.random() < 0.5 else victim.kill()
+                victim.extra_env = {}
+                victim.start_again()
+            wait_until(lambda: ingests_running(daemons) == 0,
+                       "every prepared ingest to apply etcd's decision", SETTLE_S)
+            with client() as c:
+                wait_until(lambda: len(c.transport.view.refresh().members) == 3,
+                           "every member to hold a lease again", SETTLE_S)
+                wait_until(lambda: not c.dataset_infos()[0].disagreement,
+                           "every member to publish the version etcd holds", SETTLE_S)
+                content = read_dataset(c, "s")  # every batch names one generation
+            matches = [k for k in versions.allowed["s"] if versions.trees[k] == content]
+            assert matches, f"{kind} on {victim.address} during {scenario}: no whole version"
+            versions.allowed["s"] = {matches[0]}
+            for daemon in daemons:
+                dirs = os.listdir(os.path.join(daemon.data_dir, "extents"))
+                assert len(dirs) == 1, f"{daemon.address} keeps {len(dirs)} extent directories"
+        print(f"striped fault loop: {fired} faults fired in {iterations} iterations; kinds "
+              f"{kinds}; outcomes {outcomes}")
+        assert fired >= STRIPED_FAULTS_MIN
+        assert kinds.get("etcd-leader") and kinds.get("etcd-restart") and \
+            kinds.get("member seal"), kinds
