@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import dlfs
-from conftest import read_dataset, unique_name, write_tree
+from conftest import read_dataset, unique_name, wait_until, write_tree
 from dlfs import Client
 
 # Small checkpoints, so that a daemon killed a moment into an ingest holds something.
@@ -192,48 +192,28 @@ def test_resume_with_nothing_parked_starts_a_new_ingest(shared_daemon, tmp_path)
         assert dataset_digests(client, name) == digests(files)
 
 
-def test_a_striped_ingest_killed_then_resumed(daemon_factory, tmp_path):
-    daemons = [daemon_factory(extra_args=CHECKPOINTS) for _ in range(2)]
+def test_a_striped_ingest_killed_then_resumed(cluster, tmp_path):
+    daemons = cluster.start(2, CHECKPOINTS)
     files = source_tree(tmp_path / "src", n=500, seed=11)
-    addresses = ",".join(d.address for d in daemons)
     name = unique_name()
-    process = ingest_process(addresses, tmp_path / "src", name, "--replicas", "2",
-                             "--readers", "1")
+    run = [sys.executable, "-m", "dlfs.cli", *cluster.cli(), "ingest", str(tmp_path / "src"),
+           name, "--progress", "none", "--replicas", "2"]
+    process = subprocess.Popen(run + ["--readers", "1"], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
     assert wait_for_durable(daemons[0].address, name, 60, process)
     process.kill()
     process.communicate(timeout=60)
     held = [progress(d.address, name) for d in daemons]
     assert all(h is not None for h in held)
-    process = ingest_process(addresses, tmp_path / "src", name, "--replicas", "2", "--resume")
+    with cluster.client() as client:  # the dead client's change goes with its lease
+        wait_until(lambda: not client.transport.view.refresh().intents,
+                   "the killed client's intent to expire in etcd", 60)
+    process = subprocess.Popen(run + ["--resume"], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
     out, err = process.communicate(timeout=120)
     assert process.returncode == 0, err
-    with Client([d.address for d in daemons]) as client:
+    with cluster.client() as client:
         assert dataset_digests(client, name) == digests(files)
     for d in daemons:  # each member alone holds every sample (2 replicas of 2)
         with Client(d.address) as client:
             assert dataset_digests(client, name) == digests(files)
-
-
-def test_a_resume_commits_members_found_prepared(daemon_factory, tmp_path):
-    """The first member dies at its commit: every member holds its part prepared.
-    `resume` streams nothing to them and commits, first member first."""
-    daemons = [daemon_factory() for _ in range(2)]
-    files = source_tree(tmp_path / "src", n=60, seed=5)
-    members = [d.address for d in daemons]
-    name = unique_name()
-    decider = daemons[0]
-    decider.stop()
-    decider.extra_env = {"DLFS_FAULT": "seal:1:kill"}
-    decider.start_again()
-    with Client(members, reconnect_timeout_s=1) as client:
-        with pytest.raises(dlfs.DlfsError, match="first member"):
-            client.ingest(str(tmp_path / "src"), name, replicas=1, resumable=True)
-    decider.extra_env = {}
-    decider.start_again()  # the PREPARE record brings it back prepared
-    assert [progress(a, name).state for a in members] == ["prepared", "prepared"]
-    with Client(members) as client:
-        info = client.ingest(str(tmp_path / "src"), name, replicas=1, resume=True)
-        assert info.samples == len(files)
-        assert dataset_digests(client, name) == digests(files)
-    with Client(members) as client:
-        assert [(i.name, i.disagreement) for i in client.dataset_infos()] == [(name, "")]

@@ -1,4 +1,5 @@
-"""dlfs-mount A,B,C: a dataset striped over three daemons, read through FUSE, with failover."""
+"""dlfs-mount --etcd URL: a dataset striped over three daemons of a cluster, read through FUSE,
+with failover."""
 
 from __future__ import annotations
 
@@ -8,21 +9,19 @@ import os
 import numpy as np
 
 from conftest import write_tree
-from dlfs import Client
 from mounting import mount_factory  # noqa: F401 - fixture
 
 
-def test_mount_of_a_striped_dataset_survives_a_killed_daemon(daemon_factory, mount_factory,  # noqa: F811
+def test_mount_of_a_striped_dataset_survives_a_killed_daemon(cluster, mount_factory,  # noqa: F811
                                                               tmp_path):
-    daemons = [daemon_factory() for _ in range(3)]
+    daemons = cluster.start(3, ["--member-lease-ttl-s", "60"])  # the killed one stays listed
     rng = np.random.default_rng(3)
     files = {f"c{i % 3}/{i:03d}.bin": rng.bytes(int(rng.integers(1, 20000))) for i in range(90)}
     files["large.raw"] = rng.bytes(12 * 1024 * 1024)  # read in units, not whole
     write_tree(tmp_path / "src", files)
-    servers = ",".join(d.address for d in daemons)
-    with Client(servers) as client:
+    with cluster.client() as client:
         client.ingest(str(tmp_path / "src"), "ds", replicas=2)
-    mount = mount_factory(servers, "--reconnect-timeout", "2")
+    mount = mount_factory(None, *cluster.cli(), "--reconnect-timeout", "2")
 
     def digests() -> dict[str, str]:
         found = {}
