@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextvars
 import dataclasses
+import itertools
 import logging
 import threading
 import time
@@ -401,9 +402,22 @@ class ClusterRouter:
                           f"{request.dataset!r} answers")
 
     def read_chunks(self, request: RangeRequest) -> Iterator[tuple[int, memoryview]]:
-        """The pieces of a byte range of one sample, from its first live holder."""
+        """The pieces of a byte range of one sample, from its first live holder (the next
+        one when it fails before the first piece)."""
         request = self._by_id(request)
-        return self.holder_of(request.dataset, request.sample_id).read_chunks(request)
+        for _attempt in range(limits.replicas_max):
+            member = self.holder_of(request.dataset, request.sample_id)
+            chunks = iter(member.read_chunks(request))
+            try:
+                first = next(chunks)
+            except StopIteration:
+                return iter(())
+            except Unavailable as exc:  # nothing arrived yet: the next holder serves it
+                self.mark_down(member.address, exc)
+                continue
+            return itertools.chain([first], chunks)
+        raise Unavailable(f"no holder of sample {request.sample_id} of dataset "
+                          f"{request.dataset!r} answers")
 
     def prefetch(self, request: PrefetchRequest, wait: bool = True) -> bool:
         """Send hints for the request's samples to their first live holders (fire and forget)."""
