@@ -7,7 +7,11 @@
 
 `Client`, `Dataset` and the value types are loaded on first use, so that
 importing any part of the package (the daemon imports `dlfs.formats.disk_layout`,
-`dlfs.limits`, ...) does not load the client, gRPC stubs included.
+`dlfs.limits`, ...) does not load the client, gRPC stubs included.  Type
+checkers cannot follow that; they read `__init__.pyi`, which names the module
+of each public name (the package is typed: `py.typed`).
+
+Installed as the distribution `dlfs-storage` (`dlfs.version.DISTRIBUTION`).
 """
 
 import importlib as _importlib

@@ -298,6 +298,14 @@ reply_buffer_bytes_min = 64 * KiB
 reply_buffer_pool_bytes_max = 1 * GiB
 
 # --- client ---------------------------------------------------------------------
+# The port of a daemon address given without one ("localhost", "[::1]"):
+# dlfs-server's default --listen port.
+daemon_port_default = 7010
+# How long a call retries a daemon this process has never reached before it
+# raises Unavailable: a daemon that is not running, or a mistyped address,
+# fails as fast from Python as from the CLI.  One reached before is waited
+# for up to `reconnect_timeout_s` (it is restarting).
+first_contact_timeout_s = 2.0
 # A member daemon that failed with UNAVAILABLE is skipped this long before a
 # multi-daemon client tries it again (a daemon that is back is used again).
 member_down_s = 5.0
@@ -328,6 +336,12 @@ metadata_timeout_s_default = 30.0
 batch_timeout_s_default = 120.0
 # Ingest and delete may legitimately take long (a whole dataset).
 ingest_timeout_s_default = 24 * 3600.0
+# The `dlfs` command's retry window for an unreachable daemon: a person waits.
+cli_reconnect_timeout_s = 2.0
+# After Ctrl-C during `dlfs ingest`: how long the command waits for the daemon
+# to park what it received (it notices the closed stream within milliseconds)
+# before it says what was kept.
+cli_park_wait_s = 5.0
 
 # --- FUSE mount: concurrency -------------------------------------------------
 # Blocking client calls running in worker threads at once.  Handlers await
@@ -548,6 +562,8 @@ assert mount_whole_sample_bytes_max <= mount_push_batch_bytes_max <= batch_bytes
 assert 1 <= mount_dir_page_entries <= list_page_entries_max
 assert mount_dataset_entry_timeout_s <= mount_cache_timeout_s_default
 assert 2 * reconnect_backoff_max_s <= mount_reconnect_timeout_s_default
+# A first contact gets at least two connection attempts.
+assert 2 * reconnect_backoff_max_s <= first_contact_timeout_s <= reconnect_timeout_s_default
 assert pipeline_hint_ahead_batches_max <= prefetch_queue_max
 assert pipeline_hint_ids_max <= batch_ids_max_default
 assert datapath_error_frame_bytes_max <= datapath_reply_header_bytes_max

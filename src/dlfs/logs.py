@@ -3,7 +3,8 @@
 Every log line carries the id of the RPC being served when it was written
 (`-` outside one), so an operator can follow one request through the
 daemon's log: `grep 3f9a0c1e2b7d4a56 dlfs-server.log`, or with
-``--log-format json`` one JSON object per line (fields `timestamp`, `level`,
+``--log-format json`` one JSON object per line (fields `timestamp` in RFC 3339,
+UTC: ``2026-11-27T14:55:08.968Z``, `level`,
 `logger`, `message`, `request_id` plus whatever the call site passed as
 ``extra=``), ready for Loki, Elasticsearch or `jq`.
 
@@ -23,11 +24,13 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import datetime
 import logging
 import os
 import re
 import sys
-from typing import TextIO
+import tempfile
+from typing import Iterator, TextIO
 
 from pythonjsonlogger.json import JsonFormatter
 
@@ -134,16 +137,76 @@ def configure(level: str | int, log_format: str = "text", program: str = "dlfs",
                                 else logging.StreamHandler(stream or sys.stderr))
     handler.addFilter(RequestIdFilter())
     if log_format == "json":
-        handler.setFormatter(JsonFormatter(
+        handler.setFormatter(JsonLineFormatter(
             "{asctime}{levelname}{name}{message}{request_id}{process}", style="{",
             rename_fields={"asctime": "timestamp", "levelname": "level", "name": "logger",
                            "process": "pid"},
             static_fields={"program": program}))
     else:
-        handler.setFormatter(logging.Formatter(
+        handler.setFormatter(TextFormatter(
             f"%(asctime)s {program}[%(process)d] %(levelname)s %(name)s [%(request_id)s]: "
             "%(message)s"))
     root = logging.getLogger()
     root.addHandler(handler)
     root.setLevel(level)
     return handler
+
+
+# A line of gRPC's C core log (abseil's format): "E1127 14:55:08.968 123 add_port.cc:83] ...".
+GRPC_NATIVE_LINE = re.compile(r"[EWIF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ [\w.]+:\d+\] ")
+
+
+class HeldStderr:
+    """What C code wrote to file descriptor 2 while `held_stderr` held it."""
+
+    def __init__(self) -> None:
+        self.text = ""
+        # Set inside the block to drop gRPC's own lines (the caller reports the
+        # failure they describe in its own words, in the log's format).
+        self.drop_grpc_lines = False
+
+
+@contextlib.contextmanager
+def held_stderr() -> Iterator[HeldStderr]:
+    """Hold what is written to file descriptor 2 during the block (gRPC's C core writes
+    there directly, in its own format), then write it out, less gRPC's lines if the
+    block set `drop_grpc_lines`.  For short blocks at start-up: other threads' stderr
+    is held too, and written out after the block.  Cost: a temporary file."""
+    held = HeldStderr()
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield held
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            held.text = tmp.read().decode(errors="replace")
+            kept = [line for line in held.text.splitlines(keepends=True)
+                    if not (held.drop_grpc_lines and GRPC_NATIVE_LINE.match(line))]
+            if kept:
+                os.write(2, "".join(kept).encode())
+
+
+def rfc3339(created: float) -> str:
+    """A log record's time as RFC 3339 in UTC with milliseconds: 2026-11-27T14:55:08.968Z."""
+    moment = datetime.datetime.fromtimestamp(created, datetime.timezone.utc)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+
+
+class _Rfc3339:
+    """Mixin for logging formatters: `asctime` in RFC 3339 (`rfc3339`)."""
+
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
+        return rfc3339(record.created)
+
+
+class TextFormatter(_Rfc3339, logging.Formatter):
+    """One human line per record, its time in RFC 3339."""
+
+
+class JsonLineFormatter(_Rfc3339, JsonFormatter):
+    """One JSON object per record, its `timestamp` in RFC 3339."""

@@ -122,6 +122,6 @@ def test_status_and_metrics_endpoint(daemon_factory, tmp_path):
     assert f"sendfile from the page cache: {status.sendfile}\n" in out
     assert status.sendfile.startswith(("on", "off: this kernel"))
     text = urllib.request.urlopen(url, timeout=10).read().decode()
-    assert "dlfs_samples_served_total 3.0" in text
-    assert 'dlfs_batch_latency_seconds_count{method="DataBatch"} 1.0' in text  # the data path
-    assert 'dlfs_errors_total{code="NOT_FOUND"} 1.0' in text
+    assert "dlfs_served_samples_total 3.0" in text
+    assert 'dlfs_read_duration_seconds_count{method="DataBatch"} 1.0' in text  # the data path
+    assert 'dlfs_errors_total{code="NOT_FOUND",method="DataBatch"} 1.0' in text

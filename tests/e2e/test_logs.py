@@ -72,7 +72,7 @@ def test_a_failed_call_returns_the_request_id_the_daemon_logged_it_under(daemon_
                 and "duration_ms" in line]
 
     def served_lines():
-        return json_lines(daemon.log().split("dlfs-server listening on")[1].split("\n", 1)[1])
+        return json_lines(daemon.log())  # every line, start-up included, is JSON
 
     # The data path logs a request once its reply is sent, so the line may trail the reply.
     deadline = time.monotonic() + 10
@@ -109,14 +109,12 @@ def test_cli_errors_quote_the_request_id(daemon, capsys):
     assert re.search(r"NotFound: .*missing.* \[request id [0-9a-f]{16}\]", err), err
 
 
-def test_a_client_chosen_request_id_reaches_every_daemon_of_a_striped_batch(daemon_factory,
-                                                                           tmp_path):
+def test_a_client_chosen_request_id_reaches_every_daemon_of_a_striped_batch(cluster, tmp_path):
     from conftest import write_tree
 
-    daemons = [daemon_factory(extra_args=["--log-format", "json", "--log-level", "DEBUG"])
-               for _ in range(2)]
+    daemons = cluster.start(2, ["--log-format", "json", "--log-level", "DEBUG"])
     write_tree(tmp_path / "src", {f"f{i:03d}": bytes([i]) * 100 for i in range(64)})
-    with dlfs.Client([d.address for d in daemons]) as client:
+    with cluster.client() as client:
         client.ingest(str(tmp_path / "src"), "ds")
         with dlfs.request_id("epoch3-step17"):
             assert len(client.get_batch(range(64), dataset="ds")) == 64
@@ -125,7 +123,7 @@ def test_a_client_chosen_request_id_reaches_every_daemon_of_a_striped_batch(daem
             with dlfs.request_id("two words"):
                 pass
     def batches(daemon) -> list[dict]:
-        lines = json_lines(daemon.log().split("dlfs-server listening on")[1].split("\n", 1)[1])
+        lines = json_lines(daemon.log())
         return [line for line in lines
                 if "Batch" in line.get("method", "") and "duration_ms" in line]
 
@@ -146,3 +144,44 @@ def test_a_client_chosen_request_id_reaches_every_daemon_of_a_striped_batch(daem
         tagged, untagged = tagged_and_untagged()
     assert all(tagged), [batches(d) for d in daemons]
     assert untagged == 1  # the call outside the block
+
+
+RFC3339_UTC = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z")
+
+
+def test_a_json_log_is_json_from_the_first_line_with_rfc3339_times(daemon_factory):
+    daemon = daemon_factory(extra_args=["--log-format", "json"])
+    lines = json_lines(daemon.log())  # fails on any plain-text line
+    assert all(RFC3339_UTC.fullmatch(line["timestamp"]) for line in lines), lines
+    [serving] = [line for line in lines if "serving on" in line["message"]]
+    assert serving["address"] == daemon.address
+    assert serving["message"].startswith(f"dlfs-server {dlfs.__version__} serving on "
+                                         f"{daemon.address} (data dir ")
+
+
+def test_text_log_lines_start_with_an_rfc3339_time(daemon):
+    first = daemon.log().splitlines()[0]
+    assert RFC3339_UTC.fullmatch(first.split(" ", 1)[0]), first
+    assert f"dlfs-server {dlfs.__version__} serving on {daemon.address}" in daemon.log()
+
+
+@pytest.mark.parametrize("log_format", ["json", "text"])
+def test_a_port_in_use_is_said_once_in_the_log_format(daemon, tmp_path, log_format):
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, "-m", "dlfs.server.server_cli", "--data-dir", str(tmp_path / "other"),
+         "--listen", daemon.address, "--log-format", log_format],
+        capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert "add_port" not in result.stderr, result.stderr  # gRPC's own line, held back
+    assert not any(logs.GRPC_NATIVE_LINE.match(line) for line in result.stderr.splitlines())
+    why = (f"cannot listen on {daemon.address}: the address is in use (another dlfs-server?); "
+           "stop that process or choose another --listen port")
+    if log_format == "json":
+        lines = json_lines(result.stdout + result.stderr)
+        assert [line["message"] for line in lines if line["level"] == "CRITICAL"] == \
+            [f"cannot start: {why}"]
+    else:
+        assert result.stderr.splitlines()[-1] == f"dlfs-server: {why}"

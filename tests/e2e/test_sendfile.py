@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -18,6 +20,7 @@ from dlfs.server.read import sendfiles
 from dlfs.server.core.extents import ExtentFiles, ExtentStore
 from dlfs.server.read.batch_planning import PieceColumns
 from dlfs.server.read.preadv_reads import ShortRead
+from dlfs.staging.progress import human_bytes
 from dlfs.sockio import recv_exactly
 
 MiB = 1024 * 1024
@@ -76,6 +79,11 @@ def test_cached_large_samples_go_by_sendfile_on_either_socket(daemon_factory, tr
         assert sent_by_sendfile(client) - before == sum(len(b) for b in expected)
         status = client.status()
         assert (status.sendfile, status.sendfile_bytes) == ("on", sent_by_sendfile(client))
+    # `dlfs status` says how much, in a whole sentence (it once ended "... sent so").
+    out = subprocess.run([sys.executable, "-m", "dlfs.cli", "--server", daemon.address,
+                          "status"], capture_output=True, text=True, timeout=60).stdout
+    assert f"  sendfile from the page cache: on; {human_bytes(status.sendfile_bytes)} sent " \
+           "so far\n" in out
 
 
 def test_small_samples_and_the_switch_keep_the_read_path(daemon_factory, tree):

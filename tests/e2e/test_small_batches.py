@@ -29,9 +29,9 @@ def loaded(daemon_factory, tmp_path):
 
 
 def served_by_method(client: Client) -> dict[str, float]:
-    """dlfs_batches_total per method, from the daemon's Prometheus endpoint."""
+    """dlfs_reads_total per method, from the daemon's Prometheus endpoint."""
     return {dict(labels)["method"]: value for (name, labels), value in
-            metric_samples(client).items() if name == "dlfs_batches_total"}
+            metric_samples(client).items() if name == "dlfs_reads_total"}
 
 
 def test_small_batches_take_one_unary_call(loaded):

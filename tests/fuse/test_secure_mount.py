@@ -24,8 +24,9 @@ def test_mount_reads_with_a_token_from_the_environment(daemon_factory, mount_fac
     with Client(daemon.address, token=ADMIN) as admin:
         admin.ingest(str(tmp_path / "src"), "ds")
     monkeypatch.setenv("DLFS_TOKEN", "")
+    (tmp_path / "m").mkdir()  # an empty mount point (dlfs-mount refuses a non-empty one)
     refused = subprocess.run([sys.executable, "-m", "dlfs.fuse.mount_cli", daemon.address,
-                              str(tmp_path), "--reconnect-timeout", "1"],
+                              str(tmp_path / "m"), "--reconnect-timeout", "1"],
                              capture_output=True, text=True, timeout=60)
     assert refused.returncode == 1 and "requires a token" in refused.stderr
     monkeypatch.setenv("DLFS_TOKEN", TOKEN)

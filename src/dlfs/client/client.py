@@ -28,6 +28,7 @@ from typing import Iterable, Iterator, Sequence
 
 from dlfs import limits
 from dlfs.client import metadata
+from dlfs.client.addresses import daemon_addresses
 from dlfs.client import warm_calls as warmups
 from dlfs.client.cluster.cluster_view import ClusterView
 from dlfs.client.cluster.etcd_commit import ClusterChange
@@ -45,6 +46,7 @@ from dlfs.client.transport.direct_reader import DirectReader
 from dlfs.client.transport.direct_transport import DirectTransport
 from dlfs.client.transport.grpc_transport import GrpcTransport
 from dlfs.client.transport.read_requests import SampleKey, batch_request, range_request
+from dlfs.coord.cluster_keys import CLUSTER_DEFAULT
 from dlfs.errors import DlfsError, FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from dlfs.paths import check_dataset_name
 from dlfs.staging.progress import IngestStats
@@ -56,14 +58,15 @@ from dlfs.types import DaemonStatus, DatasetInfo, Entry, WarmInfo
 class Client:
     """Connection to DLFS daemons.
 
-    `address` is one daemon's ``HOST:PORT``.  A cluster of daemons is found
-    through its etcd instead: `etcd` ("http://HOST:2379", several separated
-    by ','; default $DLFS_ETCD when no `address` is given) and `cluster` (its
-    name there; default $DLFS_CLUSTER, else "default").  Then datasets are
-    striped over the live members, each sample read from a live holder with
-    failover to replicas (see `dlfs.client.cluster.router`); a member whose
-    lease in etcd expired is not asked at all.  The client is thread-safe;
-    after `os.fork` make a new one in the child.
+    `address` is one daemon's ``HOST:PORT`` (``HOST`` alone: port 7010).  A
+    cluster of daemons is found through its etcd instead: `etcd`
+    ("http://HOST:2379", several separated by ','; default $DLFS_ETCD when no
+    `address` is given) and `cluster` (its name there; default $DLFS_CLUSTER,
+    else "default").  Then datasets are striped over the live members, each
+    sample read from a live holder with failover to replicas (see
+    `dlfs.client.cluster.router`); a member whose lease in etcd expired is not
+    asked at all.  The client is thread-safe; after `os.fork` make a new one
+    in the child.
 
     `token` (default: $DLFS_TOKEN) authenticates to a daemon started with
     --tokens-file; `tls_ca` (default: $DLFS_TLS_CA) is the CA file that
@@ -99,22 +102,19 @@ class Client:
                  tls_key: str | None = None, data_path_hints: dict | None = None):
         if address is None and not etcd:
             etcd = os.environ.get("DLFS_ETCD") or None
-        addresses = [] if address is None else [address] if isinstance(address, str) \
-            else list(address)
-        addresses = list(dict.fromkeys(a.strip() for part in addresses for a in part.split(",")
-                                       if a.strip()))
-        if etcd and addresses:
+        if etcd and address:
             raise InvalidArgument("give one daemon's address or a cluster's etcd, not both")
-        if not addresses and not etcd:
+        if not etcd and not address:
             raise InvalidArgument("no daemon address given (HOST:PORT), and no etcd of a "
                                   "cluster (etcd=URL, or $DLFS_ETCD)")
+        addresses = [] if etcd else daemon_addresses(address)
         if len(addresses) > 1:
             raise InvalidArgument(
                 f"several daemons ({', '.join(addresses)}) form a cluster through etcd: start "
                 "them with --etcd URL and use Client(etcd=URL) (docs/cluster.md)")
         if direct and etcd:
             raise InvalidArgument("direct=True reads one daemon's files; give its address")
-        cluster = cluster or os.environ.get("DLFS_CLUSTER") or 'default'
+        cluster = cluster or os.environ.get("DLFS_CLUSTER") or CLUSTER_DEFAULT
         self.timeout_s = timeout_s
         self.batch_timeout_s = batch_timeout_s
         self.reconnect_timeout_s = reconnect_timeout_s

@@ -1,8 +1,11 @@
 """`dlfs-mount`: a read-only FUSE file system over a DLFS daemon (libfuse's low-level API + trio).
 
+`main` here is the `dlfs-mount` command: it says which extra to install when
+trio (the `fuse` extra) is missing, then runs `mount_cli.main`.
+
 Modules, one job each:
 
-- `main`: the command line, mounting, background start, signals, readiness.
+- `mount_cli`: the command line, mounting, background start, signals, readiness.
 - `lowlevel`: the ctypes declarations of libfuse 3's low-level API.
 - `session`: one FUSE session: libfuse's threads read, handlers answer on trio.
 - `fs`: the requests answered from the pieces below; only FuseError escapes.
@@ -14,3 +17,22 @@ Modules, one job each:
 - `failurelog`: failures logged once per interval, not once per request.
 - `dlfs.limits` (`mount_*`): every bound of the FUSE layer, with its reason.
 """
+
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The `dlfs-mount` command (see `dlfs.fuse.mount_cli`); exit status 1, with one line
+    naming the extra, when the `fuse` extra's trio is not installed."""
+    try:
+        import trio  # noqa: F401 - the mount's event loop, from the `fuse` extra
+    except ModuleNotFoundError as exc:
+        if exc.name != "trio":
+            raise
+        from dlfs.version import missing_extra
+
+        print(f"dlfs-mount: {missing_extra('dlfs-mount', 'fuse', 'trio')}", file=sys.stderr)
+        return 1
+    from dlfs.fuse import mount_cli
+
+    return mount_cli.main(argv)

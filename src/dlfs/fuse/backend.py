@@ -53,6 +53,15 @@ class Backend:
         self._down_since: float | None = None
         self.calls: collections.Counter[str] = collections.Counter()
 
+    def cli_options(self) -> list[str]:
+        """The `dlfs` options that reach what this backend reads: ["--server", ADDR], or
+        ["--etcd", URLS, "--cluster", NAME] (for advice printed as a command)."""
+        etcd = self.client.options.get("etcd")
+        if not etcd:
+            return ["--server", self.address]
+        urls = etcd if isinstance(etcd, str) else ",".join(etcd)
+        return ["--etcd", urls, "--cluster", str(self.client.options["cluster"])]
+
     def close(self) -> None:
         self.client.close()
         if self._direct is not None:
@@ -154,6 +163,16 @@ class Backend:
             return received
 
         return self._run("read_chunks", stream)
+
+    @property
+    def down(self) -> bool:
+        """Whether the daemon failed to answer since its last answer."""
+        return self._down_since is not None
+
+    def call_counts(self) -> dict[str, int]:
+        """Calls made to the daemon so far, by kind: a copy (the metrics read it)."""
+        with self._lock:
+            return dict(self.calls)
 
     # --- internals ---------------------------------------------------------------------
 

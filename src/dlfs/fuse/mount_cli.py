@@ -1,9 +1,14 @@
-"""`dlfs-mount ADDR MOUNTPOINT`: mount a daemon's datasets read-only.
+"""`dlfs-mount ADDR MOUNTPOINT`: mount a daemon's datasets read-only
+(`dlfs-mount --etcd URL MOUNTPOINT`: a cluster's).
 
 Without ``--foreground`` the command starts the file system in a background
 process (this module again, with ``--foreground`` and a readiness pipe) and
 returns 0 only once the mount answers, or 1 with the reason.  It re-executes
 rather than forks because gRPC must not be initialised before a fork.
+
+The mount point must be an empty directory: a mount over files hides them
+until it is unmounted, so that needs ``--nonempty``.  ``--metrics-listen``
+serves the mount's Prometheus metrics (`dlfs.fuse.mount_metrics`).
 
 With ``--foreground`` (systemd, Slurm) it serves until the file system is
 unmounted (``fusermount3 -u MOUNTPOINT``) or it gets SIGTERM, SIGINT or
@@ -21,6 +26,7 @@ import os
 import re
 import resource
 import select
+import shlex
 import signal
 import subprocess
 import sys
@@ -29,6 +35,7 @@ import time
 import trio
 
 from dlfs import errors, logs
+from dlfs.coord.cluster_keys import CLUSTER_DEFAULT
 from dlfs import limits as fuse_limits
 from dlfs.fuse import lowlevel, splicereads
 from dlfs.fuse.backend import Backend
@@ -36,8 +43,10 @@ from dlfs.fuse.attributes import DIR_MODE, dataset_attrs, dataset_key
 from dlfs.fuse.extentreads import ExtentReaders
 from dlfs.fuse.fs import DlfsOperations
 from dlfs.fuse.inodes import ROOT_KEY, Attrs
+from dlfs.fuse.mount_metrics import serve_metrics
 from dlfs.fuse.session import MountFailed, Session
 from dlfs.fuse.splicereads import SpliceReads
+from dlfs.version import __version__
 
 log = logging.getLogger("dlfs.fuse")
 
@@ -56,15 +65,23 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         epilog="Unmount with `fusermount3 -u MOUNTPOINT` (or SIGTERM to a --foreground mount).")
     parser.add_argument("target", nargs="+", metavar="[ADDR] MOUNTPOINT",
                         help="the daemon's address HOST:PORT (not with --etcd), then an "
-                             "existing empty directory")
-    parser.add_argument("--etcd", default=os.environ.get("DLFS_ETCD") or None,
-                        metavar="URL[,URL...]",
+                             "existing empty directory (see --nonempty)")
+    parser.add_argument("--etcd", default=None, metavar="URL[,URL...]",
                         help="mount a cluster's datasets: its etcd's client URLs (default "
                              "$DLFS_ETCD when no ADDR is given); reads go to live members and "
                              "fail over to replicas")
-    parser.add_argument("--cluster", default=os.environ.get("DLFS_CLUSTER") or "default",
-                        help="the cluster's name in etcd (default $DLFS_CLUSTER or "
-                             "%(default)s)")
+    parser.add_argument("--cluster", default=None, metavar="NAME",
+                        help="with --etcd: the cluster's name there (default $DLFS_CLUSTER, "
+                             "else 'default')")
+    parser.add_argument("--version", action="version", version=f"dlfs-mount {__version__}",
+                        help="print the version and exit")
+    parser.add_argument("--nonempty", action="store_true",
+                        help="mount over a directory that holds files (they are hidden until "
+                             "the mount is gone)")
+    parser.add_argument("--metrics-listen", metavar="[HOST:]PORT",
+                        help="serve the mount's Prometheus metrics at http://HOST:PORT/metrics "
+                             "(a PORT alone: on 127.0.0.1; 0 picks one, logged at start); "
+                             "off unless given")
     parser.add_argument("--dataset", metavar="NAME",
                         help="mount only this dataset, its root at MOUNTPOINT (default: every "
                              "dataset as a directory of MOUNTPOINT)")
@@ -108,13 +125,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                              "large files read from the extents and copied")
     parser.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if len(args.target) == 2 and not (args.etcd and "DLFS_ETCD" not in os.environ):
-        args.address, args.mountpoint = args.target
-        args.etcd = None  # an ADDR given wins over $DLFS_ETCD
-    elif len(args.target) == 1 and args.etcd:
-        args.address, args.mountpoint = None, args.target[0]
+    # An ADDR given wins over $DLFS_ETCD; --etcd given with an ADDR is a mistake.
+    etcd = args.etcd or (os.environ.get("DLFS_ETCD") if len(args.target) == 1 else None)
+    if len(args.target) == 2 and not args.etcd:
+        (args.address, args.mountpoint), args.etcd = args.target, None
+    elif len(args.target) == 1 and etcd:
+        args.address, args.mountpoint, args.etcd = None, args.target[0], etcd
     else:
         parser.error("give ADDR MOUNTPOINT (one daemon), or --etcd URL MOUNTPOINT (a cluster)")
+    args.cluster = args.cluster or os.environ.get("DLFS_CLUSTER") or CLUSTER_DEFAULT
     for name in ("cache_timeout", "reconnect_timeout", "metadata_timeout", "read_timeout"):
         if not getattr(args, name) > 0:
             parser.error(f"--{name.replace('_', '-')} must be positive")
@@ -127,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.foreground:
         _setup_logging(args)
     try:
-        check_mountpoint(args.mountpoint)
+        check_mountpoint(args.mountpoint, nonempty=args.nonempty)
         check_ready_file(args.ready_file)
         if args.foreground:
             return run_foreground(args)
@@ -142,20 +161,35 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
-def check_mountpoint(path: str) -> None:
-    """Raise MountError unless `path` is a directory that nothing is mounted on."""
+def check_mountpoint(path: str, nonempty: bool = False) -> None:
+    """Raise MountError unless `path` is a directory that nothing is mounted on, and
+    empty unless `nonempty`."""
     try:
         os.stat(path)
     except FileNotFoundError:
         raise MountError(f"mount point {path} does not exist; create it with mkdir") from None
     except OSError as exc:
         raise MountError(f"mount point {path} is unusable ({exc.strerror}); if a previous mount "
-                         f"died, run `fusermount3 -u {path}`") from None
+                         f"died, run `{shlex.join(['fusermount3', '-u', path])}`") from None
     if not os.path.isdir(path):
         raise MountError(f"mount point {path} is not a directory")
     if os.path.ismount(path):
+        try:  # a mount whose process died answers stat from the kernel's cache, not this
+            with os.scandir(path):
+                pass
+        except OSError as exc:
+            raise MountError(f"mount point {path} is unusable ({exc.strerror}); if a previous "
+                             f"mount died, run `{shlex.join(['fusermount3', '-u', path])}`"
+                             ) from None
         raise MountError(f"{path} is already a mount point; unmount it first "
-                         f"(`fusermount3 -u {path}`)")
+                         f"(`{shlex.join(['fusermount3', '-u', path])}`)")
+    if not nonempty:
+        with os.scandir(path) as entries:
+            found = sorted(entry.name for entry, _ in zip(entries, range(3)))
+        if found:
+            raise MountError(f"mount point {path} is not empty (it holds {', '.join(found)}"
+                             f"{', ...' if len(found) == 3 else ''}): the mount would hide "
+                             "that; give an empty directory, or pass --nonempty to mount over it")
     if not os.path.exists("/dev/fuse"):
         raise MountError("/dev/fuse is missing: install fuse3 and load the fuse kernel module")
 
@@ -266,6 +300,14 @@ def run_foreground(args: argparse.Namespace) -> int:
         if args.extent_reads == "auto":
             operations.extents = ExtentReaders(backend.extent_reader)
             operations.splice = _splice_reads(args.splice, session, operations.extents)
+        if args.metrics_listen:
+            try:
+                where = serve_metrics(args.metrics_listen, session, operations)
+            except (OSError, ValueError) as exc:
+                session.close()
+                raise MountError(f"--metrics-listen {args.metrics_listen}: cannot serve there "
+                                 f"({exc})") from None
+            log.info("metrics at http://%s/metrics", where, extra={"metrics_address": where})
         try:
             trio.run(_serve, session, operations, args, what)
         finally:
@@ -288,8 +330,12 @@ def _resolve_root(backend: Backend, dataset: str | None) -> tuple:
             info = backend.dataset(dataset)
             return dataset_key(info), dataset_attrs(info), f"dataset {dataset!r}"
         count = len(backend.sealed_datasets())
-    except errors.NotFound as exc:
-        raise MountError(f"{exc}; `dlfs datasets --server {backend.address}` lists the "
+    except errors.NotFound:
+        options = backend.cli_options()
+        datasets = shlex.join(["dlfs", "datasets", *options])
+        where = (f"the DLFS daemon at {backend.address}" if options[0] == "--server"
+                 else f"the DLFS cluster {backend.address}")
+        raise MountError(f"{where} has no dataset {dataset!r}; `{datasets}` lists its "
                          "datasets") from None
     except errors.DlfsError as exc:
         raise MountError(f"cannot reach the DLFS daemon at {backend.address}: {exc}") from None

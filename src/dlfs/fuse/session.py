@@ -231,6 +231,11 @@ class Session:
             info.max_background = self._max_background
             info.congestion_threshold = self._max_background * 3 // 4
 
+    def request_counts(self) -> dict[str, int]:
+        """Requests the kernel sent so far, by operation: a copy (the metrics read it)."""
+        with self._counts_lock:
+            return dict(self.counts)
+
     def _trampoline(self, name: str) -> Callable:
         """The C callback of operation `name`: runs in a libfuse worker thread."""
         arguments = _ARGUMENTS[name]

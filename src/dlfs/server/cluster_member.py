@@ -17,7 +17,10 @@ What it does (docs/cluster.md has the protocol):
   restart before anything else;
 - votes no (the ingest machine's `prepare_gate`) when it cannot reach
   etcd or the change's intent is gone: a member cut off from etcd keeps
-  serving the generations it has and takes no new commits.
+  serving the generations it has and takes no new commits;
+- refuses a call to this daemon alone that would replace or delete a
+  striped dataset etcd places here (`change_gate`): members never
+  disagree by a change etcd did not decide.
 
 It never acts on a state read from another cluster: the cluster's `id` key
 is remembered in the data dir (`cluster-id`) at the first join, and a
@@ -29,6 +32,7 @@ from __future__ import annotations
 import logging
 import os
 import secrets
+import shlex
 import threading
 import time
 
@@ -83,6 +87,7 @@ class ClusterMember:
         ingests = self.store.ingests
         ingests.prepare_gate = self.admit_prepare
         ingests.on_prepared = lambda _name, _generation: self._wake.set()
+        ingests.change_gate = self.refuse_local_change
         self.reconcile()
         self._watch = self.etcd.watch(self.prefix, self._changed, self._broken)
         self._thread.start()
@@ -98,6 +103,7 @@ class ClusterMember:
         ingests = self.store.ingests
         ingests.prepare_gate = None
         ingests.on_prepared = None
+        ingests.change_gate = None
         if self._watch is not None:
             self._watch.stop()
         if self._thread.is_alive():
@@ -267,6 +273,36 @@ class ClusterMember:
             raise FailedPrecondition(
                 f"etcd holds no change of dataset {name!r} to generation {generation} (its "
                 "coordinator stopped, or its lease expired); nothing was kept")
+
+    def refuse_local_change(self, name: str, change: str) -> None:
+        """Refuse to let dataset `name` be `change`d ("replaced", "deleted") by a call to
+        this daemon alone while etcd places its striped version here: readers resolve
+        it from etcd, so only a change etcd decides may touch it.
+
+        Raises FailedPrecondition (with the command that changes it through the
+        cluster) or Unavailable (etcd does not answer).  Free for a name that is
+        not a striped dataset here; else one round trip.
+        """
+        dataset = self.store.directory.find(name)
+        if dataset is None or dataset.cluster is None \
+                or dataset.generation < limits.cluster_generation_min:
+            return
+        try:
+            found = self.etcd.get(keys.dataset_key(self.prefix, name))
+        except Unavailable as exc:
+            raise Unavailable(f"dataset {name!r} is striped over cluster "
+                              f"{self.config.cluster!r} and etcd does not answer, so it cannot "
+                              f"be {change} here: {exc.message}") from None
+        record = keys.decode(keys.DatasetRecord, found.value) if found is not None else None
+        if record is None or self.address not in record.members:
+            return  # etcd no longer places it here: this daemon's to remove
+        urls = ",".join(self.etcd.endpoints)
+        rm = shlex.join(["dlfs", "--etcd", urls, "--cluster", self.config.cluster, "rm", name])
+        raise FailedPrecondition(
+            f"dataset {name!r} is striped over cluster {self.config.cluster!r} (etcd holds its "
+            f"version {record.generation}); it cannot be {change} on one member: change it "
+            f"through the cluster (dlfs --etcd {urls} --cluster {self.config.cluster} ingest "
+            f"--replace ..., or `{rm}`)")
 
     def before_ingest(self, name: str, generation: int) -> None:
         """A stream for `generation` of `name` arrives: apply etcd's decision now on

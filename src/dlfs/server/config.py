@@ -1,7 +1,8 @@
 """Daemon settings: one dataclass, defaults from `dlfs.limits`.
 
-`dlfs-server --help` lists every field with its default (see `main.py`,
-which builds the command line from `SETTINGS`).
+`dlfs-server --help` lists every field with its default (`server_cli.py` builds
+the command line from `SETTINGS_HELP`); `config_file.py` reads them from a
+TOML file (`--config`) and prints them (`--print-config`).
 """
 
 from __future__ import annotations

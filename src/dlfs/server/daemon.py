@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from dlfs import logs
 from dlfs.errors import DlfsError
 from dlfs.formats import datapath_frames as frames
 from dlfs.proto import dlfs_pb2_grpc
@@ -68,15 +69,20 @@ class Daemon:
         if not host or not port.isdigit():
             raise ValueError(f"--listen {listen!r} must be HOST:PORT (PORT 0 picks a free port)")
         config = self.store.config
-        try:
-            if config.tls_cert:
-                bound = self.server.add_secure_port(listen, _server_credentials(config))
-            else:
-                bound = self.server.add_insecure_port(listen)
-        except RuntimeError as exc:
-            raise RuntimeError(f"cannot listen on {listen}: {exc}") from None
+        # gRPC's C core reports a failed bind on stderr in its own format before
+        # Python hears of it; that line is held back and the failure said once, here.
+        with logs.held_stderr() as held:
+            try:
+                if config.tls_cert:
+                    bound = self.server.add_secure_port(listen, _server_credentials(config))
+                else:
+                    bound = self.server.add_insecure_port(listen)
+            except RuntimeError:
+                bound = 0
+            if bound == 0:
+                held.drop_grpc_lines = True
         if bound == 0:
-            raise RuntimeError(f"cannot listen on {listen}: address in use or not available here")
+            raise RuntimeError(f"cannot listen on {listen}: {_bind_failure(held.text)}")
         exposed = not _is_loopback(host) and not (config.tls_cert and config.tokens_file)
         if exposed:
             missing = " and ".join(x for x, on in (("TLS (--tls-cert, --tls-key)", config.tls_cert),
@@ -200,6 +206,18 @@ def _unix_socket(setting: str, grpc_port: int) -> str:
     if setting == "none":
         return ""
     return setting or f"@dlfs-{grpc_port}"
+
+
+def _bind_failure(grpc_said: str) -> str:
+    """Why binding failed, in words, from what gRPC's C core wrote."""
+    if "Address already in use" in grpc_said:
+        return ("the address is in use (another dlfs-server?); stop that process or choose "
+                "another --listen port")
+    if "Cannot assign requested address" in grpc_said:
+        return "no interface of this host has that address"
+    if "Permission denied" in grpc_said:
+        return "permission denied (ports below 1024 need root or CAP_NET_BIND_SERVICE)"
+    return "the address is in use or not available here"
 
 
 def _is_loopback(host: str) -> bool:

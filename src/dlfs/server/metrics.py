@@ -1,21 +1,54 @@
-"""The daemon's metrics: Prometheus counters and histograms in one registry.
+"""The daemon's metrics: Prometheus counters and histograms, and the state read at scrape.
 
 One registry per daemon (not prometheus_client's global one), so several
 stores in one process (tests) keep separate counts.  `dlfs-server
 --metrics-listen HOST:PORT` serves it over HTTP for Prometheus; the Status
-RPC (`dlfs status`) reads the same values.  Updating a counter costs about a
-microsecond, so they are bumped per batch, never per sample.
+RPC (`dlfs status`) reads the same values.
+
+Two kinds of metric:
+
+- events (reads served, bytes, errors, ingests, warm-ups) are counted where
+  they happen.  A counter costs about a microsecond, so they are bumped per
+  call, never per sample;
+- state (datasets, stored samples and bytes, catalog size, open extent
+  files, ingests by state) is read from the Store when Prometheus scrapes
+  (`StoredState`, registered with `read_state_from`), so it is never stale.
+  Cost: O(datasets) per scrape.
+
+Names follow Prometheus' conventions: `dlfs_` prefix, base units, the unit
+last and `_total` on counters (`dlfs_served_bytes_total`); one metric with
+a label rather than twins (`dlfs_cache_ranges_total{result="hit"|"miss"}`).
+No `_created` series.  The process metrics (`process_*`, `python_*`) come
+from prometheus_client's collectors; `dlfs_build_info{version}` is 1.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
+from typing import Callable
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+import prometheus_client
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    start_http_server,
+)
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.gc_collector import GCCollector
+from prometheus_client.platform_collector import PlatformCollector
+from prometheus_client.process_collector import ProcessCollector
 
 from dlfs.types import DaemonStatus
+from dlfs.version import __version__
 
-# Batch latency buckets, seconds: from a warm small batch to a large cold one.
+# Every counter's `_created` twin doubles the series and says nothing a
+# `process_start_time_seconds` does not; prometheus_client's switch is global.
+prometheus_client.disable_created_metrics()
+
+# Read latency buckets, seconds: from a warm small batch to a large cold one.
 LATENCY_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0,
                      10.0, 30.0)
 
@@ -23,51 +56,99 @@ LATENCY_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.
 # rather than about the request; an operator should see them in the log.
 OPERATOR_CODES = frozenset({"DATA_LOSS", "RESOURCE_EXHAUSTED", "UNAVAILABLE"})
 
-# The read calls counted in dlfs_batches_total (its "method" label).
+# The read calls counted in dlfs_reads_total (its "method" label).
 READ_METHODS = ("GetBatch", "GetSmallBatch", "ReadRange", "DataBatch", "DataRange")
+
+# Ingest states of dlfs_ingests{state}.
+INGEST_STATES = ("receiving", "prepared", "parked")
+
+
+@dataclasses.dataclass(frozen=True)
+class StoredState:
+    """What the daemon holds now, read at each scrape and each Status call."""
+
+    datasets: int  # sealed
+    samples: int  # in sealed datasets
+    bytes: int  # in sealed datasets
+    catalog_bytes: int
+    open_extent_files: int
+    ingests: dict  # state (INGEST_STATES) -> count
+
+
+def short_method(method: str) -> str:
+    """"Stat" for "/dlfs.v1.Dlfs/Stat"; data path names ("DataBatch") as they are."""
+    return method.rpartition("/")[2]
+
+
+class _StateCollector:
+    """Gauges computed from `read()` (a StoredState) when the registry is collected."""
+
+    def __init__(self, read: Callable[[], StoredState]):
+        self.read = read
+
+    def collect(self):
+        state = self.read()
+        for name, doc, value in (
+                ("dlfs_datasets", "Sealed datasets", state.datasets),
+                ("dlfs_stored_samples", "Samples in sealed datasets", state.samples),
+                ("dlfs_stored_bytes", "Payload bytes in sealed datasets", state.bytes),
+                ("dlfs_catalog_bytes", "Size of the catalog log", state.catalog_bytes),
+                ("dlfs_open_extent_files", "Extent file descriptors held open (LRU)",
+                 state.open_extent_files)):
+            yield GaugeMetricFamily(name, doc, value=value)
+        ingests = GaugeMetricFamily("dlfs_ingests", "Unsealed ingests, by state (receiving, "
+                                    "prepared, parked)", labels=["state"])
+        for ingest_state in INGEST_STATES:
+            ingests.add_metric([ingest_state], state.ingests.get(ingest_state, 0))
+        yield ingests
 
 
 class Metrics:
     def __init__(self):
         self.started = time.time()
-        self._served: dict = {}  # method -> its (batches, batch_latency) children
+        self._served: dict = {}  # method -> its (reads, read_duration) children
+        self._read_state: Callable[[], StoredState] | None = None
         self.registry = CollectorRegistry()
         r = self.registry
-        self.samples_served = Counter("dlfs_samples_served", "Samples returned by reads", registry=r)
-        self.bytes_served = Counter("dlfs_bytes_served", "Payload bytes returned by reads",
+        ProcessCollector(registry=r)
+        PlatformCollector(registry=r)
+        GCCollector(registry=r)
+        Gauge("dlfs_build_info", "The DLFS release this daemon runs (value 1)", ["version"],
+              registry=r).labels(__version__).set(1)
+        self.samples_served = Counter("dlfs_served_samples", "Samples returned by reads",
+                                      registry=r)
+        self.bytes_served = Counter("dlfs_served_bytes", "Payload bytes returned by reads",
                                     registry=r)
-        self.batches = Counter("dlfs_batches", "Read calls served (GetBatch, GetSmallBatch, ReadRange)",
-                               ["method"], registry=r)
-        self.batch_latency = Histogram("dlfs_batch_latency_seconds",
-                                       "Time from request to last reply chunk", ["method"],
-                                       buckets=LATENCY_BUCKETS_S, registry=r)
-        self.ranges_read = Counter("dlfs_ranges_read",
+        self.reads = Counter("dlfs_reads", "Read calls served, by method (GetBatch, "
+                             "GetSmallBatch, ReadRange; DataBatch, DataRange on the data path)",
+                             ["method"], registry=r)
+        self.read_duration = Histogram("dlfs_read_duration_seconds",
+                                       "Time from a read's request to its last reply byte",
+                                       ["method"], buckets=LATENCY_BUCKETS_S, registry=r)
+        self.ranges_read = Counter("dlfs_read_ranges",
                                    "Coalesced ranges read (one pread each)", registry=r)
         self.samples_coalesced = Counter(
-            "dlfs_samples_coalesced", "Samples that shared a range with another sample", registry=r)
-        self.cache_hits = Counter("dlfs_cache_hit_ranges",
-                                  "Ranges served from the page cache without waiting", registry=r)
-        self.cache_misses = Counter("dlfs_cache_miss_ranges",
-                                    "Ranges that had to wait for the device", registry=r)
+            "dlfs_coalesced_samples", "Samples that shared a range with another sample",
+            registry=r)
+        cache_ranges = Counter("dlfs_cache_ranges", "Ranges probed in the page cache: hit "
+                               "(served without waiting) or miss (waited for the device)",
+                               ["result"], registry=r)
+        self.cache_hits = cache_ranges.labels("hit")
+        self.cache_misses = cache_ranges.labels("miss")
         self.sendfile_bytes = Counter(
             "dlfs_sendfile_bytes",
             "Payload bytes sent straight from the page cache by sendfile (no copy in the daemon)",
             registry=r)
-        self.prefetch_hints = Counter("dlfs_prefetch_hints", "Prefetch hints",
+        self.prefetch_hints = Counter("dlfs_prefetch_hints", "Prefetch hints, by outcome",
                                       ["outcome"], registry=r)
-        self.errors = Counter("dlfs_errors", "Calls that ended with an error status",
-                              ["code"], registry=r)
+        self.errors = Counter("dlfs_errors", "Calls that ended with an error status, by status "
+                              "code and method", ["code", "method"], registry=r)
         self.ingested_samples = Counter("dlfs_ingested_samples", "Samples written by ingests",
                                         registry=r)
         self.ingested_bytes = Counter("dlfs_ingested_bytes", "Bytes written by ingests",
                                       registry=r)
-        self.datasets = Gauge("dlfs_datasets", "Sealed datasets", registry=r)
-        self.samples_stored = Gauge("dlfs_samples_stored", "Samples in sealed datasets", registry=r)
-        self.bytes_stored = Gauge("dlfs_bytes_stored", "Bytes in sealed datasets", registry=r)
-        self.catalog_bytes = Gauge("dlfs_catalog_bytes", "Size of the catalog log", registry=r)
-        self.open_extents = Gauge("dlfs_open_extent_files", "Cached extent descriptors",
-                                  registry=r)
-        self.rpcs_in_flight = Gauge("dlfs_rpcs_in_flight", "Calls being served", registry=r)
+        self.rpcs_in_flight = Gauge("dlfs_rpcs_in_flight", "gRPC calls being served",
+                                    registry=r)
         self.data_connections = Gauge("dlfs_data_connections",
                                       "Connections open on the data path", registry=r)
         self.warm_bytes = Counter("dlfs_warm_bytes",
@@ -80,6 +161,13 @@ class Metrics:
                                        "may keep in the page cache (--warm-memory-share)",
                                        registry=r)
 
+    def read_state_from(self, read: Callable[[], StoredState]) -> None:
+        """Read the stored-data gauges from `read()` at every scrape and Status call
+        (the Store registers itself once)."""
+        assert self._read_state is None, "one state source per registry"
+        self._read_state = read
+        self.registry.register(_StateCollector(read))
+
     def serve(self, listen: str) -> str:
         """Serve /metrics over HTTP on HOST:PORT (0 picks a port); return the bound address."""
         host, _, port = listen.rpartition(":")
@@ -87,15 +175,15 @@ class Metrics:
         return f"{host}:{server.server_port}"
 
     def value(self, name: str, **labels) -> float:
-        """Current value of a sample, for the Status RPC (0 if never set)."""
+        """Current value of a counted sample, for the Status RPC (0 if never set)."""
         result = self.registry.get_sample_value(name, labels or None)
         return float(result or 0.0)
 
     def count_read(self, method: str, plan, seconds: float) -> None:
         """Count one read call (one of READ_METHODS) that served `plan` (a
         reader.BatchPlan) in `seconds`.  A few microseconds: once per call."""
-        self.batches.labels(method).inc()
-        self.batch_latency.labels(method).observe(seconds)
+        self.reads.labels(method).inc()
+        self.read_duration.labels(method).observe(seconds)
         self.samples_served.inc(plan.request_lengths.size)
         self.bytes_served.inc(plan.payload_bytes)
         self.samples_coalesced.inc(plan.sample_ids.size - plan.ranges)
@@ -105,39 +193,38 @@ class Metrics:
         """Count one data path request (one of READ_METHODS) of `samples` samples."""
         children = self._served.get(method)
         if children is None:  # once per method: labels() validates and locks each time
-            children = self._served[method] = (self.batches.labels(method),
-                                               self.batch_latency.labels(method))
+            children = self._served[method] = (self.reads.labels(method),
+                                               self.read_duration.labels(method))
         children[0].inc()
         children[1].observe(seconds)
         self.samples_served.inc(samples)
         self.bytes_served.inc(payload_bytes)
 
-    def set_stored(self, datasets: list, catalog_bytes: int, open_extents: int) -> None:
-        """Bring the stored-data gauges up to date (`datasets`: the sealed
-        DatasetIndexes).  O(datasets)."""
-        self.datasets.set(len(datasets))
-        self.samples_stored.set(sum(len(d) for d in datasets))
-        self.bytes_stored.set(sum(d.total_bytes for d in datasets))
-        self.catalog_bytes.set(catalog_bytes)
-        self.open_extents.set(open_extents)
+    def count_error(self, code: str, method: str) -> None:
+        """Count a call that ended with status `code` (a status code name); `method` as
+        gRPC names it ("/dlfs.v1.Dlfs/Stat") or a data path request ("DataBatch")."""
+        self.errors.labels(code, short_method(method)).inc()
 
-    def status(self, data_dir: str, ingests_running: int, sendfile: str = "") -> DaemonStatus:
-        """The current values as a Status (the stored-data gauges as last set)."""
-        errors = {s.labels["code"]: int(s.value) for s in self.errors.collect()[0].samples
-                  if s.name.endswith("_total")}
+    def status(self, data_dir: str, sendfile: str = "") -> DaemonStatus:
+        """The current values as a Status: the counters, and the stored state read now."""
+        assert self._read_state is not None, "the Store registers its state first"
+        state = self._read_state()
+        errors: dict[str, int] = {}
+        for sample in self.errors.collect()[0].samples:
+            if sample.name.endswith("_total"):
+                code = sample.labels["code"]
+                errors[code] = errors.get(code, 0) + int(sample.value)
         return DaemonStatus(
             uptime_s=time.time() - self.started, data_dir=data_dir,
-            datasets=int(self.value("dlfs_datasets")),
-            samples=int(self.value("dlfs_samples_stored")),
-            bytes=int(self.value("dlfs_bytes_stored")),
-            catalog_bytes=int(self.value("dlfs_catalog_bytes")),
-            ingests_running=ingests_running,
+            datasets=state.datasets, samples=state.samples, bytes=state.bytes,
+            catalog_bytes=state.catalog_bytes,
+            ingests_running=state.ingests.get("receiving", 0) + state.ingests.get("prepared", 0),
             rpcs_in_flight=int(self.value("dlfs_rpcs_in_flight")),
-            samples_served=int(self.value("dlfs_samples_served_total")),
-            bytes_served=int(self.value("dlfs_bytes_served_total")),
-            batches_served=int(sum(self.value("dlfs_batches_total", method=m)
+            samples_served=int(self.value("dlfs_served_samples_total")),
+            bytes_served=int(self.value("dlfs_served_bytes_total")),
+            batches_served=int(sum(self.value("dlfs_reads_total", method=m)
                                    for m in READ_METHODS)),
-            cache_hit_ranges=int(self.value("dlfs_cache_hit_ranges_total")),
-            cache_miss_ranges=int(self.value("dlfs_cache_miss_ranges_total")),
+            cache_hit_ranges=int(self.value("dlfs_cache_ranges_total", result="hit")),
+            cache_miss_ranges=int(self.value("dlfs_cache_ranges_total", result="miss")),
             errors=errors, data_connections=int(self.value("dlfs_data_connections")),
             sendfile=sendfile, sendfile_bytes=int(self.value("dlfs_sendfile_bytes_total")))

@@ -41,7 +41,7 @@ from dlfs.server.core.extents import ExtentFiles, ExtentStore, fsync_dir
 from dlfs.server.core.read_leases import ReadLeases
 from dlfs.server.ingest.ingest_machine import IngestMachine
 from dlfs.server.ingest.ingest_registry import IngestState
-from dlfs.server.metrics import Metrics
+from dlfs.server.metrics import Metrics, StoredState
 from dlfs.server.read.batch_limits import BatchLimits
 from dlfs.server.read.dataset_reads import DatasetReads
 from dlfs.server.read.prefetch import Prefetcher
@@ -89,6 +89,7 @@ class Store:
             resumable_ingest_timeout_s=config.resumable_ingest_timeout_s,
             checkpoint_bytes=config.ingest_checkpoint_bytes,
             checkpoint_interval_s=config.ingest_checkpoint_interval_s)
+        self.metrics.read_state_from(self.stored_state)  # gauges read at each scrape
 
     # --- lifecycle -------------------------------------------------------------
 
@@ -218,10 +219,20 @@ class Store:
 
     def status(self) -> DaemonStatus:
         """Stored data, running ingests and served reads, now.  O(datasets)."""
-        self.metrics.set_stored(self.directory.all(), self._catalog.size,
-                                self._files.open_count())
         return self.metrics.status(os.path.abspath(self.config.data_dir),
-                                   self.ingests.active_count(), self.reads.sendfile_state)
+                                   self.reads.sendfile_state)
+
+    def stored_state(self) -> StoredState:
+        """What this store holds now (the metrics read it at every scrape).
+        O(datasets + ingests)."""
+        datasets = self.directory.all()
+        ingests: dict[str, int] = {}
+        for summary in self.ingests.summaries():
+            ingests[summary.ingest_state] = ingests.get(summary.ingest_state, 0) + 1
+        return StoredState(datasets=len(datasets), samples=sum(len(d) for d in datasets),
+                           bytes=sum(d.total_bytes for d in datasets),
+                           catalog_bytes=self._catalog.size,
+                           open_extent_files=self._files.open_count(), ingests=ingests)
 
     def check_invariants(self) -> None:
         """Assert the ingests and the directory agree.  O(datasets + ingests); for tests."""

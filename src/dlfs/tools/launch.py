@@ -200,7 +200,7 @@ class DaemonProcess(_Launched):
 def fuse_unavailable() -> str:
     """"" when `dlfs-mount` can run here, else why not."""
     if importlib.util.find_spec("trio") is None:
-        return "trio is not installed (pip install 'dlfs[fuse]')"
+        return "trio is not installed (pip install 'dlfs-storage[fuse]')"
     if ctypes.util.find_library("fuse3") is None:
         return "libfuse3 is not installed (the fuse3 package)"
     if not os.path.exists("/dev/fuse"):

@@ -11,7 +11,8 @@
         for images, labels in loader:
             ...
 
-Needs the optional extra ``dlfs[torch]`` (the CPU build is enough).
+Needs the optional extra ``dlfs-storage[torch]`` (the CPU build is enough); without
+torch, importing this package raises ModuleNotFoundError naming that extra.
 
 Modules, one job each (everything public is importable from here):
 
@@ -31,6 +32,16 @@ Forked workers read over the data path only: gRPC is unusable after a fork
 (`dlfs.client.transport.grpc_channel.check_grpc_usable`; `fork_support_enabled` tells
 whether gRPC's own fork support was switched on).
 """
+
+try:
+    import torch as _torch  # noqa: F401 - only to say which extra is missing
+except ModuleNotFoundError as _missing:
+    if _missing.name != "torch":
+        raise
+    from dlfs.version import missing_extra as _missing_extra
+
+    raise ModuleNotFoundError(_missing_extra("dlfs.torch", "torch", "PyTorch"),
+                              name="torch") from None
 
 from dlfs.client import FORK_SUPPORT_ENV, fork_support_enabled
 from dlfs.torch.torch_dataset import TARGET_PARENT_DIR, BatchSource, DLFSDataset

@@ -119,10 +119,14 @@ class ClusterRouter:
         return until is not None and self.clock() < until
 
     def mark_down(self, address: str, error: Exception) -> None:
-        if not self.is_down(address):
-            log.warning("DLFS daemon %s is down (%s); reads go to replicas for %.0f s",
-                        address, error, limits.member_down_s)
-        self._down_until[address] = self.clock() + limits.member_down_s
+        """Skip `address` for `limits.member_down_s`.  One warning per outage, however
+        many threads saw it fail at once; `error` already names the daemon."""
+        with self._lock:
+            first = not self.is_down(address)
+            self._down_until[address] = self.clock() + limits.member_down_s
+        if first:
+            log.warning("reads go to the replicas of DLFS daemon %s for %.0f s: %s", address,
+                        limits.member_down_s, error)
 
     def _ordered(self, addresses) -> list[str]:
         """`addresses`, live ones first (a member marked down is still tried last)."""

@@ -248,7 +248,7 @@ class DataPathTransport:
                 raise
 
         try:
-            return call_with_retry(attempt,
+            return call_with_retry(attempt, address=self.address,
                                    timeout_s=self.reconnect_timeout_s if self._worked else 0.0)
         except _NoDataPath:
             return fallback()

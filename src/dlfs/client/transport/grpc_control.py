@@ -52,7 +52,7 @@ class GrpcControl:
             return typed(lambda: stub_method(request, timeout=timeout_s or self.timeout_s,
                                              metadata=logs.outgoing_metadata()), self.address)
 
-        return call_with_retry(attempt,
+        return call_with_retry(attempt, address=self.address,
                                timeout_s=self.reconnect_timeout_s if retry else 0.0)
 
     # --- datasets and metadata ----------------------------------------------------------
@@ -89,7 +89,7 @@ class GrpcControl:
                 pb.GetIndexRequest(dataset=dataset), timeout=self.timeout_s,
                 metadata=logs.outgoing_metadata())), self.address)
 
-        return convert.dataset_index(call_with_retry(attempt,
+        return convert.dataset_index(call_with_retry(attempt, address=self.address,
                                                      timeout_s=self.reconnect_timeout_s))
 
     # --- the daemon ---------------------------------------------------------------------
@@ -122,7 +122,8 @@ class GrpcControl:
                     return None
                 raise from_rpc_error(exc, self.address) from None
 
-        offer = call_with_retry(attempt, timeout_s=self.reconnect_timeout_s)
+        offer = call_with_retry(attempt, address=self.address,
+                                timeout_s=self.reconnect_timeout_s)
         return None if offer is None else convert.data_path_offer(offer)
 
     # --- ingest ---------------------------------------------------------------------------

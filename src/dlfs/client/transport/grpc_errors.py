@@ -13,8 +13,24 @@ from dlfs.errors import (
     ERROR_CLASS_METADATA,
     DlfsError,
     Internal,
+    InvalidArgument,
     Unavailable,
 )
+
+
+# What gRPC says when the other end of the connection does not speak HTTP/2
+# (the daemon's data-path port, its metrics port, any other service), and when
+# a gRPC server lacks the DLFS service.
+_NOT_HTTP2 = "Failed parsing HTTP/2"
+_NO_SUCH_METHOD = "Method not found"
+
+
+def not_a_daemon(address: str) -> InvalidArgument:
+    """The error for an address whose server is not a DLFS daemon's gRPC port (gRPC's own
+    words, "Failed parsing HTTP/2 ...", would only blur the point): not retried, since
+    asking again cannot help."""
+    return InvalidArgument(f"{address} is not a DLFS daemon (is it the data-path or metrics "
+                           "port?)")
 
 
 T = TypeVar("T")
@@ -32,10 +48,16 @@ def typed(call: Callable[[], T], address: str) -> T:
 def from_rpc_error(exc: grpc.RpcError, address: str) -> DlfsError:
     """The DlfsError matching `exc`'s status code, keeping the daemon's message.
 
+    A server at `address` that is not a DLFS daemon (it does not speak HTTP/2, or
+    lacks the DLFS service) gives InvalidArgument naming the address (`not_a_daemon`).
+
     The error's `request_id` is the id the daemon logged the call under
     (None when the call never reached it)."""
     code = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
     details = (exc.details() if hasattr(exc, "details") else None) or str(exc)
+    if (code == grpc.StatusCode.UNAVAILABLE and _NOT_HTTP2 in details) or \
+            (code == grpc.StatusCode.UNIMPLEMENTED and _NO_SUCH_METHOD in details):
+        return not_a_daemon(address)
     if code == grpc.StatusCode.UNAVAILABLE:
         return Unavailable(f"DLFS daemon at {address} is unavailable ({details}); is "
                            "dlfs-server running there?")

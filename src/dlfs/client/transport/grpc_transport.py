@@ -153,7 +153,8 @@ class GrpcTransport:
 
             return typed(call, self.address)
 
-        stream, raw = call_with_retry(first_piece, timeout_s=self.reconnect_timeout_s)
+        stream, raw = call_with_retry(first_piece, address=self.address,
+                                      timeout_s=self.reconnect_timeout_s)
         received = 0
         expected = None
         try:
@@ -201,7 +202,8 @@ class GrpcTransport:
                     raise _NoUnaryReads() from None
                 raise from_rpc_error(exc, self.address) from None
 
-        return call_with_retry(attempt, timeout_s=self.reconnect_timeout_s)
+        return call_with_retry(attempt, address=self.address,
+                               timeout_s=self.reconnect_timeout_s)
 
 
 def assemble(chunks) -> list[memoryview]:

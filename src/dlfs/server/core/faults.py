@@ -10,7 +10,10 @@ reaches the catalog replay and its compaction.  ACTION is:
 
 - an errno name (``EIO``, ``ENOSPC``, ``EMFILE``, ...): raise that OSError, as
   the kernel would;
-- ``kill``: SIGKILL the daemon on the spot, a crash at exactly that step.
+- ``kill``: SIGKILL the daemon on the spot, a crash at exactly that step;
+- ``stop``: SIGSTOP the daemon on the spot, then do the call once it gets
+  SIGCONT: the daemon stands still at exactly that step (a client mid-ingest
+  can be interrupted there), then carries on.
 
 Only the first match fires, and it is logged (``fault injected: ...``) so a
 test can count the faults that really happened.  Tests use it to drive
@@ -47,9 +50,9 @@ class FaultPlan:
                              f"{', '.join(OPS)} or any")
         if nth < 1:
             raise ValueError(f"{ENV_VAR}: the call number must be at least 1, not {nth}")
-        if action != "kill" and not isinstance(getattr(errno, action, None), int):
-            raise ValueError(f"{ENV_VAR}: {action!r} is neither 'kill' nor an errno name "
-                             "such as EIO or ENOSPC")
+        if action not in ("kill", "stop") and not isinstance(getattr(errno, action, None), int):
+            raise ValueError(f"{ENV_VAR}: {action!r} is neither 'kill', 'stop' nor an errno "
+                             "name such as EIO or ENOSPC")
         self.op, self.nth, self.action = op, nth, action
         self.counting = from_startup
         self._calls = 0
@@ -82,6 +85,11 @@ class FaultPlan:
             for handler in logging.getLogger().handlers:
                 handler.flush()
             os.kill(os.getpid(), signal.SIGKILL)
+        if self.action == "stop":
+            for handler in logging.getLogger().handlers:
+                handler.flush()
+            os.kill(os.getpid(), signal.SIGSTOP)
+            return  # continued: the call goes ahead
         code = getattr(errno, self.action)
         raise OSError(code, f"{os.strerror(code)} (injected fault at {op} #{self.nth})", where)
 

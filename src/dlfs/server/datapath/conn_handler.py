@@ -105,7 +105,7 @@ class DataConnection:
         """Answer a failed request with an ERROR frame naming the request id; count and
         log it as gRPC calls are."""
         code = exc.status_code_name
-        self.store.metrics.errors.labels(code).inc()
+        self.store.metrics.count_error(code, _METHODS[kind])
         log.log(logging.WARNING if code in OPERATOR_CODES else logging.DEBUG,
                 "%s -> %s: %s", _METHODS[kind], code, exc.message,
                 extra={"method": _METHODS[kind], "code": code})

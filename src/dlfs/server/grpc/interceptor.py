@@ -208,7 +208,7 @@ def _abort(context: grpc.ServicerContext, exc: Exception, call: _Call):
     if isinstance(exc, DlfsError):
         code = getattr(grpc.StatusCode, exc.status_code_name, grpc.StatusCode.UNKNOWN)
         call.code = code.name
-        call.metrics.errors.labels(code.name).inc()
+        call.metrics.count_error(code.name, method)
         log.log(logging.WARNING if code.name in OPERATOR_CODES else logging.DEBUG,
                 "%s -> %s: %s", method, code.name, exc.message,
                 extra={"method": method, "code": code.name})
@@ -224,7 +224,7 @@ def _abort(context: grpc.ServicerContext, exc: Exception, call: _Call):
     if context.code() is not None:
         raise exc  # the handler already set a status with context.abort()
     call.code = "INTERNAL"
-    call.metrics.errors.labels("INTERNAL").inc()
+    call.metrics.count_error("INTERNAL", method)
     log.error("%s failed with an internal error", method, exc_info=exc,
               extra={"method": method, "code": "INTERNAL"})
     context.set_trailing_metadata(((logs.REQUEST_ID_METADATA, call.request_id),))

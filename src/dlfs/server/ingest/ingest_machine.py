@@ -82,7 +82,10 @@ class IngestMachine:
     replay left free.  The keyword bounds are the daemon's settings of the
     same names (see ServerConfig).  `prepare_gate` and `on_prepared` (set by
     the daemon's cluster member; None without --etcd) are asked before a
-    prepare votes yes and told after it did.
+    prepare votes yes and told after it did; `change_gate(name, change)` (set
+    by it too) before a one-daemon ingest replaces, or a delete removes,
+    dataset `name` (it raises when etcd places a striped version of `name`
+    here: only etcd's decisions change those).
     """
 
     def __init__(self, catalog: cat.Catalog, extents: ExtentStore, directory: SampleDirectory,
@@ -109,6 +112,7 @@ class IngestMachine:
         self._closed = False
         self.prepare_gate: PrepareGate | None = None
         self.on_prepared: Callable[[str, int], None] | None = None
+        self.change_gate: Callable[[str, str], None] | None = None
 
     # --- open and closed -------------------------------------------------------------
 
@@ -177,6 +181,8 @@ class IngestMachine:
         Unavailable (shutting down), InvalidArgument (bad name).
         """
         check_dataset_name(name)
+        if cluster is None and replace:
+            self._check_change(name, "replaced")
         with self._mutex:
             self.check_open()
             found = self._registry.find(name)
@@ -433,6 +439,7 @@ class IngestMachine:
         dataset stays then).
         """
         check_dataset_name(name)
+        self._check_change(name, "deleted")
         parked = dataset = None
         with self._mutex:
             self.check_open()
@@ -459,6 +466,13 @@ class IngestMachine:
         self._leases.retire(dataset.dataset_id)
         log.info("deleted dataset %r (%d samples)", name, len(dataset))
         return dataset.summary()
+
+    def _check_change(self, name: str, change: str) -> None:
+        """Ask `change_gate` (outside `_mutex`: it may ask etcd) whether `name` may be
+        `change`d here."""
+        gate = self.change_gate
+        if gate is not None:
+            gate(name, change)
 
     def state(self, session: IngestSession) -> IngestState | None:
         """RECEIVING, PREPARED or PARKED while the ingest runs; None once sealed or aborted."""
