@@ -185,8 +185,12 @@ call_watchdog_interval_s = 1.0
 # Concurrent ingest sessions (each holds one open extent and buffers entries).
 ingests_concurrent_max_default = 8
 # --- the cluster's control plane in etcd (dlfs.coord, docs/cluster.md) ------------
-# Every call to etcd carries this deadline; a timed-out call tries the next endpoint.
+# A call to etcd gives up (Unavailable) after this long, having tried every
+# endpoint in turn, each attempt for at most etcd_attempt_timeout_s: a member
+# whose leader was just killed holds a write until its own 5 s timeout, while a
+# new leader is elected within a second (etcd's election timeout).
 etcd_call_timeout_s = 5.0
+etcd_attempt_timeout_s = 1.0
 # etcd refuses a request over 1.5 MiB (its --max-request-bytes default); a
 # record DLFS writes (a member, a dataset's generation and member list, an
 # intent) stays well below, so a transaction of several fits.
@@ -571,3 +575,4 @@ assert datapath_token_bytes_max + 64 <= datapath_request_bytes_max
 # The attempt bound must not cut retries short of the default time bound.
 assert sum(retry_backoff_s) + (call_attempts_max - len(retry_backoff_s)) * retry_backoff_s[-1] \
     >= 2 * reconnect_timeout_s_default
+assert etcd_reconnect_pause_s < etcd_attempt_timeout_s < etcd_call_timeout_s

@@ -11,11 +11,12 @@ etcd3gw (the JSON gateway client) takes, with no dependency beyond the
 grpcio DLFS already uses; python-etcd3 does not import with protobuf 7.
 
 Endpoints: "http://HOST:PORT" or "HOST:PORT", several separated by ','.  A
-call goes to the endpoint that answered last; UNAVAILABLE or a timeout tries
-the next one, and when none answers, `dlfs.errors.Unavailable` names them
-all.  Every call has a deadline of `timeout_s`.  A transaction whose answer
-was lost may have been applied: callers that care read back (the commits
-of dlfs.client.cluster do).  TLS to etcd is not supported yet (plain
+call goes to the endpoint that answered last; UNAVAILABLE or a timeout of
+one attempt (`limits.etcd_attempt_timeout_s`) tries the next one, round
+after round, and when none answered within `timeout_s`,
+`dlfs.errors.Unavailable` names them all.  A write whose answer was lost
+may have been applied: puts and deletes are idempotent, and the
+transactions' callers read back (the commits of dlfs.client.cluster do).  TLS to etcd is not supported yet (plain
 http:// on a trusted network, as the daemons' own --insecure).
 """
 
@@ -42,6 +43,12 @@ _TRY_NEXT = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
 # A watch opened with this metadata is cancelled by an etcd member that loses
 # its leader (a member cut off from the quorum), rather than staying silent.
 _REQUIRE_LEADER = (("hasleader", "true"),)
+# etcd members come back within a second of a restart: reconnect as soon (gRPC's own
+# backoff grows to two minutes, and fails every call on the channel meanwhile).
+_BACKOFF_MS = int(limits.reconnect_backoff_max_s * 1000)
+_CHANNEL_OPTIONS = [("grpc.initial_reconnect_backoff_ms", _BACKOFF_MS),
+                    ("grpc.min_reconnect_backoff_ms", _BACKOFF_MS),
+                    ("grpc.max_reconnect_backoff_ms", _BACKOFF_MS)]
 _TARGETS = {"version": pb.Compare.VERSION, "create": pb.Compare.CREATE, "mod": pb.Compare.MOD}
 _OPS = {"==": pb.Compare.EQUAL, "!=": pb.Compare.NOT_EQUAL, ">": pb.Compare.GREATER,
         "<": pb.Compare.LESS}
@@ -166,7 +173,8 @@ class EtcdClient:
                 raise Unavailable("the etcd client was closed")
             channel = self._channels.get(endpoint)
             if channel is None:
-                channel = self._channels[endpoint] = grpc.insecure_channel(endpoint)
+                channel = self._channels[endpoint] = grpc.insecure_channel(
+                    endpoint, options=_CHANNEL_OPTIONS)
             return channel
 
     def order(self) -> list[str]:
@@ -178,22 +186,43 @@ class EtcdClient:
     def answered(self, endpoint: str) -> None:
         self._current = self.endpoints.index(endpoint)
 
+    def attempts(self, timeout_s: float | None = None):
+        """(endpoint, deadline of one attempt) to try in turn, the one that answered last
+        first, round after round (`limits.etcd_reconnect_pause_s` apart), until
+        `timeout_s` (default the client's) has passed.  An attempt gets at most
+        `limits.etcd_attempt_timeout_s`: a member whose leader was just killed holds
+        a write until its own timeout, while another member, or the same one once a
+        new leader is elected (a second), takes it."""
+        deadline = time.monotonic() + (timeout_s or self.timeout_s)
+        while True:
+            for endpoint in self.order():
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return
+                yield endpoint, min(remaining, limits.etcd_attempt_timeout_s)
+            pause = min(limits.etcd_reconnect_pause_s, deadline - time.monotonic())
+            if pause <= 0:
+                return
+            time.sleep(pause)
+
     def _call(self, stub_class, method: str, request, timeout_s: float | None = None):
-        """One unary call on the first endpoint that answers it."""
-        failures = []
-        for endpoint in self.order():
+        """One unary call, tried on each endpoint in turn (`attempts`) until one answers.
+        A write whose attempt timed out may have been applied and is sent again:
+        every write DLFS makes is idempotent or read back (module doc)."""
+        failures: dict[str, str] = {}
+        for endpoint, attempt_s in self.attempts(timeout_s):
             call = getattr(stub_class(self.channel(endpoint)), method)
             try:
-                reply = call(request, timeout=timeout_s or self.timeout_s)
+                reply = call(request, timeout=attempt_s)
             except grpc.RpcError as exc:
                 if exc.code() in _TRY_NEXT:
-                    failures.append(f"{endpoint}: {exc.code().name} {exc.details()}")
+                    failures[endpoint] = f"{endpoint}: {exc.code().name} {exc.details()}"
                     continue
                 raise _error(exc, endpoint) from None
             self.answered(endpoint)
             return reply
-        raise Unavailable(f"etcd does not answer ({'; '.join(failures)}); check that etcd runs "
-                          "and that --etcd names its client URLs")
+        raise Unavailable(f"etcd does not answer ({'; '.join(failures.values())}); check that "
+                          "etcd runs and that --etcd names its client URLs")
 
     # --- keys -----------------------------------------------------------------------
 
@@ -253,22 +282,23 @@ class EtcdClient:
         except DlfsError as exc:
             log.info("lease %x not revoked (%s); it expires by itself", lease_id, exc)
 
-    def keep_alive_once(self, lease_id: int) -> int:
-        """Renew the lease once; the TTL it has now (0: it had expired).  One round trip."""
-        failures = []
-        for endpoint in self.order():
+    def keep_alive_once(self, lease_id: int, timeout_s: float | None = None) -> int:
+        """Renew the lease once; the TTL it has now (0: it had expired).  One round trip
+        (tried as `attempts`, for at most `timeout_s`)."""
+        failures: dict[str, str] = {}
+        for endpoint, attempt_s in self.attempts(timeout_s):
             stub = rpc.LeaseStub(self.channel(endpoint))
             try:
                 for reply in stub.LeaseKeepAlive(iter([pb.LeaseKeepAliveRequest(ID=lease_id)]),
-                                                 timeout=self.timeout_s):
+                                                 timeout=attempt_s):
                     self.answered(endpoint)
                     return reply.TTL
-                failures.append(f"{endpoint}: no answer")
+                failures[endpoint] = f"{endpoint}: no answer"
             except grpc.RpcError as exc:
                 if exc.code() not in _TRY_NEXT:
                     raise _error(exc, endpoint) from None
-                failures.append(f"{endpoint}: {exc.code().name}")
-        raise Unavailable(f"etcd does not answer a keepalive ({'; '.join(failures)})")
+                failures[endpoint] = f"{endpoint}: {exc.code().name}"
+        raise Unavailable(f"etcd does not answer a keepalive ({'; '.join(failures.values())})")
 
     # --- the cluster itself (tests, `dlfs status`) ---------------------------------
 
@@ -404,8 +434,8 @@ class LeaseKeeper:
     def _run(self) -> None:
         renewed = self._clock()
         while not self._stopped.wait(self.ttl_s / 3):
-            try:
-                ttl = self._client.keep_alive_once(self.lease_id)
+            try:  # an attempt that outlived half the TTL is retried from the loop
+                ttl = self._client.keep_alive_once(self.lease_id, timeout_s=self.ttl_s / 2)
             except DlfsError as exc:
                 if self._clock() - renewed < self.ttl_s:
                     continue

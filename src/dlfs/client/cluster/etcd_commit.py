@@ -82,9 +82,12 @@ class ClusterChange:
         self._keeper = LeaseKeeper(etcd, lease, limits.coordinator_lease_ttl_s)
         held, revision = etcd.txn([Compare(self.intent_key, "version", "==", 0)],
                                   [Put(self.intent_key, keys.encode(self.intent), lease)])
+        other = None if held else etcd.get(self.intent_key)
+        if other is not None and other.lease == lease:
+            # An attempt whose answer was lost had written it: the intent is ours.
+            held, revision = True, other.create_revision
         if not held:
             self._release()
-            other = etcd.get(self.intent_key)
             who = keys.decode(keys.IntentRecord, other.value) if other is not None else None
             raise AlreadyExists(
                 f"dataset {self.name!r} is being changed by another client"

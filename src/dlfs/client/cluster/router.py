@@ -196,7 +196,9 @@ class ClusterRouter:
     def published(self, dataset: str, generation: int) -> DatasetInfo:
         """The summary of `generation` of `dataset`, once its live members publish it
         (they watch etcd: milliseconds), or after `limits.cluster_publish_wait_s` from
-        whichever member has.  Raises NotFound when no member ever publishes it."""
+        whichever member has.  A member that does not answer is not waited for (it
+        applies the commit when it starts again).  Raises NotFound when no member
+        ever publishes it."""
         self.view.refresh()
         self.forget(dataset)
         record = self.record(dataset)
@@ -208,6 +210,9 @@ class ClusterRouter:
             for address in list(pending):
                 try:
                     info = self.member(address).control.get_dataset(dataset, retry=False)
+                except Unavailable as exc:  # down: it applies etcd's decision at its start
+                    self.mark_down(address, exc)
+                    continue
                 except DlfsError:
                     continue
                 if info.sealed and info.generation == generation:
