@@ -419,7 +419,10 @@ def test_sysusers_creates_the_dlfs_user(tmp_path):
 
 # --- Slurm scripts ------------------------------------------------------------------------
 
-SLURM_SCRIPTS = [os.path.join(SLURM_DIR, n) for n in ("dlfs-job.sbatch", "dlfs-node.sh")]
+# Every script there: the batch script, the per-node daemon and the job's etcd.
+SLURM_SCRIPTS = sorted(glob.glob(os.path.join(SLURM_DIR, "*.sh"))
+                       + glob.glob(os.path.join(SLURM_DIR, "*.sbatch")))
+assert len(SLURM_SCRIPTS) == 3, SLURM_SCRIPTS
 
 
 def test_slurm_scripts_parse():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import os
+import socket
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
@@ -123,7 +124,8 @@ class Daemon:
     def _join_cluster(self) -> None:
         """Register with etcd and follow it (`ClusterMember`); a daemon that cannot
         join stops: RuntimeError says why."""
-        member = ClusterMember(self.store, self.store.config.advertise or self.address,
+        member = ClusterMember(self.store, self.store.config.advertise or
+                               _reachable(self.address),
                                self.data_path.port if self.data_path is not None else 0,
                                self.store.config)
         try:
@@ -218,6 +220,15 @@ def _bind_failure(grpc_said: str) -> str:
     if "Permission denied" in grpc_said:
         return "permission denied (ports below 1024 need root or CAP_NET_BIND_SERVICE)"
     return "the address is in use or not available here"
+
+
+def _reachable(address: str) -> str:
+    """`address` as others reach it: a wildcard host (0.0.0.0, [::]) becomes this
+    machine's name (--advertise names another)."""
+    host, _, port = address.rpartition(":")
+    if host in ("0.0.0.0", "::", "[::]", ""):
+        return f"{socket.getfqdn()}:{port}"
+    return address
 
 
 def _is_loopback(host: str) -> bool:

@@ -94,7 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
     option("--cluster", "with --etcd: the cluster's name there (several clusters may share "
                         "one etcd); $DLFS_CLUSTER when set", metavar="NAME")
     option("--advertise", "with --etcd: the gRPC HOST:PORT other hosts reach this daemon at "
-                          "(default: the bound --listen address)", metavar="HOST:PORT")
+                          "(default: the bound --listen address; this host's name for "
+                          "0.0.0.0 or [::])", metavar="HOST:PORT")
     option("--verify", "CRC32C checks on read: per request (on unless the call opts out), "
                        "always, never", choices=("request", "always", "never"))
     option("--salvage-catalog", "start even if the catalog is damaged mid-log, keeping only "
