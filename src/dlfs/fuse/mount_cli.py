@@ -125,7 +125,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                              "large files read from the extents and copied")
     parser.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    # An ADDR given wins over $DLFS_ETCD; --etcd given with an ADDR is a mistake.
+    # An ADDR given wins over $DLFS_ETCD; --etcd given with an ADDR is a mistake.  An
+    # empty ADDR, or an empty --etcd (a systemd unit's unset variable), is none.
+    if len(args.target) == 2 and not args.target[0]:
+        args.target = args.target[1:]
     etcd = args.etcd or (os.environ.get("DLFS_ETCD") if len(args.target) == 1 else None)
     if len(args.target) == 2 and not args.etcd:
         (args.address, args.mountpoint), args.etcd = args.target, None

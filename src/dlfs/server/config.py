@@ -112,6 +112,8 @@ class ServerConfig:
             (1 <= self.streams_per_connection_max, "streams_per_connection_max must be at least 1"),
             (1 <= self.streams_per_client_max, "streams_per_client_max must be at least 1"),
             (0 < self.stream_stall_timeout_s, "stream_stall_timeout_s must be positive"),
+            (not self.etcd or (0 < len(self.cluster) <= 64 and "/" not in self.cluster),
+             "cluster must be a name of 1..64 characters without '/'"),
             (limits.member_lease_ttl_s_min <= self.member_lease_ttl_s,
              f"member_lease_ttl_s must be at least {limits.member_lease_ttl_s_min} (etcd's "
              "shortest lease)"),
