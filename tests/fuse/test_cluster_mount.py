@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
+import shlex
+import subprocess
+import sys
 
 import numpy as np
 
@@ -36,3 +40,25 @@ def test_mount_of_a_striped_dataset_survives_a_killed_daemon(cluster, mount_fact
     expected = {p: hashlib.sha256(d).hexdigest() for p, d in files.items()}
     daemons[0].kill()  # before any read: every file must come from a surviving replica
     assert digests() == expected
+
+
+def test_a_missing_dataset_of_a_cluster_names_the_listing_command(cluster, tmp_path):
+    """The refusal's advice names the cluster, not a daemon, and runs as printed."""
+    cluster.start(1)
+    write_tree(tmp_path / "src", {"a.txt": b"alpha"})
+    with cluster.client() as client:
+        client.ingest(str(tmp_path / "src"), "pets")
+    os.mkdir(tmp_path / "m")
+    done = subprocess.run([sys.executable, "-m", "dlfs.fuse.mount_cli", *cluster.cli(),
+                           str(tmp_path / "m"), "--dataset", "nope"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1
+    assert f"the DLFS cluster etcd {cluster.urls.removeprefix('http://')} (cluster " \
+           f"{cluster.name}) has no dataset 'nope'" in done.stderr
+    [quoted] = re.findall(r"`([^`]+)`", done.stderr)
+    argv = shlex.split(quoted)
+    assert argv == ["dlfs", "datasets", "--etcd", cluster.urls, "--cluster", cluster.name]
+    listed = subprocess.run([sys.executable, "-m", "dlfs.cli", *argv[1:]],
+                            capture_output=True, text=True, timeout=120)
+    assert listed.returncode == 0, listed.stderr
+    assert listed.stdout.startswith("pets\t1 samples")
