@@ -50,6 +50,31 @@ def test_welcome_carries_the_daemons_features():
     assert frames.parse_welcome(split(older)[1])[3] == 0
 
 
+def test_welcome_carries_the_daemons_limits_only_when_asked():
+    asked = frames.hello("t", ask_limits=True)
+    assert frames.parse_frame(asked[:frames.FRAME.size])[1] == frames.HELLO_ASK_LIMITS
+    assert frames.parse_hello(split(asked)[1]) == frames.parse_hello(split(frames.hello("t"))[1])
+    told = frames.DaemonLimits(1000, 2 << 30, frames.request_bytes_max(1000))
+    body = split(frames.welcome(1, 4 << 20, b"i" * 16, daemon_limits=told))[1]
+    assert frames.parse_welcome(body) == (1, 4 << 20, b"i" * 16, frames.WELCOME_BLOCK_CRCS)
+    assert frames.parse_welcome_limits(body) == told
+    plain = split(frames.welcome(1, 4 << 20, b"i" * 16))[1]
+    assert len(plain) == frames.WELCOME.size  # what clients before the limits check
+    assert frames.parse_welcome_limits(plain) is None
+    with pytest.raises(frames.FrameError):
+        frames.parse_welcome_limits(frames.WELCOME.pack(1, 0, 4 << 20, b"i" * 16)
+                                    + frames.LIMITS.pack(0, 0, 0))
+    with pytest.raises(frames.FrameError):
+        frames.parse_welcome(plain + b"x")
+
+
+def test_a_get_batch_tells_its_ids_from_its_fixed_part():
+    request = b"".join(bytes(b) for b in frames.get_batch("ds", np.arange(70_000)))
+    assert frames.get_batch_ids(request[frames.FRAME.size:][:frames.GET_BATCH.size]) == 70_000
+    with pytest.raises(frames.FrameError):
+        frames.get_batch_ids(b"short")
+
+
 def test_block_crcs_round_trip():
     kind, body = split(frames.block_crcs("ds", 12, generation=4, request_id="r-1"))
     assert kind == frames.Kind.BLOCK_CRCS

@@ -8,11 +8,12 @@ rules are the floor plan of docs/DESIGN.md ("Components"):
   module's underscore names;
 - no two modules share a base name (`ls` tells them apart);
 - floors, from the bottom: the shared vocabulary (`errors`, `limits`,
-  `types`, `paths`, `logs`, `crc`, `sockio`, `version`, `units`, `proto`), the
-  byte formats (`formats/`), the cluster's control plane in etcd (`coord/`:
-  the etcd client and the key schema, which the daemon and the client
-  both speak), then the server, the client and staging side by side, then
-  training (`training/`), then the adapters (`torch/`, `ring/`,
+  `batch_limits`, `types`, `paths`, `logs`, `crc`, `sockio`, `version`,
+  `units`, `proto`), the byte formats (`formats/`), the cluster's control
+  plane in etcd (`coord/`: the etcd client and the key schema, which the
+  daemon and the client both speak), then the server, the client and
+  staging side by side, then training (`training/`), then the adapters
+  (`torch/`, `ring/`,
   `dlio/`, `fuse/`, `cli`), then tooling (`tools/`).  Nothing imports a
   floor above its own;
 - the server never imports the client or staging, the client never the
@@ -40,8 +41,8 @@ SRC = pathlib.Path(__file__).resolve().parents[1] / "src"
 PACKAGE = "dlfs"
 NETWORK_PACKAGES = ("grpc", "grpc_health", "google.protobuf", "dlfs.proto")
 
-VOCABULARY = {"dlfs", "dlfs.errors", "dlfs.limits", "dlfs.types", "dlfs.paths", "dlfs.logs",
-              "dlfs.crc", "dlfs.sockio", "dlfs.version", "dlfs.units"}
+VOCABULARY = {"dlfs", "dlfs.errors", "dlfs.limits", "dlfs.batch_limits", "dlfs.types",
+              "dlfs.paths", "dlfs.logs", "dlfs.crc", "dlfs.sockio", "dlfs.version", "dlfs.units"}
 # Floors, bottom first: (floor, module-name prefixes on it).
 FLOORS = [
     ("vocabulary", tuple(VOCABULARY) + ("dlfs.proto",)),

@@ -30,6 +30,7 @@ from dlfs.errors import (
     PermissionDenied,
     ResumeConflict,
     StaleGeneration,
+    StorageFailed,
     StorageFull,
     Unauthenticated,
     Unavailable,
@@ -46,7 +47,7 @@ __all__ = [
     "DatasetTicket",
     "DeadlineExceeded", "DlfsError", "Entry", "FailedPrecondition", "Internal",
     "InvalidArgument", "NotFound", "Overloaded", "PermissionDenied", "ResumeConflict",
-    "StaleGeneration", "StorageFull",
+    "StaleGeneration", "StorageFailed", "StorageFull",
     "Unauthenticated", "Unavailable", "request_id",
 ]
 

@@ -20,6 +20,7 @@ from dlfs.errors import (
     PermissionDenied as PermissionDenied,
     ResumeConflict as ResumeConflict,
     StaleGeneration as StaleGeneration,
+    StorageFailed as StorageFailed,
     StorageFull as StorageFull,
     Unauthenticated as Unauthenticated,
     Unavailable as Unavailable,

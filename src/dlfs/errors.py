@@ -122,6 +122,13 @@ class Internal(DlfsError):
     status_code_name = "INTERNAL"
 
 
+class StorageFailed(Internal):
+    """The daemon's data dir failed a write or an fsync (EIO and the like): not a bug
+    in DLFS, and not full (that is StorageFull); its device needs looking at
+    (dmesg).  INTERNAL, as gRPC has no closer code; what the failed call had
+    changed was undone."""
+
+
 # Trailing-metadata key carrying the error's class name across the wire.
 ERROR_CLASS_METADATA = "dlfs-error"
 

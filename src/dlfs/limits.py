@@ -180,6 +180,13 @@ streams_per_client_max_default = 16
 # (the client stopped reading, or an ingest stopped sending): its thread and
 # buffers come back.
 stream_stall_timeout_s_default = 60.0
+# And a streamed read has a deadline as a whole: the stall timeout plus the
+# bytes it sent at this rate (a client that reads a message now and then
+# must not keep its thread and ticket for ever).
+stream_bytes_per_s_min = 1 * MiB
+# A gRPC connection's handshake (TCP to HTTP/2 settings, TLS included) must
+# be done this soon (gRPC's own default is 120 s).
+grpc_handshake_timeout_s = 10.0
 # How often the watchdog looks for such calls.
 call_watchdog_interval_s = 1.0
 # Concurrent ingest sessions (each holds one open extent and buffers entries).
@@ -229,7 +236,7 @@ striped_settle_attempts_max = 40
 ingest_checkpoint_bytes = 256 * MiB
 ingest_checkpoint_interval_s = 10.0
 # A parked ingest (resumable, broke off) not resumed within this is discarded
-# (daemon setting --resumable-ingest-timeout-s); `dlfs rm NAME` discards it sooner.
+# (daemon setting --resumable-ingest-timeout-s); `dlfs discard NAME` ends it sooner.
 resumable_ingest_timeout_s_default = 24 * 3600.0
 # An ingest asks the kernel to start writing its extent back after this many
 # bytes (sync_file_range), so the fsync of a checkpoint or of the seal finds
@@ -253,27 +260,70 @@ request_id_chars_max = 64
 slow_rpc_log_s = 2.0
 
 # --- data path (dlfs/proto/datapath.md) ---------------------------------------
-# Connections one daemon's data path serves at once: each holds a thread,
-# and a window buffer while a request runs.  More are refused at HELLO.
+# Connections one daemon's data path serves at once (authenticated: past
+# HELLO): each holds a thread, and a window buffer while it sends a window.
+# More are refused at HELLO.
 datapath_connections_max_default = 256
+# The share of the served connections and of the window buffers one peer (a
+# client host over TCP, a client process on the Unix socket) may hold, so
+# that a few stalled or greedy peers leave the rest for everyone else.
+# --datapath-connections-per-peer-max overrides it for connections.
+datapath_peer_share = 0.5
 # A connection that sends no request for this long is closed; clients open
 # a new one at their next read.
 datapath_idle_timeout_s_default = 300.0
 # A reply that makes no progress for this long (the client stopped reading)
-# is abandoned and its connection closed, so its buffer returns to the pool.
+# is abandoned and its connection closed.
 datapath_stall_timeout_s_default = 30.0
-# HELLO must arrive this soon after a connection is accepted.
+# And a reply as a whole must be sent by a deadline: the stall timeout plus
+# its payload at this rate, so a client that reads a byte now and then does
+# not keep its thread and connection for ever.
+datapath_reply_bytes_per_s_min = 1 * MiB
+# The handshake as a whole (accept to the end of HELLO) must take at most
+# this long, however its bytes trickle in.
 datapath_hello_timeout_s = 10.0
+# Connections not yet past HELLO (unauthenticated) have a budget of their
+# own, apart from the served connections: at most this many at once, and
+# this many from one peer.  A new connection over either evicts the oldest
+# such connection (of its peer, else of all): a flood of them costs each
+# other their time, never an authenticated client its slot.
+datapath_handshakes_max = 128
+datapath_handshakes_per_peer_max = 32
+# A request frame must arrive whole this soon after its first byte (the
+# idle timeout bounds the wait for that first byte).
+datapath_request_timeout_s = 10.0
+# A window buffer waits at most this long on a client that is slow to make
+# room in its socket; then it goes back to the pool and the reply waits for
+# the client without one (and reads the rest of the window again once the
+# client made room): a client that stops reading holds no buffer.
+datapath_buffer_hold_s = 0.1
+# An accept loop that runs out of descriptors or kernel memory (EMFILE,
+# ENFILE, ENOBUFS, ENOMEM) tries again after this long, doubling up to the
+# most, and meanwhile refuses the waiting connections with an ERROR that
+# says why (through a descriptor it keeps in reserve).
+datapath_accept_backoff_s_min = 0.01
+datapath_accept_backoff_s_max = 0.5
+# Failed accepts less than this apart are one episode: logged once when it
+# starts and once when accepts succeed again (a daemon at its descriptor
+# limit flaps between the two; the log must not).
+datapath_accept_episode_s = 30.0
 # Before closing a connection the daemon reads what the client still sends,
 # at most this much for at most this long, so its last ERROR frame is not
-# lost to a reset.
+# lost to a reset.  An ERROR to a connection that never authenticated is
+# sent within the send bound and not drained for.
 datapath_drain_bytes_max = 1 * MiB
 datapath_drain_s = 1.0
+datapath_error_send_s = 1.0
 # Largest request frame body: a GET_BATCH of batch_ids_max ids and as many
-# hint ids (8 bytes each), plus the dataset name and a request id.
-datapath_request_bytes_max = 16 * batch_ids_max_default + 4 * KiB
-# Largest BATCH frame body (12 bytes per sample) a client accepts.
-datapath_reply_header_bytes_max = 12 * batch_ids_max_default + 1 * KiB
+# hint ids (8 bytes each), plus the dataset name and a request id.  A daemon
+# with another --batch-ids-max takes 16 bytes per id of it, and says so at
+# WELCOME (datapath_frames.request_bytes_max).
+datapath_request_fixed_bytes_max = 4 * KiB
+datapath_request_bytes_max = 16 * batch_ids_max_default + datapath_request_fixed_bytes_max
+# Largest BATCH frame body (12 bytes per sample) a client accepts from a
+# daemon that did not tell its limits at WELCOME.
+datapath_reply_fixed_bytes_max = 1 * KiB
+datapath_reply_header_bytes_max = 12 * batch_ids_max_default + datapath_reply_fixed_bytes_max
 # Tokens in HELLO, and the message of an ERROR frame.
 datapath_token_bytes_max = 4 * KiB
 datapath_error_bytes_max = 16 * KiB
@@ -292,6 +342,10 @@ direct_block_crc_samples_max = 65536
 # Data connections one client process keeps to one daemon (one request in
 # flight on each); callers beyond that wait for a free one.
 data_connections_max = 64
+# A client whose data connection the daemon refused with Overloaded at HELLO
+# (its connection limit, its share for this client, out of descriptors)
+# reads through gRPC and tries the data path again after this long.
+data_overloaded_retry_s = 1.0
 # Prefetch hints a client sends on one data connection without reading their
 # replies yet (`Dataset.prefetch` returns at once); each reply is one small
 # BATCH frame, read before the connection's next request.
@@ -571,6 +625,11 @@ assert 2 * reconnect_backoff_max_s <= first_contact_timeout_s <= reconnect_timeo
 assert pipeline_hint_ahead_batches_max <= prefetch_queue_max
 assert pipeline_hint_ids_max <= batch_ids_max_default
 assert datapath_error_frame_bytes_max <= datapath_reply_header_bytes_max
+assert 0 < datapath_peer_share <= 1
+assert 1 <= datapath_handshakes_per_peer_max <= datapath_handshakes_max
+assert 0 < datapath_buffer_hold_s < datapath_stall_timeout_s_default
+assert 0 < datapath_accept_backoff_s_min <= datapath_accept_backoff_s_max
+assert dataset_name_bytes_max + request_id_chars_max * 4 + 64 <= datapath_request_fixed_bytes_max
 assert datapath_token_bytes_max + 64 <= datapath_request_bytes_max
 # The attempt bound must not cut retries short of the default time bound.
 assert sum(retry_backoff_s) + (call_attempts_max - len(retry_backoff_s)) * retry_backoff_s[-1] \

@@ -4,50 +4,82 @@ Blocking sockets with a timeout may send or receive fewer bytes than
 asked; these loops finish the job without copying: `send_all` hands the
 kernel a list of buffers per `sendmsg` (a frame header and a window go out
 in one system call), `recv_exactly` receives into the caller's memory.
+
+With a `deadline` (on the `time.monotonic()` clock) the whole send or
+receive must end by then, however the peer trickles its bytes: each wait
+gets at most the time left (one `settimeout` per system call; the socket's
+own timeout still bounds each wait, and is put back at the end).  Without
+one, the socket's timeout alone bounds each wait.
 """
 
 from __future__ import annotations
 
 import os
 import socket
+import time
 
 
 # Buffers one sendmsg takes at most (the kernel's UIO_MAXIOV).
 IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
 
 
-def send_all(sock: socket.socket, buffers: list) -> None:
+def send_all(sock: socket.socket, buffers: list, *, deadline: float | None = None) -> None:
     """Send every buffer, in order, at most IOV_MAX per system call.
 
-    Raises OSError (socket.timeout on a stall; EFAULT when a mapped page
-    cannot be read).
+    Raises OSError (socket.timeout on a stall or at `deadline`; EFAULT when
+    a mapped page cannot be read).
     """
     views = [memoryview(b).cast("B") for b in buffers if len(b)]
-    while views:
-        sent = sock.sendmsg(views[:IOV_MAX])
-        while views and sent >= len(views[0]):
-            sent -= len(views[0])
-            views.pop(0)
-        if sent:
-            views[0] = views[0][sent:]
+    timeout = sock.gettimeout()
+    try:
+        while views:
+            if deadline is not None:
+                wait_at_most(sock, deadline, timeout)
+            sent = sock.sendmsg(views[:IOV_MAX])
+            while views and sent >= len(views[0]):
+                sent -= len(views[0])
+                views.pop(0)
+            if sent:
+                views[0] = views[0][sent:]
+    finally:
+        if deadline is not None:
+            sock.settimeout(timeout)
 
 
-def recv_exactly(sock: socket.socket, view: memoryview, *, eof_ok: bool = False) -> bool:
+def recv_exactly(sock: socket.socket, view: memoryview, *, eof_ok: bool = False,
+                 deadline: float | None = None) -> bool:
     """Fill `view` from `sock`.
 
     Returns False when the peer closed the connection before the first byte
     and `eof_ok`; raises ConnectionResetError when it closed in the middle,
-    OSError (socket.timeout when nothing came in time) otherwise.
+    OSError (socket.timeout when nothing came in time, or the whole did not
+    by `deadline`) otherwise.
     """
     got = 0
-    while got < len(view):
-        n = sock.recv_into(view[got:])
-        if n == 0:
-            if got == 0 and eof_ok:
-                return False
-            raise ConnectionResetError(0, "connection closed in the middle of a frame")
-        got += n
-    return True
+    timeout = sock.gettimeout()
+    try:
+        while got < len(view):
+            if deadline is not None:
+                wait_at_most(sock, deadline, timeout)
+            n = sock.recv_into(view[got:])
+            if n == 0:
+                if got == 0 and eof_ok:
+                    return False
+                raise ConnectionResetError(0, "connection closed in the middle of a frame")
+            got += n
+        return True
+    finally:
+        if deadline is not None:
+            sock.settimeout(timeout)
+
+
+def wait_at_most(sock: socket.socket, deadline: float, bound_s: float | None = None) -> None:
+    """Let the next system call on `sock` wait only until `deadline` (and at most
+    `bound_s`); raises socket.timeout when the deadline passed already."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise socket.timeout("the deadline passed")
+    sock.settimeout(left if bound_s is None else min(left, bound_s))
 
 
 def unix_address(name: str):

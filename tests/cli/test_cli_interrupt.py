@@ -94,15 +94,15 @@ def test_the_advice_for_a_parked_ingest_discards_it(daemon_factory, tmp_path):
     line, = listed.stdout.splitlines()
     assert line.startswith("pets\t") and "(ingest broke off: run the same `dlfs ingest` with " \
         "--resume to continue it, or `" in line
-    rm = re.findall(r"`([^`]+)`", line)[1]
-    assert rm == f"dlfs --server {daemon.address} rm pets"
+    discard = re.findall(r"`([^`]+)`", line)[1]
+    assert discard == f"dlfs --server {daemon.address} discard pets"
     # Ingesting again without --resume is refused with advice of the daemon's own.
     again = run_advice(f"dlfs ingest {shlex.quote(str(tmp_path / 'src'))} pets --progress none",
                        env=env)
     assert again.returncode == 1
-    assert "continue it with `dlfs ingest --resume` (same sources and options), or discard " \
-           "it with `dlfs rm pets`" in again.stderr
-    assert run_advice("dlfs rm pets", env=env).returncode == 0
-    assert run_advice(rm).returncode == 1  # the first one discarded it already
+    assert "run the same `dlfs ingest` command with --resume to continue it, or " \
+           "`dlfs discard pets` to end it" in again.stderr
+    assert run_advice("dlfs discard pets", env=env).returncode == 0
+    assert run_advice(discard).returncode == 1  # the first one ended it already
     with Client(daemon.address) as client:
         assert client.dataset_infos() == []

@@ -1,7 +1,7 @@
 """Resumable ingests: a client killed, a daemon restarted, then `--resume`; real daemons.
 
 The dataset ends identical to its source (sha256 per file), stays invisible
-until sealed, and a parked ingest goes away after its timeout or `dlfs rm`.
+until sealed, and a parked ingest goes away after its timeout or `dlfs discard`.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 import dlfs
+from cli_advice import run_as_printed, the_command
 from conftest import read_dataset, unique_name, wait_until, write_tree
 from dlfs import Client
 
@@ -138,8 +139,8 @@ def test_daemon_restarted_mid_ingest_then_resume(daemon_factory, tmp_path, how):
         assert dataset_digests(client, name) == digests(files)
 
 
-def test_resume_refuses_a_changed_source_and_rm_discards_the_parked_ingest(daemon_factory,
-                                                                         tmp_path):
+def test_resume_refuses_a_changed_source_and_discard_ends_the_parked_ingest(daemon_factory,
+                                                                           tmp_path):
     daemon = daemon_factory(extra_args=CHECKPOINTS)
     source_tree(tmp_path / "src", n=500, seed=7)
     name = unique_name()
@@ -150,7 +151,8 @@ def test_resume_refuses_a_changed_source_and_rm_discards_the_parked_ingest(daemo
     # Not resuming: the parked ingest blocks the name and says what to do.
     proc = subprocess.run([sys.executable, "-m", "dlfs.cli", "--server", daemon.address,
                            "ingest", str(tmp_path / "src"), name], capture_output=True, text=True)
-    assert proc.returncode == 1 and "--resume" in proc.stderr and "dlfs rm" in proc.stderr
+    assert proc.returncode == 1 and "--resume" in proc.stderr and "dlfs discard" in proc.stderr
+    discard = the_command(proc.stderr, "dlfs discard")
     with open(tmp_path / "src" / "d0" / "f00000.bin", "ab") as f:  # among the durable ones
         f.write(b"changed")
     proc = subprocess.run([sys.executable, "-m", "dlfs.cli", "--server", daemon.address,
@@ -158,8 +160,9 @@ def test_resume_refuses_a_changed_source_and_rm_discards_the_parked_ingest(daemo
                           capture_output=True, text=True)
     assert proc.returncode == 1 and "ResumeConflict" in proc.stderr, proc.stderr
     with Client(daemon.address) as client:
-        removed = client.delete(name)
-        assert not removed.sealed
+        removed = run_as_printed(daemon.address, discard)  # the advice, as printed
+        assert removed.returncode == 0, removed.stderr
+        assert removed.stdout.startswith(f"discarded the parked ingest of {name}: ")
         assert progress(daemon.address, name) is None
         assert os.listdir(os.path.join(daemon.data_dir, "extents")) == []
         client.ingest(str(tmp_path / "src"), name)  # the name is free again

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -13,6 +14,7 @@ import numpy as np
 import pytest
 
 import dlfs
+from cli_advice import run_as_printed, run_dlfs, the_command
 from conftest import read_dataset, unique_name, write_tree
 from dlfs import Client
 
@@ -177,3 +179,100 @@ def test_a_striped_ingest_of_shards_uses_the_same_reader(cluster, tmp_path):
         info = client.ingest(archives, "striped", replicas=2, readers=8)
         assert info.samples == len(everything)
         assert read_dataset(client, "striped") == everything
+
+
+# --- damaged archives, replace, and the advice given (issue 37, item 5) ----------------
+
+def damage_header(path: str, member_index: int) -> tuple[int, str]:
+    """Spoil the checksum of member `member_index`'s header (0-based) in the plain tar
+    at `path`; (its byte offset, the name of the member before it)."""
+    with tarfile.open(path) as tf:
+        members = tf.getmembers()
+    at = members[member_index].offset
+    with open(path, "r+b") as f:
+        f.seek(at + 148)
+        f.write(b"0000000\0")
+    return at, members[member_index - 1].name
+
+
+def test_a_damaged_tar_never_replaces_a_dataset_and_the_advice_does_what_it_says(daemon,
+                                                                                 tmp_path):
+    """A tar whose 4th header of 6 is damaged was ingested as 3 samples (exit 0) and
+    replaced a good dataset; the retry was then refused as parked, and the advice
+    printed, `dlfs rm NAME`, deleted the live dataset with the parked ingest.
+    Now: refused naming the member and offset, the old dataset served whole, and
+    every command the messages print is run as printed."""
+    old = sample_files(1, 3, "old")  # 6 files
+    tar_of(tmp_path / "old.tar", old)
+    cli(daemon.address, "ingest", str(tmp_path / "old.tar"), "ds", "--progress", "none")
+    rng = np.random.default_rng(2)  # big enough that members before the damage are sent
+    new = {f"new{i}.bin": rng.bytes(700_000) for i in range(6)}
+    bad = tar_of(tmp_path / "new.tar", new)
+    offset, before = damage_header(bad, 3)
+    ingest_bad = ["ingest", bad, "ds", "--replace", "--progress", "none"]
+
+    # 1. Refused, naming the member and the offset; the old version is served whole.
+    refused = run_dlfs(daemon.address, ingest_bad)
+    assert refused.returncode == 1, refused.stdout
+    assert f"archive {bad!r} is damaged: the header at byte {offset:,}, after member " \
+        f"{before!r}, is not a valid tar header" in refused.stderr, refused.stderr
+    with Client(daemon.address) as client:
+        assert read_dataset(client, "ds") == old
+    # What the files sent before the damage became: parked (the default is resumable).
+    parked = re.search(r"the ingest is parked with (\d+) files", refused.stderr)
+    assert parked, refused.stderr
+    held = int(parked.group(1))
+    assert 1 <= held <= 3
+    assert the_command(refused.stderr, "dlfs discard") == "dlfs discard ds"
+
+    # 2. "run the same command with --resume", once the archive is repaired.
+    tar_of(tmp_path / "new.tar", new)
+    resumed = run_dlfs(daemon.address, ingest_bad + ["--resume"])
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"resumed after {held} files" in resumed.stdout
+    with Client(daemon.address) as client:
+        assert read_dataset(client, "ds") == new
+
+    # 3. Damaged again: the retry without --resume is refused as parked, and its
+    # advice ends the parked ingest only; the dataset stays whole.
+    offset, before = damage_header(bad, 3)
+    assert run_dlfs(daemon.address, ingest_bad).returncode == 1
+    good_again = tar_of(tmp_path / "again.tar", old)
+    retry = ["ingest", good_again, "ds", "--replace", "--progress", "none"]
+    blocked = run_dlfs(daemon.address, retry)
+    assert blocked.returncode == 1
+    assert f"AlreadyExists: an ingest of dataset 'ds' broke off and is parked with {held} " \
+        "files" in blocked.stderr, blocked.stderr
+    ended = run_as_printed(daemon.address, the_command(blocked.stderr, "dlfs discard"))
+    assert ended.returncode == 0, ended.stderr
+    assert ended.stdout.startswith(f"discarded the parked ingest of ds: {held} files")
+    assert "dataset ds is untouched: 6 samples" in ended.stdout
+    with Client(daemon.address) as client:
+        assert read_dataset(client, "ds") == new
+    # 4. The same retry now goes through.
+    assert run_dlfs(daemon.address, retry).returncode == 0
+    with Client(daemon.address) as client:
+        assert read_dataset(client, "ds") == old
+
+    # 5. `dlfs rm ds` beside a parked ingest: it removes the dataset, says what stays,
+    # and that advice, run as printed, ends the parked ingest.
+    assert run_dlfs(daemon.address, ingest_bad).returncode == 1
+    removed = run_dlfs(daemon.address, ["rm", "ds"])
+    assert removed.returncode == 0, removed.stderr
+    assert removed.stdout.startswith("removed ds: 6 samples")
+    assert f"an ingest of ds is still parked ({held} files" in removed.stdout
+    with Client(daemon.address) as client:
+        assert client.datasets() == []
+        assert [(i.name, i.ingest_state) for i in client.dataset_infos()] == [("ds", "parked")]
+    ended = run_as_printed(daemon.address, the_command(removed.stdout, "dlfs discard"))
+    assert ended.returncode == 0, ended.stderr
+    assert "untouched" not in ended.stdout  # no dataset was left to touch
+    with Client(daemon.address) as client:
+        assert client.dataset_infos() == []
+    assert os.listdir(os.path.join(daemon.data_dir, "extents")) == []
+    # Nothing is left to remove: both commands say so, and what there is.
+    missing = run_dlfs(daemon.address, ["rm", "ds"])
+    assert missing.returncode == 1 and "NotFound: no dataset named 'ds'" in missing.stderr
+    nothing = run_dlfs(daemon.address, ["discard", "ds"])
+    assert nothing.returncode == 1 and "NotFound: no parked ingest of dataset 'ds'" in \
+        nothing.stderr

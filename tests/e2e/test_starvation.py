@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -10,7 +11,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 import dlfs
-from conftest import write_tree
+from conftest import wait_until, write_tree
 from dlfs import Client
 from dlfs.proto import dlfs_pb2 as pb
 from dlfs.proto import dlfs_pb2_grpc
@@ -109,3 +110,75 @@ def test_a_lookup_reply_too_large_for_a_message_is_refused_before_it_is_built(da
         with pytest.raises(dlfs.InvalidArgument, match="ask for fewer at once"):
             ds.lookup(range(3000))
         assert len(ds.lookup(range(100))) == 100
+
+
+def test_a_call_refused_for_its_token_takes_no_ticket(daemon_factory, tmp_path):
+    tokens = tmp_path / "tokens"
+    tokens.write_text("admin a-token-that-may-read-and-ingest\n")
+    os.chmod(tokens, 0o600)
+    token = "a-token-that-may-read-and-ingest"
+    bearer = (("authorization", f"Bearer {token}"),)
+    write_tree(tmp_path / "src", {"a": b"alpha"})
+    daemon = daemon_factory(extra_args=["--rpc-threads", "8", "--stream-stall-timeout-s",
+                                        str(STALL_S), "--tokens-file", str(tokens)])
+    with Client(daemon.address, token=token) as client:
+        client.ingest(str(tmp_path / "src"), "ds")
+    gate = threading.Event()
+
+    def nothing():
+        gate.wait(60)  # the stream opens, and no message comes until the test ends
+        return
+        yield
+
+    channels = [grpc.insecure_channel(daemon.address) for _ in range(5)]
+    ingests = []
+    try:
+        # Four authorized ingests that send nothing take every ticket for long calls (8
+        # threads less the 4 kept for quick ones) until the stall watchdog ends them.
+        ingests += [dlfs_pb2_grpc.DlfsStub(channel).Ingest.future(nothing(), timeout=60,
+                                                                    metadata=bearer)
+                    for channel in channels[:4]]
+        with Client(daemon.address, token=token) as client:
+            wait_until(lambda: client.status().rpcs_in_flight >= 5,  # and this Status call
+                       "four ingests running", 30)
+        stub = dlfs_pb2_grpc.DlfsStub(channels[4])
+        # A call without a token is refused for that, and takes no ticket: it is not
+        # told the tickets are gone (it was not entitled to one).
+        with pytest.raises(grpc.RpcError) as refused:
+            next(stub.GetBatch(pb.GetBatchRequest(dataset="ds", ids=[0]), timeout=30))
+        assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        # An authorized one is told the tickets are gone: they were.
+        with pytest.raises(grpc.RpcError) as full:
+            next(stub.GetBatch(pb.GetBatchRequest(dataset="ds", ids=[0]), timeout=30,
+                               metadata=bearer))
+        assert full.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    finally:
+        gate.set()
+        for ingest in ingests:
+            ingest.cancel()
+        for channel in channels:
+            channel.close()
+
+
+def test_a_stream_read_a_trickle_at_a_time_is_cut_off_at_its_deadline(daemon_factory, tmp_path):
+    write_tree(tmp_path / "src", {"big": b"b" * (9 * MiB)})
+    daemon = daemon_factory(extra_args=["--chunk-bytes", str(64 * 1024),
+                                        "--stream-stall-timeout-s", "4"])
+    with Client(daemon.address) as client:
+        client.ingest(str(tmp_path / "src"), "ds")
+    options = [("grpc.http2.bdp_probe", 0)]
+    with grpc.insecure_channel(daemon.address, options=options) as channel:
+        stream = dlfs_pb2_grpc.DlfsStub(channel).GetBatch(
+            pb.GetBatchRequest(dataset="ds", ids=[0]), timeout=120)
+        started = time.monotonic()
+        with pytest.raises(grpc.RpcError) as cut:
+            for _message in stream:
+                # One 64 KiB message a second: never a stall (4 s), but 144 s for 9 MiB.
+                # The sleep is the client's pace under test, not a wait for the daemon.
+                assert time.monotonic() - started < 40, "a trickle reader was never cut off"
+                time.sleep(1.0)
+    # Cut off at its deadline as a whole: 4 s plus the bytes it moved at 1 MiB/s (well
+    # under a second's worth), found by the watchdog within a second or two.
+    assert cut.value.code() == grpc.StatusCode.CANCELLED
+    assert time.monotonic() - started < 20
+    assert "slower than" in daemon.log()

@@ -105,6 +105,50 @@ def test_a_prepared_ingest_survives_a_restart_and_commits_when_etcd_says_so(clus
     etcd.close()
 
 
+def resume_stream(name: str, address: str):
+    """An Ingest that asks to resume `name` (as the one-member striped ingest above)."""
+    yield pb.IngestMessage(start=pb.IngestStart(
+        dataset=name, members=[address], replicas=1, member_index=0, prepare_only=True,
+        generation=GENERATION, resumable=True, resume=True, resume_from=0),
+        end=pb.IngestEnd())
+
+
+@pytest.mark.parametrize("restart", [False, True])
+def test_a_resume_of_a_prepared_ingest_is_refused_as_prepared(cluster, restart):
+    """A prepared ingest waits for its commit, and a resume says so: also the one a
+    restart found prepared, which has no stream (the resume failed with INTERNAL,
+    an AttributeError, on it).  It stays whole: etcd's commit then publishes it."""
+    [daemon] = cluster.start(1)
+    prefix = keys.cluster_prefix(cluster.name)
+    etcd = EtcdClient(cluster.urls)
+    intent = keys.IntentRecord(GENERATION, "ingest", (daemon.address,), 1, "this test")
+    etcd.put(keys.intent_key(prefix, "ds"), keys.encode(intent))
+    files = {"a.bin": b"a" * 100}
+    with grpc.insecure_channel(daemon.address) as channel:
+        dlfs_pb2_grpc.DlfsStub(channel).Ingest(prepared_stream("ds", daemon.address, files),
+                                               timeout=30)
+    if restart:
+        daemon.kill()
+        daemon.start_again()
+        assert "was prepared but not yet committed" in daemon.log()
+    with grpc.insecure_channel(daemon.address) as channel:
+        stub = dlfs_pb2_grpc.DlfsStub(channel)
+        with pytest.raises(grpc.RpcError) as caught:
+            stub.Ingest(resume_stream("ds", daemon.address), timeout=30)
+        assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION, caught.value.details()
+        assert "is prepared (it holds all its files) and waits for its commit: the decision " \
+            "in etcd" in caught.value.details()
+    record = keys.DatasetRecord(GENERATION, (daemon.address,), 1, len(files), 100)
+    assert etcd.txn([Compare(keys.dataset_key(prefix, "ds"), "version", "==", 0)],
+                    [Put(keys.dataset_key(prefix, "ds"), keys.encode(record)),
+                     Delete(keys.intent_key(prefix, "ds"))])[0]
+    wait_until(lambda: sealed_generation(daemon.address, "ds") == GENERATION,
+               "the member to publish what etcd decided", SETTLE_S)  # still prepared, whole
+    with cluster.client() as client:
+        assert read_dataset(client, "ds") == files
+    etcd.close()
+
+
 @pytest.fixture
 def tree(tmp_path):
     rng = np.random.default_rng(4)

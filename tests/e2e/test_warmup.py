@@ -1,8 +1,8 @@
 """Dataset warm-up on a real daemon: `dlfs warm`, the first read, the memory budget.
 
-Residency is checked the way the daemon's reader checks it: a `preadv` with
-RWF_NOWAIT succeeds only for bytes in the page cache.  Each test first drops
-its own extent files' pages (POSIX_FADV_DONTNEED), nobody else's.
+Residency is asked of the kernel with cachestat(2), which reads nothing
+(tests/page_cache.py says why a RWF_NOWAIT probe would not do).  Each test
+first drops its own extent files' pages (POSIX_FADV_DONTNEED), nobody else's.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from conftest import metric_samples, write_tree
+from page_cache import cached
 from dlfs import Client
 from dlfs.server.read.warmup import memory_bytes
 
@@ -40,13 +41,7 @@ def drop_cache(paths) -> None:
 
 def resident(path: str, offset: int) -> bool:
     """Whether the page at `offset` of `path` is in the page cache (no I/O to find out)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        return os.preadv(fd, [bytearray(1)], offset, os.RWF_NOWAIT) == 1
-    except BlockingIOError:
-        return False
-    finally:
-        os.close(fd)
+    return cached(path, offset)
 
 
 def resident_pages(path: str, start: int, stop: int, step: int = 256 * 1024) -> list[bool]:

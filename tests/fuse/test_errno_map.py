@@ -26,6 +26,7 @@ EXPECTED = {
     errors.PermissionDenied: errno.EACCES,
     errors.Unauthenticated: errno.EACCES,
     errors.Internal: errno.EIO,
+    errors.StorageFailed: errno.EIO,  # the daemon's disk failed a write
     errors.DlfsError: errno.EIO,
     Stale: errno.ESTALE,
 }

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import random
 
 import pytest
 
 from dlfs.server.core.directio import DirectAppender, open_appender
+from small_disks import ext4_disk, free_bytes
 
 
 def test_writes_and_flushes_in_any_pattern_read_back_exactly(tmp_path):
@@ -46,3 +48,54 @@ def test_a_file_system_without_o_direct_gets_a_buffered_file(tmp_path):
             assert f.read() == b"abc" * 10000
     finally:
         os.unlink(path)
+
+
+def fill(disk, leave_bytes: int) -> None:
+    """Take the free space of the file system at `disk` down to about `leave_bytes`."""
+    with open(os.path.join(disk, "filler"), "wb") as f:
+        while free_bytes(disk) > leave_bytes + (1 << 20):
+            f.write(b"\0" * (1 << 20))
+            f.flush()
+            os.fsync(f.fileno())
+        f.write(b"\0" * max(0, free_bytes(disk) - leave_bytes))
+        os.fsync(f.fileno())
+
+
+def test_a_failed_flush_breaks_the_appender_and_close_never_raises(tmp_path):
+    """A full disk at flush: the write's traceback used to keep a slice of the buffer
+    alive, and close() then raised BufferError (an ingest's cleanup died of it)."""
+    with ext4_disk(tmp_path / "disk", 16) as disk:
+        fill(disk, 1 << 20)
+        appender = open_appender(str(disk / "extent"), 4 << 20)
+        assert isinstance(appender, DirectAppender)  # ext4 takes O_DIRECT
+        fd = appender.fileno()
+        appender.write(os.urandom(3 << 20))  # stays in the buffer
+        with pytest.raises(OSError) as caught:  # kept alive, traceback and all
+            appender.flush()
+        assert caught.value.errno == errno.ENOSPC
+        with pytest.raises(OSError, match="an earlier write to this extent failed"):
+            appender.write(b"more")  # would follow a hole
+        with pytest.raises(OSError, match="an earlier write to this extent failed"):
+            appender.flush()
+        appender.close()
+        appender.close()  # idempotent
+        with pytest.raises(OSError) as closed:
+            os.fstat(fd)
+        assert closed.value.errno == errno.EBADF
+
+
+def test_a_failed_write_behind_breaks_the_appender(tmp_path):
+    """A full disk met by the writer thread: the buffer it held is lost, so every later
+    write and flush refuses (they would leave a hole a checkpoint could claim)."""
+    with ext4_disk(tmp_path / "disk", 16) as disk:
+        fill(disk, 2 << 20)
+        appender = open_appender(str(disk / "extent"), 1 << 20)
+        assert isinstance(appender, DirectAppender)  # ext4 takes O_DIRECT
+        with pytest.raises(OSError) as caught:
+            for _ in range(16):  # 16 MiB into 2 MiB of room
+                appender.write(os.urandom(1 << 20))
+            appender.flush()
+        assert caught.value.errno == errno.ENOSPC
+        with pytest.raises(OSError, match="an earlier write to this extent failed"):
+            appender.flush()
+        appender.close()

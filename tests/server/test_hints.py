@@ -21,16 +21,13 @@ from dlfs.server.core.extents import ExtentFiles
 from dlfs.server.read.batch_planning import plan_batch
 from dlfs.server.read.prefetch import Prefetcher
 from dlfs.server.store import Store
+from page_cache import cached
 from tests.server.test_read_engine import drop_cached_pages, write_samples
 
 
 def resident(store, extent_no: int, offset: int) -> bool:
     """Whether the page cache holds the byte at `offset` of dataset 7's extent."""
-    with open(store.extent_path(7, extent_no), "rb") as f:
-        try:
-            return os.preadv(f.fileno(), [bytearray(1)], offset, os.RWF_NOWAIT) == 1
-        except BlockingIOError:
-            return False
+    return cached(store.extent_path(7, extent_no), offset)
 
 
 @pytest.mark.skipif(uring.for_this_thread() is None, reason="this kernel refuses io_uring")

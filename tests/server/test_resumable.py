@@ -9,8 +9,11 @@ import pytest
 
 from conftest import store_read
 from dlfs.formats import ingest_digest
-from dlfs.errors import AlreadyExists, DataCorruption, NotFound, ResumeConflict, Unavailable
+from dlfs.crc import crc32c
+from dlfs.errors import (AlreadyExists, DataCorruption, FailedPrecondition, NotFound,
+                         ResumeConflict, StorageFull, Unavailable)
 from dlfs.server.core import catalog as cat
+from dlfs.server.core import faults
 from dlfs.server.config import ServerConfig
 from dlfs.server.ingest.ingest_registry import IngestState
 from dlfs.server.store import Store
@@ -169,10 +172,10 @@ def test_a_resume_refuses_an_extent_shorter_than_its_checkpoint(tmp_path):
     path = store.extents.extent_path(session.dataset_id, checkpoint.extent_no)
     os.truncate(path, checkpoint.extent_end - 1)  # a disk that lost synced bytes
     try:
-        with pytest.raises(DataCorruption, match="dlfs rm"):
+        with pytest.raises(DataCorruption, match="`dlfs discard ds` ends it"):
             store.ingests.resume("ds", 10)
         assert store.ingests.progress("ds").state == "parked"  # still there, to remove
-        store.delete("ds")
+        store.discard_ingest("ds")
     finally:
         store.close()
 
@@ -210,17 +213,44 @@ def test_parked_ingests_survive_compaction_and_expire(tmp_path):
     assert records[-1][0] is cat.RecordType.DELETE  # the expiry is durable
 
 
-def test_delete_discards_a_parked_ingest(tmp_path):
+def test_delete_and_discard_each_remove_only_what_they_name(tmp_path):
+    """A parked ingest and a sealed dataset of one name (a --replace that broke off):
+    DeleteDataset removes the dataset only, DiscardIngest the parked ingest only
+    (DeleteDataset used to discard both)."""
     store = Store.open(config(tmp_path))
     try:
-        session = store.ingests.begin("ds", resumable=True)
+        old = files_of("old", 5)
+        session = store.ingests.begin("ds")
+        send(session, old)
+        store.ingests.commit(session)
+        sealed_id = store.dataset("ds").dataset_id
+        session = store.ingests.begin("ds", replace=True, resumable=True)
         send(session, files_of("a", 10))
         store.ingests.break_off(session, "gone")
-        summary = store.delete("ds")
+        summary = store.discard_ingest("ds")
         assert (summary.samples, summary.sealed) == (10, False)
-        assert store.extents.dataset_ids_on_disk() == []
+        assert read_all(store, "ds") == old  # the sealed dataset is untouched
+        assert store.extents.dataset_ids_on_disk() == [sealed_id]
         with pytest.raises(NotFound):
             store.ingests.progress("ds")
+        with pytest.raises(NotFound, match=r"no parked ingest .*; the sealed dataset 'ds' "
+                                           r"stays \(`dlfs rm ds` removes it\)"):
+            store.discard_ingest("ds")
+
+        session = store.ingests.begin("ds", replace=True, resumable=True)
+        send(session, files_of("b", 10))
+        store.ingests.break_off(session, "gone")
+        assert store.delete("ds").sealed  # the dataset only
+        assert store.ingests.progress("ds").state == "parked"
+        assert store.extents.dataset_ids_on_disk() == [session.dataset_id]
+        with pytest.raises(NotFound, match="parked with 10 files: `dlfs discard ds` ends it"):
+            store.delete("ds")
+        session = store.ingests.resume("ds", 10, replace=True)  # still whole: resumable
+        with pytest.raises(FailedPrecondition, match="still receiving, not parked"):
+            store.discard_ingest("ds")
+        store.ingests.break_off(session, "gone again")
+        store.discard_ingest("ds")
+        assert store.extents.dataset_ids_on_disk() == []
         session = store.ingests.begin("ds")  # the name is free
         store.ingests.abort(session, "done")
     finally:
@@ -235,5 +265,89 @@ def test_a_non_resumable_ingest_still_leaves_nothing(tmp_path):
         store.ingests.break_off(session, "gone")
         assert store.ingests.state(session) is None
         assert store.extents.dataset_ids_on_disk() == []
+    finally:
+        store.close()
+
+
+def test_a_discard_whose_record_meets_a_full_disk_still_frees_the_space(tmp_path):
+    """The DELETE of a discarded parked ingest cannot be written (ENOSPC at the catalog):
+    its extents go all the same, and the restart, finding a parked ingest whose
+    extents are gone, discards it instead of parking it again (a resume of it
+    could only fail)."""
+    store = Store.open(config(tmp_path))
+    session = store.ingests.begin("ds", resumable=True)
+    send(session, files_of("a", 10))
+    store.ingests.break_off(session, "gone")
+    plan = faults.install("write:1:ENOSPC")
+    faults.serving()
+    try:
+        assert store.discard_ingest("ds").samples == 10
+        assert plan.fired  # the DELETE met the full disk
+    finally:
+        faults.install(None)
+    try:
+        assert store.extents.dataset_ids_on_disk() == []
+        with pytest.raises(NotFound):
+            store.ingests.progress("ds")
+    finally:
+        store.close()
+    store = Store.open(config(tmp_path))
+    try:
+        with pytest.raises(NotFound):
+            store.ingests.progress("ds")
+        assert store.summaries() == []
+    finally:
+        store.close()
+    records = cat.scan(os.path.join(str(tmp_path / "data"), "catalog.log")).records
+    assert records[-1][0] is cat.RecordType.DELETE  # written by the restart
+
+
+def test_a_catalog_write_that_fails_mid_block_parks_at_the_last_checkpoint(tmp_path):
+    """A striped member's SAMPLES record is written, its HOLDERS record meets a full
+    disk.  Writing that block again, as the checkpoint at the break did, left the
+    samples twice in the catalog, the first time without their holders; now the
+    session records nothing more and parks at its last checkpoint, whose later
+    records are void, and the resumed dataset comes out whole."""
+    from dlfs.server.core.directory import Cluster
+
+    cluster = Cluster(("a:1", "b:2"), 1, 0, 1 << 62 | 5)
+    store = Store.open(config(tmp_path, ingest_checkpoint_bytes=1 << 30))
+    first, rest = files_of("a", 4), files_of("b", 6)
+
+    def send_striped(session, files):
+        for i, (path, data) in enumerate(files.items()):
+            if i % 2:  # the other member holds every other file
+                session.add_remote(path, len(data), 0o100644, 7, crc32c(data), (1,))
+            else:
+                session.start_file(path, len(data), 0o100644, 7, holders=(0,))
+                session.write(data)
+
+    session = store.ingests.begin("ds", cluster=cluster, resumable=True)
+    send_striped(session, first)
+    session.take_checkpoint()
+    send_striped(session, rest)
+    plan = faults.install("write:3:ENOSPC")  # the extent's flush, SAMPLES, then HOLDERS
+    faults.serving()
+    try:
+        with pytest.raises(StorageFull):
+            session.take_checkpoint()
+        assert plan.fired
+    finally:
+        faults.install(None)
+    store.ingests.break_off(session, "the disk is full")
+    assert store.ingests.progress("ds").samples == 4  # back to the last checkpoint
+    store.close()
+    store = Store.open(config(tmp_path, ingest_checkpoint_bytes=1 << 30))
+    try:
+        assert (store.ingests.progress("ds").state, store.ingests.progress("ds").samples) == \
+            ("parked", 4)
+        session = store.ingests.resume("ds", 4, cluster=cluster)
+        send_striped(session, rest)
+        store.ingests.commit(session)
+        dataset = store.dataset("ds")
+        everything = {**first, **rest}
+        assert [dataset.path(i) for i in range(len(dataset))] == sorted(everything)
+        holders = [int(dataset.holders[i][0]) for i in range(len(dataset))]
+        assert holders == [list(everything).index(p) % 2 for p in sorted(everything)]
     finally:
         store.close()

@@ -4,7 +4,7 @@
 
     dlfs ingest SOURCE [SOURCE...] NAME [--replace] [--replicas N] [--archives] [--resume] ...
     dlfs datasets | ls NAME[/DIR] [-l] | stat NAME/PATH | cat NAME/PATH | status
-    dlfs warm NAME | scrub NAME | rm NAME [NAME...]
+    dlfs warm NAME | scrub NAME | rm NAME [NAME...] | discard NAME [NAME...]
     dlfs --etcd URL rebalance NAME [--replicas N] [--members A,B] [--source ADDR]
 
 Global options, before or after the command: `--server HOST[:PORT]` (one
@@ -18,7 +18,7 @@ Errors print one line on stderr and exit with status 1 (2 for usage errors,
 Modules: `arguments` (the parser), `target` (one daemon or a cluster),
 `entry` (`main`: runs a command, turns errors into exit statuses),
 `ingest_command`, `listing_commands` (datasets, ls, stat, cat, status),
-`admin_commands` (warm, scrub, rebalance, rm).
+`admin_commands` (warm, scrub, rebalance, rm, discard).
 """
 
 from dlfs.cli.entry import main

@@ -1,10 +1,12 @@
 """The commands that change or check what daemons hold: `warm`, `scrub`, `rebalance`,
-`rm`."""
+`rm` (sealed datasets) and `discard` (parked ingests)."""
 
 from __future__ import annotations
 
+import shlex
 import sys
 
+from dlfs.cli.target import target_options
 from dlfs.client import Client
 from dlfs.errors import DlfsError
 from dlfs.staging.progress import human_bytes
@@ -33,9 +35,15 @@ def add_commands(command) -> None:
                    help="place it on these live members only (default: every live member)")
     p.add_argument("--source", default=None, metavar="HOST:PORT",
                    help="stripe the one-daemon dataset NAME of this daemon over the cluster")
-    p = command("rm", "remove datasets (and parked ingests of those names)", run_rm,
-                description="Remove each dataset NAME, and a parked ingest of that name; the "
+    p = command("rm", "remove datasets", run_rm,
+                description="Remove each sealed dataset NAME and free its space, and nothing "
+                "else: a parked ingest of that name stays (`dlfs discard` ends it); the "
                 "others are still removed when one fails (exit 1).")
+    p.add_argument("names", nargs="+", metavar="NAME")
+    p = command("discard", "end parked ingests", run_discard,
+                description="End the parked (broken-off, resumable) ingest of each NAME and "
+                "free its space, and nothing else: a sealed dataset NAME stays as it is; the "
+                "others are still ended when one fails (exit 1).")
     p.add_argument("names", nargs="+", metavar="NAME")
 
 
@@ -88,8 +96,44 @@ def run_rm(client: Client, args) -> int:
             info = client.delete(name)
         except DlfsError as exc:
             failed += 1
-            where = f" [request id {exc.request_id}]" if exc.request_id else ""
-            print(f"dlfs: {type(exc).__name__}: {exc.message}{where}", file=sys.stderr)
+            _print_error(exc)
             continue
         print(f"removed {info.name}: {info.samples} samples, {human_bytes(info.bytes)} freed")
+        left = _listed(client, name)
+        if left is not None and left.ingest_state == "parked":  # rm never touches it
+            discard = shlex.join(["dlfs", *target_options(args), "discard", name])
+            print(f"an ingest of {name} is still parked ({left.samples:,} files, "
+                  f"{human_bytes(left.bytes)}): `{discard}` ends it")
     return 1 if failed else 0
+
+
+def run_discard(client: Client, args) -> int:
+    failed = 0
+    for name in args.names:
+        try:
+            info = client.discard_ingest(name)
+        except DlfsError as exc:
+            failed += 1
+            _print_error(exc)
+            continue
+        print(f"discarded the parked ingest of {info.name}: {info.samples:,} files, "
+              f"{human_bytes(info.bytes)} freed")
+        left = _listed(client, name)
+        if left is not None and left.sealed:  # discard never touches it
+            print(f"dataset {name} is untouched: {left.samples:,} samples, "
+                  f"{human_bytes(left.bytes)}")
+    return 1 if failed else 0
+
+
+def _listed(client: Client, name: str):
+    """The listing's entry for `name` (a sealed dataset before an unsealed ingest of the
+    same name), or None; None too when the daemons cannot say (it is only a note)."""
+    try:
+        return next((info for info in client.dataset_infos() if info.name == name), None)
+    except DlfsError:
+        return None
+
+
+def _print_error(exc: DlfsError) -> None:
+    where = f" [request id {exc.request_id}]" if exc.request_id else ""
+    print(f"dlfs: {type(exc).__name__}: {exc.message}{where}", file=sys.stderr)

@@ -68,9 +68,9 @@ def run_datasets(client: Client, args) -> int:
 
 def _unsealed_text(args, info: DatasetInfo) -> str:
     if info.ingest_state == "parked":
-        rm = shlex.join(["dlfs", *target_options(args), "rm", info.name])
+        discard = shlex.join(["dlfs", *target_options(args), "discard", info.name])
         return ("  (ingest broke off: run the same `dlfs ingest` with --resume to continue it, "
-                f"or `{rm}` to discard it)")
+                f"or `{discard}` to end it)")
     if info.ingest_state == "prepared":
         return "  (ingest prepared, waiting for its commit)"
     return "  (ingest in progress)"

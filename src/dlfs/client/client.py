@@ -198,12 +198,15 @@ class Client:
         return Dataset(self, self.transport.dataset_info(name))
 
     def delete(self, name: str) -> DatasetInfo:
-        """Remove dataset `name` and free its space.
+        """Remove the sealed dataset `name` and free its space (on every member that has
+        it), and nothing else: a parked ingest of the same name stays
+        (`discard_ingest` ends it).
 
         A cluster: one etcd transaction deletes its record; every member
         removes its copy as it reads that (one that is down, when it starts
         again).  Raises NotFound, AlreadyExists (another change of it is in
-        flight), Unavailable.
+        flight), Unavailable.  One daemon: raises NotFound (the daemon's
+        message names an unsealed ingest of the name, if there is one).
         """
         check_dataset_name(name)
         if isinstance(self.transport, ClusterRouter):
@@ -218,16 +221,42 @@ class Client:
             return DatasetInfo(name, record.samples, record.bytes, True,
                                record.committed_unix_ns, 0, record.members, record.replicas,
                                generation=record.generation)
-        results = _sole_failure_raised(self.transport.each(
-            lambda member: member.control.delete_dataset(name)))
+        return self._on_every_member(name, "deleted", lambda control: control.delete_dataset(name))
+
+    def discard_ingest(self, name: str) -> DatasetInfo:
+        """End the parked (broken-off, resumable) ingest of `name` and free its space, on
+        every member that holds part of it, and nothing else: a sealed dataset of
+        the same name stays.  Returns what it held (on one member).
+
+        A cluster: every live member discards its part (a parked striped ingest
+        is no change etcd decides).  Raises NotFound (no unsealed ingest of that
+        name), FailedPrecondition (it is receiving or prepared: the message says
+        what ends it), and Unavailable (a member did not answer: run it again
+        once it is back).
+        """
+        check_dataset_name(name)
+        return self._on_every_member(name, "discarded",
+                                     lambda control: control.discard_ingest(name))
+
+    def _on_every_member(self, name: str, done: str, call) -> DatasetInfo:
+        """`call(control)` on every member; the first summary.  Members that hold nothing
+        of `name` answer NotFound; the call raises the first other refusal, the
+        daemons' NotFound when none holds anything, Unavailable when one did not
+        answer."""
+        results = _sole_failure_raised(self.transport.each(lambda member: call(member.control)))
         refused = [r for r in results.values()
                    if isinstance(r, DlfsError) and not isinstance(r, (NotFound, Unavailable))]
         if refused:
             raise refused[0]
-        deleted = [r for r in results.values() if isinstance(r, DatasetInfo)]
-        if not deleted:
-            raise NotFound(f"no dataset named {name!r} on {self.address}")
-        return deleted[0]
+        answered = [r for r in results.values() if isinstance(r, DatasetInfo)]
+        down = [a for a, r in results.items() if isinstance(r, Unavailable)]
+        if down:
+            raise Unavailable(f"{name!r} was {done} on {len(answered)} daemon(s), but "
+                              f"{', '.join(down)} did not answer: run it again once they are "
+                              "back")
+        if not answered:
+            raise next(r for r in results.values() if isinstance(r, NotFound))
+        return answered[0]
 
     def warm(self, name: str, *, wait: bool = False, timeout_s: float | None = None
              ) -> list[WarmInfo]:

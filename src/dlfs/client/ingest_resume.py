@@ -12,14 +12,18 @@ without reading their bytes).  Used by the one-daemon upload
 
 from __future__ import annotations
 
+import time
+
 from dlfs.client.transport.contract import DaemonControl
 from dlfs.client.transport.control_replies import IngestState
 from dlfs.errors import AlreadyExists, DlfsError, NotFound, ResumeConflict, Unavailable
 from dlfs.staging.progress import human_bytes
 from dlfs.staging.resume_prefix import Prefix
 
-# How long the note of an error waits for a daemon's answer (it is only a hint).
+# How long the note of an error waits for the daemons' answers (it is only a hint),
+# and how often it asks one that still counts the broken stream as receiving.
 _HINT_TIMEOUT_S = 5.0
+_HINT_POLL_S = 0.05
 
 
 def held_ingest(control: DaemonControl, name: str) -> IngestState | None:
@@ -47,34 +51,80 @@ def check_prefix(state: IngestState, prefix: Prefix, name: str, address: str) ->
             f"{state.samples:,} files of the broken-off ingest (the last is "
             f"{state.last_path!r}), but the source's first {prefix.count:,} files differ "
             f"(the last is {prefix.last_path!r}; names, sizes or mtimes changed).  Ingest "
-            f"again without --resume after `dlfs rm {name}`")
+            f"again without --resume after `dlfs discard {name}`")
 
 
 def resume_hint(error: BaseException, controls: list[DaemonControl], name: str
                 ) -> BaseException:
-    """`error` with a note on what a resume would continue from, when anything is parked
-    (one call to each daemon, `_HINT_TIMEOUT_S` at most, made once)."""
+    """`error` of a resumable ingest, with a note on what became of the ingest.
+
+    One daemon whose own error it is (it carries a request id) has said
+    that already (its message ends with "the ingest is parked with ..." or
+    "the ingest was discarded ..."): `error` is returned as it is.  Otherwise
+    (the source failed here, the connection broke, a striped ingest) each
+    daemon is asked what it holds, waiting while it still counts the stream
+    as receiving (it notices the break a moment later), `_HINT_TIMEOUT_S` in
+    all: parked with so many files, and the commands that continue or end it;
+    or, when none holds anything, that nothing was kept.
+    """
     if isinstance(error, (AlreadyExists, ResumeConflict)):
         return error  # refused before anything was sent; the message says what to do
-    notes = []
-    for control in controls:
-        try:
-            state = control.ingest_progress(name, timeout_s=_HINT_TIMEOUT_S, retry=False)
-        except Exception:  # noqa: BLE001 - only a hint
-            continue
-        notes.append(f"{state.samples:,} files ({human_bytes(state.bytes)}) on "
-                     f"{control.address}")
     if not isinstance(error, DlfsError):
         return error
-    if not notes:
-        if not isinstance(error, Unavailable):
-            return error
-        hinted = type(error)(f"{error.message}; once the daemon is back, run the same command "
-                             "with --resume to continue from its last checkpoint")
-        hinted.request_id = error.request_id
-        return hinted
-    hinted = type(error)(f"{error.message}; the ingest is parked with {', '.join(notes)} "
-                         "durable: run the same command with --resume to continue, or "
-                         f"`dlfs rm {name}` to discard it")
+    if error.request_id is not None and len(controls) == 1:
+        return error
+    deadline = time.monotonic() + _HINT_TIMEOUT_S
+    parked, prepared, answered = [], [], 0
+    for control in controls:
+        state = _settled_state(control, name, deadline)
+        if state is False:
+            continue
+        answered += 1
+        if state is None:
+            continue
+        files = f"{state.samples:,} files ({human_bytes(state.bytes)})"
+        if state.state == "prepared":
+            prepared.append(f"{control.address} holds its part prepared ({files})")
+        else:
+            parked.append(f"{files} on {control.address}")
+    notes = []
+    if parked:
+        notes.append(f"the ingest is parked with {', '.join(parked)} durable: run the same "
+                     "command with --resume to continue it, or "
+                     f"`dlfs discard {name}` to end it and free its space")
+    if prepared:  # a striped member whose part arrived whole: only a commit or abort ends it
+        notes.append(f"{', '.join(prepared)}: run the same command with --resume to commit "
+                     "it, else it follows the first member's decision (an abort, when that "
+                     "member holds nothing)")
+    if notes:
+        message = f"{error.message}; {'; '.join(notes)}"
+    elif answered == len(controls):
+        message = f"{error.message}; nothing of the ingest was kept"
+    elif isinstance(error, Unavailable):
+        message = (f"{error.message}; once the daemon is back, run the same command with "
+                   "--resume to continue from its last checkpoint")
+    else:
+        return error
+    hinted = type(error)(message)
     hinted.request_id = error.request_id
     return hinted
+
+
+def _settled_state(control: DaemonControl, name: str, deadline: float
+                   ) -> IngestState | None | bool:
+    """The parked (or prepared) ingest of `name` on `control`'s daemon; None when it holds
+    none; False when it did not answer, or still counts the stream as receiving at
+    `deadline` (time.monotonic())."""
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        try:
+            state = control.ingest_progress(name, timeout_s=left, retry=False)
+        except NotFound:
+            return None
+        except Exception:  # noqa: BLE001 - only a hint
+            return False
+        if state.state != "receiving":
+            return state
+        time.sleep(min(_HINT_POLL_S, max(0.0, deadline - time.monotonic())))

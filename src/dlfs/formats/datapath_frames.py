@@ -77,6 +77,11 @@ RANGE_BLOCKS = 0x1
 # that clients and daemons of either age keep the data path between them.
 WELCOME_BLOCK_CRCS = 0x1
 WELCOME_FEATURES = WELCOME_BLOCK_CRCS  # what this daemon offers
+# HELLO frame flag (in the frame header, which daemons before it ignore): send
+# the daemon's limits after WELCOME's fixed part (LIMITS).  Only a client that
+# asks gets the longer WELCOME, so clients before it keep theirs.
+HELLO_ASK_LIMITS = 0x1
+LIMITS = struct.Struct("<IIQ")  # batch ids max, request frame body bytes max, batch bytes max
 
 
 class Kind(enum.IntEnum):
@@ -128,13 +133,14 @@ def parse_frame(header) -> tuple[int, int, int]:
 
 # --- client -> daemon -------------------------------------------------------------------
 
-def hello(token: str) -> bytes:
+def hello(token: str, *, ask_limits: bool = False) -> bytes:
+    """A HELLO frame; `ask_limits`: WELCOME is to carry the daemon's limits."""
     raw = token.encode()
     if len(raw) > limits.datapath_token_bytes_max:
         raise errors.InvalidArgument(f"a token of {len(raw)} bytes is over the limit of "
                                      f"{limits.datapath_token_bytes_max}")
     body = HELLO.pack(HELLO_MAGIC, VERSION, len(raw)) + raw
-    return frame(Kind.HELLO, len(body)) + body
+    return frame(Kind.HELLO, len(body), HELLO_ASK_LIMITS if ask_limits else 0) + body
 
 
 def parse_hello(body) -> tuple[int, str]:
@@ -179,6 +185,14 @@ def get_batch(dataset: str, ids: np.ndarray, *, generation: int = 0,
     body = len(fixed) + len(name) + len(rid) + ids.nbytes + hints.nbytes
     return [frame(Kind.GET_BATCH, body) + fixed + name + rid, memoryview(ids).cast("B"),
             memoryview(hints).cast("B")]
+
+
+def get_batch_ids(fixed) -> int:
+    """The ids a GET_BATCH asks for, from its body's fixed part (the first
+    GET_BATCH.size bytes): a daemon tells a frame over its limit by this count."""
+    if len(fixed) < GET_BATCH.size:
+        raise FrameError("a GET_BATCH frame is shorter than its fixed part")
+    return GET_BATCH.unpack_from(fixed)[2]
 
 
 def parse_get_batch(body) -> BatchRequest:
@@ -348,18 +362,55 @@ def parse_ingested(body) -> tuple[str, int, int, int, int, int]:
             extents)
 
 
+class DaemonLimits(NamedTuple):
+    """The limits a daemon checks requests against, as its WELCOME tells them: a
+    client checks its requests first (`dlfs.batch_limits`), with the same words."""
+
+    batch_ids_max: int
+    batch_bytes_max: int
+    request_bytes_max: int  # the body of a request frame, at most
+
+
+def request_bytes_max(batch_ids_max: int) -> int:
+    """The largest request frame body a daemon of `batch_ids_max` takes: a GET_BATCH of
+    that many ids and as many hint ids (8 bytes each), a name and a request id."""
+    return 16 * batch_ids_max + limits.datapath_request_fixed_bytes_max
+
+
+def reply_header_bytes_max(batch_ids_max: int) -> int:
+    """The largest BATCH frame body a daemon of `batch_ids_max` sends (12 bytes a sample)."""
+    return 12 * batch_ids_max + limits.datapath_reply_fixed_bytes_max
+
+
 def welcome(version: int, window_bytes: int, instance: bytes,
-            features: int = WELCOME_FEATURES) -> bytes:
+            features: int = WELCOME_FEATURES, daemon_limits: DaemonLimits | None = None) -> bytes:
+    """A WELCOME frame; with `daemon_limits` (to a HELLO with HELLO_ASK_LIMITS only),
+    LIMITS follows its fixed part."""
     body = WELCOME.pack(version, features, window_bytes, instance)
+    if daemon_limits is not None:
+        body += LIMITS.pack(daemon_limits.batch_ids_max, daemon_limits.request_bytes_max,
+                            daemon_limits.batch_bytes_max)
     return frame(Kind.WELCOME, len(body)) + body
 
 
 def parse_welcome(body) -> tuple[int, int, bytes, int]:
-    """(version, window bytes, daemon instance id, features) of a WELCOME body."""
-    if len(body) != WELCOME.size:
+    """(version, window bytes, daemon instance id, features) of a WELCOME body, with or
+    without the LIMITS that follow when the HELLO asked for them."""
+    if len(body) not in (WELCOME.size, WELCOME.size + LIMITS.size):
         raise FrameError("a WELCOME frame has the wrong size")
-    version, features, window_bytes, instance = WELCOME.unpack(body)
+    version, features, window_bytes, instance = WELCOME.unpack_from(body)
     return version, window_bytes, instance, features
+
+
+def parse_welcome_limits(body) -> DaemonLimits | None:
+    """The daemon's limits a WELCOME body carries; None from a daemon that predates
+    them (it ignored HELLO_ASK_LIMITS)."""
+    if len(body) != WELCOME.size + LIMITS.size:
+        return None
+    ids_max, request_max, bytes_max = LIMITS.unpack_from(body, WELCOME.size)
+    if not ids_max or not bytes_max or request_max < request_bytes_max(0):
+        raise FrameError("a WELCOME frame's limits are not limits")
+    return DaemonLimits(ids_max, bytes_max, request_max)
 
 
 def batch_header(generation: int, lengths: np.ndarray, crcs: np.ndarray, flags: int,

@@ -109,6 +109,11 @@ class DlfsStub:
                 request_serializer=dlfs_dot_proto_dot_dlfs__pb2.DeleteDatasetRequest.SerializeToString,
                 response_deserializer=dlfs_dot_proto_dot_dlfs__pb2.DatasetInfo.FromString,
                 _registered_method=True)
+        self.DiscardIngest = channel.unary_unary(
+                '/dlfs.v1.Dlfs/DiscardIngest',
+                request_serializer=dlfs_dot_proto_dot_dlfs__pb2.DeleteDatasetRequest.SerializeToString,
+                response_deserializer=dlfs_dot_proto_dot_dlfs__pb2.DatasetInfo.FromString,
+                _registered_method=True)
         self.GetDataPath = channel.unary_unary(
                 '/dlfs.v1.Dlfs/GetDataPath',
                 request_serializer=dlfs_dot_proto_dot_dlfs__pb2.GetDataPathRequest.SerializeToString,
@@ -253,11 +258,16 @@ class DlfsServicer:
         `start`, then files as consecutive pieces, the last message `end`.  The
         dataset becomes visible (sealed) only when the stream ends with `end`,
         after its data and catalog records are durable; a broken stream, or one
-        without `end`, leaves nothing behind (CANCELLED).
+        without `end`, leaves nothing behind (CANCELLED), except that a
+        resumable ingest (start.resumable) holding files durably is parked for
+        a resume.  A failed ingest's message ends saying which of the two
+        happened (parked: with how many files, how much of the data dir they
+        take, and what continues or ends it).
         Codes: ALREADY_EXISTS (name taken and replace=false, or an ingest of it
-        is running), INVALID_ARGUMENT (bad path, duplicate path, size mismatch,
-        file/directory conflict), DATA_LOSS (a piece's checksum did not match),
-        RESOURCE_EXHAUSTED (disk full, too many ingests).
+        is running or parked), INVALID_ARGUMENT (bad path, duplicate path, size
+        mismatch, file/directory conflict), DATA_LOSS (a piece's checksum did
+        not match), RESOURCE_EXHAUSTED (disk full: StorageFull; too many
+        ingests), INTERNAL (the data dir's disk failed: StorageFailed).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -274,8 +284,21 @@ class DlfsServicer:
         raise NotImplementedError('Method not implemented!')
 
     def DeleteDataset(self, request, context):
-        """Remove a sealed dataset and free its extents; a parked (broken-off,
-        resumable) ingest of that name is discarded too.  Codes: NOT_FOUND.
+        """Remove a sealed dataset and free its extents, and nothing else: a
+        parked ingest of the same name stays (DiscardIngest ends it).
+        Codes: NOT_FOUND (no sealed dataset of that name; the message names an
+        unsealed ingest of it and what ends that).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DiscardIngest(self, request, context):
+        """End the parked (broken-off, resumable) ingest of `dataset` and free its
+        extents; answers what it held.  Never touches a sealed dataset of that
+        name, nor a receiving or prepared ingest.  Codes: NOT_FOUND (no unsealed
+        ingest of that name), FAILED_PRECONDITION (it is receiving or prepared:
+        the message says what ends it).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -383,6 +406,11 @@ def add_DlfsServicer_to_server(servicer, server):
             ),
             'DeleteDataset': grpc.unary_unary_rpc_method_handler(
                     servicer.DeleteDataset,
+                    request_deserializer=dlfs_dot_proto_dot_dlfs__pb2.DeleteDatasetRequest.FromString,
+                    response_serializer=dlfs_dot_proto_dot_dlfs__pb2.DatasetInfo.SerializeToString,
+            ),
+            'DiscardIngest': grpc.unary_unary_rpc_method_handler(
+                    servicer.DiscardIngest,
                     request_deserializer=dlfs_dot_proto_dot_dlfs__pb2.DeleteDatasetRequest.FromString,
                     response_serializer=dlfs_dot_proto_dot_dlfs__pb2.DatasetInfo.SerializeToString,
             ),
@@ -800,6 +828,33 @@ class Dlfs:
             request,
             target,
             '/dlfs.v1.Dlfs/DeleteDataset',
+            dlfs_dot_proto_dot_dlfs__pb2.DeleteDatasetRequest.SerializeToString,
+            dlfs_dot_proto_dot_dlfs__pb2.DatasetInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DiscardIngest(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dlfs.v1.Dlfs/DiscardIngest',
             dlfs_dot_proto_dot_dlfs__pb2.DeleteDatasetRequest.SerializeToString,
             dlfs_dot_proto_dot_dlfs__pb2.DatasetInfo.FromString,
             options,

@@ -18,6 +18,12 @@ def long_call_slots(rpc_threads: int) -> int:
     return max(1, rpc_threads - min(limits.rpc_threads_reserved, rpc_threads // 2))
 
 
+def peer_share(total: int, setting: int = 0) -> int:
+    """How many of `total` (data connections, window buffers) one peer may hold:
+    `setting` when given, else `limits.datapath_peer_share` of them (at least 1)."""
+    return setting or max(1, int(total * limits.datapath_peer_share))
+
+
 def default_reader_threads(cpus: int | None = None) -> int:
     """One reader thread per CPU (`os.cpu_count()` unless `cpus` is given), within
     `limits.reader_threads_default_min`..`_max`."""
@@ -70,6 +76,9 @@ class ServerConfig:
     data_port: int = 0
     data_socket: str = ""
     datapath_connections_max: int = limits.datapath_connections_max_default
+    # Served data connections one peer (a client host over TCP, a client process
+    # on the Unix socket) may hold; 0: limits.datapath_peer_share of the above.
+    datapath_connections_per_peer_max: int = 0
     datapath_idle_timeout_s: float = limits.datapath_idle_timeout_s_default
     datapath_stall_timeout_s: float = limits.datapath_stall_timeout_s_default
     datapath_buffer_bytes_max: int = limits.datapath_buffer_bytes_max_default
@@ -132,6 +141,9 @@ class ServerConfig:
             (not self.tls_client_ca or self.tls_cert, "--tls-client-ca needs --tls-cert"),
             (-1 <= self.data_port <= 65535, "data_port must be -1 (off), 0 (any) or a port"),
             (1 <= self.datapath_connections_max, "datapath_connections_max must be at least 1"),
+            (0 <= self.datapath_connections_per_peer_max <= self.datapath_connections_max,
+             "datapath_connections_per_peer_max must be in 0..datapath_connections_max "
+             "(0: a share of them)"),
             (0 < self.datapath_idle_timeout_s and 0 < self.datapath_stall_timeout_s,
              "the data path timeouts must be positive"),
             (self.chunk_bytes <= self.datapath_buffer_bytes_max,
@@ -174,6 +186,10 @@ SETTINGS_HELP = {
     "coalesce_gap_bytes": "merge reads of samples at most this many bytes apart",
     "data_port": "TCP port of the data path on the --listen host (0: any free one, -1: off)",
     "datapath_connections_max": "data path connections served at once; more are refused",
+    "datapath_connections_per_peer_max": "data path connections one client host (TCP) or "
+                                         "process (Unix socket) may hold; 0: "
+                                         f"{limits.datapath_peer_share:g} of "
+                                         "--datapath-connections-max",
     "datapath_idle_timeout_s": "a data connection idle this long is closed",
     "datapath_stall_timeout_s": "a reply the client does not read for this long is abandoned",
     "datapath_buffer_bytes_max": "bytes of data path window buffers kept for reuse",

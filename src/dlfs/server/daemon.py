@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from dlfs import logs
+from dlfs import limits, logs
 from dlfs.errors import DlfsError
 from dlfs.formats import datapath_frames as frames
 from dlfs.proto import dlfs_pb2_grpc
@@ -51,6 +51,8 @@ class Daemon:
                 ("grpc.max_receive_message_length", config.message_bytes_max),
                 ("grpc.so_reuseport", 0),
                 ("grpc.max_concurrent_streams", config.streams_per_connection_max),
+                # A whole handshake (TCP to HTTP/2 settings, TLS included) has a deadline.
+                ("grpc.server_handshake_timeout_ms", int(limits.grpc_handshake_timeout_s * 1e3)),
             ],
         )
         self.authorizer = authorizer
@@ -109,6 +111,7 @@ class Daemon:
                 self.store, tcp_host=host, tcp_port=config.data_port,
                 unix_socket=_unix_socket(config.data_socket, bound), authorizer=self.authorizer,
                 instance=self.instance, connections_max=config.datapath_connections_max,
+                connections_per_peer_max=config.datapath_connections_per_peer_max,
                 idle_timeout_s=config.datapath_idle_timeout_s,
                 stall_timeout_s=config.datapath_stall_timeout_s,
                 buffer_bytes_max=config.datapath_buffer_bytes_max)

@@ -150,7 +150,24 @@ class Metrics:
         self.rpcs_in_flight = Gauge("dlfs_rpcs_in_flight", "gRPC calls being served",
                                     registry=r)
         self.data_connections = Gauge("dlfs_data_connections",
-                                      "Connections open on the data path", registry=r)
+                                      "Connections served on the data path (past HELLO)",
+                                      registry=r)
+        self.data_handshakes = Gauge("dlfs_data_handshakes",
+                                     "Data path connections accepted and not yet past HELLO",
+                                     registry=r)
+        self.data_accept_errors = Counter(
+            "dlfs_data_accept_errors", "Failed accepts on the data path's listeners, by errno "
+            "(EMFILE, ENFILE: out of descriptors; ENOBUFS, ENOMEM: of kernel memory)",
+            ["errno"], registry=r)
+        self.data_refused = Counter(
+            "dlfs_data_refused_connections", "Data path connections refused or cut off before "
+            "they were served, by reason (connections, peer_share, handshake_deadline, "
+            "handshake_evicted, unauthenticated, malformed, version, descriptors, threads)",
+            ["reason"], registry=r)
+        self.data_cut_off = Counter(
+            "dlfs_data_cut_off_connections", "Served data path connections the daemon ended "
+            "for their client's pace, by reason (idle; a request, or a reply, not whole "
+            "within its deadline or stalled)", ["reason"], registry=r)
         self.warm_bytes = Counter("dlfs_warm_bytes",
                                   "Bytes warm-ups read into the page cache", registry=r)
         self.warmups = Counter("dlfs_warmups", "Warm-ups ended, by state (warm, partial, "

@@ -10,7 +10,7 @@ each with explicit arguments taken from the config:
   an ingest (begin, prepare, commit, abort, break off, resume, expire,
   recover) and the publishing and deleting of datasets, under the one lock
   that keeps catalog, directory and extents consistent;
-- `store.batch_limits` (server/read/batch_limits.py): --batch-ids-max and
+- `store.batch_limits` (dlfs/batch_limits.py): --batch-ids-max and
   --batch-bytes-max, which the gRPC front door meets through
   `store.reads` and the data path checks directly: one error, one message.
 
@@ -28,6 +28,7 @@ import os
 import time
 from typing import ContextManager
 
+from dlfs.batch_limits import BatchLimits
 from dlfs.errors import NotFound, StaleGeneration
 from dlfs.formats import disk_layout as layout
 from dlfs.paths import check_dataset_name
@@ -42,7 +43,6 @@ from dlfs.server.core.read_leases import ReadLeases
 from dlfs.server.ingest.ingest_machine import IngestMachine
 from dlfs.server.ingest.ingest_registry import IngestState
 from dlfs.server.metrics import Metrics, StoredState
-from dlfs.server.read.batch_limits import BatchLimits
 from dlfs.server.read.dataset_reads import DatasetReads
 from dlfs.server.read.prefetch import Prefetcher
 from dlfs.server.read.read_engine import ReadEngine
@@ -201,9 +201,14 @@ class Store:
         return [result[name] for name in sorted(result)]
 
     def delete(self, name: str) -> DatasetInfo:
-        """Remove dataset `name` (DeleteDataset): see IngestMachine.delete, which owns
-        the lock a delete shares with publishing."""
+        """Remove the sealed dataset `name` (DeleteDataset), nothing else: see
+        IngestMachine.delete, which owns the lock a delete shares with publishing."""
         return self.ingests.delete(name)
+
+    def discard_ingest(self, name: str) -> DatasetInfo:
+        """End the parked ingest of `name` (DiscardIngest), nothing else: see
+        IngestMachine.discard_parked."""
+        return self.ingests.discard_parked(name)
 
     def warm(self, name: str) -> WarmStatus:
         """Start reading dataset `name` into the page cache in the background (unless a

@@ -58,6 +58,6 @@ def resume_prefix(sources: SourceSet, counts, duplicates: Duplicates | None) -> 
     if n < target:
         raise ResumeConflict(
             f"the daemon holds {target:,} files of the broken-off ingest, but the source has "
-            f"only {n:,}: it changed since; ingest again without --resume (remove the partial "
-            "ingest with `dlfs rm NAME` first)")
+            f"only {n:,}: it changed since; ingest again without --resume (end the parked "
+            "ingest with `dlfs discard NAME` first)")
     return result

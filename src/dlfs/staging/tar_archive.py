@@ -19,7 +19,12 @@ without extracting anything:
   come last in the stream order of their archive;
 - absolute member names, '..' components and names that are not valid
   UTF-8 stop the ingest with InvalidArgument naming the archive and member;
-- mode and mtime come from the member's header (mtime in whole seconds).
+- mode and mtime come from the member's header (mtime in whole seconds);
+- an archive is read to its declared end (`dlfs.staging.tar_end`): a damaged
+  or missing header, or a compressed stream that fails its check, stops the
+  ingest with InvalidArgument naming the byte offset and the member it
+  followed (tarfile would end quietly there, a shorter archive), before the
+  stream's end is sent: nothing is sealed or replaced from such an archive.
 
 The whole archive is one reading unit, read front to back
 (`dlfs.staging.sequential_reads`).
@@ -38,6 +43,7 @@ from typing import Callable, Iterator
 from dlfs.errors import InvalidArgument, NotFound
 from dlfs.paths import check_sample_path
 from dlfs.staging.sequential_reads import open_sequential
+from dlfs.staging.tar_end import check_end, open_archive
 from dlfs.staging.source_files import Counters, ReadContext, SourceFile, Unit
 from dlfs.staging.tar_members import (
     link_target,
@@ -166,8 +172,7 @@ class TarSource:
     def _open(self, direct: bool = False):
         self._raw = open_sequential(self.path) if direct else open(self.path, "rb")
         try:
-            return tarfile.open(fileobj=self._raw, mode="r:*", encoding="utf-8",
-                                errors="surrogateescape")
+            return open_archive(self._raw, self.path)
         except tarfile.TarError as exc:
             self._raw.close()
             raise InvalidArgument(f"{self.path!r} is not a tar archive tarfile can read "
@@ -178,6 +183,7 @@ class TarSource:
         self._raw = None
         tf = self._open(direct=read)
         links: list[_Link] = []
+        last = None  # the last member's name, for messages
         try:
             while True:
                 try:
@@ -185,8 +191,10 @@ class TarSource:
                 except tarfile.TarError as exc:
                     raise InvalidArgument(f"archive {self.path!r} is damaged after "
                                           f"{self._position()} bytes: {exc}") from None
-                if member is None:
+                if member is None:  # its end, or a header tarfile could not read
+                    check_end(tf, self._raw, self.path, last)
                     break
+                last = member.name
                 tf.members = []  # tarfile keeps every header otherwise: memory per member
                 taken = self._take(member, links)
                 if taken is None:

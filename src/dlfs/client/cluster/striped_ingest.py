@@ -129,7 +129,7 @@ def _resume_points(router, members, replicas, replace, name, sources, duplicates
     generations = {state.generation for _, state in states}
     if len(generations) != 1:
         raise ResumeConflict(f"the members hold different versions of the broken-off ingest of "
-                             f"{name!r}; remove it (`dlfs rm {name}`) and ingest again")
+                             f"{name!r}; end it (`dlfs discard {name}`) and ingest again")
     prefixes = resume_prefix(sources, [state.samples for _, state in states], duplicates)
     for index, state in states:
         skips[index] = state.samples

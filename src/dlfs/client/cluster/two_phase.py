@@ -89,9 +89,8 @@ def run_two_phase(router, name: str, members: list[str], replicas: int, *,
             change.abort()  # before anything else: the members discard their parts now
             address, error = failures[0]
             if isinstance(error, DlfsError):
-                kept = "its members keep what they received for a resume" if keep_on_failure \
-                    else "nothing was kept"
-                raise type(error)(f"ingest into {address} failed, {kept}: {error.message}")
+                kept = "" if keep_on_failure else ", nothing was kept"  # else the member says
+                raise type(error)(f"ingest into {address} failed{kept}: {error.message}")
             raise error
         summary = streams[0].summary
         change.commit(DatasetRecord(generation, tuple(members), replicas, summary.samples,

@@ -52,8 +52,13 @@ class DaemonControl(Protocol):
         """The current version's summary.  NotFound.  Retried unless `retry` is False."""
 
     def delete_dataset(self, dataset: str) -> DatasetInfo:
-        """Remove it (or its parked ingest) and free its space; the summary it had.  NotFound.
-        Never retried."""
+        """Remove the sealed dataset and free its space, nothing else (a parked ingest of
+        the name stays); the summary it had.  NotFound.  Never retried."""
+
+    def discard_ingest(self, dataset: str) -> DatasetInfo:
+        """End the parked ingest of the name and free its space, nothing else (a sealed
+        dataset of the name stays); what it held.  NotFound, FailedPrecondition
+        (receiving or prepared).  Never retried."""
 
     def stat(self, dataset: str, path: str) -> Entry:
         """A file or directory ("" the root; `path` normalized).  NotFound.  Retried."""

@@ -21,6 +21,7 @@ import logging
 import os
 import resource
 import socket
+import time
 from typing import NamedTuple
 
 import numpy as np
@@ -29,10 +30,13 @@ from dlfs import limits, logs
 from dlfs.client.reply_buffers import BufferPool, out_array
 from dlfs.client.transport.datapath_checks import ReplyChecker
 from dlfs.formats import datapath_frames as frames
+from dlfs.batch_limits import BatchLimits
 from dlfs.errors import (
     DeadlineExceeded,
     DlfsError,
     FailedPrecondition,
+    InvalidArgument,
+    Overloaded,
     Unavailable,
 )
 from dlfs.sockio import recv_exactly, send_all
@@ -71,10 +75,16 @@ class Received(NamedTuple):
 class DataConnection:
     """One connection to a daemon's data path; one request at a time.  Not thread-safe.
 
-    Raises Unavailable when the daemon cannot be reached or the connection
-    breaks, DeadlineExceeded when a reply stalls past `reply_timeout_s`,
-    and the daemon's typed errors.  After any exception but a typed error
-    from the daemon, `broken` is set and the connection must be closed.
+    Deadlines are for whole operations: connecting and the handshake take at
+    most `connect_timeout_s` together, a request and its whole reply at most
+    `reply_timeout_s`, however the bytes trickle.  Raises Unavailable when the
+    daemon cannot be reached or the connection breaks, DeadlineExceeded when
+    a reply is not whole in time, and the daemon's typed errors: an
+    Overloaded that refused the connection at HELLO has `refused_at_connect`
+    set (the transport reads through gRPC then).  After any exception but a
+    typed error from the daemon, `broken` is set and the connection must be
+    closed.  `batch_limits`: the daemon's, as its WELCOME told them (None
+    from a daemon that predates telling them).
     """
 
     def __init__(self, endpoint: Endpoint, token: str, instance: bytes, *,
@@ -86,21 +96,30 @@ class DataConnection:
         self._unanswered_hints = 0  # replies of hints sent without waiting, still to be read
         self._header = bytearray(frames.FRAME.size)
         self._sock = socket.socket(endpoint.family, socket.SOCK_STREAM)
+        self._begin(connect_timeout_s)
         try:
-            self._sock.settimeout(connect_timeout_s)
             self._sock.connect(endpoint.address)
             if endpoint.family != socket.AF_UNIX:
                 self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            self._sock.sendall(frames.hello(token))
+            send_all(self._sock, [frames.hello(token, ask_limits=True)], deadline=self._deadline)
             kind, body = self._frame(limits.datapath_reply_header_bytes_max)
             if kind != frames.Kind.WELCOME:
                 raise self._unexpected(kind, "WELCOME")
             version, self.window_bytes, got_instance, self.features = \
                 frames.parse_welcome(body)
+            told = frames.parse_welcome_limits(body)
         except OSError as exc:
             self._sock.close()
             raise Unavailable(f"DLFS daemon's data path at {endpoint.label} cannot be reached "
                               f"({exc.strerror or exc}); is dlfs-server running there?") from None
+        except frames.FrameError as exc:
+            self._sock.close()
+            raise Unavailable(f"DLFS daemon's data path at {endpoint.label} broke the protocol "
+                              f"at its handshake ({exc})") from None
+        except Overloaded as exc:
+            self._sock.close()
+            exc.refused_at_connect = True
+            raise
         except BaseException:
             self._sock.close()
             raise
@@ -108,6 +127,26 @@ class DataConnection:
             self._sock.close()
             raise FailedPrecondition(f"{endpoint.label} is another daemon's data path")
         self.version = version
+        self.batch_limits = None if told is None else \
+            BatchLimits(told.batch_ids_max, told.batch_bytes_max)
+        self._request_bytes_max = limits.datapath_request_bytes_max if told is None \
+            else told.request_bytes_max
+        self._reply_header_bytes_max = limits.datapath_reply_header_bytes_max if told is None \
+            else max(limits.datapath_reply_header_bytes_max,
+                     frames.reply_header_bytes_max(told.batch_ids_max))
+
+    def check_batch(self, samples: int, request_bytes: int) -> None:
+        """Refuse a batch of `samples` whose GET_BATCH body is `request_bytes` long before a
+        byte of it is sent, when the daemon told limits it is over: the daemon's own
+        InvalidArgument (`dlfs.batch_limits`), word for word.  The connection stays usable."""
+        if self.batch_limits is None:
+            return  # the daemon refuses it, and says why before it closes
+        self.batch_limits.check_count(samples)
+        if request_bytes > self._request_bytes_max:
+            raise InvalidArgument(
+                f"a request of {request_bytes} bytes is over the limit of "
+                f"{self._request_bytes_max} of the daemon's data path at {self.endpoint.label}; "
+                "send fewer prefetch hint ids with the batch")
 
     def close(self) -> None:
         self._sock.close()
@@ -132,10 +171,10 @@ class DataConnection:
         `limits.datapath_hints_unanswered_max` replies wait to be read.
         """
         try:
-            self._sock.settimeout(self.reply_timeout_s)
+            self._begin(self.reply_timeout_s)
             if self._unanswered_hints >= limits.datapath_hints_unanswered_max:
                 self._settle()
-            send_all(self._sock, request)
+            send_all(self._sock, request, deadline=self._deadline)
         except BaseException as exc:
             raise self._failed(exc) from None
         self._unanswered_hints += 1
@@ -150,9 +189,9 @@ class DataConnection:
     def stat_dataset(self, dataset: str) -> tuple[int, int, int]:
         """(generation, samples, bytes) of the dataset's current version."""
         try:
-            self._sock.settimeout(self.reply_timeout_s)
+            self._begin(self.reply_timeout_s)
             self._settle()
-            self._sock.sendall(frames.stat_dataset(dataset))
+            send_all(self._sock, [frames.stat_dataset(dataset)], deadline=self._deadline)
             kind, body = self._frame(frames.DATASET.size)
         except BaseException as exc:
             raise self._failed(exc) from None
@@ -173,11 +212,12 @@ class DataConnection:
             error.predates_block_crcs = True
             raise error
         try:
-            self._sock.settimeout(self.reply_timeout_s)
+            self._begin(self.reply_timeout_s)
             self._settle()
-            self._sock.sendall(frames.block_crcs(dataset, sample_id, generation,
-                                                   logs.current_request_id()))
-            kind, body = self._frame(limits.datapath_reply_header_bytes_max)
+            send_all(self._sock, [frames.block_crcs(dataset, sample_id, generation,
+                                                    logs.current_request_id())],
+                     deadline=self._deadline)
+            kind, body = self._frame(self._reply_header_bytes_max)
             if kind != frames.Kind.CRCS:
                 raise self._unexpected(kind, "CRCS")
             return frames.parse_crcs_reply(body)
@@ -192,11 +232,12 @@ class DataConnection:
         """
         fds: list[int] = []
         try:
-            self._sock.settimeout(self.reply_timeout_s)
+            self._begin(self.reply_timeout_s)
             self._settle()
-            self._sock.sendall(frames.open_dataset(dataset, generation,
-                                                     logs.current_request_id()))
-            kind, body = self._frame(limits.datapath_reply_header_bytes_max)
+            send_all(self._sock, [frames.open_dataset(dataset, generation,
+                                                      logs.current_request_id())],
+                     deadline=self._deadline)
+            kind, body = self._frame(self._reply_header_bytes_max)
             if kind != frames.Kind.INDEX:
                 raise self._unexpected(kind, "INDEX")
             generation, samples, extent_nos = frames.parse_index_header(body)
@@ -221,8 +262,8 @@ class DataConnection:
     def start_ingest(self, start: bytes, timeout_s: float) -> int:
         """Send INGEST_START; return the files the daemon already holds (INGEST_READY)."""
         try:
-            self._sock.settimeout(timeout_s)
-            self._sock.sendall(start)
+            self._begin(timeout_s)
+            send_all(self._sock, [start], deadline=self._deadline)
             kind, body = self._frame(frames.INGEST_READY.size)
         except BaseException as exc:
             raise self._failed(exc) from None
@@ -258,13 +299,13 @@ class DataConnection:
         except OSError:
             return
         finally:
-            self._sock.settimeout(self.reply_timeout_s)
+            self._begin(self.reply_timeout_s)
         if not waiting:
             self.broken = True
             raise Unavailable(f"DLFS daemon's data path at {self.endpoint.label} closed the "
                               "connection in the middle of an ingest")
         try:
-            kind, _body = self._frame(limits.datapath_reply_header_bytes_max)
+            kind, _body = self._frame(self._reply_header_bytes_max)
         except BaseException as exc:
             raise self._failed(exc) from None
         raise self._unexpected(kind, "nothing")
@@ -272,7 +313,7 @@ class DataConnection:
     def finish_ingest(self, timeout_s: float) -> tuple:
         """Wait for INGESTED: (name, generation, samples, bytes, created ns, extents)."""
         try:
-            self._sock.settimeout(timeout_s)
+            self._begin(timeout_s)
             kind, body = self._frame(frames.INGESTED.size + 1024)
         except BaseException as exc:
             raise self._failed(exc) from None
@@ -297,7 +338,7 @@ class DataConnection:
             frame = bytearray(data)
             if len(frame) < size:
                 rest = bytearray(size - len(frame))
-                recv_exactly(self._sock, memoryview(rest))
+                recv_exactly(self._sock, memoryview(rest), deadline=self._deadline)
                 frame += rest
             kind, _flags, length = frames.parse_frame(frame[:frames.FRAME.size])
             if kind != frames.Kind.FDS or length != frames.FDS.size:
@@ -315,10 +356,13 @@ class DataConnection:
     def _exchange(self, request: list, ids: np.ndarray, dataset: str, verify: bool, out,
                   pool: BufferPool, offset: int = 0) -> Received:
         try:
-            self._sock.settimeout(self.reply_timeout_s)
+            self._begin(self.reply_timeout_s)
             self._settle()
-            send_all(self._sock, request)
-            kind, body = self._frame(limits.datapath_reply_header_bytes_max)
+            try:
+                send_all(self._sock, request, deadline=self._deadline)
+            except OSError as exc:
+                raise self._refusal_of(exc) from None
+            kind, body = self._frame(self._reply_header_bytes_max)
             if kind != frames.Kind.BATCH:
                 raise self._unexpected(kind, "BATCH")
             reply = frames.parse_batch_header(body)
@@ -361,7 +405,7 @@ class DataConnection:
                 raise frames.parse_error(self._body(length), self.endpoint.label)
             if kind != frames.Kind.DATA or length > len(view) - filled:
                 raise self._unexpected(kind, "DATA within the announced payload")
-            recv_exactly(self._sock, view[filled:filled + length])
+            recv_exactly(self._sock, view[filled:filled + length], deadline=self._deadline)
             filled += length
             if checker is not None:
                 checker.check_until(filled)
@@ -372,7 +416,7 @@ class DataConnection:
         while self._unanswered_hints:
             self._unanswered_hints -= 1
             try:
-                kind, body = self._frame(limits.datapath_reply_header_bytes_max)
+                kind, body = self._frame(self._reply_header_bytes_max)
             except DlfsError as exc:
                 if isinstance(exc, (Unavailable, DeadlineExceeded)):
                     raise
@@ -388,14 +432,34 @@ class DataConnection:
 
     # --- frames -------------------------------------------------------------------------
 
+    def _begin(self, timeout_s: float) -> None:
+        """Start an operation that must be whole within `timeout_s` (each wait, too)."""
+        self._timeout_s = timeout_s
+        self._deadline = time.monotonic() + timeout_s
+        self._sock.settimeout(timeout_s)
+
+    def _refusal_of(self, exc: OSError) -> BaseException:
+        """Why a send failed: the daemon's ERROR frame when it refused the request and
+        closed (it says why first: a frame over its limits from a client that did
+        not know them), else `exc`."""
+        try:
+            self._deadline = min(self._deadline, time.monotonic() + _REFUSAL_WAIT_S)
+            self._frame(self._reply_header_bytes_max)
+        except DlfsError as error:
+            self.broken = True  # the daemon closes the connection after it
+            return error
+        except BaseException:
+            pass
+        return exc
+
     def _frame_header(self) -> tuple[int, int]:
-        recv_exactly(self._sock, memoryview(self._header))
+        recv_exactly(self._sock, memoryview(self._header), deadline=self._deadline)
         kind, _flags, length = frames.parse_frame(self._header)
         return kind, length
 
     def _body(self, length: int) -> memoryview:
         body = memoryview(bytearray(length))
-        recv_exactly(self._sock, body)
+        recv_exactly(self._sock, body, deadline=self._deadline)
         return body
 
     def _frame(self, body_bytes_max: int) -> tuple[int, memoryview]:
@@ -421,8 +485,8 @@ class DataConnection:
             return exc
         self.broken = True
         if isinstance(exc, socket.timeout):
-            return DeadlineExceeded(f"DLFS daemon's data path at {self.endpoint.label} sent "
-                                    f"nothing for {self.reply_timeout_s:g} s")
+            return DeadlineExceeded(f"DLFS daemon's data path at {self.endpoint.label} did "
+                                    f"not answer in full within {self._timeout_s:g} s")
         if isinstance(exc, frames.FrameError):
             return Unavailable(f"DLFS daemon's data path at {self.endpoint.label} broke the "
                                f"protocol ({exc}); the connection was closed")
@@ -430,6 +494,10 @@ class DataConnection:
             return Unavailable(f"DLFS daemon's data path at {self.endpoint.label} dropped the "
                                f"connection ({exc.strerror or exc})")
         return exc
+
+
+# How long a client whose send failed waits for the ERROR frame that says why.
+_REFUSAL_WAIT_S = 1.0
 
 
 def _descriptors_cut_off(received: int) -> Exception:

@@ -80,6 +80,9 @@ class DataPath:
         # The last connect failed on every endpoint: the daemon is down, or
         # restarted with another data port or instance.
         self.unreachable = False
+        # The daemon's batch limits, as the last WELCOME told them (None: not yet, or
+        # a daemon that predates telling them).
+        self.batch_limits = None
         _AFTER_FORK.add(self)
 
     @property
@@ -104,13 +107,15 @@ class DataPath:
                   request_id: str = "") -> Received:
         """Samples `ids` of `dataset` in request order (into `out` when given).
 
-        One round trip.  Raises the daemon's typed errors, DataCorruption
-        when a sample fails its CRC32C here, Unavailable (retry-able) when
-        the connection breaks.
+        One round trip.  Raises the daemon's typed errors (InvalidArgument over
+        its batch limits before a byte is sent, once a WELCOME told them),
+        DataCorruption when a sample fails its CRC32C here, Unavailable
+        (retry-able) when the connection breaks.
         """
         request = frames.get_batch(dataset, ids, generation=generation, hints=hints,
                                      request_id=request_id or logs.current_request_id())
         with self._connection() as connection:
+            connection.check_batch(len(ids), sum(map(len, request)) - frames.FRAME.size)
             return connection.get_batch(request, ids, dataset, verify=verify, out=out,
                                         pool=self.pool)
 
@@ -185,6 +190,9 @@ class DataPath:
             raise
 
     def _connect(self) -> DataConnection:
+        """A new connection, to the first endpoint that answers.  An Overloaded refusal
+        at HELLO (`refused_at_connect`) is raised at once: the daemon's limits are
+        the same on each of its sockets."""
         last: Exception | None = None
         for index, endpoint in enumerate(self._endpoints):
             try:
@@ -198,6 +206,7 @@ class DataPath:
                 self._endpoints = self._endpoints[index:] + self._endpoints[:index]
             self.ever_connected = True
             self.unreachable = False
+            self.batch_limits = connection.batch_limits
             return connection
         self.unreachable = True
         assert last is not None

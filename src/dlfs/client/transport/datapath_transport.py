@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
+import time
 from typing import Callable, NamedTuple, TypeVar
 
 import numpy as np
@@ -36,7 +37,7 @@ from dlfs.client.transport.read_requests import (
     request_ids,
 )
 from dlfs.client.transport.retry import call_with_retry
-from dlfs.errors import DataCorruption, DlfsError, InvalidArgument, Unavailable
+from dlfs.errors import DataCorruption, DlfsError, InvalidArgument, Overloaded, Unavailable
 from dlfs.formats import datapath_frames as frames
 from dlfs.types import DatasetInfo, Entry
 
@@ -103,6 +104,10 @@ class DataPathTransport:
         self._hint = hint
         self.no_data_path_reason = ""  # why data_path() is None
         self._worked = False  # some data connection of this transport got a WELCOME
+        # The data path refused a connection (Overloaded) since then, and until then
+        # reads go through gRPC (time.monotonic()).
+        self._busy_since: float | None = None
+        self._busy_until = 0.0
 
     def close(self) -> None:
         data = self._data
@@ -232,20 +237,36 @@ class DataPathTransport:
         A daemon restarted since the data path was asked for listens on
         another port: when connecting fails, the data path is asked for
         again before the next attempt.  If it never answered at all (a
-        blocked port), reads give it up for gRPC (`fallback()`).  A
-        checksum mismatch is raised naming the sample's path too (one
-        Lookup, on that error only).
+        blocked port), reads give it up for gRPC (`fallback()`).  A data
+        path that refuses a new connection with Overloaded (the daemon's
+        connection limit, this client's share of it, no descriptors left) is
+        read around through gRPC, said once in the log, and tried again
+        after `limits.data_overloaded_retry_s`; where gRPC cannot be used (a
+        forked worker) the read waits that long and tries again instead,
+        within the reconnect bound.  A checksum mismatch is raised naming
+        the sample's path too (one Lookup, on that error only).
         """
         def attempt():
+            if time.monotonic() < self._busy_until and grpc_usable():
+                raise _NoDataPath()  # refused a moment ago: gRPC meanwhile
             data = self.data_path()
             if data is None:
                 raise _NoDataPath()
             try:
-                return read(data)
+                result = read(data)
             except Unavailable:
                 if data.unreachable:
                     self._forget(data)
                 raise
+            except Overloaded as exc:
+                if not getattr(exc, "refused_at_connect", False):
+                    raise
+                return self._refused(exc, fallback, lambda: read(data))
+            if self._busy_since is not None:
+                log.info("the data path of the DLFS daemon at %s serves this client again",
+                         self.address)
+                self._busy_since = None
+            return result
 
         try:
             return call_with_retry(attempt, address=self.address,
@@ -265,6 +286,36 @@ class DataPathTransport:
             data = self._data
             if isinstance(data, DataPath) and data.ever_connected:
                 self._worked = True
+
+    def _refused(self, exc: Overloaded, fallback, again):
+        """The data path refused a connection with Overloaded (`exc`): the read through
+        gRPC (`fallback()`), or, where gRPC cannot be used (a forked worker), `again()`
+        after a pause, for up to the reconnect bound."""
+        now = time.monotonic()
+        self._busy_until = now + limits.data_overloaded_retry_s
+        first = self._busy_since is None
+        if first:
+            self._busy_since = now
+        if grpc_usable():
+            if first:
+                log.warning("the data path of the DLFS daemon at %s refused a connection "
+                            "(Overloaded: %s); reading through gRPC until it has room",
+                            self.address, exc.message)
+            return fallback()
+        if first:
+            log.warning("the data path of the DLFS daemon at %s refused a connection "
+                        "(Overloaded: %s); this process cannot use gRPC, so it tries again "
+                        "every %g s", self.address, exc.message, limits.data_overloaded_retry_s)
+        give_up = now + self.reconnect_timeout_s
+        while time.monotonic() + limits.data_overloaded_retry_s <= give_up:
+            time.sleep(limits.data_overloaded_retry_s)
+            try:
+                return again()
+            except Overloaded as refused:
+                if not getattr(refused, "refused_at_connect", False):
+                    raise
+                exc = refused
+        raise exc
 
     def _forget(self, data: DataPath | None) -> None:
         """Drop the data path `data` (ask again at the next read), or with None give the

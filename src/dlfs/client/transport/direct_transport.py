@@ -111,10 +111,15 @@ class DirectTransport:
         self._reader(dataset)
 
     def get_batch(self, request: BatchRequest, out=None) -> list[memoryview]:
-        """Views of the mapped extents; with `out`, copies of them in `out`."""
+        """Views of the mapped extents; with `out`, copies of them in `out`.  A batch over
+        the daemon's limit of samples (told at WELCOME) raises the daemon's own
+        InvalidArgument, as every transport does."""
         if not request.size:
             return []
         reader = self._reader(request.dataset)
+        told = self._local().batch_limits
+        if told is not None:
+            told.check_count(request.size)
         if request.prefetch_ids.size:
             reader.prefetch(request.prefetch_ids)
         try:

@@ -69,6 +69,10 @@ class GrpcControl:
         return convert.dataset_info(self._call("DeleteDataset", pb.DeleteDatasetRequest(
             dataset=dataset), retry=False))
 
+    def discard_ingest(self, dataset: str) -> DatasetInfo:
+        return convert.dataset_info(self._call("DiscardIngest", pb.DeleteDatasetRequest(
+            dataset=dataset), retry=False))
+
     def stat(self, dataset: str, path: str) -> Entry:
         return convert.entry(self._call("Stat", pb.StatRequest(dataset=dataset, path=path)))
 

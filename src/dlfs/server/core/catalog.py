@@ -32,7 +32,7 @@ from dlfs import limits
 from dlfs.crc import crc32c
 from dlfs.errors import DlfsError, FailedPrecondition
 from dlfs.server.core import faults
-from dlfs.server.core.extents import fsync_dir, no_space_error
+from dlfs.server.core.extents import disk_error, fsync_dir
 from dlfs.server.core.catalog_records import RECORD_TYPES, RecordType
 
 log = logging.getLogger(__name__)
@@ -234,7 +234,7 @@ class Catalog:
         """Append one record; with `sync`, fsync before returning.
 
         A write that fails is cut off again so the log stays well formed,
-        and raises StorageFull (disk full) or the OSError.  When that cut,
+        and raises StorageFull (disk full) or StorageFailed (any other errno).  When that cut,
         or an fsync, fails, what the file holds is no longer known (after a
         failed fsync Linux may have dropped dirty pages of earlier records
         too): the catalog then takes no more records (`CatalogFailed`) until
@@ -250,7 +250,7 @@ class Catalog:
                     raise OSError(28, "short write to catalog")
             except OSError as exc:
                 self._cut_back(exc)
-                raise no_space_error(exc, "the catalog") from exc
+                raise disk_error(exc, "the catalog") from exc
             self._size += len(record)
             if sync:
                 self._fsync_or_fail()

@@ -13,8 +13,12 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import logging
+import os
+
+import numpy as np
 
 from dlfs import limits
+from dlfs.formats.disk_layout import NO_EXTENT
 from dlfs.server.core import catalog as cat
 from dlfs.server.core import catalog_records as records
 from dlfs.server.core.directory import Cluster, DatasetIndex
@@ -75,9 +79,27 @@ def restore(catalog: cat.Catalog, logged, extents: ExtentStore,
     prepared: list[tuple[DatasetIndex, bool]] = []
     parked: list[ParkedIngest] = []
     for dataset_id, entry in replayed.items():
+        if (not entry.sealed and not entry.prepared and entry.checkpoint is not None
+                and entry.checkpoint.samples == 0):
+            # Broken off before its first file was durable: nothing to resume from,
+            # so it takes no space (a resume with nothing parked starts afresh).
+            log.warning("discarding the broken-off ingest of dataset %r: it held no file "
+                        "durably", entry.name)
+            catalog.append(records.RecordType.DELETE, records.encode_delete(dataset_id))
+            _remove_quietly(extents, dataset_id)
+            continue
         if not entry.sealed and not entry.prepared and entry.checkpoint is not None:
             checkpoint = entry.checkpoint
             entry.blocks = truncate_blocks(entry.blocks, checkpoint.samples)
+            missing = _missing_extents(extents, dataset_id, entry.blocks)
+            if missing:
+                # A discard whose DELETE did not reach the catalog (a full disk) removes
+                # the extents anyway: without them there is nothing to resume.
+                log.warning("discarding the broken-off ingest of dataset %r: its extents %s "
+                            "are gone", entry.name, missing)
+                catalog.append(records.RecordType.DELETE, records.encode_delete(dataset_id))
+                _remove_quietly(extents, dataset_id)
+                continue
             if any(p.name == entry.name for p in parked):  # cannot happen with a sound log
                 log.error("catalog holds two parked ingests named %r; discarding the earlier",
                           entry.name)
@@ -116,12 +138,18 @@ def restore(catalog: cat.Catalog, logged, extents: ExtentStore,
             log.warning("removing orphaned extents of dataset id %x", dataset_id)
             _remove_quietly(extents, dataset_id)
         max_id = max(max_id, dataset_id)
-    for entry in parked:
-        if not any(entry.dataset_id == i for i in extents.dataset_ids_on_disk()):
-            log.warning("the parked ingest of dataset %r has no extents on disk", entry.name)
     catalog.sync()
     compact_if_mostly_dead(catalog, replayed, max_id, live, compact_dead_bytes_min)
     return Restored(directory, prepared, max_id + 1, parked)
+
+
+def _missing_extents(extents: ExtentStore, dataset_id: int, blocks) -> list[int]:
+    """The extent numbers `blocks` refer to that have no file on disk, sorted."""
+    numbers: set[int] = set()
+    for block in blocks:
+        numbers.update(int(e) for e in np.unique(block.extent) if e != NO_EXTENT)
+    return sorted(n for n in numbers
+                  if not os.path.exists(extents.extent_path(dataset_id, n)))
 
 
 def _remove_quietly(extents: ExtentStore, dataset_id: int) -> None:

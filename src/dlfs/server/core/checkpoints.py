@@ -22,13 +22,18 @@ durable; records of further samples before the CHECKPOINT are void (a
 daemon that died after appending them had not synced their bytes).  Every
 resume appends a CHECKPOINT before it accepts data, so the void records of
 a crash are cut off from what follows.  An unsealed dataset with a
-CHECKPOINT is not discarded at restart: it comes back *parked* with its
+CHECKPOINT of K > 0 files is not discarded at restart (K = 0: nothing to
+resume from, it is): it comes back *parked* with its
 first K samples (SAMPLES records after its last CHECKPOINT are void), its
 extents truncated at `extent end` when it resumes, and new data in a new
 extent.  The first CHECKPOINT (K = 0) is written when the ingest begins,
 which is what marks it resumable.  A parked ingest is discarded (DELETE
 record, extents removed) when it is not resumed within the daemon's
---resumable-ingest-timeout-s of its last CHECKPOINT, or by DeleteDataset.
+--resumable-ingest-timeout-s of its last CHECKPOINT, or by DiscardIngest.
+A stream that breaks off parks the ingest only when it holds files
+durably (else it is discarded at once); when the checkpoint at the break
+cannot be taken (disk full, EIO), it parks at the last one, and the
+extents are cut there (IngestSession.back_to_checkpoint).
 
 Checkpoints are taken every `limits.ingest_checkpoint_bytes` or
 `limits.ingest_checkpoint_interval_s`, when the stream breaks off (the

@@ -20,9 +20,12 @@ from __future__ import annotations
 
 import errno
 import io
+import logging
 import mmap
 import os
 from concurrent.futures import Future, ThreadPoolExecutor
+
+log = logging.getLogger(__name__)
 
 ALIGN = 4096  # the largest logical block size of the devices we write to
 
@@ -30,7 +33,14 @@ _O_DIRECT = getattr(os, "O_DIRECT", 0)
 
 
 class DirectAppender:
-    """Append-only writes to `fd` (opened with O_DIRECT, empty) through an aligned buffer."""
+    """Append-only writes to `fd` (opened with O_DIRECT, empty) through an aligned buffer.
+
+    A write that fails (ENOSPC, EIO) breaks the appender: the buffer that
+    failed is gone and the file offset of what follows is no longer known,
+    so every later `write` and `flush` raises that error again (writing on
+    would leave a hole that a checkpoint or a seal could claim).  `close`
+    never raises: it always closes the file and lets go of the buffers.
+    """
 
     def __init__(self, fd: int, buffer_bytes: int):
         assert buffer_bytes % ALIGN == 0
@@ -43,11 +53,15 @@ class DirectAppender:
         self._base = 0  # file offset of the buffer's first byte (aligned)
         self._writer: ThreadPoolExecutor | None = None
         self._pending: Future | None = None  # the other buffer's write
+        self._failed: OSError | None = None  # the write that broke it
 
     def fileno(self) -> int:
         return self._fd
 
     def write(self, data) -> int:
+        """Copy `data` into the buffer; a full buffer is handed to the writer thread.
+        Raises OSError (this write's or an earlier one's failure)."""
+        self._check()
         data = memoryview(data).cast("B")
         n, pos, size = len(data), 0, len(self._view)
         while pos < n:
@@ -66,21 +80,41 @@ class DirectAppender:
                 self._fill = 0
         return n
 
+    def _check(self) -> None:
+        if self._failed is not None:
+            raise OSError(self._failed.errno, f"an earlier write to this extent failed "
+                                              f"({self._failed.strerror}); nothing more is "
+                                              "written to it")
+
     def _wait(self) -> None:
-        """Wait for the write in flight; raise its error."""
+        """Wait for the write in flight; raise its error (and keep it: see the class)."""
         pending, self._pending = self._pending, None
         if pending is not None:
-            pending.result()
+            try:
+                pending.result()
+            except OSError as exc:
+                self._failed = exc
+                raise
 
     def flush(self) -> None:
-        """Put everything written into the file, which then ends where the data does."""
+        """Put everything written into the file, which then ends where the data does.
+        Raises OSError (the appender is broken then, see the class)."""
+        self._check()
         self._wait()
         if not self._fill:
             return
         padded = -(-self._fill // ALIGN) * ALIGN
         self._view[self._fill:padded] = bytes(padded - self._fill)
-        self._write(self._view[:padded], self._base)
-        os.ftruncate(self._fd, self._base + self._fill)
+        try:
+            # Released on the way out, also when the write fails: a traceback that
+            # kept this slice would keep the buffer exported, and `close` could
+            # not let it go (BufferError).
+            with self._view[:padded] as block:
+                self._write(block, self._base)
+            os.ftruncate(self._fd, self._base + self._fill)
+        except OSError as exc:
+            self._failed = exc
+            raise
         whole = self._fill - self._fill % ALIGN  # keep the partial block to rewrite later
         if whole:
             tail = self._fill - whole
@@ -90,20 +124,35 @@ class DirectAppender:
 
     def close(self) -> None:
         """Close without flushing (as for a BufferedWriter whose data is being dropped,
-        call `flush` first to keep it)."""
+        call `flush` first to keep it).  Never raises; idempotent."""
         if self._fd < 0:
             return
-        try:
-            self._wait()
-        except OSError:
-            pass  # the data is being dropped
-        if self._writer is not None:
-            self._writer.shutdown()
         fd, self._fd = self._fd, -1
-        for view, buffer in zip(self._views, self._buffers):
-            view.release()
-            buffer.close()
-        os.close(fd)
+        try:
+            try:
+                self._wait()
+            except OSError:
+                pass  # the data is being dropped
+            if self._writer is not None:
+                self._writer.shutdown()
+        finally:
+            try:
+                os.close(fd)
+            except OSError:
+                pass  # the data is being dropped; the descriptor is gone either way
+            self._release_buffers()
+
+    def _release_buffers(self) -> None:
+        views, buffers = self._views, self._buffers
+        self._views, self._buffers, self._view = [], [], memoryview(b"")
+        for view, buffer in zip(views, buffers):
+            try:
+                view.release()
+                buffer.close()
+            except BufferError:
+                # Something still holds a slice of it (a traceback being handled):
+                # the mapping goes when that does; closing it is only sooner.
+                log.debug("extent write buffer still exported at close; left to the GC")
 
     def _write(self, view: memoryview, offset: int) -> None:
         written = os.pwrite(self._fd, view, offset)

@@ -23,7 +23,7 @@ from typing import Iterator
 
 from dlfs import limits
 from dlfs.formats import disk_layout as layout
-from dlfs.errors import DataCorruption, Overloaded, StorageFull
+from dlfs.errors import DataCorruption, DlfsError, Overloaded, StorageFailed, StorageFull
 from dlfs.formats.disk_layout import HEADER_BYTES, check_header, encode_header
 from dlfs.server.core import faults
 from dlfs.server.core.directio import is_direct, open_appender
@@ -33,14 +33,23 @@ WRITE_BUFFER_BYTES = 4 * limits.MiB
 _NO_SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 
 
-def no_space_error(exc: OSError, where: str) -> Exception:
-    """Translate ENOSPC/EDQUOT into StorageFull; return other errors unchanged."""
+def disk_error(exc: OSError, where: str) -> DlfsError:
+    """What a failed write or fsync of the data dir raises: StorageFull for ENOSPC and
+    EDQUOT, StorageFailed for any other errno (EIO, EROFS, ...).  `where` names
+    what was being written ("dataset 'x'", "the catalog")."""
     if exc.errno in _NO_SPACE_ERRNOS:
         return StorageFull(
-            f"no space left on the data dir while writing {where}; free space or "
-            "delete a dataset (dlfs rm NAME), then ingest again"
-        )
-    return exc
+            f"no space left on the data dir while writing {where}; free space there "
+            "(`dlfs datasets` lists the datasets it holds, `dlfs rm NAME` deletes one)")
+    reason = exc.strerror or str(exc)
+    code = errno.errorcode.get(exc.errno, str(exc.errno))
+    return StorageFailed(
+        f"the daemon's disk failed while writing {where}: {reason} ({code}); what the call "
+        "changed was undone: check the data dir's device (dmesg), then retry")
+
+
+# The typed errors of a failed data-dir write (see `disk_error`).
+DISK_ERRORS = (StorageFull, StorageFailed)
 
 
 class ExtentStore:
@@ -88,6 +97,59 @@ class ExtentStore:
         shutil.rmtree(path)
         fsync_dir(self.root)
 
+    def cut_dataset(self, dataset_id: int, extent_no: int, end: int, label: str = "") -> None:
+        """Keep a dataset's extents up to `extent_no` (that one cut at `end` bytes, header
+        included, and synced) and remove later ones; extent -1 keeps none.  What a
+        resumable ingest's checkpoint holds durably is all that stays (checkpoints.py).
+
+        Cost: a listing of the dataset's directory, a truncate and an fsync.
+        Raises DataCorruption when extent `extent_no` is shorter than `end` (the
+        disk lost synced data), StorageFull or StorageFailed (naming `label`).
+        """
+        directory = self.dataset_dir(dataset_id)
+        label = label or f"dataset id {dataset_id:x}"
+        try:
+            faults.point("mkdir", directory)
+            os.makedirs(directory, mode=0o700, exist_ok=True)
+            for name in os.listdir(directory):
+                stem, _, suffix = name.partition(".")
+                if suffix == "ext" and stem.isdigit() and int(stem) > extent_no:
+                    faults.point("unlink", os.path.join(directory, name))
+                    os.unlink(os.path.join(directory, name))
+            if extent_no >= 0:
+                path = self.extent_path(dataset_id, extent_no)
+                with open(path, "r+b") as f:
+                    size = os.fstat(f.fileno()).st_size
+                    if size < end:  # resuming would seal samples past the extent's end
+                        raise DataCorruption(
+                            f"extent {path} holds {size} bytes, but the ingest's last "
+                            f"checkpoint made {end} durable (the disk lost synced data?)")
+                    if size > end:
+                        faults.point("truncate", path)
+                        f.truncate(end)
+                        faults.point("fsync", path)
+                        os.fsync(f.fileno())
+            fsync_dir(directory)
+        except OSError as exc:
+            raise disk_error(exc, label) from exc
+
+    def dataset_disk_bytes(self, dataset_id: int) -> int:
+        """Bytes the dataset's extents take on the data dir's file system (allocated
+        blocks, not file sizes); 0 when it has none.  Cost: a listing and a stat per
+        extent.  Never raises (an extent removed meanwhile counts 0)."""
+        directory = self.dataset_dir(dataset_id)
+        total = 0
+        try:
+            with os.scandir(directory) as entries:
+                for entry in entries:
+                    try:
+                        total += entry.stat(follow_symlinks=False).st_blocks * 512
+                    except OSError:
+                        continue
+        except OSError:
+            return 0
+        return total
+
 
 class ExtentWriter:
     """Appends the samples of one dataset into its extents.
@@ -114,44 +176,40 @@ class ExtentWriter:
         self._remaining = 0
         self._root_synced = False
         self._unsynced = 0  # bytes written since writeback was last started
+        # The error of the write or sync that failed: the writer is broken then (a
+        # buffer may not have reached the file, so what lies past the last sync is
+        # unknown); every later write and sync raises it again.
+        self._failed: DlfsError | None = None
         self.extents = 0
         if resume_after is None:
             path = store.dataset_dir(dataset_id)
-            faults.point("mkdir", path)
-            os.makedirs(path, mode=0o700, exist_ok=False)
+            try:
+                faults.point("mkdir", path)
+                os.makedirs(path, mode=0o700, exist_ok=False)
+            except OSError as exc:
+                raise disk_error(exc, self._label) from exc
         else:
             self._reopen(*resume_after)
+
+    @property
+    def store(self) -> ExtentStore:
+        return self._store
+
+    def _broken(self, exc: OSError, where: str) -> DlfsError:
+        """Remember that the writer failed; the typed error to raise."""
+        self._failed = disk_error(exc, where)
+        return self._failed
+
+    def _check(self) -> None:
+        if self._failed is not None:
+            raise type(self._failed)(f"{self._failed.message} (an earlier write of this "
+                                     "ingest failed; nothing more is written)")
 
     def _reopen(self, extent_no: int, end: int) -> None:
         """Continue a resumable ingest: keep extents up to `extent_no` (that one cut
         at `end`, where its durable part ends), remove later ones, and start the next
         sample in a new extent (dlfs.server.core.checkpoints)."""
-        directory = self._store.dataset_dir(self._dataset_id)
-        try:
-            faults.point("mkdir", directory)
-            os.makedirs(directory, mode=0o700, exist_ok=True)
-            for name in os.listdir(directory):
-                stem, _, suffix = name.partition(".")
-                if suffix == "ext" and stem.isdigit() and int(stem) > extent_no:
-                    faults.point("unlink", os.path.join(directory, name))
-                    os.unlink(os.path.join(directory, name))
-            if extent_no >= 0:
-                path = self._store.extent_path(self._dataset_id, extent_no)
-                with open(path, "r+b") as f:
-                    size = os.fstat(f.fileno()).st_size
-                    if size < end:  # resuming would seal samples past the extent's end
-                        raise DataCorruption(
-                            f"extent {path} holds {size} bytes, but the ingest's last "
-                            f"checkpoint made {end} durable (the disk lost synced data?); "
-                            f"remove the parked ingest (`dlfs rm`) and ingest again")
-                    if size > end:
-                        faults.point("truncate", path)
-                        f.truncate(end)
-                        faults.point("fsync", path)
-                        os.fsync(f.fileno())
-            fsync_dir(directory)
-        except OSError as exc:
-            raise no_space_error(exc, self._label) from exc
+        self._store.cut_dataset(self._dataset_id, extent_no, end, self._label)
         # position() must keep naming the kept extent's durable end until the next
         # sample opens a new extent: a checkpoint taken before that (a resume that
         # breaks off at once) records it, and the next resume cuts the extent there.
@@ -166,6 +224,7 @@ class ExtentWriter:
     def begin_sample(self, size: int) -> tuple[int, int]:
         """Reserve room for a sample of `size` bytes; return (extent no, offset)."""
         assert self._remaining == 0, "previous sample not finished"
+        self._check()
         if self._file is None or (
             self._end > HEADER_BYTES and self._end + size > self._extent_bytes_max
         ):
@@ -174,9 +233,11 @@ class ExtentWriter:
         return self._extent_no, self._end
 
     def write(self, chunk) -> None:
-        """Append bytes of the current sample.  Raises StorageFull on ENOSPC."""
+        """Append bytes of the current sample.  Raises StorageFull (ENOSPC, EDQUOT),
+        StorageFailed (other errors); the writer is broken then (see `__init__`)."""
         n = len(chunk)
         assert n <= self._remaining, "sample longer than announced"
+        self._check()
         try:
             faults.point("write", self._label)
             self._file.write(chunk)
@@ -184,7 +245,7 @@ class ExtentWriter:
             if self._unsynced >= limits.ingest_writeback_bytes and not is_direct(self._file):
                 self._start_writeback()
         except OSError as exc:
-            raise no_space_error(exc, self._label) from exc
+            raise self._broken(exc, self._label) from exc
         self._remaining -= n
         self._end += n
 
@@ -206,7 +267,9 @@ class ExtentWriter:
         were never linked into the tree.
 
         Extents finished earlier were synced when the writer moved past them.
+        Raises StorageFull, StorageFailed (the writer is broken then).
         """
+        self._check()
         try:
             if self._file is not None:
                 faults.point("write", self._label)
@@ -218,16 +281,17 @@ class ExtentWriter:
                 fsync_dir(self._store.root)
                 self._root_synced = True
         except OSError as exc:
-            raise no_space_error(exc, self._label) from exc
+            raise self._broken(exc, self._label) from exc
 
     def close(self) -> None:
-        """Close the open extent without syncing (call `sync()` first to keep it)."""
+        """Close the open extent without syncing (call `sync()` first to keep it).
+        Never raises: what was not synced is being dropped."""
         if self._file is not None:
             file, self._file = self._file, None
             try:
                 file.close()
             except OSError:
-                pass  # only reached when the data is being discarded
+                pass  # a BufferedWriter flushes on close: that write may fail too
 
     def discard(self) -> None:
         """Close without syncing and remove every extent written (the dataset's directory)."""
@@ -245,7 +309,7 @@ class ExtentWriter:
             self._file = open_appender(path, WRITE_BUFFER_BYTES)
             self._file.write(encode_header(self._dataset_id, self._extent_no, self._created_ns))
         except OSError as exc:
-            raise no_space_error(exc, path) from exc
+            raise self._broken(exc, f"{self._label} ({path})") from exc
         self._end = HEADER_BYTES
         self.extents += 1
 

@@ -1,26 +1,42 @@
 """One data path connection on the daemon: handshake, then one request at a time.
 
 `DataConnection.handshake` reads HELLO (the token checked in constant time
-against the daemon's tokens) and answers WELCOME; `serve` then reads each
-request frame, parses it (`datapath_frames`), answers it (`replies`) and turns
-a `DlfsError` into an ERROR frame naming the request id, counted and
-logged as gRPC calls are.  A frame that breaks the protocol gets an ERROR
-where possible and ends the connection; idle connections end after
-`idle_timeout_s`, and a reply the client does not read for
-`stall_timeout_s` ends it too (socket timeouts).  Nothing here imports grpc.
+against the daemon's tokens), has the connection admitted (`admission`: the
+daemon's connection limit and the peer's share) and answers WELCOME, with
+the daemon's limits when the client asked for them; `serve` then reads each
+request frame, parses it (`datapath_frames`), answers it (`replies`) and
+turns a `DlfsError` into an ERROR frame naming the request id, counted and
+logged as gRPC calls are.  A frame that breaks the protocol, or asks for
+more than the daemon's limits allow, gets an ERROR that says why and ends
+the connection.
+
+Deadlines are for whole operations on the monotonic clock: the handshake
+(HELLO whole within `limits.datapath_hello_timeout_s` of the accept), a
+request frame (whole within `limits.datapath_request_timeout_s` of its
+first byte), a reply (`reply_deadline`); idle connections end after
+`idle_timeout_s` without a first byte, and a reply the client does not read
+for `stall_timeout_s` ends it too.  Nothing here imports grpc.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import select
 import socket
 import struct
 import time
 
 from dlfs import limits, logs
+from dlfs.errors import (
+    DeadlineExceeded,
+    DlfsError,
+    FailedPrecondition,
+    InvalidArgument,
+    Overloaded,
+    Unauthenticated,
+)
 from dlfs.formats import datapath_frames as frames
-from dlfs.errors import DlfsError, FailedPrecondition, InvalidArgument, Unauthenticated
 from dlfs.server.datapath import replies, uploads
 from dlfs.server.metrics import OPERATOR_CODES
 from dlfs.sockio import recv_exactly, send_all
@@ -29,59 +45,101 @@ log = logging.getLogger("dlfs.server.datapath.listener")
 
 
 class DataConnection:
-    """One accepted connection of `server` (a DataPathServer): its socket and request buffer."""
+    """One accepted connection of `server` (a DataPathServer): its socket, its admission
+    `entry` and its request buffer."""
 
-    def __init__(self, server, sock: socket.socket):
+    def __init__(self, server, entry):
         self.server = server
         self.store = server.store
-        self.sock = sock
+        self.entry = entry
+        self.sock = entry.sock
+        self.peer_key = entry.peer  # whose share it counts against
         self.header = bytearray(frames.FRAME.size)
         self.body = bytearray(1024)
-        self.peer = _peer_name(sock)
+        self.peer = _peer_name(self.sock)  # as logs name it
         self.role: str | None = None  # the HELLO token's role, when the daemon has tokens
+        self._writable: select.poll | None = None  # polls the socket for room to send
+        self._started = False  # the frame being read has begun to arrive
 
     def handshake(self) -> bool:
-        """Read HELLO, answer WELCOME; False (after an ERROR) when the client may not stay."""
-        self.sock.settimeout(limits.datapath_hello_timeout_s)
+        """Read HELLO, answer WELCOME; False (after an ERROR where one can be sent) when
+        the client may not stay: a bad HELLO, a bad token, no common version, the
+        daemon's limit or the peer's share reached, the handshake's deadline passed,
+        or the connection evicted by newer ones while it had not finished its HELLO."""
+        entry = self.entry
         try:
-            kind, body = self._request(frames.HELLO.size + limits.datapath_token_bytes_max)
+            kind, flags, body = self._frame(frames.HELLO.size + limits.datapath_token_bytes_max,
+                                            deadline=entry.deadline)
+            if entry.evicted or not kind:
+                raise ConnectionResetError(0, "closed before its HELLO")
             if kind != frames.Kind.HELLO:
                 raise frames.FrameError(f"the first frame must be HELLO, not kind {kind}")
             version, token = frames.parse_hello(body)
         except frames.FrameError as exc:
-            self.send([frames.error(InvalidArgument(str(exc)))])
+            self._refuse(InvalidArgument(str(exc)), "malformed")
+            return False
+        except OSError as exc:
+            if entry.evicted:
+                self._refuse(self.server.admission.eviction_error(), "handshake_evicted")
+            elif isinstance(exc, socket.timeout):
+                self._refuse(DeadlineExceeded(
+                    f"the HELLO did not arrive whole within "
+                    f"{limits.datapath_hello_timeout_s:g} s of the connect; send it at once"),
+                    "handshake_deadline")
             return False
         authorizer = self.server.authorizer
         if authorizer is not None:
             self.role = authorizer.role(token)
         if authorizer is not None and self.role is None:
-            self.send([frames.error(Unauthenticated(
+            self._refuse(Unauthenticated(
                 "this daemon requires a token: pass --token (or set DLFS_TOKEN) with a token "
-                "from its tokens file"))])
+                "from its tokens file"), "unauthenticated")
             return False
         if version < 1:
-            self.send([frames.error(FailedPrecondition(
+            self._refuse(FailedPrecondition(
                 f"data path version {version} is not supported; this daemon speaks 1 to "
-                f"{frames.VERSION}"))])
+                f"{frames.VERSION}"), "version")
             return False
-        self.send([frames.welcome(min(version, frames.VERSION),
-                                     self.server.buffers.window_bytes, self.server.instance)])
+        try:
+            self.server.admission.admit(entry)
+        except Overloaded as exc:
+            self._refuse(exc, getattr(exc, "refusal", "connections"))
+            return False
+        self.server.count_connections()
+        self.send([frames.welcome(
+            min(version, frames.VERSION), self.server.buffers.window_bytes, self.server.instance,
+            daemon_limits=self.server.limits if flags & frames.HELLO_ASK_LIMITS else None)])
         return True
 
     def serve(self) -> None:
         """Answer requests until the client leaves, idles out, stalls or breaks the protocol."""
+        body_bytes_max = self.server.limits.request_bytes_max
         while True:
-            self.sock.settimeout(self.server.idle_timeout_s)
+            # A wait for anything that is not deadline-bound (FDS frames of OPEN_DATASET).
+            self.sock.settimeout(self.server.stall_timeout_s)
             try:
-                kind, body = self._request(limits.datapath_request_bytes_max)
+                kind, _flags, body = self._frame(body_bytes_max,
+                                                 idle_s=self.server.idle_timeout_s)
             except socket.timeout:
-                return  # idle: the client reconnects at its next read
+                if not self._started:
+                    self._cut_off("idle")  # the client reconnects at its next read
+                    return
+                self._cut_off("request")
+                with contextlib.suppress(OSError):
+                    self.send([frames.error(DeadlineExceeded(
+                        f"a request frame did not arrive whole within "
+                        f"{limits.datapath_request_timeout_s:g} s of its first byte; send "
+                        "each request at once"))],
+                        deadline=time.monotonic() + limits.datapath_error_send_s)
+                return
             except frames.FrameError as exc:
                 self.send([frames.error(InvalidArgument(str(exc)))])
                 return
+            except DlfsError as exc:  # a batch over the daemon's limits, refused by its size
+                self.fail(frames.Kind.GET_BATCH, exc)
+                return
             if not kind:
                 return  # orderly close by the client
-            self.sock.settimeout(self.server.stall_timeout_s)
             try:
                 request, request_id = _parse(kind, body)
             except frames.FrameError as exc:
@@ -90,6 +148,10 @@ class DataConnection:
             with _serving(request_id) as call:
                 try:
                     self._handle(kind, request)
+                except socket.timeout:
+                    call.code = "CANCELLED"
+                    self._cut_off("reply")  # the client stopped reading, or too slowly
+                    return
                 except DlfsError as exc:
                     call.code = exc.status_code_name
                     self.fail(kind, exc)
@@ -125,25 +187,86 @@ class DataConnection:
         else:
             replies.stat_dataset(self, request)
 
+    # --- deadlines ----------------------------------------------------------------------------
+
+    def reply_deadline(self, payload_bytes: int) -> float:
+        """When a reply of `payload_bytes` must have gone out (time.monotonic()): the
+        stall timeout plus its payload at `limits.datapath_reply_bytes_per_s_min`."""
+        return time.monotonic() + self.server.stall_timeout_s +             payload_bytes / limits.datapath_reply_bytes_per_s_min
+
+    def wait_writable(self, deadline: float) -> None:
+        """Wait, holding nothing, until the client made room in the socket.  Raises
+        socket.timeout when it made none for the stall timeout, or at `deadline`."""
+        left = deadline - time.monotonic()
+        wait_s = min(left, self.server.stall_timeout_s)
+        if self._writable is None:
+            self._writable = select.poll()
+            self._writable.register(self.sock, select.POLLOUT)
+        if wait_s <= 0 or not self._writable.poll(wait_s * 1000):
+            raise socket.timeout("the client stopped reading the reply" if wait_s > 0
+                                 else "the reply's deadline passed")
+
     # --- frames -----------------------------------------------------------------------------
 
-    def _request(self, body_bytes_max: int) -> tuple[int, memoryview]:
-        """The next frame; kind 0 when the client closed the connection between frames."""
+    def _frame(self, body_bytes_max: int, *, deadline: float | None = None,
+               idle_s: float | None = None) -> tuple[int, int, memoryview]:
+        """(kind, flags, body) of the next frame; kind 0 when the client closed the
+        connection between frames.  The whole frame must arrive by `deadline`, or,
+        with `idle_s`, within `limits.datapath_request_timeout_s` of its first byte,
+        which may take `idle_s`.  Raises socket.timeout, FrameError, and (with
+        `idle_s`: serving requests) InvalidArgument for a GET_BATCH over the
+        daemon's batch limits."""
         view = memoryview(self.header)
-        if not recv_exactly(self.sock, view, eof_ok=True):
-            return 0, memoryview(b"")
-        kind, _flags, length = frames.parse_frame(self.header)
+        self._started = False
+        if idle_s is not None:
+            self.sock.settimeout(idle_s)
+            got = self.sock.recv_into(view)
+            if not got:
+                return 0, 0, memoryview(b"")
+            self._started = True  # a frame began: the request deadline runs
+            deadline = time.monotonic() + limits.datapath_request_timeout_s
+            recv_exactly(self.sock, view[got:], deadline=deadline)
+        elif not recv_exactly(self.sock, view, eof_ok=True, deadline=deadline):
+            return 0, 0, memoryview(b"")
+        kind, flags, length = frames.parse_frame(self.header)
         if length > body_bytes_max:
-            raise frames.FrameError(f"a frame of {length} bytes is over the limit of "
-                                      f"{body_bytes_max}")
+            self._oversized(kind, length, body_bytes_max, deadline, requests=idle_s is not None)
         if len(self.body) < length:
             self.body = bytearray(length)
         body = memoryview(self.body)[:length]
-        recv_exactly(self.sock, body)
-        return kind, body
+        recv_exactly(self.sock, body, deadline=deadline)
+        return kind, flags, body
 
-    def send(self, buffers: list) -> None:
-        send_all(self.sock, buffers)
+    def _oversized(self, kind: int, length: int, body_bytes_max: int, deadline, *,
+                   requests: bool) -> None:
+        """Raise why a frame of `length` bytes is refused: a GET_BATCH (a request, past
+        the handshake) of more ids than the daemon's limit gets the batch limit's own
+        error (the one gRPC gives, and the client gives when it knows the limit), any
+        other frame the frame's size (FrameError)."""
+        if requests and kind == frames.Kind.GET_BATCH and length >= frames.GET_BATCH.size:
+            fixed = memoryview(bytearray(frames.GET_BATCH.size))
+            recv_exactly(self.sock, fixed, deadline=deadline)
+            self.store.batch_limits.check_count(frames.get_batch_ids(fixed))
+        raise frames.FrameError(f"a frame of {length} bytes is over the limit of "
+                                f"{body_bytes_max}")
+
+    def send(self, buffers: list, deadline: float | None = None) -> None:
+        """Send frames, by `deadline` (default: the stall timeout from now)."""
+        send_all(self.sock, buffers, deadline=deadline if deadline is not None
+                 else time.monotonic() + self.server.stall_timeout_s)
+
+    def _cut_off(self, reason: str) -> None:
+        """Count a served connection the daemon ends for its client's pace: `idle`, a
+        `request` that did not arrive whole in time, a `reply` not read in time."""
+        self.store.metrics.data_cut_off.labels(reason).inc()
+        log.debug("%s: cut off (%s)", self.peer, reason)
+
+    def _refuse(self, error: DlfsError, reason: str) -> None:
+        """Answer a connection that may not stay, counted under `reason`."""
+        self.store.metrics.data_refused.labels(reason).inc()
+        with contextlib.suppress(OSError):
+            self.send([frames.error(error)],
+                      deadline=time.monotonic() + limits.datapath_error_send_s)
 
 
 # Requests by kind, named as in logs and in the dlfs_batches_total "method" label.

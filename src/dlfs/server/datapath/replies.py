@@ -5,7 +5,11 @@ in `conn_handler`): it checks the request against the dataset and the
 daemon's limits (the Store's `batch_limits`, as gRPC's planning does: the
 same error and message), sends the reply's header, then its payload window
 by window, read by the read engine into a window buffer from the server's
-pool and sent with one `sendmsg` each.  A `DlfsError` raised before or during the
+pool and sent with one `sendmsg` each (or by `sendfile`, with no buffer).
+A reply takes a buffer per window, only once its client has room for it,
+and gives it back as soon as the client stops taking bytes: one that stops
+reading holds none (`_send_window`).  Every reply has a deadline as a whole
+(`DataConnection.reply_deadline`).  A `DlfsError` raised before or during the
 payload propagates: the connection answers it with an ERROR frame (in
 place of the remaining DATA frames).  Nothing here imports grpc.
 """
@@ -20,10 +24,11 @@ import time
 import numpy as np
 
 from dlfs import limits
+from dlfs.errors import DlfsError, PermissionDenied
 from dlfs.formats import datapath_frames as frames
-from dlfs.errors import PermissionDenied
 from dlfs.server.read import sendfiles
 from dlfs.server.read.batch_planning import RequestOrder
+from dlfs.sockio import wait_at_most
 
 
 def batch(connection, request: frames.BatchRequest) -> None:
@@ -83,12 +88,15 @@ def open_dataset(connection, name: str, generation: int) -> None:
     store = connection.store
     with store.reading(name, generation) as dataset, \
             store.reads.extent_descriptors(dataset) as descriptors:
+        deadline = connection.reply_deadline(len(dataset) * frames.INDEX_BYTES_PER_SAMPLE)
         extent_nos = np.array([e for e, _ in descriptors], dtype=np.uint32)
-        connection.send([frames.index_header(dataset.generation, len(dataset), extent_nos)])
+        connection.send([frames.index_header(dataset.generation, len(dataset), extent_nos)],
+                        deadline)
         step = limits.datapath_fds_per_frame_max
         fds = [fd for _, fd in descriptors]
         for start in range(0, len(fds), step):
             part = fds[start:start + step]
+            wait_at_most(connection.sock, deadline, connection.server.stall_timeout_s)
             connection.sock.sendmsg([frames.fds_frame(len(part))], [
                 (socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack(f"{len(part)}i", *part))])
         window = connection.server.buffers.window_bytes
@@ -97,7 +105,7 @@ def open_dataset(connection, name: str, generation: int) -> None:
             raw = memoryview(np.ascontiguousarray(array, dtype=dtype)).cast("B")
             for start in range(0, len(raw), window):
                 piece = raw[start:start + window]
-                connection.send([frames.data_frame(len(piece)), piece])
+                connection.send([frames.data_frame(len(piece)), piece], deadline)
 
 
 def block_crcs(connection, name: str, generation: int, sample_id: int) -> None:
@@ -119,44 +127,125 @@ def stat_dataset(connection, name: str) -> None:
 
 def send_reply(connection, dataset, header: list, order: RequestOrder, count) -> None:
     """The BATCH frame `header`, then DATA frames of the payload, window by window, each
-    read into a pooled buffer, or sent from the page cache by `sendfile` when its
-    pieces are large and all cached (server/read/sendfiles.py).
+    read into a pooled buffer (`_send_window`), or sent from the page cache by
+    `sendfile` when its pieces are large and all cached (server/read/sendfiles.py),
+    which takes no buffer at all.
 
-    `count()` records the request as served once every byte was read and
-    before the last frame goes out: a client that asks for the daemon's
-    counters as soon as its reply arrived finds it counted.
+    The whole reply must be sent by `connection.reply_deadline` and every wait
+    for the client ends after the stall timeout (socket.timeout: the
+    connection is closed).  `count()` records the request as served once
+    every byte was read and before the last frame goes out: a client that asks
+    for the daemon's counters as soon as its reply arrived finds it counted.
     """
+    deadline = connection.reply_deadline(order.payload_bytes)
     windows = order.windows(connection.server.buffers.window_bytes)
     if not windows:
         count()
-        connection.send(header)
+        connection.send(header, deadline)
         return
-    connection.send(header)
+    connection.send(header, deadline)
     store = connection.store
     # Large cached samples straight from the page cache: no copy in the daemon.
     by_sendfile = store.reads.sendfile
     advised = 0  # payload bytes below this were asked of the device ahead of their window
-    with connection.server.buffers.take() as buffer:
-        for k, (start, stop) in enumerate(windows):
-            pieces = order.pieces(start, stop)
-            last = k == len(windows) - 1
-            if by_sendfile and sendfiles.worth(pieces) and store.reads.send_cached(
-                    dataset, pieces, connection.sock, frames.data_frame(stop - start),
-                    before=count if last else None):
+    for k, (start, stop) in enumerate(windows):
+        pieces = order.pieces(start, stop)
+        last = k == len(windows) - 1
+        if by_sendfile and sendfiles.worth(pieces):
+            connection.sock.settimeout(connection.server.stall_timeout_s)
+            if store.reads.send_cached(dataset, pieces, connection.sock,
+                                       frames.data_frame(stop - start),
+                                       before=count if last else None, deadline=deadline):
                 continue
-            window = buffer[:stop - start]
-            missed = store.reads.read_into(dataset, pieces, window)
-            if missed and stop < order.payload_bytes:
-                # A cold reply: keep the device busy with the next windows while this
-                # one is sent, instead of asking for each only when its turn comes.
-                first = max(advised, stop)
-                ahead = min(order.payload_bytes, stop + limits.datapath_advise_ahead_bytes)
-                if ahead > first:
-                    store.reads.advise(dataset, order.pieces(first, ahead))
-                    advised = ahead
-            if last:
-                count()
-            connection.send([frames.data_frame(stop - start), window])
+        advised = _send_window(connection, dataset, order, start, stop, deadline,
+                               count if last else None, advised)
+
+
+def _send_window(connection, dataset, order: RequestOrder, start: int, stop: int,
+                 deadline: float, before, advised: int) -> int:
+    """Payload bytes [start, stop) as one DATA frame, read into a buffer of the pool.
+
+    The window is read while the socket may still be sending the one before
+    (as it always was: reading and sending overlap), and the buffer is held
+    only while the client takes the bytes: when it takes none for
+    `limits.datapath_buffer_hold_s`, the buffer goes back to the pool, the
+    reply waits for the client holding nothing, and the rest of the window is
+    read again (from the page cache, as a rule) into whichever buffer is free
+    once the client made room.  So a client that stops reading holds no buffer
+    another client needs (it costs one read of a window it never takes).  `before()` (if given) runs once the window was read.  A read
+    that fails after part of the frame went out completes the frame with zeros
+    before its error propagates (the client's CRC checks never pass them).
+    Returns the payload offset up to which the device was asked to read ahead.
+    """
+    store = connection.store
+    buffers = connection.server.buffers
+    head = frames.data_frame(stop - start)
+    size = stop - start
+    total = len(head) + size
+    done = 0  # bytes of the frame (its header, then payload) sent
+    first = True
+    while done < total:
+        if not first:  # the client took no bytes for a while: wait for it holding nothing
+            connection.wait_writable(deadline)
+        offset = max(0, done - len(head))  # payload bytes of this window sent already
+        try:
+            with buffers.take(connection.peer_key, deadline) as buffer:
+                window = buffer[:size - offset]
+                missed = store.reads.read_into(dataset, order.pieces(start + offset, stop),
+                                               window)
+                if first:
+                    first = False
+                    if missed and stop < order.payload_bytes:
+                        # A cold reply: keep the device busy with the next windows while
+                        # this one is sent, instead of asking for each only when its
+                        # turn comes.
+                        lo = max(advised, stop)
+                        hi = min(order.payload_bytes, stop + limits.datapath_advise_ahead_bytes)
+                        if hi > lo:
+                            store.reads.advise(dataset, order.pieces(lo, hi))
+                            advised = hi
+                    if before is not None:
+                        before()
+                views = ([memoryview(head)[done:]] if done < len(head) else []) + \
+                    [memoryview(window)]
+                done += _send_while_taken(connection.sock, views, deadline)
+        except DlfsError:
+            if done:
+                _pad(connection, total - done, deadline)  # keep the framing whole
+            raise
+    return advised
+
+
+def _send_while_taken(sock: socket.socket, views: list, deadline: float) -> int:
+    """Send `views` for as long as the client takes bytes (each wait at most
+    `limits.datapath_buffer_hold_s`); returns the bytes sent.  Raises socket.timeout
+    at `deadline`."""
+    sent_all = 0
+    try:
+        while views:
+            wait_at_most(sock, deadline, limits.datapath_buffer_hold_s)
+            sent = sock.sendmsg(views)
+            sent_all += sent
+            while views and sent >= len(views[0]):
+                sent -= len(views[0])
+                views.pop(0)
+            if sent:
+                views[0] = views[0][sent:]
+    except socket.timeout:
+        if time.monotonic() >= deadline:
+            raise
+    return sent_all
+
+
+def _pad(connection, count: int, deadline: float) -> None:
+    """`count` zero bytes: the rest of a DATA frame whose bytes could not be read."""
+    while count:
+        piece = memoryview(_ZEROS)[:min(count, len(_ZEROS))]
+        connection.send([piece], deadline)
+        count -= len(piece)
+
+
+_ZEROS = bytes(64 * 1024)
 
 
 def check_local_peer(sock: socket.socket, has_tokens: bool) -> None:

@@ -25,6 +25,8 @@ import socket
 from dlfs import limits
 from dlfs.formats import datapath_frames as frames
 from dlfs.errors import Cancelled, DlfsError, InvalidArgument, PermissionDenied
+from dlfs.server.core.extents import disk_error
+from dlfs.server.ingest.ingest_machine import with_outcome
 
 log = logging.getLogger("dlfs.server.datapath.listener")
 
@@ -103,18 +105,24 @@ def ingest(connection, request: frames.IngestStartRequest) -> None:
         pass
     reader = FrameReader(connection.sock)
     try:
-        connection.send([frames.ingest_ready(session.samples)])
+        try:
+            connection.send([frames.ingest_ready(session.samples)])
+        except OSError as exc:
+            raise _PeerGone(str(exc)) from exc
         info = _receive(reader, session, store)
     except BaseException as exc:
-        store.ingests.break_off(session, f"{type(exc).__name__}: {exc}")
+        note = store.ingests.break_off(session, f"{type(exc).__name__}: {exc}")  # never raises
+        if isinstance(exc, (_PeerGone, frames.FrameError)):
+            log.warning("ingest of dataset %r over the data path from %s broke off: %s; %s",
+                        request.dataset, connection.peer, exc, note or "it had ended")
+            raise _Closed() from None
+        if isinstance(exc, OSError):  # not the socket's (that is _PeerGone): the disk's
+            exc = disk_error(exc, f"dataset {request.dataset!r}")
         if isinstance(exc, DlfsError):
-            connection.fail(frames.Kind.INGEST_START, exc)
+            # The error says what became of the ingest (parked or discarded).
+            connection.fail(frames.Kind.INGEST_START, with_outcome(exc, note))
             _drain(reader)
             return
-        if isinstance(exc, (OSError, frames.FrameError)):
-            log.warning("ingest of dataset %r over the data path from %s broke off: %s",
-                        request.dataset, connection.peer, exc)
-            raise _Closed() from None
         raise
     connection.send([frames.ingested(info.name, info.generation, info.samples, info.bytes,
                                        info.created_ns, info.extents)])
@@ -124,10 +132,23 @@ class _Closed(Exception):
     """The connection cannot go on (the caller closes it)."""
 
 
+class _PeerGone(Exception):
+    """The client's socket failed or sent a malformed frame (its cause): the ingest
+    broke off and no reply can reach it.  Only `_next_frame` raises it, so that an
+    OSError from the disk (raised by the session) is never taken for the socket's."""
+
+
+def _next_frame(reader: FrameReader) -> tuple[int, memoryview]:
+    try:
+        return reader.next(PIECE_BYTES_MAX)
+    except (OSError, frames.FrameError) as exc:
+        raise _PeerGone(str(exc)) from exc
+
+
 def _receive(reader: FrameReader, session, store):
     files = data_bytes = 0
     while True:
-        kind, body = reader.next(PIECE_BYTES_MAX)
+        kind, body = _next_frame(reader)
         if kind == frames.Kind.PIECE:
             piece = frames.parse_piece(body)
             if piece.flags & frames.PIECE_DIRECTORY:
@@ -151,7 +172,7 @@ def _receive(reader: FrameReader, session, store):
             if claimed != (files, data_bytes):
                 raise InvalidArgument(
                     f"the ingest ended claiming {claimed[0]} files and {claimed[1]} bytes but "
-                    f"carried {files} files and {data_bytes} bytes; nothing was kept")
+                    f"carried {files} files and {data_bytes} bytes")
             return store.ingests.commit(session)
         elif kind == 0:
             raise Cancelled("the ingest connection closed before its end (the client went "

@@ -12,7 +12,16 @@ health checks, Status and metadata calls wait behind them.  So:
 - a ticketed call that makes no progress (no message sent or received) for
   `stall_timeout_s` is cancelled by a watchdog thread: its thread and its
   read buffers come back.  An ingest that sends nothing, not even its first
-  message, is such a call.
+  message, is such a call;
+- and a read (`RATED_METHODS`) has a deadline as a whole, as a data path
+  reply has: it is cancelled once it has run longer than `stall_timeout_s`
+  plus the bytes it sent at `limits.stream_bytes_per_s_min`, so a client
+  that reads one message a minute does not hold its ticket for ever.
+  (Ingests and scrubs move at the pace of the client's source or of the
+  daemon's disk, not the client's reading: they have the stall rule only.)
+- a call refused for its credentials never takes a ticket (the interceptor
+  admits only authorized calls): unauthenticated clients cannot use up the
+  tickets authenticated ones need.
 
 Thread-safe.  `clock` is injectable for tests.
 """
@@ -32,24 +41,41 @@ log = logging.getLogger(__name__)
 # Methods whose calls hold a thread for as long as their client takes.
 LONG_METHODS = frozenset(f"/dlfs.v1.Dlfs/{name}" for name in (
     "GetBatch", "GetSmallBatch", "ReadRange", "GetIndex", "Scrub", "Ingest"))
+# Of those, the reads whose pace is their client's: they must move their bytes at
+# `limits.stream_bytes_per_s_min` on the whole.
+RATED_METHODS = frozenset(f"/dlfs.v1.Dlfs/{name}" for name in (
+    "GetBatch", "GetSmallBatch", "ReadRange", "GetIndex"))
 
 
 class Ticket:
-    """One admitted call: its client, its context (to cancel it) and when it last moved."""
+    """One admitted call: its client, its context (to cancel it), when it was admitted,
+    when it last moved and the bytes it moved."""
 
-    __slots__ = ("guard", "client", "context", "method", "last", "cancelled")
+    __slots__ = ("guard", "client", "context", "method", "admitted", "last", "moved", "rated",
+                 "cancelled")
 
     def __init__(self, guard: "CallGuard", client: str, context, method: str, now: float):
         self.guard = guard
         self.client = client
         self.context = context
         self.method = method
+        self.admitted = now
         self.last = now
+        self.moved = 0
+        self.rated = method in RATED_METHODS
         self.cancelled = False
 
-    def progress(self) -> None:
-        """A message went out or came in."""
+    def progress(self, nbytes: int = 0) -> None:
+        """A message (of `nbytes` bytes) went out or came in."""
         self.last = self.guard.clock()
+        self.moved += nbytes
+
+    def deadline(self) -> float | None:
+        """When this call must be done by, as things stand (None: no deadline as a whole)."""
+        if not self.rated:
+            return None
+        return self.admitted + self.guard.stall_timeout_s + \
+            self.moved / limits.stream_bytes_per_s_min
 
     def release(self) -> None:
         self.guard._release(self)
@@ -98,17 +124,26 @@ class CallGuard:
             return len(self._active)
 
     def check_stalls(self) -> list[Ticket]:
-        """Cancel every call that made no progress for `stall_timeout_s`; return them."""
+        """Cancel every call that made no progress for `stall_timeout_s`, and every read
+        past its deadline as a whole (`Ticket.deadline`); return them."""
         now = self.clock()
         with self._lock:
-            stalled = [t for t in self._active
-                       if not t.cancelled and now - t.last > self.stall_timeout_s]
+            stalled = [t for t in self._active if not t.cancelled and (
+                now - t.last > self.stall_timeout_s
+                or (t.rated and now > t.deadline()))]
             for ticket in stalled:
                 ticket.cancelled = True
         for ticket in stalled:
-            log.warning("%s from %s made no progress for %.0f s (the client stopped reading "
-                        "or writing); cancelled it", ticket.method, ticket.client,
-                        now - ticket.last)
+            if now - ticket.last > self.stall_timeout_s:
+                log.warning("%s from %s made no progress for %.0f s (the client stopped "
+                            "reading or writing); cancelled it", ticket.method, ticket.client,
+                            now - ticket.last)
+            else:
+                log.warning("%s from %s moved %d bytes in %.0f s, slower than %d bytes/s "
+                            "after the first %.0f s (the client reads a trickle); cancelled "
+                            "it", ticket.method, ticket.client, ticket.moved,
+                            now - ticket.admitted, limits.stream_bytes_per_s_min,
+                            self.stall_timeout_s)
             ticket.context.cancel()
         return stalled
 

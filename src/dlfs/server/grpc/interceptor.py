@@ -64,14 +64,16 @@ class ErrorInterceptor(grpc.ServerInterceptor):
         handler = continuation(handler_call_details)
         if handler is None:
             return None
-        call = _Call(handler_call_details.method, self.metrics,
-                     logs.request_id_from(handler_call_details.invocation_metadata),
-                     self.guard if handler_call_details.method in LONG_METHODS else None)
+        method = handler_call_details.method
+        guard = self.guard if method in LONG_METHODS else None
         if self.authorizer is not None:
             try:
-                self.authorizer.check(call.method, handler_call_details.invocation_metadata)
+                self.authorizer.check(method, handler_call_details.invocation_metadata)
             except DlfsError as denial:
                 handler = _refusing(handler, denial)
+                guard = None  # a refused call takes no ticket an authorized one needs
+        call = _Call(method, self.metrics,
+                     logs.request_id_from(handler_call_details.invocation_metadata), guard)
         if handler.unary_unary:
             return handler._replace(unary_unary=_wrap_unary(handler.unary_unary, call, False))
         if handler.stream_unary:
@@ -126,9 +128,11 @@ class _Call:
         if self.guard is not None:
             self.ticket = self.guard.admit(self.method, context.peer(), context)
 
-    def progress(self) -> None:
-        if self.ticket is not None:
-            self.ticket.progress()
+    def progress(self, message) -> None:
+        """`message` (a request or a reply, bytes when pre-encoded) went in or out."""
+        ticket = self.ticket
+        if ticket is not None:
+            ticket.progress(_size(message) if ticket.rated else 0)
 
     def end(self, binding, context: grpc.ServicerContext) -> None:
         if self.ticket is not None:
@@ -145,6 +149,13 @@ class _Call:
         logs.unbind_request_id(binding)
 
 
+def _size(message) -> int:
+    """Bytes of a message: pre-encoded replies are bytes, the rest protobuf messages."""
+    if isinstance(message, (bytes, bytearray, memoryview)):
+        return len(message)
+    return message.ByteSize()
+
+
 def _checked(request, streaming: bool, call: _Call):
     if streaming:
         return _checked_stream(request, call)
@@ -155,7 +166,7 @@ def _checked(request, streaming: bool, call: _Call):
 
 def _checked_stream(requests, call: _Call):
     for request in requests:
-        call.progress()
+        call.progress(request)
         if isinstance(request, Undecodable):
             raise _undecodable_error(request)
         yield request
@@ -187,7 +198,7 @@ def _wrap_stream(behavior, call: _Call, streaming: bool):
             call.admit(context)
             for reply in behavior(_checked(request, streaming, call), context):
                 yield reply
-                call.progress()  # the reply went out (or at least into the send window)
+                call.progress(reply)  # it went out (or at least into the send window)
         except Exception as exc:  # noqa: BLE001 - translated, never swallowed
             _abort(context, exc, call)
         finally:

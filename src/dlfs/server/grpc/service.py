@@ -18,7 +18,9 @@ from dlfs.formats import grpc_chunks
 from dlfs.errors import Cancelled, InvalidArgument, Overloaded, ReplyTooLarge
 from dlfs.proto import dlfs_pb2 as pb
 from dlfs.proto import dlfs_pb2_grpc
+from dlfs.server.core.extents import disk_error
 from dlfs.server.grpc import messages
+from dlfs.server.ingest.ingest_machine import with_outcome
 from dlfs.server.store import Store
 from dlfs.version import __version__
 
@@ -276,22 +278,26 @@ class DlfsServicer(dlfs_pb2_grpc.DlfsServicer):
                 raise InvalidArgument("the ingest stream was empty")
             if end is None or not context.is_active():
                 raise Cancelled("the ingest stream stopped before its end (the client went away "
-                                "or was cut off); nothing of it was kept")
+                                "or was cut off)")
             if (end.files, end.bytes) != (files, data_bytes):
                 raise InvalidArgument(
                     f"the ingest stream ended claiming {end.files} files and {end.bytes} bytes "
-                    f"but carried {files} files and {data_bytes} bytes; nothing was kept")
+                    f"but carried {files} files and {data_bytes} bytes")
             if start.prepare_only:
                 return messages.dataset_info(self.store.ingests.prepare(session))
             return messages.dataset_info(self.store.ingests.commit(session))
         except BaseException as exc:
+            note = None
             if session is not None:  # a resumable ingest is parked, any other discarded
-                self.store.ingests.break_off(session, f"{type(exc).__name__}: {exc}")
+                note = self.store.ingests.break_off(session, f"{type(exc).__name__}: {exc}")
             if isinstance(exc, grpc.RpcError) and not context.is_active():
-                kept = "it is parked for a resume" if session and session.resumable else \
-                    "nothing was kept"
-                raise Cancelled(f"the ingest stream broke off; {kept}") from exc
-            raise
+                raise Cancelled(f"the ingest stream broke off; {note or 'it had ended'}") \
+                    from exc
+            if isinstance(exc, OSError) and session is not None:  # the disk's, untyped
+                exc = disk_error(exc, f"dataset {session.name!r}")
+            # The error says what became of the ingest: parked (how much, and what
+            # continues or ends it) or discarded.
+            raise with_outcome(exc, note)
 
     def GetIngestProgress(self, request, context):
         return messages.ingest_progress(self.store.ingests.progress(request.dataset))
@@ -316,4 +322,7 @@ class DlfsServicer(dlfs_pb2_grpc.DlfsServicer):
 
     def DeleteDataset(self, request, context):
         return messages.dataset_info(self.store.delete(request.dataset))
+
+    def DiscardIngest(self, request, context):
+        return messages.dataset_info(self.store.discard_ingest(request.dataset))
 

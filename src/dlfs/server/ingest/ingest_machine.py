@@ -18,10 +18,18 @@ What each transition means (durability order as in catalog.py):
   synced, then published, as above;
 - abort, expire, a failed commit: a DELETE record (synced for a resumable
   ingest), then the extents (recovered_ingest.discard_dataset);
-- break_off: a resumable RECEIVING ingest is checkpointed and PARKED, any
-  other aborted; resume: a fresh extent after the checkpoint, RECEIVING;
-- delete: DELETE synced, then the dataset is unpublished (a parked ingest
-  of the name is discarded).
+- break_off: a resumable RECEIVING ingest that holds files durably is
+  checkpointed (or goes back to its last checkpoint when the disk fails)
+  and PARKED, any other aborted; resume: a fresh extent after the
+  checkpoint, RECEIVING; discard_parked: a PARKED ingest aborted;
+- delete: DELETE synced, then the dataset is unpublished (nothing else: a
+  parked ingest of the name stays).
+
+Every failure that ends an ingest says how in its error (`with_outcome`):
+parked with so many files and bytes of the data dir, and the commands
+that continue or end it; or discarded.  The paths that clean up (`abort`,
+`break_off`, `_discard`) never raise: the error they follow must still
+reach the client.
 
 Two-phase ingests of striped datasets: the PREPARE record keeps a prepared
 ingest across restarts; the decision is one transaction in etcd, which the
@@ -44,20 +52,20 @@ import time
 from typing import Callable
 
 from dlfs import limits
-from dlfs.errors import (AlreadyExists, DlfsError, FailedPrecondition, NotFound, Overloaded,
-                         ResumeConflict, Unavailable)
+from dlfs.errors import (AlreadyExists, DataCorruption, DlfsError, FailedPrecondition, NotFound,
+                         Overloaded, ResumeConflict, Unavailable)
 from dlfs.paths import check_dataset_name
 from dlfs.server.core import catalog as cat
 from dlfs.server.core import catalog_records as records
 from dlfs.server.core import faults
 from dlfs.server.core.checkpoints import ParkedIngest, ProgressInfo
 from dlfs.server.core.directory import Cluster, DatasetIndex, generation_of
-from dlfs.server.core.extents import ExtentStore, ExtentWriter
+from dlfs.server.core.extents import DISK_ERRORS, ExtentStore, ExtentWriter
 from dlfs.server.core.read_leases import ReadLeases
 from dlfs.server.core.sealed_datasets import SampleDirectory
 from dlfs.server.ingest.ingest_registry import IngestRegistry, IngestState
 from dlfs.server.ingest.ingest_session import IngestSession
-from dlfs.server.ingest.recovered_ingest import RecoveredIngest
+from dlfs.server.ingest.recovered_ingest import RecoveredIngest, discard_dataset
 from dlfs.types import DatasetInfo
 
 log = logging.getLogger(__name__)
@@ -145,9 +153,10 @@ class IngestMachine:
                 waited_s = max(0.0, (time.time_ns() - entry.checkpoint.time_ns) / 1e9)
                 self._registry.add_parked(session, entry.checkpoint.time_ns,
                                           self._resumable_ingest_timeout_s - waited_s)
-                log.warning("ingest of dataset %r is parked with %d files durable (it broke off "
-                            "when the daemon stopped); `dlfs ingest --resume` continues it",
-                            entry.name, entry.checkpoint.samples)
+                log.warning("ingest of dataset %r is parked with %d files durable (%d bytes of "
+                            "the data dir); `dlfs ingest --resume` continues it, `dlfs discard "
+                            "%s` ends it", entry.name, entry.checkpoint.samples,
+                            session.disk_bytes(), entry.name)
 
     def close(self) -> bool:
         """Abort the receiving ingests and stop every timer; later calls raise
@@ -189,8 +198,8 @@ class IngestMachine:
             if found is not None and found[1] is IngestState.PARKED:
                 raise AlreadyExists(
                     f"an ingest of dataset {name!r} broke off and is parked with "
-                    f"{found[0].samples} files durable: continue it with `dlfs ingest --resume` "
-                    f"(same sources and options), or discard it with `dlfs rm {name}`")
+                    f"{found[0].samples:,} files durable: run the same `dlfs ingest` command "
+                    f"with --resume to continue it, or `dlfs discard {name}` to end it")
             if found is not None:
                 raise AlreadyExists(f"dataset {name!r} is being ingested by another client")
             if not replace and self._directory.find(name) is not None:
@@ -203,9 +212,13 @@ class IngestMachine:
             created_ns = time.time_ns()
             writer = ExtentWriter(self._extents, dataset_id, created_ns, self._extent_bytes_max,
                                   label=f"dataset {name!r}")
-            for record_type, payload in records.start_records(dataset_id, created_ns, name,
-                                                              cluster):
-                self._catalog.append(record_type, payload)
+            try:
+                for record_type, payload in records.start_records(dataset_id, created_ns, name,
+                                                                  cluster):
+                    self._catalog.append(record_type, payload)
+            except BaseException:  # a full disk or a failed catalog: take the directory back
+                discard_dataset(self._catalog, writer.discard, name, dataset_id)
+                raise
             session = IngestSession(name, dataset_id, created_ns, self._catalog, writer,
                                     replace, cluster, resumable=resumable,
                                     checkpoint_bytes=self._checkpoint_bytes,
@@ -215,8 +228,8 @@ class IngestMachine:
             try:
                 session.take_checkpoint()
             except BaseException as exc:
-                self.abort(session, f"{type(exc).__name__}: {exc}")
-                raise
+                aborted = self.abort(session, f"{type(exc).__name__}: {exc}")
+                raise with_outcome(exc, self._discarded_note() if aborted else None)
         return session
 
     def commit(self, session: IngestSession) -> DatasetInfo:
@@ -225,21 +238,59 @@ class IngestMachine:
         Durable when it returns: extents fsync'ed, SEAL appended, catalog
         fsync'ed.  Raises InvalidArgument (unfinished file, duplicate path,
         file/directory conflict), AlreadyExists (the name was published
-        meanwhile and `replace` is off), StorageFull, Unavailable (shutting
-        down); the ingest is aborted then.  FailedPrecondition or NotFound
-        when the session is not receiving (prepared, or already ended).
+        meanwhile and `replace` is off), StorageFull, StorageFailed,
+        Unavailable (shutting down); the ingest is aborted then, or parked
+        when it is resumable, holds files and the disk failed (the error's
+        message ends saying which, see `with_outcome`).  FailedPrecondition or
+        NotFound when the session is not receiving (prepared, or already ended).
         """
         index = self._finish(session)
         return self._seal(session, IngestState.RECEIVING, index)
 
-    def abort(self, session: IngestSession, reason: str) -> None:
+    def abort(self, session: IngestSession, reason: str) -> bool:
         """Discard a running ingest: a DELETE record, its extents removed, `reason` logged.
-        Idempotent: an ingest already sealed or aborted is left alone.  Never raises."""
+        Idempotent: an ingest already sealed or aborted is left alone (False).
+        Never raises."""
         with self._mutex:
             if self._registry.state(session) is None:
-                return
+                return False
             self._registry.move(session, IngestState.ABORTED)
         self._discard(session, reason)
+        return True
+
+    def discard_parked(self, name: str) -> DatasetInfo:
+        """End the parked ingest of `name` (DiscardIngest): a DELETE record, synced,
+        then its extents removed; returns what it held.  A sealed dataset of the
+        same name is never touched (that is `delete`), nor a receiving or
+        prepared ingest.  Raises InvalidArgument, NotFound (no unsealed ingest of
+        that name), FailedPrecondition (it is receiving or prepared: the message
+        says what ends those), Unavailable (shutting down)."""
+        check_dataset_name(name)
+        with self._mutex:
+            self.check_open()
+            found = self._registry.find(name)
+            if found is None:
+                sealed = self._directory.find(name) is not None
+                raise NotFound(
+                    f"no parked ingest of dataset {name!r} (never started, sealed, discarded, "
+                    "or not resumed within --resumable-ingest-timeout-s)"
+                    + (f"; the sealed dataset {name!r} stays (`dlfs rm {name}` removes it)"
+                       if sealed else ""))
+            session, state = found
+            if state is IngestState.RECEIVING:
+                raise FailedPrecondition(
+                    f"the ingest of dataset {name!r} is still receiving, not parked: stop the "
+                    "client sending it (it parks when its stream breaks off), then discard it")
+            if state is IngestState.PREPARED:
+                raise FailedPrecondition(
+                    f"the ingest of dataset {name!r} is prepared (it holds all its files and "
+                    "waits for the decision in etcd), not parked: its coordinator's commit, or "
+                    "its lease running out, ends it")
+            self._registry.move(session, IngestState.ABORTED)
+        summary = session.summary()
+        self._discard(session, "discarded by DiscardIngest")
+        log.info("discarded the parked ingest of dataset %r (%d files)", name, summary.samples)
+        return summary
 
     # --- two phases --------------------------------------------------------------------
 
@@ -279,14 +330,14 @@ class IngestMachine:
                                      sync=True)
                 self._registry.move(session, IngestState.PREPARED, index)
         except BaseException as exc:
-            self.abort(session, f"prepare failed: {type(exc).__name__}: {exc}")
-            raise
+            aborted = self.abort(session, f"prepare failed: {type(exc).__name__}: {exc}")
+            raise with_outcome(exc, self._discarded_note() if aborted else None)
         if self.on_prepared is not None:
             self.on_prepared(session.name, generation)
         return session.summary()
 
     def commit_prepared(self, name: str, generation: int = 0) -> DatasetInfo:
-        """Seal and publish the prepared ingest of `name` (CommitIngest).
+        """Seal and publish the prepared ingest of `name` (etcd committed it).
 
         With a `generation`, only that version is committed, and if it is
         already published the call answers with its summary (a retried
@@ -331,29 +382,41 @@ class IngestMachine:
 
     # --- resumable ingests: break off, park, resume --------------------------------------
 
-    def break_off(self, session: IngestSession, reason: str) -> None:
-        """The ingest's stream failed: park a resumable RECEIVING ingest (checkpoint,
-        then PARKED), abort any other.  Never raises."""
+    def break_off(self, session: IngestSession, reason: str) -> str | None:
+        """The ingest's stream failed: park a resumable RECEIVING ingest that holds
+        files durably (checkpoint, or back to the last one when the disk fails:
+        IngestSession.park; then PARKED), abort any other.
+
+        Returns what became of the ingest, as the end of the sentence the
+        client reads (see `with_outcome`): parked with so many files, taking so
+        many bytes of the data dir, and the commands that continue or end it;
+        or discarded.  None when the ingest had ended already (sealed, or
+        ended by the call that failed, whose error says so).  Never raises.
+        """
         with self._mutex:
             state = self._registry.state(session)
             if state is None:
-                return
+                return None
             park = session.resumable and state is IngestState.RECEIVING and not self._closed
         if not park:
-            self.abort(session, reason)
-            return
+            return self._discarded_note() if self.abort(session, reason) else None
         try:
             checkpoint = session.park()
         except Exception as exc:  # noqa: BLE001 - then nothing can be trusted: discard
-            self.abort(session, f"{reason}; parking it failed too: {exc}")
-            return
+            aborted = self.abort(session, f"{reason}; parking it failed too: {exc}")
+            return self._discarded_note() if aborted else None
+        if checkpoint.samples == 0:  # nothing to resume from: keep no space for it
+            aborted = self.abort(session, f"{reason}; it held no file durably")
+            return self._discarded_note() if aborted else None
         with self._mutex:
             if self._registry.state(session) is not IngestState.RECEIVING:
-                return
+                return None
             self._registry.move(session, IngestState.PARKED)
-        log.warning("ingest of dataset %r broke off (%s); parked with %d files durable, kept "
-                    "%.0f s for a resume", session.name, reason, checkpoint.samples,
-                    self._resumable_ingest_timeout_s)
+        held = session.disk_bytes()
+        log.warning("ingest of dataset %r broke off (%s); parked with %d files durable (%d bytes "
+                    "of the data dir), kept %.0f s for a resume", session.name, reason,
+                    checkpoint.samples, held, self._resumable_ingest_timeout_s)
+        return self._parked_note(session, checkpoint.samples, checkpoint.bytes, held)
 
     def resume(self, name: str, resume_from: int, replace: bool = False,
                cluster: Cluster | None = None) -> IngestSession:
@@ -369,6 +432,12 @@ class IngestMachine:
         with self._mutex:
             self.check_open()
             found = self._registry.find(name)
+            if found is not None and found[1] is IngestState.PREPARED:
+                # Before `resumable`: a prepared ingest found at restart has no stream.
+                raise ResumeConflict(
+                    f"the ingest of dataset {name!r} is prepared (it holds all its files) and "
+                    "waits for its commit: the decision in etcd (its coordinator's commit, or "
+                    "its lease running out) ends it")
             if found is None or not found[0].resumable:
                 raise NotFound(f"no ingest of dataset {name!r} to resume (never started, sealed, "
                                "removed, or not resumed within --resumable-ingest-timeout-s)")
@@ -376,11 +445,6 @@ class IngestMachine:
             if state is IngestState.RECEIVING:
                 raise ResumeConflict(f"the ingest of dataset {name!r} is still receiving from "
                                      "another client; resume it once that stream has ended")
-            if state is IngestState.PREPARED:
-                raise ResumeConflict(
-                    f"the ingest of dataset {name!r} is prepared (it holds all its files) and "
-                    "waits for its commit; `dlfs ingest --resume` with every member in "
-                    "--server commits it")
             if resume_from != session.samples:
                 raise ResumeConflict(
                     f"the ingest of dataset {name!r} holds {session.samples} files durably, the "
@@ -398,8 +462,11 @@ class IngestMachine:
                                   resume_after=(position.extent_no, position.extent_end))
             session.resume(writer)
         except BaseException as exc:
-            self.break_off(session, f"the resume failed: {type(exc).__name__}: {exc}")
-            raise
+            note = self.break_off(session, f"the resume failed: {type(exc).__name__}: {exc}")
+            if isinstance(exc, DataCorruption) and self.state(session) is IngestState.PARKED:
+                note = (f"the ingest stays parked but cannot be resumed: `dlfs discard {name}` "
+                        "ends it, then ingest again")
+            raise with_outcome(exc, note)
         log.info("resuming the ingest of dataset %r after %d files", name, resume_from)
         return session
 
@@ -430,39 +497,30 @@ class IngestMachine:
     # --- datasets: what the Store asks of the ingests -------------------------------------
 
     def delete(self, name: str) -> DatasetInfo:
-        """Remove a sealed dataset durably, then free its extents (after its last read).
+        """Remove the sealed dataset `name` durably, then free its extents (after its
+        last read).  Nothing else: an unsealed ingest of the same name (parked,
+        say) stays as it is (`discard_parked` ends a parked one).
 
-        A parked ingest of `name` is discarded too (its summary is returned
-        when there is no sealed dataset).  Raises InvalidArgument, NotFound,
-        FailedPrecondition (only an ingest in progress has that name),
-        Unavailable (shutting down), StorageFull and CatalogFailed (the
+        Raises InvalidArgument, NotFound (no sealed dataset; the message names
+        an unsealed ingest of that name and what ends it), Unavailable
+        (shutting down), StorageFull, StorageFailed and CatalogFailed (the
         dataset stays then).
         """
         check_dataset_name(name)
         self._check_change(name, "deleted")
-        parked = dataset = None
         with self._mutex:
             self.check_open()
-            found = self._registry.find(name)
-            if found is not None and found[1] is IngestState.PARKED:
-                parked = found[0]
-            elif found is not None and self._directory.find(name) is None:
-                raise FailedPrecondition(
-                    f"dataset {name!r} is being ingested ({found[1].value}); stop that ingest "
-                    "first (it can be removed once it is sealed or has broken off)")
-            if parked is None or self._directory.find(name) is not None:
-                dataset = self._directory.get(name)
-                # Durable first, then gone from listings: a failed append (disk full,
-                # a failed catalog) leaves the dataset listed and whole.
-                self._catalog.append(records.RecordType.DELETE,
-                                     records.encode_delete(dataset.dataset_id), sync=True)
-                self._directory.remove(name)
-            if parked is not None:
-                self._registry.move(parked, IngestState.ABORTED)
-        if parked is not None:
-            self._discard(parked, "removed by DeleteDataset")
-        if dataset is None:
-            return parked.summary()
+            dataset = self._directory.find(name)
+            if dataset is None:
+                found = self._registry.find(name)
+                if found is None:
+                    self._directory.get(name)  # raises NotFound, saying how to list them
+                raise NotFound(f"no dataset named {name!r}" + self._unsealed_hint(*found))
+            # Durable first, then gone from listings: a failed append (disk full,
+            # a failed catalog) leaves the dataset listed and whole.
+            self._catalog.append(records.RecordType.DELETE,
+                                 records.encode_delete(dataset.dataset_id), sync=True)
+            self._directory.remove(name)
         self._leases.retire(dataset.dataset_id)
         log.info("deleted dataset %r (%d samples)", name, len(dataset))
         return dataset.summary()
@@ -473,6 +531,16 @@ class IngestMachine:
         gate = self.change_gate
         if gate is not None:
             gate(name, change)
+
+    def _unsealed_hint(self, session, state: IngestState) -> str:
+        """What a delete of a name that only an unsealed ingest has says about it."""
+        if state is IngestState.PARKED:
+            return (f" (an ingest of it broke off and is parked with {session.samples:,} files: "
+                    f"`dlfs discard {session.name}` ends it)")
+        if state is IngestState.PREPARED:
+            return (" (an ingest of it is prepared and waits for the decision in etcd: its "
+                    "coordinator's commit, or its lease running out)")
+        return " (it is being ingested; it exists once that ingest is sealed)"
 
     def state(self, session: IngestSession) -> IngestState | None:
         """RECEIVING, PREPARED or PARKED while the ingest runs; None once sealed or aborted."""
@@ -526,8 +594,12 @@ class IngestMachine:
         try:
             return session.finish()
         except BaseException as exc:
-            self.abort(session, f"{type(exc).__name__}: {exc}")
-            raise
+            reason = f"{type(exc).__name__}: {exc}"
+            if isinstance(exc, DISK_ERRORS):  # a resumable one keeps its durable files
+                note = self.break_off(session, reason)
+            else:  # what was sent cannot be sealed: a resume would not change that
+                note = self._discarded_note() if self.abort(session, reason) else None
+            raise with_outcome(exc, note)
 
     def _seal(self, session: IngestSession, expected: IngestState,
               index: DatasetIndex) -> DatasetInfo:
@@ -559,8 +631,8 @@ class IngestMachine:
                             "etcd's decision is applied again", session.name,
                             type(exc).__name__, exc)
                 raise
-            self.abort(session, f"commit failed: {type(exc).__name__}: {exc}")
-            raise
+            aborted = self.abort(session, f"commit failed: {type(exc).__name__}: {exc}")
+            raise with_outcome(exc, self._discarded_note() if aborted else None)
         if previous is not None:
             self._leases.retire(previous.dataset_id)
         self._metrics.ingested_samples.inc(len(index))
@@ -580,12 +652,52 @@ class IngestMachine:
                                "(--resumable-ingest-timeout-s)")
 
     def _discard(self, session: IngestSession, reason: str) -> None:
-        """What ABORTED means on disk (after the move, outside `_mutex`)."""
+        """What ABORTED means on disk (after the move, outside `_mutex`).  Never raises:
+        it runs on the error paths of every front door, whose reply must still go
+        out; what it could not remove, the next start removes (replay)."""
         log.warning("ingest of dataset %r aborted: %s", session.name, reason)
-        session.discard()
+        try:
+            session.discard()
+        except Exception:  # noqa: BLE001 - logged with its traceback; replay cleans up
+            log.exception("discarding the ingest of dataset %r failed; the next start "
+                          "removes what it left", session.name)
+
+    def _discarded_note(self) -> str:
+        """The end of an error message whose ingest was aborted."""
+        if self._catalog.failed:
+            return "the ingest was discarded (its extents go when the daemon restarts)"
+        return "the ingest was discarded: nothing of it takes space on the data dir"
+
+    def _parked_note(self, session, samples: int, size: int, held: int) -> str:
+        """The end of an error message whose ingest was parked."""
+        return (f"the ingest is parked with {samples:,} files ({size:,} bytes) durable, which "
+                f"take {held:,} bytes of the data dir for up to "
+                f"{_duration(self._resumable_ingest_timeout_s)} (--resumable-ingest-timeout-s): "
+                "run the same `dlfs ingest` command with --resume to continue it, or "
+                f"`dlfs discard {session.name}` to end it and free that space")
 
     def _expect(self, session: IngestSession, state: IngestState) -> None:
         """Raise unless `session` is in `state` (caller holds `_mutex`)."""
         self.check_open()  # closing aborts every ingest: Unavailable says why
         self._registry.require(session, state)
+
+
+def _duration(seconds: float) -> str:
+    """'24 h', '90 min', '45 s': a timeout as an operator set it."""
+    if seconds >= 3600 and seconds % 3600 == 0:
+        return f"{seconds / 3600:.0f} h"
+    if seconds >= 60 and seconds % 60 == 0:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds:.0f} s"
+
+
+def with_outcome(exc: BaseException, note: str | None) -> BaseException:
+    """`exc` with `note` (what became of the ingest) added to its message: a new error
+    of the same DlfsError class; any other exception, or no note, unchanged."""
+    if note is None or not isinstance(exc, DlfsError) or note in exc.message:
+        return exc
+    noted = type(exc)(f"{exc.message}; {note}")
+    noted.request_id = exc.request_id
+    noted.__cause__ = exc  # the traceback the daemon logs goes back to the disk's error
+    return noted
 

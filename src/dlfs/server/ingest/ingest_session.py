@@ -28,14 +28,14 @@ from dlfs import limits
 from dlfs.formats import ingest_digest
 from dlfs.formats.block_crcs import BLOCK_BYTES, BlockHasher
 from dlfs.crc import crc32c
-from dlfs.errors import DataCorruption, InvalidArgument, Unavailable
+from dlfs.errors import DataCorruption, DlfsError, InvalidArgument, Unavailable
 from dlfs.formats.disk_layout import NO_EXTENT
 from dlfs.paths import check_sample_path
 from dlfs.server.core import catalog as cat
 from dlfs.server.core import catalog_records as records
 from dlfs.server.core.directory import Cluster, DatasetIndex
-from dlfs.server.core.extents import ExtentStore, ExtentWriter
-from dlfs.server.core.checkpoints import Checkpoint, encode_checkpoint
+from dlfs.server.core.extents import DISK_ERRORS, ExtentStore, ExtentWriter
+from dlfs.server.core.checkpoints import Checkpoint, encode_checkpoint, truncate_blocks
 from dlfs.server.ingest.recovered_ingest import discard_dataset
 from dlfs.types import DatasetInfo
 
@@ -89,6 +89,8 @@ class IngestSession:
         self.checkpoint_interval_s = checkpoint_interval_s
         self._catalog = catalog
         self._writer = writer
+        # Where the dataset's extents are (a parked session has no writer).
+        self._extents = writer.store if writer is not None else None
         self._blocks: list[records.SampleBlock] = []
         # (path, extent, offset, length, crc, mode, mtime, holders)
         self._pending: list[tuple] = []
@@ -112,6 +114,8 @@ class IngestSession:
         # checkpoint.
         self._writing = threading.RLock()
         self._stopped = False
+        # The error of a catalog append of samples that failed (see `_flush_entries`).
+        self._records_failed: DlfsError | None = None
 
     @classmethod
     def restored(cls, name: str, dataset_id: int, created_ns: int, catalog: cat.Catalog,
@@ -276,6 +280,15 @@ class IngestSession:
             self._flush_entries()
 
     def _flush_entries(self) -> None:
+        """Append the pending samples' records (SAMPLES, HOLDERS, BLOCKS).  A failure
+        may leave some of one block's records in the catalog: the session then
+        appends no more entries (`_records_failed`), so no checkpoint or seal can
+        follow them; a resumable one goes back to its last checkpoint instead
+        (`park`), after which such records are void (checkpoints.py)."""
+        if self._records_failed is not None:
+            raise type(self._records_failed)(
+                f"{self._records_failed.message} (an earlier catalog write of this ingest "
+                "failed; it records nothing more)")
         if not self._pending:
             return
         columns = list(zip(*self._pending))
@@ -291,9 +304,13 @@ class IngestSession:
             block_crc=np.array(self._pending_block_crcs, dtype=np.uint32),
             block_bytes=BLOCK_BYTES,
         )
+        try:
+            for record_type, payload in records.block_records(self.dataset_id, block):
+                self._catalog.append(record_type, payload)
+        except DlfsError as exc:
+            self._records_failed = exc
+            raise
         self._pending_block_crcs = []
-        for record_type, payload in records.block_records(self.dataset_id, block):
-            self._catalog.append(record_type, payload)
         self._blocks.append(block)
         self._pending = []
 
@@ -358,13 +375,57 @@ class IngestSession:
 
     def park(self) -> Checkpoint:
         """The stream broke off: drop the file being received, checkpoint, close the
-        extent.  The session keeps its samples and waits for `resume`."""
+        extent.  The session keeps its samples and waits for `resume`.
+
+        When that checkpoint cannot be taken because the disk failed (full, or
+        EIO), the session goes back to its last checkpoint instead, which is
+        durable: what arrived after it is forgotten and cut off the extents
+        (`back_to_checkpoint`).  Raises what the checkpoint raised otherwise
+        (Unavailable once the daemon stopped the session, CatalogFailed).
+        """
         with self._writing:
-            checkpoint = self.take_checkpoint()
+            try:
+                checkpoint = self.take_checkpoint()
+            except DISK_ERRORS as exc:
+                log.warning("ingest of dataset %r: a checkpoint at the break failed (%s); "
+                            "going back to the last one", self.name, exc.message)
+                return self.back_to_checkpoint()
             self._file = None
             if self._writer is not None:
                 self._writer.close()
         return checkpoint
+
+    def back_to_checkpoint(self) -> Checkpoint:
+        """Forget what arrived after the last checkpoint: close the writer unsynced,
+        keep the first `checkpoint.samples` files, and cut the extents where the
+        checkpoint ends (so the space the session holds is what it says), as a
+        restart would find it.  Returns that checkpoint.  Raises StorageFailed
+        when the extents cannot be cut (the session is unchanged in memory then
+        but for the closed writer; a resume cuts them).
+        """
+        with self._writing:
+            checkpoint = self.checkpoint
+            assert checkpoint is not None, "only resumable sessions go back"
+            self._file = None
+            if self._writer is not None:
+                self._writer.close()
+                self._writer = None
+            self._pending, self._pending_block_crcs, self._holders = [], [], ()
+            self._records_failed = None  # what it appended past the checkpoint is void
+            self._blocks = truncate_blocks(self._blocks, checkpoint.samples)
+            self.samples, self.bytes = checkpoint.samples, checkpoint.bytes
+            self.digest = checkpoint.digest
+            self._since_checkpoint = 0
+            last = self._blocks[-1] if self._blocks else None
+            self._last = (last.paths[-1], int(last.crc[-1])) if last is not None else None
+            self._extents.cut_dataset(self.dataset_id, checkpoint.extent_no,
+                                      checkpoint.extent_end, f"dataset {self.name!r}")
+        return checkpoint
+
+    def disk_bytes(self) -> int:
+        """Bytes the session's extents take on the data dir now (see
+        ExtentStore.dataset_disk_bytes).  Never raises."""
+        return self._extents.dataset_disk_bytes(self.dataset_id)
 
     def resume(self, writer: ExtentWriter) -> Checkpoint:
         """Continue after `park` (or a prepare, or a restart) with a fresh `writer`
@@ -384,7 +445,7 @@ class IngestSession:
             if self._writer is not None:
                 self._writer.close()
                 remove = self._writer.discard
-            else:  # parked after a restart: no writer
+            else:  # parked (after a restart, or gone back to its checkpoint): no writer
                 def remove():
                     self._extents.remove_dataset(self.dataset_id)
         discard_dataset(self._catalog, remove, self.name, self.dataset_id, sync=self.resumable)

@@ -24,13 +24,15 @@ class RecoveredIngest:
     """A two-phase ingest that a restart found prepared in the catalog.
 
     Its data and records are durable; the IngestMachine registers it PREPARED with
-    the index replay built, and it then waits for CommitIngest, AbortIngest
-    or the decision of its dataset's first member, as a prepared
-    `IngestSession` does.  `name`, `dataset_id`, `created_ns`, `replace` and
+    the index replay built, and it then waits for the decision in etcd (the
+    daemon's cluster member applies it), as a prepared `IngestSession` does.  `name`, `dataset_id`, `created_ns`, `replace` and
     `cluster` as there.
     """
 
     last_path = ""  # no stream: nothing arrived since the restart
+    # A prepared ingest is never resumed (it voted yes; its commit ends it), whether
+    # or not its stream was resumable: `IngestMachine.resume` refuses it as prepared.
+    resumable = False
 
     def __init__(self, index: DatasetIndex, replace: bool, catalog: cat.Catalog,
                  extents: ExtentStore):

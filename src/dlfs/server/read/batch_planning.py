@@ -33,7 +33,7 @@ import numpy as np
 from dlfs import limits
 from dlfs.errors import InvalidArgument
 from dlfs.server.core.directory import DatasetIndex
-from dlfs.server.read.batch_limits import BatchLimits
+from dlfs.batch_limits import BatchLimits
 
 
 @dataclasses.dataclass

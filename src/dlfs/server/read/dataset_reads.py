@@ -24,7 +24,7 @@ from dlfs.formats import disk_layout as layout
 from dlfs.server.core.directory import DatasetIndex
 from dlfs.server.core.extents import ExtentFiles
 from dlfs.server.read import batch_planning, range_planning, sendfiles
-from dlfs.server.read.batch_limits import BatchLimits
+from dlfs.batch_limits import BatchLimits
 from dlfs.server.read.batch_planning import BatchPlan
 from dlfs.server.read.preadv_reads import ShortRead
 from dlfs.server.read.prefetch import Prefetcher
@@ -141,17 +141,17 @@ class DatasetReads:
             describe_extent=lambda extent: dataset.describe_extent(extent))
 
     def send_cached(self, dataset: DatasetIndex, pieces, sock, head: bytes, *,
-                    before=None) -> bool:
+                    before=None, deadline: float | None = None) -> bool:
         """Send `head` and then file pieces of `dataset` (tiling one window, sent in
         buffer-offset order) straight from the page cache to `sock` by `sendfile`,
         if it holds every page of them; False, with nothing sent, otherwise (see
         sendfiles.send).  `before()` runs once the pages are known cached, before
         anything is sent.  Raises DataCorruption naming the extent when one ends
         early (the window is padded first, so the framing stays whole), OSError
-        (socket.timeout: the peer stopped reading)."""
+        (socket.timeout: the peer stopped reading, or `deadline` passed)."""
         try:
             if not sendfiles.send(sock, self.files, dataset.dataset_id, pieces, head,
-                                  before=before):
+                                  before=before, deadline=deadline):
                 return False
         except ShortRead as short:
             raise DataCorruption(

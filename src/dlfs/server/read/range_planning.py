@@ -21,7 +21,7 @@ import numpy as np
 
 from dlfs.formats import block_crcs
 from dlfs.server.core.directory import DatasetIndex
-from dlfs.server.read.batch_limits import BatchLimits
+from dlfs.batch_limits import BatchLimits
 from dlfs.server.read.batch_planning import BatchPlan, plan_batch
 
 

@@ -28,6 +28,7 @@ import errno
 import os
 import select
 import socket
+import time
 from typing import Callable
 
 import numpy as np
@@ -36,6 +37,7 @@ from dlfs import limits
 from dlfs.server.core.extents import ExtentFiles
 from dlfs.server.read.batch_planning import PieceColumns
 from dlfs.server.read.preadv_reads import ShortRead
+from dlfs.sockio import send_all
 
 _PAGE_BYTES = 4096
 _FIRST = np.zeros(1, dtype=np.intp)  # the one extent of a one-piece window
@@ -109,15 +111,16 @@ def all_cached(fds: np.ndarray, offsets: np.ndarray, sizes: np.ndarray) -> bool:
 
 
 def send(sock: socket.socket, files: ExtentFiles, dataset_id: int, pieces: PieceColumns,
-         head: bytes, *, before: Callable[[], None] | None = None) -> bool:
+         head: bytes, *, before: Callable[[], None] | None = None,
+         deadline: float | None = None) -> bool:
     """Send `head`, then `pieces` in buffer-offset order (they must tile the window),
     each by `sendfile` from its extent, if the page cache holds all of them.
 
     Returns False, having sent nothing, when some page is not cached;
     `before()` runs once they are known cached, before anything is sent.
     Raises ShortRead after padding the window when an extent ends early,
-    socket.timeout when the peer stops reading for the socket's timeout,
-    OSError.
+    socket.timeout when the peer stops reading for the socket's timeout or
+    when `deadline` (time.monotonic()) passes first, OSError.
     """
     if len(pieces) == 1:  # one sample (a mount's file): nothing to order
         extent, offset, size = pieces.extent, pieces.file_offset, pieces.size
@@ -133,26 +136,27 @@ def send(sock: socket.socket, files: ExtentFiles, dataset_id: int, pieces: Piece
         if before is not None:
             before()
         timeout = sock.gettimeout()
-        sock.sendall(head)
+        send_all(sock, [head], deadline=deadline)
         out = sock.fileno()
         pieces_left = zip(extent.tolist(), fds.tolist(), offset.tolist(), size.tolist())
         for index, (extent_no, fd, start, length) in enumerate(pieces_left):
-            got = _sendfile(out, fd, start, length, timeout)
+            got = _sendfile(out, fd, start, length, timeout, deadline)
             if got < length:
                 # Keep the framing whole: the rest of the window as zeros, then the error.
-                sock.sendall(bytes(int(size[index:].sum()) - got))
+                send_all(sock, [bytes(int(size[index:].sum()) - got)], deadline=deadline)
                 raise ShortRead(extent_no, start, length, got)
     return True
 
 
-def _sendfile(out: int, fd: int, offset: int, count: int, timeout: float | None) -> int:
+def _sendfile(out: int, fd: int, offset: int, count: int, timeout: float | None,
+              deadline: float | None) -> int:
     """`sendfile` until `count` bytes went out or the file ended; returns the bytes sent."""
     sent = 0
     while sent < count:
         try:
             n = os.sendfile(out, fd, offset + sent, count - sent)
         except BlockingIOError:
-            _wait_writable(out, timeout)
+            _wait_writable(out, timeout, deadline)
             continue
         if n == 0:
             break
@@ -160,7 +164,12 @@ def _sendfile(out: int, fd: int, offset: int, count: int, timeout: float | None)
     return sent
 
 
-def _wait_writable(fd: int, timeout: float | None) -> None:
+def _wait_writable(fd: int, timeout: float | None, deadline: float | None) -> None:
+    if deadline is not None:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise socket.timeout("the reply's deadline passed")
+        timeout = left if timeout is None else min(timeout, left)
     poller = select.poll()
     poller.register(fd, select.POLLOUT)
     if not poller.poll(None if timeout is None else timeout * 1000):

@@ -4,9 +4,12 @@ One `BatchLimits` per daemon, built by the Store from --batch-ids-max and
 --batch-bytes-max (`Store.batch_limits`).  Both front doors go through it:
 gRPC via the planning functions (`batch_planning.plan_request`,
 `range_planning.plan_range`), which take it as a parameter, and the data
-path's replies, which call it directly.  So a request over a limit gets the
-same InvalidArgument with the same message whichever way it came in.
-Nothing here imports grpc or the daemon's config.
+path's replies, which call it directly.  The daemon tells its limits to
+data path clients at WELCOME (`datapath_frames.DaemonLimits`), and the
+client checks a request against them before it sends a byte.  So a request
+over a limit gets the same InvalidArgument with the same message whichever
+way it came in, and whichever side refused it.  Shared vocabulary: nothing
+here imports grpc, the daemon or the client.
 """
 
 from __future__ import annotations
