@@ -39,7 +39,7 @@ from dlfs.client.cluster.placement import place
 from dlfs.client.cluster.two_phase import check_streams, run_two_phase
 from dlfs.client.transport.ingest_requests import IngestPiece, buffer_pieces, dir_pieces
 from dlfs.client.transport.read_requests import BatchRequest
-from dlfs.errors import DlfsError, InvalidArgument
+from dlfs.errors import DlfsError, InvalidArgument, Unavailable
 from dlfs.types import Entry
 
 # A chunk of samples handled at once: one get_batch for its moved copies.
@@ -139,14 +139,19 @@ def rebalance(router, name: str, *, replicas: int | None = None,
 def _wait_removed(router, name: str, addresses: list[str]) -> tuple[list[str], list[str]]:
     """(those of `addresses` that no longer list `name`, those that still do or do not
     answer), waiting at most `limits.cluster_publish_wait_s` (members that left
-    delete their copy as they read etcd: milliseconds)."""
+    delete their copy as they read etcd: milliseconds).  One that does not answer
+    is not waited for: it deletes its copy when it starts again."""
     deadline = time.monotonic() + limits.cluster_publish_wait_s
     pending = list(addresses)
-    removed = []
+    removed, down = [], []
     while pending:
         for address in list(pending):
             try:
                 listed = [i.name for i in router.member(address).control.list_datasets()]
+            except Unavailable:
+                down.append(address)
+                pending.remove(address)
+                continue
             except DlfsError:
                 continue
             if name not in listed:
@@ -155,7 +160,7 @@ def _wait_removed(router, name: str, addresses: list[str]) -> tuple[list[str], l
         if not pending or time.monotonic() >= deadline:
             break
         time.sleep(0.02)
-    return removed, pending
+    return removed, down + pending
 
 
 def _entries(transport, name: str) -> list[Entry]:
