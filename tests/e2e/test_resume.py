@@ -51,6 +51,12 @@ def progress(address, name):
             return None
 
 
+def process_state(pid: int) -> str:
+    """The state letter of /proc/PID/stat ("T": stopped)."""
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rpartition(")")[2].split()[0]
+
+
 def ingest_process(address, source, name, *args):
     return subprocess.Popen([sys.executable, "-m", "dlfs.cli", "--server", address, "ingest",
                              str(source), name, "--progress", "none", *args],
@@ -169,13 +175,22 @@ def test_resume_refuses_a_changed_source_and_discard_ends_the_parked_ingest(daem
 
 
 def test_a_parked_ingest_is_discarded_after_its_timeout(daemon_factory, tmp_path):
-    daemon = daemon_factory(extra_args=CHECKPOINTS + ["--resumable-ingest-timeout-s", "1.5"])
+    daemon = daemon_factory(extra_args=CHECKPOINTS + ["--resumable-ingest-timeout-s", "1.5"],
+                            start=False)
+    # The daemon stands still at a disk write mid-ingest: the client is killed while the
+    # ingest runs, however fast this machine is (it could finish first otherwise).
+    daemon.extra_env = {"DLFS_FAULT": "write:40:stop"}
+    daemon.start()
     source_tree(tmp_path / "src", n=400, seed=9)
     name = unique_name()
     process = ingest_process(daemon.address, tmp_path / "src", name, "--readers", "1")
-    assert wait_for_durable(daemon.address, name, 30, process)
-    process.kill()
-    process.communicate(timeout=60)
+    try:
+        wait_until(lambda: process_state(daemon.pid) == "T", "the daemon stopped mid-ingest",
+                   60)
+        process.kill()
+        process.communicate(timeout=60)
+    finally:
+        os.kill(daemon.pid, signal.SIGCONT)
     deadline = time.monotonic() + 5
     while (state := progress(daemon.address, name)) is not None and state.state != "parked":
         assert time.monotonic() < deadline

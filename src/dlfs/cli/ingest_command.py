@@ -147,7 +147,9 @@ def interrupted(client: Client, args, name: str) -> str:
                     return (f"interrupted after the last file: {name!r} is ingested "
                             f"({info.samples} samples)")
                 if info is not None and info.ingest_state == "parked":
-                    return (f"interrupted: the daemon keeps {info.samples:,} files "
+                    keeps = (f"{len(info.members)} members keep" if args.etcd
+                             else "the daemon keeps")
+                    return (f"interrupted: {keeps} {info.samples:,} files "
                             f"({human_bytes(info.bytes)}) of {name!r}, parked; continue with: "
                             f"{resume}")
                 if time.monotonic() >= deadline:

@@ -125,16 +125,35 @@ def cluster_listing(state, listings: dict) -> list[DatasetInfo]:
     """Every dataset of a cluster, sorted by name: what etcd holds (`state`, a
     `ClusterState`), each saying how the live members' own listings (`listings`:
     address -> their summaries, or the error asking them raised) disagree with it;
-    changes in flight are listed unsealed ("receiving")."""
-    by_member = {address: {info.name: info for info in result}
-                 for address, result in listings.items() if isinstance(result, list)}
-    found = {}
+    changes in flight are listed unsealed ("receiving"), and so are ingests the
+    members hold parked (a resumable striped ingest that broke off is no change
+    in etcd), after a sealed dataset of the same name: its members are those
+    that hold a part, its files the most any of them holds."""
+    by_member: dict[str, dict[str, DatasetInfo]] = {}
+    parked: dict[str, list[tuple[str, DatasetInfo]]] = {}
+    for address, result in listings.items():
+        if not isinstance(result, list):
+            continue
+        by_member[address] = {}
+        for info in result:
+            if info.sealed or info.name not in by_member[address]:
+                by_member[address][info.name] = info
+            if info.ingest_state == "parked":
+                parked.setdefault(info.name, []).append((address, info))
+    found = []
     for name, (record, _revision) in state.datasets.items():
         info = DatasetInfo(name, record.samples, record.bytes, True, record.committed_unix_ns,
                            0, record.members, record.replicas, generation=record.generation)
-        found[name] = dataclasses.replace(info, disagreement=members_disagree(info, by_member))
+        found.append(dataclasses.replace(info, disagreement=members_disagree(info, by_member)))
     for name, (intent, _revision) in state.intents.items():
-        if name not in found:
-            found[name] = DatasetInfo(name, 0, 0, False, 0, 0, intent.members, intent.replicas,
-                                      ingest_state="receiving")
-    return [found[name] for name in sorted(found)]
+        if name not in state.datasets:
+            found.append(DatasetInfo(name, 0, 0, False, 0, 0, intent.members, intent.replicas,
+                                     ingest_state="receiving"))
+    for name, held in parked.items():
+        if name in state.intents:
+            continue  # the change in flight is listed (receiving)
+        most = max((info for _, info in held), key=lambda info: info.samples)
+        found.append(dataclasses.replace(
+            most, bytes=sum(info.bytes for _, info in held),
+            members=tuple(sorted(address for address, _ in held)), member_index=0))
+    return sorted(found, key=lambda info: (info.name, not info.sealed))
