@@ -15,6 +15,7 @@ import sys
 import time
 
 from dlfs import limits
+from dlfs.cli.target import client_target
 from dlfs.client import Client
 from dlfs.errors import DlfsError, InvalidArgument
 from dlfs.staging.duplicates import Duplicates
@@ -68,7 +69,7 @@ def add_commands(command) -> None:
     p.add_argument("--follow-symlinks", action="store_true",
                    help="follow symbolic links to files and directories (loops are skipped)")
     p.add_argument("--replicas", type=int, default=1,
-                   help="with several daemons (--server A,B,C): copies of each sample "
+                   help="in a cluster (--etcd): copies of each sample, on distinct members "
                         "(default: 1)")
 
 
@@ -138,7 +139,7 @@ def interrupted(client: Client, args, name: str) -> str:
     resume = command_line(args.argv, "--resume")
     deadline = time.monotonic() + limits.cli_park_wait_s
     try:
-        with Client(args.server, reconnect_timeout_s=limits.cli_reconnect_timeout_s,
+        with Client(**client_target(args), reconnect_timeout_s=limits.cli_reconnect_timeout_s,
                     token=args.token, tls_ca=args.tls_ca) as again:
             while True:
                 info = next((i for i in again.dataset_infos() if i.name == name), None)
@@ -146,7 +147,9 @@ def interrupted(client: Client, args, name: str) -> str:
                     return (f"interrupted after the last file: {name!r} is ingested "
                             f"({info.samples} samples)")
                 if info is not None and info.ingest_state == "parked":
-                    return (f"interrupted: the daemon keeps {info.samples:,} files "
+                    keeps = (f"{len(info.members)} members keep" if args.etcd
+                             else "the daemon keeps")
+                    return (f"interrupted: {keeps} {info.samples:,} files "
                             f"({human_bytes(info.bytes)}) of {name!r}, parked; continue with: "
                             f"{resume}")
                 if time.monotonic() >= deadline:
