@@ -354,17 +354,24 @@ def test_random_faults_during_striped_commits_and_rebalances(daemon_factory, tmp
                     victim.extra_env = {"DLFS_FAULT": spec}
                     victim.start_again()
                 etcd_faults: list[str] = []
+                restarts: list[threading.Timer] = []
                 etcd_kind = next((k for k in plan if k.startswith("etcd")), None)
                 if etcd_kind is not None:
                     def faulty_commit(change, record, kind=etcd_kind):
-                        if kind == "etcd-leader":
-                            leader = etcd.leader()
-                            leader.kill()
-                            threading.Timer(rng.uniform(0.1, 1.0), leader.start_again).start()
-                        else:  # the whole etcd restarts while the commit waits
-                            etcd.kill()
-                            threading.Timer(rng.uniform(0.1, 1.0), etcd.start).start()
-                        etcd_faults.append(kind)
+                        # One etcd fault per change: a commit tried again must not kill an
+                        # etcd that its restart timer is still bringing up.
+                        if not etcd_faults:
+                            if kind == "etcd-leader":
+                                leader = etcd.leader()
+                                leader.kill()
+                                restart = leader.start_again
+                            else:  # the whole etcd restarts while the commit waits
+                                etcd.kill()
+                                restart = etcd.start
+                            timer = threading.Timer(rng.uniform(0.1, 1.0), restart)
+                            timer.start()
+                            restarts.append(timer)
+                            etcd_faults.append(kind)
                         return commit(change, record)
 
                     monkeypatch.setattr(ClusterChange, "commit", faulty_commit)
@@ -395,7 +402,9 @@ def test_random_faults_during_striped_commits_and_rebalances(daemon_factory, tmp
                                             "member-commit-kill"] if member_fired else []):
                     kinds[kind] = kinds.get(kind, 0) + 1
                 fired += member_fired + len(etcd_faults)
-                for member in etcd.members:  # every etcd member back (a timer may still run)
+                for timer in restarts:  # etcd back and healthy before the next fault
+                    timer.join(SETTLE_S)
+                for member in etcd.members:
                     wait_until(member.alive, "etcd to be restarted", SETTLE_S)
                 if spec:
                     victim.stop() if rng.random() < 0.5 else victim.kill()
