@@ -253,6 +253,11 @@ members_max = 4096
 shutdown_poll_s = 0.1
 # Ingest stream: bytes per client message.
 ingest_message_bytes = 1 * MiB
+# An ingest capped with --max-rate (`dlfs.staging.pace`): the least cap accepted
+# (below it an ingest of any size would take days), and how much a sender
+# that fell behind its pace may send at once to catch up, in seconds' worth.
+ingest_rate_min = 64 * KiB
+ingest_rate_burst_s = 0.1
 # Request ids (`x-request-id` metadata, see dlfs.logs): longer ones from a
 # caller are replaced, so one id is one grep-able token of bounded size.
 request_id_chars_max = 64

@@ -26,6 +26,10 @@ from dlfs import Client
 CHECKPOINTS = ["--ingest-checkpoint-bytes", str(2 * 1024 * 1024),
                "--ingest-checkpoint-interval-s", "0.2"]
 KILL_POINTS = int(os.environ.get("DLFS_RESUME_KILL_POINTS", "6"))
+# Ingests a test interrupts are capped (--max-rate) so that they last about a second
+# or more however fast the machine: uncapped, 40 MiB went in 0.1 s on CI's machine,
+# before a kill could land.
+PACED = ["--max-rate", "32MiB"]
 
 
 def source_tree(root, n=600, seed=3) -> dict[str, bytes]:
@@ -83,7 +87,7 @@ def test_client_killed_at_random_points_then_resumed_ends_identical(daemon_facto
         name = f"resumed{point}"
         via = ("datapath", "grpc")[point % 2]
         kills = 0
-        args = ["--readers", str(chooser.choice([1, 2, 8])), "--via", via]
+        args = ["--readers", str(chooser.choice([1, 2, 8])), "--via", via, *PACED]
         process = ingest_process(daemon.address, tmp_path / "src", name, *args)
         while True:  # kill it at a random point, then resume; sometimes kill a resume too
             wait_for_durable(daemon.address, name, chooser.randint(1, 500), process)
@@ -120,7 +124,7 @@ def test_daemon_restarted_mid_ingest_then_resume(daemon_factory, tmp_path, how):
     daemon = daemon_factory(extra_args=CHECKPOINTS)
     files = source_tree(tmp_path / "src", n=1500, seed=5)
     name = unique_name()
-    process = ingest_process(daemon.address, tmp_path / "src", name, "--readers", "1")
+    process = ingest_process(daemon.address, tmp_path / "src", name, "--readers", "1", *PACED)
     durable = wait_for_durable(daemon.address, name, 100, process)
     assert durable, "the ingest finished before the daemon could be stopped"
     port = daemon.address.rpartition(":")[2]
@@ -150,7 +154,7 @@ def test_resume_refuses_a_changed_source_and_discard_ends_the_parked_ingest(daem
     daemon = daemon_factory(extra_args=CHECKPOINTS)
     source_tree(tmp_path / "src", n=500, seed=7)
     name = unique_name()
-    process = ingest_process(daemon.address, tmp_path / "src", name, "--readers", "1")
+    process = ingest_process(daemon.address, tmp_path / "src", name, "--readers", "1", *PACED)
     assert wait_for_durable(daemon.address, name, 50, process)
     process.kill()
     process.communicate(timeout=60)

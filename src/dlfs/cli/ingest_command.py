@@ -9,6 +9,7 @@ command a shell's Ctrl-C ended.
 
 from __future__ import annotations
 
+import argparse
 import os
 import shlex
 import sys
@@ -19,11 +20,13 @@ from dlfs.cli.target import client_target
 from dlfs.client import Client
 from dlfs.errors import DlfsError, InvalidArgument
 from dlfs.staging.duplicates import Duplicates
+from dlfs.staging.pace import check_rate
 from dlfs.staging.progress import IngestStats, human_bytes
 from dlfs.staging.read_pool import READERS_DEFAULT
 from dlfs.staging.source_files import SKIP_KINDS
 from dlfs.staging.source_set import SourceSet, open_sources
 from dlfs.staging.tar_archive import is_archive_name
+from dlfs.units import parse_size
 
 # The exit status of a command ended by SIGINT (128 + 2), as shells report it.
 EXIT_INTERRUPTED = 130
@@ -68,6 +71,10 @@ def add_commands(command) -> None:
                    help="include files and directories whose name starts with '.'")
     p.add_argument("--follow-symlinks", action="store_true",
                    help="follow symbolic links to files and directories (loops are skipped)")
+    p.add_argument("--max-rate", type=_rate, metavar="SIZE",
+                   help="send at most SIZE bytes a second (e.g. 200MiB), so that training "
+                        "jobs reading from the same daemons keep their disk and network "
+                        "bandwidth (default: no cap)")
     p.add_argument("--replicas", type=int, default=1,
                    help="in a cluster (--etcd): copies of each sample, on distinct members "
                         "(default: 1)")
@@ -90,7 +97,8 @@ def run_ingest(client: Client, args) -> int:
         info = client.upload(sources, name, replace=args.replace, replicas=args.replicas,
                              readers=args.readers, resumable=not args.no_resumable,
                              resume=args.resume, progress=None if args.progress == "auto"
-                             else args.progress, via=args.via, stats=stats)
+                             else args.progress, via=args.via, stats=stats,
+                             max_rate=args.max_rate)
     except KeyboardInterrupt:
         print(f"dlfs: {interrupted(client, args, name)}", file=sys.stderr)
         return EXIT_INTERRUPTED
@@ -103,6 +111,16 @@ def run_ingest(client: Client, args) -> int:
     if hint:
         print(hint, file=sys.stderr)
     return 0
+
+
+def _rate(text: str) -> int:
+    """--max-rate's SIZE, bytes a second ("200MiB", "1.5G", "65536")."""
+    try:
+        rate = parse_size(text.removesuffix("/s"))
+        check_rate(rate)
+    except (ValueError, InvalidArgument) as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return rate
 
 
 def command_line(argv: list[str], *added: str) -> str:

@@ -282,13 +282,15 @@ class Client:
                include_hidden: bool = False, follow_symlinks: bool = False,
                progress: bool | str | None = None, replicas: int = 1, archives: bool = False,
                readers: int = READERS_DEFAULT, resumable: bool = False, resume: bool = False,
-               via: str = "auto", stats: IngestStats | None = None) -> DatasetInfo:
+               via: str = "auto", stats: IngestStats | None = None,
+               max_rate: int | None = None) -> DatasetInfo:
         """Upload `source` as dataset `name`: a directory tree, a tar archive (plain or
         compressed; WebDataset shards too), a glob of archives, or a list of these.
 
         `archives`: directories name directories of archives.  `readers`:
         files read at once.  `resumable`: a broken-off ingest is kept on the
-        daemon for `resume=True`.  File selection rules: `dlfs.staging.tree_walk`
+        daemon for `resume=True`.  `max_rate`: send at most so many bytes a
+        second (None: as fast as it goes).  File selection rules: `dlfs.staging.tree_walk`
         and `dlfs.staging.tar_archive`; see also `upload`.
         """
         check_dataset_name(name)
@@ -297,12 +299,13 @@ class Client:
                                include_hidden=include_hidden, follow_symlinks=follow_symlinks)
         return self.upload(sources, name, replace=replace, progress=progress, replicas=replicas,
                            readers=readers, resumable=resumable, resume=resume, via=via,
-                           stats=stats)
+                           stats=stats, max_rate=max_rate)
 
     def upload(self, source, name: str, *, replace: bool = False,
                progress: bool | str | None = None, replicas: int = 1,
                readers: int = READERS_DEFAULT, resumable: bool = False, resume: bool = False,
-               via: str = "auto", stats: IngestStats | None = None) -> DatasetInfo:
+               via: str = "auto", stats: IngestStats | None = None,
+               max_rate: int | None = None) -> DatasetInfo:
         """Upload a `walk_tree` report or a `dlfs.staging.source_set.SourceSet` as `name`.
 
         A cluster: the dataset is striped over its live members, each sample
@@ -311,7 +314,7 @@ class Client:
         """
         check_dataset_name(name)
         options = dict(progress=progress, readers=readers, resumable=resumable, resume=resume,
-                       via=via, stats=stats)
+                       via=via, stats=stats, max_rate=max_rate)
         if isinstance(self.transport, ClusterRouter):
             try:
                 return ingest_striped(self.transport, source, name, replace=replace,

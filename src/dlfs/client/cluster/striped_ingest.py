@@ -23,6 +23,7 @@ from dlfs.client.transport.ingest_requests import IngestPiece, dir_pieces
 from dlfs.errors import DlfsError, ResumeConflict, Unavailable
 from dlfs.staging.duplicates import Duplicates
 from dlfs.staging.ordered_files import ordered_files, pool_for
+from dlfs.staging.pace import pace_for
 from dlfs.staging.progress import IngestProgress, IngestStats, progress_mode
 from dlfs.staging.read_pool import READERS_DEFAULT
 from dlfs.staging.resume_prefix import resume_prefix
@@ -33,7 +34,8 @@ from dlfs.types import DatasetInfo
 def ingest_striped(router, source, name: str, *, replace: bool, replicas: int,
                    progress: bool | str | None, readers: int = READERS_DEFAULT,
                    resumable: bool = False, resume: bool = False, via: str = "auto",
-                   stats: IngestStats | None = None) -> DatasetInfo:
+                   stats: IngestStats | None = None, max_rate: int | None = None
+                   ) -> DatasetInfo:
     """Stripe `source` (see `dlfs.client.ingest_upload.upload`) over the live members
     with `replicas` copies each.
 
@@ -48,6 +50,7 @@ def ingest_striped(router, source, name: str, *, replace: bool, replicas: int,
     member, AlreadyExists (the name exists and not `replace`, or another
     change of it is in flight).
     """
+    pace = pace_for(max_rate)  # the whole stream's bytes, all members together
     members = list(router.addresses)
     if not members:
         raise Unavailable(f"no live member in {router.address}: start the daemons with --etcd")
@@ -80,7 +83,7 @@ def ingest_striped(router, source, name: str, *, replace: bool, replicas: int,
                            else sources.known_files - skip)
     with pool_for(sources, skip, readers) as pool:
         def produce(streams, _bar) -> None:
-            _produce(ordered_files(pool, meter, duplicates), skip, skips, holders_of, streams,
+            _produce(ordered_files(pool, meter, duplicates, pace), skip, skips, holders_of, streams,
                      sources.dirs)
 
         try:
