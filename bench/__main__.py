@@ -5,6 +5,7 @@
     ./dev bench --workloads 4k --caches cold --contenders ext4-1,dlfs-grpc-1,fio
     ./dev bench --workloads ingest   # only the staging rows (dlfs ingest vs cp -r, tar -x, ...)
     ./dev bench --workloads dlio     # the real DLIO benchmark through the mount (bench.dlio_mount)
+    ./dev bench --workloads cluster  # many daemons in an etcd cluster, the control plane (bench.cluster)
 
 Prints the markdown table and writes results.json, results.md and
 results.png to --out.  Generated data is cached in --data-dir.  Besides the
@@ -22,7 +23,8 @@ import os
 import sys
 import time
 
-from bench import datagen, dlio_mount, ingest_bench, memory, processes, report, runner, scaling
+from bench import (cluster, datagen, dlio_mount, ingest_bench, memory, processes, report,
+                   runner, scaling)
 from bench.contenders import BenchEnv
 from bench.lineup import all_contenders
 from bench.measure import CacheControl, proc_status_kib
@@ -30,6 +32,7 @@ from dlfs.tools.launch import MountProcess, fuse_unavailable
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DLIO = "dlio"  # the --workloads name of bench.dlio_mount
+CLUSTER = "cluster"  # the --workloads name of bench.cluster
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -46,7 +49,10 @@ def build_parser() -> argparse.ArgumentParser:
                              "(the staging rows: dlfs ingest vs cp -r, tar -x and one file at "
                              "a time; they use the 110k workload's files), and dlio: the real "
                              "DLIO benchmark through the mount and from ext4 (python -m "
-                             "bench.dlio_mount; not in the default, about 6 minutes)")
+                             "bench.dlio_mount; not in the default, about 6 minutes), and "
+                             "cluster: 1, 2 and 4 daemons in a cluster on a real etcd, etcd "
+                             "call latencies, the placement model at 1,000 nodes (python -m "
+                             "bench.cluster; not in the default, about 2 minutes)")
     parser.add_argument("--caches", default="warm,cold", help="comma-separated: warm,cold")
     parser.add_argument("--contenders", default="",
                         help="comma-separated subset of contender keys (default: all; ext4-1 is "
@@ -78,15 +84,16 @@ def main(argv: list[str] | None = None) -> int:
         print(message, file=sys.stderr, flush=True)
 
     wanted = set(args.workloads.split(","))
-    unknown = wanted - {"4k", "110k", "140m", "ingest", DLIO}
+    unknown = wanted - {"4k", "110k", "140m", "ingest", DLIO, CLUSTER}
     if unknown:
         parser_error = f"unknown workloads: {', '.join(sorted(unknown))}"
         print(f"python -m bench: {parser_error}", file=sys.stderr)
         return 2
-    if wanted == {DLIO}:  # only DLIO: none of the rows, scaling or memory
-        return run_dlio(args)
+    if wanted <= {DLIO, CLUSTER}:  # only these: none of the rows, scaling or memory
+        return max(run_dlio(args) if DLIO in wanted else 0,
+                   run_cluster(args) if CLUSTER in wanted else 0)
     staging = "ingest" in wanted
-    reads = wanted - {"ingest", DLIO}
+    reads = wanted - {"ingest", DLIO, CLUSTER}
     if staging:
         wanted.add("110k")  # the staging rows ingest its tree
     workloads = [w for w in (datagen.quick_workloads() if args.quick else datagen.full_workloads())
@@ -143,7 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     paths = report.write(results, args.out, "results" if reads else "ingest")
     print(report.markdown(results))
     progress(f"bench: wrote {', '.join(paths.values())} in {time.monotonic() - started:.0f} s")
-    return run_dlio(args) if DLIO in wanted else 0
+    return max(run_dlio(args) if DLIO in wanted else 0,
+               run_cluster(args) if CLUSTER in wanted else 0)
 
 
 def run_reads(args, prepared, data_dir, daemon_args, daemon_info, settings, caches,
@@ -193,6 +201,11 @@ def run_reads(args, prepared, data_dir, daemon_args, daemon_info, settings, cach
 def run_dlio(args: argparse.Namespace) -> int:
     """The DLIO benchmark (bench.dlio_mount) with this run's --quick and --out."""
     return dlio_mount.main((["--quick"] if args.quick else []) + ["--out", args.out])
+
+
+def run_cluster(args: argparse.Namespace) -> int:
+    """The many-daemons benchmark (bench.cluster) with this run's --quick and --out."""
+    return cluster.main((["--quick"] if args.quick else []) + ["--out", args.out])
 
 
 def run_scaling(prepared: list, daemon, runs: int, window_s: float, progress,

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Generate the protobuf/gRPC modules of src/dlfs/proto from dlfs.proto.
+"""Generate the protobuf/gRPC modules of src/dlfs/proto from dlfs.proto and etcd_api.proto.
 
     python scripts/gen_proto.py           # regenerate in place
     python scripts/gen_proto.py --check   # exit 1 if the committed modules are stale
@@ -19,19 +19,22 @@ from grpc_tools import protoc
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SRC = ROOT / "src"
-PROTO = pathlib.Path("dlfs/proto/dlfs.proto")
-GENERATED = ("dlfs_pb2.py", "dlfs_pb2.pyi", "dlfs_pb2_grpc.py")
+PROTO_DIR = pathlib.Path("dlfs/proto")
+# dlfs.proto: the daemon's service; etcd_api.proto: the subset of etcd's v3 API DLFS uses.
+PROTOS = ("dlfs.proto", "etcd_api.proto")
+GENERATED = tuple(f"{pathlib.Path(p).stem}{suffix}" for p in PROTOS
+                  for suffix in ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py"))
 
 
 def generate(out_dir: pathlib.Path) -> None:
-    """Run protoc on dlfs.proto, writing the modules below `out_dir`."""
+    """Run protoc on every proto of PROTOS, writing the modules below `out_dir`."""
     args = [
         "protoc",
         f"-I{SRC}",
         f"--python_out={out_dir}",
         f"--pyi_out={out_dir}",
         f"--grpc_python_out={out_dir}",
-        str(SRC / PROTO),
+        *(str(SRC / PROTO_DIR / proto) for proto in PROTOS),
     ]
     if protoc.main(args) != 0:
         raise SystemExit("protoc failed")
@@ -49,8 +52,8 @@ def main() -> int:
         stale = [
             name
             for name in GENERATED
-            if not (SRC / PROTO.parent / name).exists()
-            or not filecmp.cmp(pathlib.Path(tmp) / PROTO.parent / name, SRC / PROTO.parent / name, shallow=False)
+            if not (SRC / PROTO_DIR / name).exists()
+            or not filecmp.cmp(pathlib.Path(tmp) / PROTO_DIR / name, SRC / PROTO_DIR / name, shallow=False)
         ]
     if stale:
         print(f"stale generated modules: {', '.join(stale)}; run python scripts/gen_proto.py", file=sys.stderr)

@@ -2,8 +2,10 @@
 quotes in backticks, and "the same command with --resume".
 
 A message that tells the user what to type is tested by typing it: the
-command is parsed out of the message and run (with the test's --server),
-never re-typed in the test.
+command is parsed out of the message and run (with the test's --server, or
+a cluster's --etcd and --cluster), never re-typed in the test.  A target is
+one daemon's address, or the global options that name a cluster
+(`ClusterFixture.cli()`).
 """
 
 from __future__ import annotations
@@ -23,8 +25,9 @@ def quoted_commands(message: str) -> list[str]:
 
 def the_command(message: str, starting: str) -> str:
     """The one quoted command of `message` that starts with `starting` once a global
-    `--server ADDRESS` is left out ("dlfs discard" finds `dlfs --server H:P discard
-    ds` too); fails the test when there is none or several."""
+    `--server ADDRESS` (or `--etcd URLS --cluster NAME`) is left out ("dlfs discard"
+    finds `dlfs --server H:P discard ds` too); fails the test when there is none or
+    several."""
     found = [c for c in quoted_commands(message)
              if shlex.join(_without_server(shlex.split(c))).startswith(starting)]
     assert len(found) == 1, f"no single `{starting}...` in: {message}"
@@ -32,24 +35,29 @@ def the_command(message: str, starting: str) -> str:
 
 
 def _without_server(words: list[str]) -> list[str]:
-    if len(words) > 2 and words[1] == "--server":
-        return words[:1] + words[3:]
+    while len(words) > 2 and words[1] in ("--server", "--etcd", "--cluster"):
+        words = words[:1] + words[3:]
     return words
 
 
-def run_dlfs(address: str, argv: list[str], timeout_s: float = 120.0
+def _options(target: str | list[str]) -> list[str]:
+    return ["--server", target] if isinstance(target, str) else list(target)
+
+
+def run_dlfs(target: str | list[str], argv: list[str], timeout_s: float = 120.0
              ) -> subprocess.CompletedProcess:
-    """`dlfs --server ADDRESS ARGV...` as a user runs it (text output)."""
-    return subprocess.run([sys.executable, "-m", "dlfs.cli", "--server", address, *argv],
+    """`dlfs --server ADDRESS ARGV...` (or a cluster's options) as a user runs it."""
+    return subprocess.run([sys.executable, "-m", "dlfs.cli", *_options(target), *argv],
                           capture_output=True, text=True, timeout=timeout_s)
 
 
-def run_as_printed(address: str, command: str) -> subprocess.CompletedProcess:
-    """Run the quoted `command` ("dlfs discard ds") against `address`, unless it names its
-    own --server (the CLI's advice does; the daemon's cannot know how it is reached)."""
+def run_as_printed(target: str | list[str], command: str) -> subprocess.CompletedProcess:
+    """Run the quoted `command` ("dlfs discard ds") against `target`, unless it names its
+    own --server or --etcd (the CLI's advice does; the daemon's cannot know how it is
+    reached)."""
     words = shlex.split(command)
     assert words[0] == "dlfs", command
-    if "--server" in words:
+    if "--server" in words or "--etcd" in words:
         return subprocess.run([sys.executable, "-m", "dlfs.cli", *words[1:]],
                               capture_output=True, text=True, timeout=120)
-    return run_dlfs(address, words[1:])
+    return run_dlfs(target, words[1:])

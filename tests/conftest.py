@@ -9,7 +9,7 @@ import uuid
 import pytest
 
 from dlfs import Client
-from dlfs.tools.launch import DaemonProcess, fuse_unavailable
+from dlfs.tools.launch import DaemonProcess, EtcdCluster, etcd_unavailable, fuse_unavailable
 
 # Skipped on a developer machine without FUSE; under CI (.ci/run sets CI=true)
 # a missing FUSE is a failure, not a skip.
@@ -36,6 +36,44 @@ def daemon_factory(tmp_path):
     yield make
     for daemon in started:
         daemon.kill()
+
+
+@pytest.fixture(scope="module")
+def etcd_server(tmp_path_factory):
+    """One etcd on loopback per test module (Debian's etcd-server); each test makes its
+    own cluster in it (`cluster`), so tests never see each other's keys."""
+    assert not etcd_unavailable(), etcd_unavailable()
+    with EtcdCluster(str(tmp_path_factory.mktemp("etcd")), 1) as etcd:
+        yield etcd
+
+
+class ClusterFixture:
+    """A DLFS cluster of this test in `etcd` (an `EtcdCluster`): daemons started with
+    --etcd and a cluster name of its own, and clients that find them there."""
+
+    def __init__(self, etcd, daemon_factory):
+        self.etcd = etcd
+        self.urls = etcd.urls
+        self.name = unique_name("cluster")
+        self._daemon_factory = daemon_factory
+
+    def args(self) -> list[str]:
+        return ["--etcd", self.urls, "--cluster", self.name]
+
+    def start(self, count: int, extra_args: list[str] | None = None) -> list[DaemonProcess]:
+        return [self._daemon_factory(extra_args=self.args() + list(extra_args or []))
+                for _ in range(count)]
+
+    def client(self, **options) -> Client:
+        return Client(etcd=self.urls, cluster=self.name, **options)
+
+    def cli(self) -> list[str]:
+        return ["--etcd", self.urls, "--cluster", self.name]
+
+
+@pytest.fixture
+def cluster(etcd_server, daemon_factory) -> ClusterFixture:
+    return ClusterFixture(etcd_server, daemon_factory)
 
 
 @pytest.fixture

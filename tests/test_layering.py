@@ -8,10 +8,12 @@ rules are the floor plan of docs/DESIGN.md ("Components"):
   module's underscore names;
 - no two modules share a base name (`ls` tells them apart);
 - floors, from the bottom: the shared vocabulary (`errors`, `limits`,
-  `batch_limits`, `types`, `paths`, `logs`, `crc`, `sockio`, `version`, `units`,
-  `proto`), the byte
-  formats (`formats/`), then the server, the client and staging side by
-  side, then training (`training/`), then the adapters (`torch/`, `ring/`,
+  `batch_limits`, `types`, `paths`, `logs`, `crc`, `sockio`, `version`,
+  `units`, `proto`), the byte formats (`formats/`), the cluster's control
+  plane in etcd (`coord/`: the etcd client and the key schema, which the
+  daemon and the client both speak), then the server, the client and
+  staging side by side, then training (`training/`), then the adapters
+  (`torch/`, `ring/`,
   `dlio/`, `fuse/`, `cli`), then tooling (`tools/`).  Nothing imports a
   floor above its own;
 - the server never imports the client or staging, the client never the
@@ -20,9 +22,9 @@ rules are the floor plan of docs/DESIGN.md ("Components"):
   server; the read layer (`server/read/`) only the core; ingest
   (`server/ingest/`) only the core; the two front doors (`server/grpc/`,
   `server/datapath/`) never import each other;
-- only the gRPC front door, the daemon that starts it, and the client's
-  gRPC transport (`client/transport/grpc_*`) import grpc or the generated
-  messages;
+- only the gRPC front door, the daemon that starts it, the client's
+  gRPC transport (`client/transport/grpc_*`) and the etcd client
+  (`coord/etcd_grpc`) import grpc or the generated messages;
 - training and the adapters use the client's public API only: the
   `dlfs.client` package itself, never a module inside it.
 """
@@ -45,6 +47,7 @@ VOCABULARY = {"dlfs", "dlfs.errors", "dlfs.limits", "dlfs.batch_limits", "dlfs.t
 FLOORS = [
     ("vocabulary", tuple(VOCABULARY) + ("dlfs.proto",)),
     ("formats", ("dlfs.formats",)),
+    ("coordination", ("dlfs.coord",)),
     ("server, client, staging", ("dlfs.server", "dlfs.client", "dlfs.staging")),
     ("training", ("dlfs.training",)),
     ("adapters", ("dlfs.torch", "dlfs.ring", "dlfs.dlio", "dlfs.fuse", "dlfs.cli")),
@@ -52,7 +55,7 @@ FLOORS = [
 ]
 # Modules allowed to speak gRPC / protobuf.
 GRPC_MODULES = ("dlfs.server.grpc", "dlfs.server.daemon", "dlfs.client.transport.grpc_",
-                "dlfs.formats.grpc_chunks", "dlfs.proto")
+                "dlfs.formats.grpc_chunks", "dlfs.proto", "dlfs.coord.etcd_grpc")
 
 
 def _module_name(path: pathlib.Path) -> str:

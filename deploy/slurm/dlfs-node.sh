@@ -23,6 +23,9 @@
 #                       :: listen everywhere and publish `hostname`
 #   DLFS_PORT           port (default 0: any free port)
 #   DLFS_SERVER_ARGS    further dlfs-server flags, split on white space
+#   DLFS_ETCD           etcd client URL(s) of the job's cluster: the daemon joins
+#                       it as a member (--etcd), in cluster DLFS_CLUSTER (default:
+#                       job-$SLURM_JOB_ID); unset: the daemon runs on its own
 #   DLFS_INSECURE       1 (default): pass --insecure, so a daemon listening on
 #                       the cluster network without TLS and tokens starts; 0: not
 #   DLFS_START_TIMEOUT_S  seconds the daemon may take to serve (default 120)
@@ -46,6 +49,9 @@ listen_host=${DLFS_LISTEN_HOST:-$(hostname)}
 port=${DLFS_PORT:-0}
 server=${DLFS_BIN_DIR:+$DLFS_BIN_DIR/}dlfs-server
 read -r -a extra_args <<<"${DLFS_SERVER_ARGS:-}"
+if [ -n "${DLFS_ETCD:-}" ]; then
+    extra_args+=(--etcd "$DLFS_ETCD" --cluster "${DLFS_CLUSTER:-job-$SLURM_JOB_ID}")
+fi
 case "${DLFS_INSECURE:-1}" in
     1) extra_args+=(--insecure) ;;
     0) ;;

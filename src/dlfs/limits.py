@@ -191,18 +191,42 @@ grpc_handshake_timeout_s = 10.0
 call_watchdog_interval_s = 1.0
 # Concurrent ingest sessions (each holds one open extent and buffers entries).
 ingests_concurrent_max_default = 8
-# A two-phase ingest (striped datasets) that is prepared but neither
-# committed nor aborted by then is discarded (a resumable one is parked).
-prepared_ingest_timeout_s = 300.0
-# A member of a striped dataset left prepared (restarted, or missed by the
-# client's commit) asks the first member for the outcome this often; a
-# GetIngestOutcome call to it may take this long.
-in_doubt_poll_s = 5.0
-decision_call_timeout_s = 10.0
-# A cluster reader whose members serve different versions of a dataset (a
-# striped commit reaching them one after the other, or a member learning the
-# decision late) retries this long, in at most this many attempts.
-striped_settle_s = 2 * in_doubt_poll_s + 1.0
+# --- the cluster's control plane in etcd (dlfs.coord, docs/cluster.md) ------------
+# A call to etcd gives up (Unavailable) after this long, having tried every
+# endpoint in turn, each attempt for at most etcd_attempt_timeout_s: a member
+# whose leader was just killed holds a write until its own 5 s timeout, while a
+# new leader is elected within a second (etcd's election timeout).
+etcd_call_timeout_s = 5.0
+etcd_attempt_timeout_s = 1.0
+# etcd refuses a request over 1.5 MiB (its --max-request-bytes default); a
+# record DLFS writes (a member, a dataset's generation and member list, an
+# intent) stays well below, so a transaction of several fits.
+etcd_value_bytes_max = 512 * KiB
+# A member's lease: a daemon killed without a goodbye leaves etcd this long
+# after its last keepalive, and readers route around it at once then.  Its
+# keepalives go every third of it (daemon setting --member-lease-ttl-s).
+member_lease_ttl_s_default = 5
+# etcd grants no lease shorter than this (its minimum TTL with default timings).
+member_lease_ttl_s_min = 2
+# The lease of a client that coordinates a striped ingest, replace, rebalance
+# or delete (its intent key): if the client dies, the intent goes with the
+# lease this long after its last keepalive and every member aborts.
+coordinator_lease_ttl_s = 10
+# A member reads the whole cluster state from etcd at least this often, even
+# with no watch event (a safety net under the watch; a read is one Range).
+cluster_reconcile_interval_s = 10.0
+# A watch or keepalive stream that broke is opened again after this pause.
+etcd_reconnect_pause_s = 0.2
+# A commit whose answer was lost (etcd leader killed, a timeout) is retried
+# until etcd answers, at most this long; then its outcome is read back.
+etcd_commit_retry_s = 30.0
+# After its commit a coordinator waits at most this long for the members to
+# publish the new version (they watch etcd: milliseconds) before it returns.
+cluster_publish_wait_s = 30.0
+# A cluster reader that asks a member for a version it has not yet published
+# (the commit is in etcd; the member applies it from its watch) retries this
+# long, in at most this many attempts.
+striped_settle_s = 11.0
 striped_settle_attempts_max = 40
 # Resumable ingests (IngestStart.resumable): a running one checkpoints (its
 # extents fsync'ed, then a CHECKPOINT catalog record, synced) after this many
@@ -229,6 +253,11 @@ members_max = 4096
 shutdown_poll_s = 0.1
 # Ingest stream: bytes per client message.
 ingest_message_bytes = 1 * MiB
+# An ingest capped with --max-rate (`dlfs.staging.pace`): the least cap accepted
+# (below it an ingest of any size would take days), and how much a sender
+# that fell behind its pace may send at once to catch up, in seconds' worth.
+ingest_rate_min = 64 * KiB
+ingest_rate_burst_s = 0.1
 # Request ids (`x-request-id` metadata, see dlfs.logs): longer ones from a
 # caller are replaced, so one id is one grep-able token of bounded size.
 request_id_chars_max = 64
@@ -640,3 +669,4 @@ assert sum(retry_backoff_s) + (call_attempts_max - len(retry_backoff_s)) * retry
     >= 2 * reconnect_timeout_s_default
 assert worker_restart_backoff_s <= worker_restart_backoff_s_max
 assert worker_stats_timeout_s < worker_ack_timeout_s
+assert etcd_reconnect_pause_s < etcd_attempt_timeout_s < etcd_call_timeout_s

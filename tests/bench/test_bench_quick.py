@@ -168,13 +168,21 @@ def test_quick_staging_rows_run_alone(tmp_path):
 
 @pytest.mark.timeout(120)
 def test_cluster_benchmark_runs(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "bench.cluster", "--quick", "--out",
-                           str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=110)
+    """`./dev bench --workloads cluster --quick` (python -m bench): bench.cluster's rows."""
+    proc = subprocess.run([sys.executable, "-m", "bench", "--workloads", "cluster", "--quick",
+                           "--out", str(tmp_path)], cwd=REPO, capture_output=True, text=True,
+                          timeout=110)
     assert proc.returncode == 0, proc.stderr[-4000:]
     with open(tmp_path / "cluster-quick.json") as f:
         results = json.load(f)
     assert [m["daemons"] for m in results["measured"]] == [1, 2, 4]
     assert all(m["samples_per_s"] > 0 for m in results["measured"])
+    ours = results["control_plane"][0]
+    assert ours["client"].startswith("dlfs.coord.etcd_grpc") and ours["available"]
+    assert all(ours[f"{op}_ms"] > 0 for op in ("read", "put", "read_txn", "put_to_watch"))
+    # etcd3gw is optional: measured when installed, else its row says so.
+    gateway = results["control_plane"][1]
+    assert gateway["available"] or gateway["note"].startswith("not installed")
     for row in results["model"]:
         assert row["load_max_over_mean"] >= 1.0
         assert abs(row["moved_when_adding_one"] - row["expected_moved"]) < 0.05

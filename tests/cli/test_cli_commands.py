@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import os
 import random
 import re
 import shlex
@@ -18,7 +19,7 @@ import time
 import pytest
 
 import dlfs
-from conftest import write_tree
+from conftest import wait_until, write_tree
 from dlfs import Client, limits
 from dlfs.cli import main
 from dlfs.client.transport.retry import call_with_retry
@@ -70,7 +71,7 @@ def test_version_on_every_command():
 
 def test_every_command_has_a_description_and_no_empty_default(capsys):
     commands = ("ingest", "datasets", "ls", "stat", "cat", "status", "warm", "scrub",
-                "rebalance", "settle", "rm", "discard")
+                "rebalance", "rm", "discard")
     with pytest.raises(SystemExit):
         main(["--help"])
     listed = capsys.readouterr().out.split("  COMMAND\n", 1)[1].split("\n\n")[0]
@@ -228,17 +229,23 @@ def test_the_client_of_a_down_daemon_fails_as_fast_as_the_cli():
     assert time.monotonic() - started < limits.reconnect_timeout_s_default
 
 
-def test_one_failover_warning_per_outage(daemon_factory, tmp_path, caplog):
-    daemons = [daemon_factory() for _ in range(3)]
-    addresses = [d.address for d in daemons]
+def test_one_failover_warning_per_outage(cluster, tmp_path, caplog):
+    daemons = cluster.start(3, ["--member-lease-ttl-s", "60"])  # outlives the test
+    addresses = sorted(d.address for d in daemons)
+    victim = next(d for d in daemons if d.address == addresses[1])
     write_tree(tmp_path / "src", {f"f{i:03d}": bytes([i]) * 1000 for i in range(96)})
-    with Client(addresses) as client:
+    with cluster.client() as client:
         client.ingest(str(tmp_path / "src"), "ds", replicas=2)
-    daemons[1].kill()
+    victim.kill()  # its lease lives on: it is listed, and does not answer
     with caplog.at_level(logging.WARNING, logger="dlfs"):
-        with Client(addresses) as client:
+        with cluster.client() as client:
             for _ in range(3):  # parts of each batch go to every member at once
                 assert len(client.get_batch(range(96), dataset="ds")) == 96
+            placement = client.transport.placement("ds")
+            paths = client.dataset("ds").paths()
+    # A sample whose first holder is the killed member: a new process asks it first.
+    first_on_victim = next(paths[i] for i in range(96)
+                           if placement.members[placement.holders[i][0]] == victim.address)
     warnings = [r.getMessage() for r in caplog.records if "replicas" in r.getMessage()]
     assert len(warnings) == 1, warnings
     assert warnings[0].startswith(f"reads go to the replicas of DLFS daemon {addresses[1]} "
@@ -246,28 +253,68 @@ def test_one_failover_warning_per_outage(daemon_factory, tmp_path, caplog):
                                   f"{addresses[1]} is unavailable")
     assert warnings[0].count("DLFS daemon at") == 1
     # The CLI prints it once, as a warning line of its own.
-    done = dlfs_cli("--server", ",".join(addresses), "datasets")
+    done = dlfs_cli(*cluster.cli(), "cat", f"ds/{first_on_victim}")
     assert done.returncode == 0, done.stderr
     assert done.stderr.count("dlfs: warning: reads go to the replicas") == 1, done.stderr
 
 
-def test_rebalance_names_the_command_that_removes_a_copy_it_could_not(daemon_factory,
-                                                                       tmp_path):
-    a, b, c = (daemon_factory() for _ in range(3))
+def test_rebalance_says_a_member_down_removes_its_copy_itself(cluster, tmp_path):
+    """A member left out while it is down is not given a command to run: it deletes its
+    copy itself when it reads etcd again, as the CLI says."""
+    a, b, c = cluster.start(3, ["--member-lease-ttl-s", "60"])
     write_tree(tmp_path / "src", {f"f{i:03d}": bytes([i]) * 500 for i in range(40)})
-    with Client([a.address, b.address]) as client:
+    with cluster.client() as client:
         client.ingest(str(tmp_path / "src"), "ds", replicas=2)
     b.kill()  # the member being dropped is down when the old copies are removed
-    done = dlfs_cli("--server", f"{a.address},{c.address}", "rebalance", "ds")
-    assert done.returncode == 1, done.stderr
-    [line] = [line for line in done.stderr.splitlines() if "could not remove" in line]
-    assert line.startswith(f"could not remove the old copy from {b.address}: run `")
-    command = re.search(r"`([^`]+)`", line).group(1)
-    assert command == f"dlfs --server {b.address} rm ds"
+    done = dlfs_cli("rebalance", "ds", "--members", f"{a.address},{c.address}", *cluster.cli())
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("rebalanced ds onto 2 daemons (2x): 40 samples")
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"{b.address} left the dataset but had not removed its copy yet: each does so when it "
+        "reads etcd again (at its start, if it is down)")
+    assert "`" not in done.stderr  # no command to run
     b.start_again()
-    removed = run_advice(command)
-    assert removed.returncode == 0, removed.stderr
-    assert removed.stdout.startswith("removed ds: ")
+    with Client(b.address) as member:
+        wait_until(lambda: member.dataset_infos() == [], "the dropped member to remove its copy",
+                   60)
+    assert not os.listdir(os.path.join(b.data_dir, "extents"))
+    listed = dlfs_cli(*cluster.cli(), "datasets")
+    assert listed.returncode == 0 and listed.stdout.startswith("ds\t40 samples"), listed.stderr
+
+
+def test_a_cluster_is_named_by_etcd_anywhere_on_the_line(cluster, tmp_path):
+    cluster.start(2)
+    write_tree(tmp_path / "src", {"a.txt": b"alpha", "b.txt": b"beta"})
+    done = dlfs_cli("ingest", str(tmp_path / "src"), "pair", "--progress", "none", *cluster.cli())
+    assert done.returncode == 0, done.stderr
+    env = {"DLFS_ETCD": cluster.urls, "DLFS_CLUSTER": cluster.name}
+    assert dlfs_cli("cat", "pair/a.txt", env=env).stdout == "alpha"
+    # $DLFS_ETCD wins over $DLFS_SERVER; a --server flag wins over $DLFS_ETCD.
+    assert dlfs_cli("datasets", env={**env, "DLFS_SERVER": "127.0.0.1:1"}) \
+        .stdout.startswith("pair\t2 samples")
+    both = dlfs_cli("datasets", "--server", "127.0.0.1:1", *cluster.cli())
+    assert both.returncode == 2 and "give --server (one daemon) or --etcd (a cluster), not " \
+        "both" in both.stderr
+    several = dlfs_cli("datasets", "--server", "127.0.0.1:1,127.0.0.1:2")
+    assert several.returncode == 1
+    assert "form a cluster through etcd: start them with --etcd URL" in several.stderr
+
+
+def test_status_lists_the_members_etcd_holds(cluster):
+    daemons = cluster.start(2)
+    done = dlfs_cli("status", *cluster.cli())
+    assert done.returncode == 0, done.stderr
+    for daemon in daemons:
+        assert f"member {daemon.address}: serving, dlfs {dlfs.__version__}" in done.stdout
+        assert f"daemon {daemon.address}: up " in done.stdout
+    listed = json.loads(dlfs_cli("--json", "status", *cluster.cli()).stdout)
+    assert sorted(entry["address"] for entry in listed) == sorted(d.address for d in daemons)
+    for entry in listed:
+        assert entry["up"] and entry["member"]["address"] == entry["address"]
+        assert entry["member"]["state"] == "serving" and entry["member"]["capacity_bytes"] > 0
+    empty = dlfs_cli("status", "--etcd", cluster.urls, "--cluster", "nobody-here")
+    assert empty.returncode == 1
+    assert "no DLFS cluster 'nobody-here' in etcd" in empty.stderr
 
 
 def test_a_missing_dataset_names_the_listing_command(pets):

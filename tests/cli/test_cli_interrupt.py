@@ -106,3 +106,51 @@ def test_the_advice_for_a_parked_ingest_discards_it(daemon_factory, tmp_path):
     assert run_advice(discard).returncode == 1  # the first one ended it already
     with Client(daemon.address) as client:
         assert client.dataset_infos() == []
+
+
+def test_ctrl_c_in_a_cluster_parks_on_the_members_and_both_advices_work(cluster, tmp_path):
+    """Ctrl-C during a striped `dlfs --etcd ... ingest`: the members park what they hold
+    durably, the message says so with the --resume command; `dlfs datasets` lists the
+    parked ingest with the discard command naming the cluster; each advice, run as
+    printed, does what it says."""
+    first, second = cluster.start(2, CHECKPOINTS)
+    first.stop()
+    first.extra_env = {"DLFS_FAULT": STOP_AT_WRITE}  # stands still mid-ingest
+    first.start_again()
+    rng = np.random.default_rng(41)
+    files = {f"d{i % 4}/f{i:04d}.bin": rng.bytes(64 * 1024) for i in range(600)}
+    write_tree(tmp_path / "src", files)
+    ingest = subprocess.Popen(
+        [sys.executable, "-m", "dlfs.cli", *cluster.cli(), "ingest", str(tmp_path / "src"),
+         "pets", "--progress", "none", "--replicas", "2"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until(lambda: process_state(first.pid) == "T", "a member stopped mid-ingest", 60)
+        assert ingest.poll() is None, ingest.communicate()
+        ingest.send_signal(signal.SIGINT)
+    finally:
+        os.kill(first.pid, signal.SIGCONT)
+    _, err = ingest.communicate(timeout=60)
+    assert ingest.returncode == 130, err
+    kept = re.search(r"dlfs: interrupted: 2 members keep ([\d,]+) files \([\d.]+ \w+\) of "
+                     r"'pets', parked; continue with: (dlfs .*)", err)
+    assert kept, err
+    resume = kept.group(2)
+    assert resume == shlex.join(["dlfs", *cluster.cli(), "ingest", str(tmp_path / "src"),
+                                 "pets", "--progress", "none", "--replicas", "2", "--resume"])
+    listed = run_advice(shlex.join(["dlfs", *cluster.cli(), "datasets"]))
+    assert listed.returncode == 0, listed.stderr
+    line, = listed.stdout.splitlines()
+    assert line.startswith("pets\t") and "(ingest broke off: " in line
+    discard = re.findall(r"`([^`]+)`", line)[1]
+    assert discard == shlex.join(["dlfs", *cluster.cli(), "discard", "pets"])
+    ended = run_advice(discard)
+    assert ended.returncode == 0, ended.stderr
+    assert ended.stdout.startswith("discarded the parked ingest of pets")
+    for member in (first, second):
+        with Client(member.address) as client:
+            assert client.dataset_infos() == []
+    resumed = run_advice(resume)  # nothing parked any more: a whole new ingest
+    assert resumed.returncode == 0, resumed.stderr
+    with cluster.client() as client:
+        assert read_dataset(client, "pets") == files

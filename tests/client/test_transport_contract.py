@@ -51,7 +51,7 @@ def test_the_protocols_have_methods_to_check():
     assert {"get_batch", "read_range", "each", "call_any"} <= set(_methods(contract.Transport))
     assert {"control", "data_path"} <= _attributes(contract.Daemon) | set(
         _methods(contract.Daemon))
-    assert {"ingest", "commit_ingest", "abort_ingest", "ingest_outcome"} <= set(
+    assert {"ingest", "ingest_progress", "delete_dataset"} <= set(
         _methods(contract.DaemonControl))
 
 

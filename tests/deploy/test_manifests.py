@@ -257,6 +257,140 @@ def test_network_policy_selects_the_daemon_pods_and_named_ports():
     assert used == names
 
 
+def _substituted(value: str, env: dict[str, str]) -> str:
+    """`value` with Kubernetes' $(VAR) references replaced from `env`."""
+    return re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], value)
+
+
+def _etcd_parts() -> tuple[dict, dict, dict]:
+    """The etcd StatefulSet, its container and its Service (etcd.yaml)."""
+    statefulset = _only("etcd.yaml", "StatefulSet")
+    (container,) = statefulset["spec"]["template"]["spec"]["containers"]
+    return statefulset, container, _only("etcd.yaml", "Service")
+
+
+def _etcd_flags(container: dict) -> dict[str, str]:
+    return dict(arg.removeprefix("--").split("=", 1) for arg in container["args"])
+
+
+def test_etcd_statefulset_forms_one_cluster_under_its_headless_service():
+    statefulset, container, service = _etcd_parts()
+    spec = statefulset["spec"]
+    name, members = statefulset["metadata"]["name"], spec["replicas"]
+    assert members % 2 == 1 and members >= 3, "an odd quorum that survives one loss"
+    assert spec["serviceName"] == service["metadata"]["name"]
+    assert service["spec"]["clusterIP"] == "None"
+    assert service["spec"]["publishNotReadyAddresses"] is True  # the first election
+    assert service["spec"]["selector"].items() <= spec["template"]["metadata"]["labels"].items()
+    assert spec["podManagementPolicy"] == "Parallel"
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert {p["targetPort"]: p["port"] for p in service["spec"]["ports"]} == ports
+    flags = _etcd_flags(container)
+    domain = f"{name}-{{i}}.{service['metadata']['name']}"
+    assert flags["initial-cluster"] == ",".join(
+        f"{name}-{i}=http://{domain.format(i=i)}:{ports['peer']}" for i in range(members))
+    pod = {"POD_NAME": f"{name}-1"}
+    assert {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in container["env"]} == \
+        {"POD_NAME": "metadata.name"}
+    assert _substituted(flags["name"], pod) == f"{name}-1"
+    assert _substituted(flags["advertise-client-urls"], pod) == \
+        f"http://{domain.format(i=1)}:{ports['client']}"
+    assert _substituted(flags["initial-advertise-peer-urls"], pod) == \
+        f"http://{domain.format(i=1)}:{ports['peer']}"
+    assert flags["listen-client-urls"].endswith(f":{ports['client']}")
+    assert flags["listen-peer-urls"].endswith(f":{ports['peer']}")
+    (claim,) = spec["volumeClaimTemplates"]
+    (mount,) = container["volumeMounts"]
+    assert mount["name"] == claim["metadata"]["name"]
+    assert flags["data-dir"].startswith(mount["mountPath"] + "/")
+    anti = spec["template"]["spec"]["affinity"]["podAntiAffinity"]
+    (term,) = anti["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert term["topologyKey"] == "kubernetes.io/hostname"
+
+
+def test_etcd_flags_are_etcds_own():
+    """Every flag the StatefulSet gives is one the etcd program knows (the installed
+    one: Debian's 3.4; the image is 3.5, which keeps them)."""
+    from dlfs.tools.launch import ETCD_BINARY, etcd_unavailable
+
+    assert not etcd_unavailable(), etcd_unavailable()
+    known = subprocess.run([ETCD_BINARY, "--help"], capture_output=True, text=True,
+                           timeout=TOOL_TIMEOUT_S)
+    text = known.stdout + known.stderr
+    _, container, _ = _etcd_parts()
+    for flag in _etcd_flags(container):
+        assert re.search(rf"^\s+--{re.escape(flag)}\b", text, re.M), f"etcd has no --{flag}"
+    assert not re.search(r"^\s+--no-such-flag\b", text, re.M)
+
+
+def test_daemonset_joins_the_cluster_of_the_configmap(tmp_path):
+    """The daemons' --etcd is the ConfigMap's list, which names every etcd member;
+    each advertises its pod IP; with those values substituted, dlfs-server takes
+    the command line and prints them as its settings."""
+    statefulset, container, service = _etcd_parts()
+    config = _only("dlfs-cluster.yaml", "ConfigMap")
+    name, domain = statefulset["metadata"]["name"], service["metadata"]["name"]
+    client_port = next(p["containerPort"] for p in container["ports"] if p["name"] == "client")
+    from dlfs.coord.etcd_grpc import parse_endpoints
+
+    assert parse_endpoints(config["data"]["etcd"]) == tuple(
+        f"{name}-{i}.{domain}:{client_port}" for i in range(statefulset["spec"]["replicas"]))
+    server = _only("daemonset.yaml", "DaemonSet")["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e for e in server["env"]}
+    assert env["DLFS_ETCD"]["valueFrom"]["configMapKeyRef"] == \
+        {"name": config["metadata"]["name"], "key": "etcd"}
+    assert env["DLFS_CLUSTER"]["valueFrom"]["configMapKeyRef"] == \
+        {"name": config["metadata"]["name"], "key": "cluster"}
+    assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+    flags = _flags(server["args"])
+    grpc_port = next(p["containerPort"] for p in server["ports"] if p["name"] == "grpc")
+    assert (flags["--etcd"], flags["--cluster"], flags["--advertise"]) == \
+        ("$(DLFS_ETCD)", "$(DLFS_CLUSTER)", f"$(POD_IP):{grpc_port}")
+    values = {"DLFS_ETCD": config["data"]["etcd"], "DLFS_CLUSTER": config["data"]["cluster"],
+              "POD_IP": "10.1.2.3"}
+    args = [_substituted(a, values) for a in server["args"]]
+    args[args.index("--data-dir") + 1] = str(tmp_path)
+    done = subprocess.run([sys.executable, "-m", "dlfs.server.server_cli", *args,
+                           "--print-config"], capture_output=True, text=True,
+                          timeout=TOOL_TIMEOUT_S)
+    assert done.returncode == 0, done.stderr
+    import tomllib
+
+    printed = tomllib.loads(done.stdout)
+    assert (printed["etcd"], printed["cluster"], printed["advertise"]) == \
+        (config["data"]["etcd"], config["data"]["cluster"], f"10.1.2.3:{grpc_port}")
+
+
+def test_etcd_network_policy_lets_daemons_and_clients_in_and_members_talk():
+    policy = _only("networkpolicy-etcd.yaml", "NetworkPolicy")
+    statefulset, container, _ = _etcd_parts()
+    etcd_labels = statefulset["spec"]["template"]["metadata"]["labels"]
+    server_labels = _only("daemonset.yaml", "DaemonSet")["spec"]["template"]["metadata"]["labels"]
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= etcd_labels.items()
+    rules = {rule["ports"][0]["port"]: rule["from"] for rule in policy["spec"]["ingress"]}
+    assert set(rules) == {p["name"] for p in container["ports"]}
+    client_from = [peer["podSelector"]["matchLabels"] for peer in rules["client"]]
+    assert any(labels.items() <= server_labels.items() for labels in client_from)
+    assert {"dlfs.io/client": "true"} in client_from
+    assert [peer["podSelector"]["matchLabels"] for peer in rules["peer"]] == \
+        [policy["spec"]["podSelector"]["matchLabels"]]
+
+
+def test_etcd_pods_limit_resources_and_privileges():
+    statefulset, container, _ = _etcd_parts()
+    spec = statefulset["spec"]["template"]["spec"]
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    assert spec["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
+    assert spec["automountServiceAccountToken"] is False
+    for resource in ("cpu", "memory"):
+        request = _quantity(container["resources"]["requests"][resource])
+        assert 0 < request <= _quantity(container["resources"]["limits"][resource])
+    context = container["securityContext"]
+    assert context["allowPrivilegeEscalation"] is False
+    assert context["readOnlyRootFilesystem"] is True
+    assert context["capabilities"]["drop"] == ["ALL"]
+
+
 def test_containerfile_matches_the_daemonset():
     with open(os.path.join(K8S_DIR, "Containerfile")) as f:
         text = f.read()
@@ -419,7 +553,10 @@ def test_sysusers_creates_the_dlfs_user(tmp_path):
 
 # --- Slurm scripts ------------------------------------------------------------------------
 
-SLURM_SCRIPTS = [os.path.join(SLURM_DIR, n) for n in ("dlfs-job.sbatch", "dlfs-node.sh")]
+# Every script there: the batch script, the per-node daemon and the job's etcd.
+SLURM_SCRIPTS = sorted(glob.glob(os.path.join(SLURM_DIR, "*.sh"))
+                       + glob.glob(os.path.join(SLURM_DIR, "*.sbatch")))
+assert len(SLURM_SCRIPTS) == 3, SLURM_SCRIPTS
 
 
 def test_slurm_scripts_parse():

@@ -32,6 +32,7 @@ from dlfs import Client
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 JOB_SCRIPT = os.path.join(REPO, "deploy", "slurm", "dlfs-job.sbatch")
 NODE_SCRIPT = os.path.join(REPO, "deploy", "slurm", "dlfs-node.sh")
+ETCD_SCRIPT = os.path.join(REPO, "deploy", "slurm", "dlfs-etcd.sh")
 BIN_DIR = os.path.dirname(sys.executable)
 
 NODE_START_TIMEOUT_S = 30.0
@@ -49,15 +50,16 @@ FILES = {f"train/{label}/{i:03d}.bin": bytes([i]) * (100 + i)
 FILES["README.txt"] = b"tiny dataset\n"
 
 # The "training command": reads every sample through the Python client from
-# the daemons named by DLFS_SERVER, compares them with the source files, and
-# writes what it saw to a marker file.  Exit status 1 on any mismatch.
+# the daemon named by DLFS_SERVER, or the cluster in DLFS_ETCD (Client() with
+# no address), compares them with the source files, and writes what it saw to
+# a marker file.  Exit status 1 on any mismatch.
 TRAIN_PY = """\
 import json, os, sys
 from dlfs import Client
 source, marker = sys.argv[1], sys.argv[2]
 with open(marker + ".started", "w") as f:
     f.write("started")
-with Client(os.environ["DLFS_SERVER"]) as client:
+with Client(os.environ.get("DLFS_SERVER")) as client:
     dataset = client.dataset(os.environ["DLFS_DATASET"])
     paths = dataset.paths()
     samples = dataset.get_batch(list(range(len(dataset))))
@@ -68,7 +70,9 @@ with Client(os.environ["DLFS_SERVER"]) as client:
 with open(os.environ["DLFS_ADDRESS_FILE"]) as f:
     listed = f.read().strip()
 with open(marker, "w") as f:
-    json.dump({"samples": len(paths), "server": os.environ["DLFS_SERVER"], "listed": listed,
+    json.dump({"samples": len(paths), "server": os.environ.get("DLFS_SERVER"),
+               "etcd": os.environ.get("DLFS_ETCD"), "cluster": os.environ.get("DLFS_CLUSTER"),
+               "members": list(dataset.info.members), "listed": listed,
                "dataset": os.environ["DLFS_DATASET"], "job_dir": os.environ["DLFS_JOB_DIR"]}, f)
 if len(sys.argv) > 3:
     import time
@@ -147,6 +151,40 @@ def test_node_script_serves_publishes_and_cleans_up_on_sigterm(tmp_path):
     assert not (tmp_path / "nvme" / LOCAL_DIR).exists()
     assert _processes_mentioning(str(tmp_path / "nvme")) == []
     assert "serving on" in (tmp_path / "job" / "logs" / "node1.log").read_text()
+
+
+def test_etcd_script_serves_publishes_and_cleans_up_on_sigterm(tmp_path):
+    """dlfs-etcd.sh alone: a one-member etcd on loopback in its node-local dir, its URL
+    published once healthy; a daemon joins a cluster there; SIGTERM stops etcd and
+    removes the dir."""
+    from dlfs.tools.launch import DaemonProcess
+
+    (tmp_path / "nvme").mkdir()
+    url_file = tmp_path / "job" / "etcd-url"
+    process = subprocess.Popen(["bash", ETCD_SCRIPT], env=_node_env(tmp_path),
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        _wait_until(lambda: url_file.exists() or process.poll() is not None,
+                    NODE_START_TIMEOUT_S, "etcd URL file")
+        assert process.poll() is None, process.stdout.read()
+        url = url_file.read_text().strip()
+        assert url.startswith("http://127.0.0.1:")
+        assert (tmp_path / "job" / "etcd-step").read_text().strip() == "77.0"
+        assert (tmp_path / "nvme" / f"{LOCAL_DIR}.etcd" / "data").is_dir()
+        with DaemonProcess(str(tmp_path / "member"), str(tmp_path / "member.log"),
+                           ["--etcd", url, "--cluster", "job-77"]) as member:
+            with Client(etcd=url, cluster="job-77") as client:
+                assert client.transport.addresses == (member.address,)
+        process.send_signal(signal.SIGTERM)
+        output, _ = process.communicate(timeout=NODE_STOP_TIMEOUT_S)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == 0, output
+    assert "etcd stopped" in output
+    assert not (tmp_path / "nvme" / f"{LOCAL_DIR}.etcd").exists()
+    assert _processes_mentioning(str(tmp_path / "nvme")) == []
 
 
 def test_node_script_never_adopts_an_existing_directory(tmp_path):
@@ -412,8 +450,9 @@ def test_job_stages_trains_and_tears_down(slurm_cluster, tmp_path):
 
 
 def test_two_node_job_stripes_over_both_daemons(slurm_cluster, tmp_path):
-    """Two Slurm nodes: two daemons, the address list in node order, one
-    ingest with --replicas 2 into both, training through the list."""
+    """Two Slurm nodes: the job's own etcd on the first node (loopback here), two
+    daemons joining it, one ingest with --replicas 2 striped over both, training
+    through the cluster found in etcd; everything stopped and removed after."""
     job = _submit(slurm_cluster, tmp_path, *_train(tmp_path), nodes=2, DLFS_REPLICAS="2")
     output = job.output()
     assert job.returncode == 0, output
@@ -421,12 +460,46 @@ def test_two_node_job_stripes_over_both_daemons(slurm_cluster, tmp_path):
     published = [(job.job_dir / "nodes" / f"{node}.address").read_text().strip()
                  for node in slurm_cluster.nodes]
     assert len(set(published)) == 2
-    assert seen["server"] == seen["listed"] == ",".join(published)
+    assert seen["listed"] == ",".join(published)
+    etcd_url = (job.job_dir / "etcd-url").read_text().strip()
+    assert etcd_url.startswith("http://127.0.0.1:")
+    assert (seen["server"], seen["etcd"], seen["cluster"]) == (None, etcd_url, f"job-{job.id}")
+    assert sorted(seen["members"]) == sorted(published)  # striped over both daemons
     assert seen["samples"] == len(FILES)
+    assert f"starting the job's etcd on {slurm_cluster.nodes[0]}" in output
+    first_etcd_log = job.job_dir / "logs" / f"{slurm_cluster.nodes[0]}.etcd.log"
+    assert first_etcd_log.exists()
     for node in slurm_cluster.nodes:
         log = (job.job_dir / "logs" / f"{node}.log").read_text()
-        assert "sealed dataset 'tiny'" in log, log
+        assert f"joined cluster 'job-{job.id}' at {etcd_url.removeprefix('http://')}" in log, log
+        assert "'tiny' generation" in log and "committed in etcd; published here" in log, log
     assert "daemons stopped, node-local dirs removed" in output
+    assert "the job's etcd stopped, its node-local dir removed" in output
+    job.assert_torn_down()
+    assert _processes_mentioning(etcd_url.rpartition(":")[2]) == []
+
+
+def test_a_job_joins_the_sites_etcd_and_leaves_it_clean(slurm_cluster, tmp_path):
+    """DLFS_ETCD names the site's etcd: the job starts none, its daemons join cluster
+    job-ID there, and the job's keys are gone from that etcd after it."""
+    from dlfs.coord.etcd_grpc import EtcdClient
+    from dlfs.tools.launch import EtcdProcess
+
+    with EtcdProcess(str(tmp_path / "site-etcd"), str(tmp_path / "site-etcd.log")) as site:
+        job = _submit(slurm_cluster, tmp_path, *_train(tmp_path), nodes=2, DLFS_ETCD=site.url)
+        output = job.output()
+        assert job.returncode == 0, output
+        seen = json.loads(job.marker.read_text())
+        assert (seen["etcd"], seen["cluster"]) == (site.url, f"job-{job.id}")
+        assert len(seen["members"]) == 2
+        assert "starting the job's etcd" not in output
+        assert not (job.job_dir / "etcd-url").exists()
+        assert f"removed the job's cluster job-{job.id} from etcd {site.url}" in output
+        etcd = EtcdClient(site.url)
+        try:
+            assert etcd.get_prefix(f"/dlfs/job-{job.id}/")[0] == []
+        finally:
+            etcd.close()
     job.assert_torn_down()
 
 

@@ -1,4 +1,5 @@
-"""Several real daemons: striping, replication, failover under SIGKILL, recovery."""
+"""Several real daemons in a cluster found in a real etcd: striping, replication, failover
+under SIGKILL, a killed member routed around once its lease expires, recovery."""
 
 from __future__ import annotations
 
@@ -13,17 +14,21 @@ import numpy as np
 import pytest
 
 import dlfs
-from conftest import addresses, local_samples, write_tree
+from conftest import addresses, local_samples, read_dataset, wait_until, write_tree
 from dlfs import Client, limits
 from dlfs.proto import dlfs_pb2 as pb
 from dlfs.proto import dlfs_pb2_grpc
 
 SAMPLES = 600
+# Tests that kill a member and then expect it to be asked (and fail) give it a
+# lease that outlives them; the lease test below uses etcd's shortest.
+LONG_LEASE = ["--member-lease-ttl-s", "60"]
+SHORT_LEASE_TTL_S = 2
 
 
 @pytest.fixture
-def three(daemon_factory):
-    return [daemon_factory() for _ in range(3)]
+def three(cluster):
+    return cluster.start(3, LONG_LEASE)
 
 
 @pytest.fixture
@@ -36,14 +41,14 @@ def tree(tmp_path):
     return tmp_path / "src", files
 
 
-def test_striped_ingest_places_balanced_replicas_and_reads_back(three, tree):
+def test_striped_ingest_places_balanced_replicas_and_reads_back(cluster, three, tree):
     source, files = tree
     paths = sorted(files)
-    with Client(addresses(three)) as client:
+    with cluster.client() as client:
         info = client.ingest(str(source), "ds", replicas=2)
         assert (info.samples, info.bytes) == (len(files), sum(map(len, files.values())))
         ds = client.dataset("ds")
-        assert ds.info.members == tuple(addresses(three)) and ds.info.replicas == 2
+        assert ds.info.members == tuple(sorted(addresses(three))) and ds.info.replicas == 2
         rng = random.Random(1)
         ids = [rng.randrange(len(paths)) for _ in range(900)]
         assert [bytes(s) for s in ds.get_batch(ids)] == [files[paths[i]] for i in ids]
@@ -64,9 +69,9 @@ def test_striped_ingest_places_balanced_replicas_and_reads_back(three, tree):
             assert [e.name for e in single.listdir("ds", "train")] == ["c0", "c1", "c2", "c3"]
 
 
-def test_a_member_refuses_samples_it_does_not_store(three, tree):
+def test_a_member_refuses_samples_it_does_not_store(cluster, three, tree):
     source, _files = tree
-    with Client(addresses(three)) as client:
+    with cluster.client() as client:
         client.ingest(str(source), "ds", replicas=1)
     with grpc.insecure_channel(three[0].address) as channel:
         stub = dlfs_pb2_grpc.DlfsStub(channel)
@@ -90,10 +95,10 @@ class ManualClock:
         self.now += seconds
 
 
-def test_failover_to_replicas_when_a_daemon_is_killed(three, tree):
+def test_failover_to_replicas_when_a_daemon_is_killed(cluster, three, tree):
     source, files = tree
     paths = sorted(files)
-    with Client(addresses(three)) as client:
+    with cluster.client() as client:
         clock = client.transport.clock = ManualClock()
         client.ingest(str(source), "ds", replicas=2)
         ds = client.dataset("ds")
@@ -110,6 +115,8 @@ def test_failover_to_replicas_when_a_daemon_is_killed(three, tree):
         assert not any(isinstance(statuses[d.address], Exception) for d in (three[0], three[2]))
         # The daemon comes back: after its down mark expires it serves its share again.
         victim.start_again()
+        wait_until(lambda: victim.address in client.transport.view.state.members,
+                   "the restarted member's new lease to reach the client", 30)
         assert client.transport.is_down(victim.address)
         clock.advance(limits.member_down_s)  # its down mark expires
         assert not client.transport.is_down(victim.address)
@@ -120,23 +127,24 @@ def test_failover_to_replicas_when_a_daemon_is_killed(three, tree):
         assert single.status().batches_served > 0
 
 
-def test_without_replicas_a_lost_daemon_is_named(three, tree):
+def test_without_replicas_a_lost_daemon_is_named(cluster, three, tree):
     source, files = tree
-    with Client(addresses(three)) as client:
+    with cluster.client() as client:
         client.ingest(str(source), "ds", replicas=1)
         three[2].kill()
         with pytest.raises(dlfs.Unavailable, match=f"stored only on {three[2].address}"):
             client.get_batch(list(range(len(files))), dataset="ds")
         # Samples on the surviving daemons still read.
         placement = client.transport.placement("ds")
-        alive = [i for i in range(len(files)) if placement.holders[i][0] != 2]
+        lost = placement.members.index(three[2].address)
+        alive = [i for i in range(len(files)) if placement.holders[i][0] != lost]
         assert len(client.get_batch(alive, dataset="ds")) == len(alive)
 
 
-def test_a_failed_striped_ingest_keeps_nothing_anywhere(three, tree):
+def test_a_failed_striped_ingest_keeps_nothing_anywhere(cluster, three, tree):
     source, _files = tree
-    three[2].kill()
-    with Client(addresses(three), reconnect_timeout_s=1) as client:
+    three[2].kill()  # its lease lives on: it is still a member, and does not answer
+    with cluster.client(reconnect_timeout_s=1) as client:
         with pytest.raises(dlfs.Unavailable, match="nothing was kept"):
             client.ingest(str(source), "ds", replicas=2)
     # A member notices the cancelled stream on its own thread, unlists the ingest, then
@@ -152,10 +160,10 @@ def test_a_failed_striped_ingest_keeps_nothing_anywhere(three, tree):
         assert os.listdir(extents) == []
 
 
-def test_replace_and_delete_a_striped_dataset(three, tmp_path):
+def test_replace_and_delete_a_striped_dataset(cluster, three, tmp_path):
     write_tree(tmp_path / "v1", {f"{i:03d}": b"one" for i in range(50)})
     write_tree(tmp_path / "v2", {f"{i:03d}": b"two" for i in range(60)})
-    with Client(addresses(three)) as client:
+    with cluster.client() as client:
         client.ingest(str(tmp_path / "v1"), "ds", replicas=2)
         with pytest.raises(dlfs.AlreadyExists):
             client.ingest(str(tmp_path / "v2"), "ds", replicas=2)
@@ -165,12 +173,14 @@ def test_replace_and_delete_a_striped_dataset(three, tmp_path):
         assert client.datasets() == []
         with pytest.raises(dlfs.NotFound):
             client.get_batch([0], dataset="ds")
+    for daemon in three:  # every member removes its copy as it reads etcd
+        wait_until(lambda: not os.listdir(os.path.join(daemon.data_dir, "extents")),
+                   f"{daemon.address} to remove the deleted dataset", 30)
 
 
-def test_cli_with_several_daemons(three, tree):
+def test_cli_with_several_daemons(cluster, three, tree):
     source, files = tree
-    server = ",".join(addresses(three))
-    run = [sys.executable, "-m", "dlfs.cli", "--server", server]
+    run = [sys.executable, "-m", "dlfs.cli", *cluster.cli()]
     out = subprocess.run(run + ["ingest", "--replicas", "2", str(source), "ds"],
                          capture_output=True, timeout=120)
     assert out.returncode == 0, out.stderr.decode()
@@ -182,11 +192,46 @@ def test_cli_with_several_daemons(three, tree):
     text = status.stdout.decode()
     assert status.returncode == 1 and f"daemon {three[0].address}: DOWN" in text
     assert text.count(": up ") == 2
+    for daemon in three:  # the members as etcd lists them
+        assert f"member {daemon.address}: serving" in text
 
 
-def test_no_member_answering_is_unavailable_not_empty(three):
+def test_no_member_answering_is_unavailable_not_empty(cluster, three):
     for daemon in three:
         daemon.kill()
-    with Client(addresses(three), reconnect_timeout_s=0) as client:
+    with cluster.client(reconnect_timeout_s=0) as client:
         with pytest.raises(dlfs.Unavailable, match="none of the DLFS daemons"):
             client.datasets()
+
+
+def test_a_static_member_list_points_to_etcd(three):
+    with pytest.raises(dlfs.InvalidArgument, match="form a cluster through etcd"):
+        Client(addresses(three))
+
+
+def test_a_member_killed_is_routed_around_once_its_lease_expires(cluster, tree, capsys):
+    """kill -9 a member: readers stop sending to it within its lease's TTL plus one read."""
+    source, files = tree
+    three = cluster.start(3, ["--member-lease-ttl-s", str(SHORT_LEASE_TTL_S)])
+    with cluster.client() as writer:
+        writer.ingest(str(source), "ds", replicas=2)
+    victim = three[1]
+    with cluster.client() as reader:
+        assert read_dataset(reader, "ds") == files
+        asked_while_dead: list[str] = []
+        mark_down = reader.transport.mark_down
+        reader.transport.mark_down = lambda address, error: (asked_while_dead.append(address),
+                                                             mark_down(address, error))
+        victim.kill()  # no goodbye: the lease expires by itself
+        killed = time.monotonic()
+        wait_until(lambda: victim.address not in reader.transport.addresses,
+                   "the dead member's lease to expire", 60)
+        gone_s = time.monotonic() - killed
+        started = time.monotonic()
+        assert read_dataset(reader, "ds") == files  # one read after the expiry
+        read_s = time.monotonic() - started
+        assert asked_while_dead == []  # the read never tried the dead member
+    print(f"member lease TTL {SHORT_LEASE_TTL_S} s: left the member list {gone_s:.2f} s after "
+          f"kill -9; the next read took {read_s:.2f} s and asked only live members")
+    # etcd checks leases every 0.5 s: the member is gone within TTL + that.
+    assert gone_s <= SHORT_LEASE_TTL_S + 1.0, gone_s

@@ -224,15 +224,15 @@ def striped_source(root, name: str, members: list[str], per_member: int) -> dict
     return tree
 
 
-def test_a_full_member_of_a_striped_ingest(daemon_factory, tmp_path):
+def test_a_full_member_of_a_striped_ingest(cluster, daemon_factory, tmp_path):
     """A striped ingest whose first member's disk fills: StorageFull names that member,
     its space and the other member's are accounted for (nothing kept without
     --resumable; with it, nothing durable on the full member, the other's part
     kept for the resume), and the advice, run as printed, completes the ingest."""
     with ext4_disk(tmp_path / "disk", DISK_MIB) as disk:
-        full = daemon_factory(data_dir=str(disk / "data"))
-        other = daemon_factory(extra_args=["--in-doubt-poll-s", "0.2"])
-        servers = f"{full.address},{other.address}"
+        full = daemon_factory(data_dir=str(disk / "data"), extra_args=cluster.args())
+        other = daemon_factory(extra_args=cluster.args())
+        servers = cluster.cli()  # the cluster of both, found in etcd
         big_source(tmp_path / "filler", 20, 1_000_000, seed=7)
         assert run_dlfs(full.address, ["ingest", str(tmp_path / "filler"), "filler",
                                        "--progress", "none"]).returncode == 0
@@ -260,10 +260,11 @@ def test_a_full_member_of_a_striped_ingest(daemon_factory, tmp_path):
         assert "the ingest was discarded: nothing of it takes space" in message
         assert extent_dirs(full.data_dir) == kept[0]
         assert used_bytes(disk) - before < 1 << 20
-        freed = run_as_printed(servers,
+        # The full member's own advice: its one-daemon dataset, removed there.
+        freed = run_as_printed(full.address,
                                the_command(message, "dlfs rm").replace("NAME", "filler"))
         assert freed.returncode == 0, freed.stderr
         resumed = run_dlfs(servers, command + ["--resume"])
         assert resumed.returncode == 0, resumed.stderr
-        with Client(servers) as client:
+        with cluster.client() as client:
             assert read_dataset(client, "ds") == source

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import os
 import random
+import threading
+import time
 
 import pytest
 
@@ -224,15 +226,36 @@ def test_a_replace_whose_seal_fsync_fails_keeps_one_whole_version(daemon_factory
     assert len(os.listdir(os.path.join(daemon.data_dir, "extents"))) == 1
 
 
-# Members left prepared ask the first member every 0.2 s; a first member with
-# no decision aborts after 2 s (instead of 5 s and 300 s): the loop stays short.
-STRIPED_ARGS = ["--extent-bytes-max", "65536", "--in-doubt-poll-s", "0.2",
-                "--prepared-ingest-timeout-s", "2"]
-STRIPED_FAULTS_MIN = int(os.environ.get("DLFS_STRIPED_FAULTS_MIN", "16"))
-# Faults on one member during a striped replace or a rebalance: the commit step
-# itself, and disk operations of the ingest and its commit.
-STRIPED_FAULTS = [("seal", 1), ("fsync", 8), ("write", 12), ("create", 3), ("mkdir", 1),
-                  ("unlink", 1), ("any", 30)]
+# --- the randomized loop over a cluster: a 3-member etcd and 3 daemons ------------------
+# Each iteration runs a striped replace or a rebalance under a planned set of faults,
+# while a reader thread reads the whole dataset again and again.  Afterwards every name
+# serves one whole version, the same on every member; no batch the reader got mixed
+# versions; no member keeps a stray extent directory.
+#
+# Fault kinds: "member-disk" (one member's disk operation fails with an errno or kills
+# it, at a random step of the ingest and its commit), "member-commit-kill" (a member
+# SIGKILLed at its commit step: just before its SEAL record, after etcd decided),
+# "etcd-leader" (etcd's leader SIGKILLed as the client sends the commit, restarted a
+# moment later) and "etcd-restart" (every etcd member SIGKILLed at the commit, then
+# restarted).  The last three are required: until each fired REQUIRED_EACH times, an
+# iteration runs a plan holding one that is missing with probability REQUIRED_SHARE
+# (and always once FAULTS_MIN fired), so they occur by schedule, not by luck.
+STRIPED_FAULTS_MIN = int(os.environ.get("DLFS_STRIPED_FAULTS_MIN", "50"))
+REQUIRED_KINDS = ("member-commit-kill", "etcd-leader", "etcd-restart")
+REQUIRED_EACH = 3
+REQUIRED_SHARE = 0.3
+# What one iteration may hold (drawn with these repeats); two faults in one iteration:
+# an etcd fault at the commit and a member killed as it applies that commit.
+PLANS = [("member-disk",)] * 3 + [
+    ("member-commit-kill",), ("etcd-leader",), ("etcd-restart",),
+    ("etcd-leader", "member-commit-kill"), ("etcd-restart", "member-commit-kill")]
+# A member's lease as short as etcd grants: a killed member leaves the list in 2 s.
+STRIPED_ARGS = ["--extent-bytes-max", "65536", "--member-lease-ttl-s", "2"]
+# Disk operations of one member during a striped replace or rebalance and its commit
+# (calls counted from the moment it serves; a plan past the last one does not fire).
+STRIPED_OP_CALLS = [("fsync", 8), ("write", 12), ("create", 3), ("mkdir", 1), ("unlink", 1),
+                    ("any", 30)]
+# A bound for each wait on the cluster to settle (a hang, not a speed target).
 SETTLE_S = 60.0
 
 
@@ -245,59 +268,176 @@ def ingests_running(daemons) -> int:
     return running
 
 
-def test_random_faults_during_striped_commits_and_rebalances(daemon_factory, tmp_path):
+class MixedReadWatch:
+    """A reader thread that reads dataset `name` whole, batch after batch, through its own
+    cluster client, and records every batch that is not exactly one version of
+    `versions` (by id, in path order).  Errors while the cluster changes are allowed."""
+
+    def __init__(self, client: Client, name: str, versions: Versions, samples: int):
+        self.client, self.name, self.versions, self.samples = client, name, versions, samples
+        self.batches = 0
+        self.mixed: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        by_version = {key: [tree[p] for p in sorted(tree)] for key, tree in
+                      self.versions.trees.items()}
+        while not self._stop.wait(0.05):
+            try:
+                batch = [bytes(s) for s in self.client.get_batch(range(self.samples),
+                                                                 dataset=self.name)]
+            except (dlfs.DlfsError, OSError):
+                continue
+            self.batches += 1
+            for key, files in list(self.versions.trees.items()):
+                if key not in by_version:
+                    by_version[key] = [files[p] for p in sorted(files)]
+            if not any(batch == whole for whole in by_version.values()):
+                self.mixed.append(f"batch {self.batches}: not one whole version")
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(SETTLE_S)
+
+
+def test_random_faults_during_striped_commits_and_rebalances(daemon_factory, tmp_path,
+                                                               monkeypatch):
+    from dlfs.client.cluster.etcd_commit import ClusterChange
+    from dlfs.tools.launch import EtcdCluster
+
     rng = random.Random(int(os.environ.get("DLFS_FAULTS_SEED", "2026")) + 1)
     versions = Versions(tmp_path / "src", rng)
-    daemons = [daemon_factory(extra_args=STRIPED_ARGS) for _ in range(3)]
-    members = [d.address for d in daemons]
-    key = versions.new()
-    with Client(members) as client:
-        client.ingest(versions.path(key), "s", replicas=2)
-    versions.allowed["s"] = {key}
-    fired = iterations = 0
-    outcomes: dict[str, int] = {}
-    while fired < STRIPED_FAULTS_MIN and iterations < 4 * STRIPED_FAULTS_MIN:
-        iterations += 1
-        victim = rng.choice(daemons)
-        op, calls = rng.choice(STRIPED_FAULTS)
-        spec = f"{op}:{rng.randint(1, calls)}:{rng.choice(ACTIONS)}"
-        before = victim.log().count("fault injected:")
-        victim.stop()
-        victim.extra_env = {"DLFS_FAULT": spec}
-        victim.start_again()
-        scenario = rng.choice(("replace", "rebalance"))
-        new = versions.new() if scenario == "replace" else None
-        if new is not None:
-            versions.allowed["s"] = versions.allowed["s"] | {new}
+    commit = ClusterChange.commit
+    started = time.monotonic()
+    phases = {"arm": 0.0, "change": 0.0, "recover": 0.0, "settle": 0.0, "check": 0.0}
+    with EtcdCluster(str(tmp_path / "etcd"), 3) as etcd:
+        args = ["--etcd", etcd.urls, "--cluster", "faults"] + STRIPED_ARGS
+        daemons = [daemon_factory(extra_args=args) for _ in range(3)]
+
+        def client(**options) -> Client:
+            return Client(etcd=etcd.urls, cluster="faults", **options)
+
+        key = versions.new()
+        with client() as c:
+            c.ingest(versions.path(key), "s", replicas=2)
+        versions.allowed["s"] = {key}
+        fired = iterations = 0
+        kinds: dict[str, int] = {}
+        outcomes: dict[str, int] = {}
+
+        def missing() -> list[str]:
+            return [k for k in REQUIRED_KINDS if kinds.get(k, 0) < REQUIRED_EACH]
+
+        reader = client(reconnect_timeout_s=1)
+        watch = MixedReadWatch(reader, "s", versions, len(versions.trees[key]))
         try:
-            with Client(members, reconnect_timeout_s=1, timeout_s=30) as client:
-                if new is not None:
-                    client.ingest(versions.path(new), "s", replace=True, replicas=2)
+            while (fired < STRIPED_FAULTS_MIN or missing()) \
+                    and iterations < 4 * STRIPED_FAULTS_MIN:
+                iterations += 1
+                if missing() and (fired >= STRIPED_FAULTS_MIN or rng.random() < REQUIRED_SHARE):
+                    plan = rng.choice([p for p in PLANS if missing()[0] in p])
                 else:
-                    client.rebalance("s", replicas=rng.choice((1, 2, 3)))
-        except (dlfs.DlfsError, OSError) as exc:
-            outcomes[type(exc).__name__] = outcomes.get(type(exc).__name__, 0) + 1
-        else:
-            outcomes["ok"] = outcomes.get("ok", 0) + 1
-            if new is not None:
-                versions.allowed["s"] = {new}
-        fired += victim.log().count("fault injected:") - before
-        for daemon in daemons:  # the victim may be dead; every member restarts
-            daemon.stop() if rng.random() < 0.5 else daemon.kill()
-            daemon.extra_env = {}
-            daemon.start_again()
-        wait_until(lambda: ingests_running(daemons) == 0,
-                   "every prepared ingest to learn its outcome", SETTLE_S)
-        with Client(members) as client:
-            [info] = client.dataset_infos()
-            assert info.disagreement == "", info.disagreement
-            content = read_dataset(client, "s")
-        matches = [k for k in versions.allowed["s"] if versions.trees[k] == content]
-        assert matches, f"{spec} on {victim.address} during {scenario}: no whole version"
-        versions.allowed["s"] = {matches[0]}
-        for daemon in daemons:
-            dirs = os.listdir(os.path.join(daemon.data_dir, "extents"))
-            assert len(dirs) == 1, f"{daemon.address} keeps {len(dirs)} extent directories"
-    print(f"striped fault loop: {fired} faults fired in {iterations} iterations; "
-          f"outcomes {outcomes}")
+                    plan = rng.choice(PLANS)
+                clock = time.monotonic()
+                victim = rng.choice(daemons)
+                before = victim.log().count("fault injected:")
+                spec = ""
+                if "member-disk" in plan:
+                    op, calls = rng.choice(STRIPED_OP_CALLS)
+                    spec = f"{op}:{rng.randint(1, calls)}:{rng.choice(ACTIONS)}"
+                elif "member-commit-kill" in plan:
+                    spec = "seal:1:kill"
+                if spec:
+                    victim.stop()
+                    victim.extra_env = {"DLFS_FAULT": spec}
+                    victim.start_again()
+                etcd_faults: list[str] = []
+                restarts: list[threading.Timer] = []
+                etcd_kind = next((k for k in plan if k.startswith("etcd")), None)
+                if etcd_kind is not None:
+                    def faulty_commit(change, record, kind=etcd_kind):
+                        # One etcd fault per change: a commit tried again must not kill an
+                        # etcd that its restart timer is still bringing up.
+                        if not etcd_faults:
+                            if kind == "etcd-leader":
+                                leader = etcd.leader()
+                                leader.kill()
+                                restart = leader.start_again
+                            else:  # the whole etcd restarts while the commit waits
+                                etcd.kill()
+                                restart = etcd.start
+                            timer = threading.Timer(rng.uniform(0.1, 1.0), restart)
+                            timer.start()
+                            restarts.append(timer)
+                            etcd_faults.append(kind)
+                        return commit(change, record)
+
+                    monkeypatch.setattr(ClusterChange, "commit", faulty_commit)
+                phases["arm"] += time.monotonic() - clock
+                clock = time.monotonic()
+                scenario = rng.choice(("replace", "rebalance"))
+                new = versions.new() if scenario == "replace" else None
+                if new is not None:
+                    versions.allowed["s"] = versions.allowed["s"] | {new}
+                try:
+                    with client(reconnect_timeout_s=1, timeout_s=30) as c:
+                        if new is not None:
+                            c.ingest(versions.path(new), "s", replace=True, replicas=2)
+                        else:
+                            c.rebalance("s", replicas=rng.choice((1, 2, 3)))
+                except (dlfs.DlfsError, OSError) as exc:
+                    outcomes[type(exc).__name__] = outcomes.get(type(exc).__name__, 0) + 1
+                else:
+                    outcomes["ok"] = outcomes.get("ok", 0) + 1
+                    if new is not None:
+                        versions.allowed["s"] = {new}
+                monkeypatch.undo()
+                phases["change"] += time.monotonic() - clock
+                clock = time.monotonic()
+                member_fired = victim.log().count("fault injected:") - before
+                assert member_fired <= 1
+                for kind in etcd_faults + (["member-disk" if "member-disk" in plan else
+                                            "member-commit-kill"] if member_fired else []):
+                    kinds[kind] = kinds.get(kind, 0) + 1
+                fired += member_fired + len(etcd_faults)
+                for timer in restarts:  # etcd back and healthy before the next fault
+                    timer.join(SETTLE_S)
+                for member in etcd.members:
+                    wait_until(member.alive, "etcd to be restarted", SETTLE_S)
+                if spec:
+                    victim.stop() if rng.random() < 0.5 else victim.kill()
+                    victim.extra_env = {}
+                    victim.start_again()
+                phases["recover"] += time.monotonic() - clock
+                clock = time.monotonic()
+                wait_until(lambda: ingests_running(daemons) == 0,
+                           "every prepared ingest to apply etcd's decision", SETTLE_S)
+                with client() as c:
+                    wait_until(lambda: len(c.transport.view.refresh().members) == 3,
+                               "every member to hold a lease again", SETTLE_S)
+                    wait_until(lambda: not c.dataset_infos()[0].disagreement,
+                               "every member to publish the version etcd holds", SETTLE_S)
+                    phases["settle"] += time.monotonic() - clock
+                    clock = time.monotonic()
+                    content = read_dataset(c, "s")  # every batch names one generation
+                matches = [k for k in versions.allowed["s"] if versions.trees[k] == content]
+                assert matches, f"{plan} on {victim.address} during {scenario}: no whole version"
+                versions.allowed["s"] = {matches[0]}
+                for daemon in daemons:
+                    dirs = os.listdir(os.path.join(daemon.data_dir, "extents"))
+                    assert len(dirs) == 1, f"{daemon.address} keeps {len(dirs)} extent directories"
+                phases["check"] += time.monotonic() - clock
+        finally:
+            watch.close()
+            reader.close()
+    took = time.monotonic() - started
+    print(f"striped fault loop: {fired} faults fired in {iterations} iterations, {took:.0f} s "
+          f"({', '.join(f'{k} {v:.0f} s' for k, v in phases.items())}); kinds {kinds}; "
+          f"outcomes {outcomes}; the reader read {watch.batches} whole batches, "
+          f"{len(watch.mixed)} mixed")
+    assert not watch.mixed, watch.mixed[:5]
+    assert watch.batches > 0
     assert fired >= STRIPED_FAULTS_MIN
+    assert all(kinds.get(kind, 0) >= REQUIRED_EACH for kind in REQUIRED_KINDS), kinds

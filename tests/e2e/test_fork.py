@@ -119,12 +119,13 @@ def test_a_client_made_in_a_forked_child_reads_by_id_and_refuses_the_rest(
 
 
 def test_a_forked_child_reads_a_striped_dataset_without_grpc(
-        daemon_factory, tmp_path, without_fork_support):
-    """The ticket carries the placement: the child reads each member's part directly."""
+        cluster, tmp_path, without_fork_support):
+    """The ticket carries the placement: the child reads each member's part directly,
+    asking neither etcd nor a member over gRPC."""
     files = {f"{i:03d}": bytes([i]) * (100 + i) for i in range(60)}
     write_tree(tmp_path / "src", files)
-    members = [daemon_factory().address for _ in range(2)]
-    with Client(members) as client:
+    cluster.start(2)
+    with cluster.client() as client:
         client.ingest(str(tmp_path / "src"), "striped", replicas=1)
         ticket = DatasetTicket.of(client.dataset("striped"))
         paths = client.dataset("striped").paths()

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import re
+import shlex
+import subprocess
+import sys
+
 import grpc
 import numpy as np
 import pytest
 
 import dlfs
-from conftest import addresses, write_tree
+from conftest import wait_until, write_tree
 from dlfs import Client
 from dlfs.proto import dlfs_pb2 as pb
 from dlfs.proto import dlfs_pb2_grpc
@@ -79,11 +84,11 @@ def test_a_read_that_names_its_version_is_pinned_to_it(daemon, tmp_path, direct)
         assert ds.info.generation != old
 
 
-def test_a_cluster_client_follows_a_replace_by_another_client(daemon_factory, tmp_path):
+def test_a_cluster_client_follows_a_replace_by_another_client(cluster, tmp_path):
     """The cached placement is of one version: a replace with more files is noticed."""
-    three = [daemon_factory() for _ in range(3)]
+    cluster.start(3)
     v1, v2 = versions(tmp_path)
-    with Client(addresses(three)) as reader, Client(addresses(three)) as writer:
+    with cluster.client() as reader, cluster.client() as writer:
         writer.ingest(str(v1), "stale", replicas=2)
         assert {bytes(s) for s in reader.get_batch(range(50), dataset="stale")} == {b"1" * 100}
         writer.ingest(str(v2), "stale", replicas=2, replace=True)
@@ -93,23 +98,34 @@ def test_a_cluster_client_follows_a_replace_by_another_client(daemon_factory, tm
         assert {bytes(s) for s in reader.get_batch(range(50), dataset="stale")} == {b"1" * 100}
 
 
-def test_members_that_disagree_never_yield_a_mixed_batch(daemon_factory, tmp_path):
-    """A striped replace that reached one member only (the client died between the
-    commits): every batch is one version, or StaleGeneration."""
-    two = [daemon_factory() for _ in range(2)]
+def test_a_member_refuses_a_change_that_etcd_did_not_decide(cluster, tmp_path):
+    """Members never disagree by a change sent to one of them alone: a striped dataset is
+    replaced or deleted through etcd only, so every batch is one version.  The
+    refusal's command is run as printed."""
+    two = cluster.start(2)
     v1, v2 = versions(tmp_path, 64, 64)
-    with Client(addresses(two)) as writer:
+    with cluster.client() as writer:
         writer.ingest(str(v1), "ds", replicas=1)
-    with Client(two[0].address) as lone:  # the new version lands on member 0 only
-        lone.ingest(str(v2), "ds", replace=True)
-    with Client(addresses(two)) as reader:
-        for _ in range(5):
-            try:
-                batch = {bytes(s) for s in reader.get_batch(range(64), dataset="ds")}
-            except dlfs.StaleGeneration as exc:
-                assert "different versions" in str(exc) or "was replaced" in str(exc)
-                continue
-            assert batch in ({b"1" * 100}, {b"2" * 100})
+    for via in ("datapath", "grpc"):
+        with Client(two[0].address) as lone:
+            with pytest.raises(dlfs.FailedPrecondition, match="it cannot be replaced on one "
+                                                              "member"):
+                lone.ingest(str(v2), "ds", replace=True, via=via)
+    with Client(two[0].address) as lone:
+        with pytest.raises(dlfs.FailedPrecondition, match="it cannot be deleted") as refused:
+            lone.delete("ds")
+    with cluster.client() as reader:
+        assert {bytes(s) for s in reader.get_batch(range(64), dataset="ds")} == {b"1" * 100}
+    command = shlex.split(re.search(r"`([^`]+)`", str(refused.value)).group(1))
+    assert command[0] == "dlfs"
+    done = subprocess.run([sys.executable, "-m", "dlfs.cli", *command[1:]],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("removed ds: 64 samples")
+    for daemon in two:
+        with Client(daemon.address) as member:
+            wait_until(lambda: member.dataset_infos() == [],
+                       f"{daemon.address} to remove the deleted dataset", 30)
 
 
 def test_a_direct_reader_follows_a_replace(daemon, tmp_path):

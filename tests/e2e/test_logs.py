@@ -109,14 +109,12 @@ def test_cli_errors_quote_the_request_id(daemon, capsys):
     assert re.search(r"NotFound: .*missing.* \[request id [0-9a-f]{16}\]", err), err
 
 
-def test_a_client_chosen_request_id_reaches_every_daemon_of_a_striped_batch(daemon_factory,
-                                                                           tmp_path):
+def test_a_client_chosen_request_id_reaches_every_daemon_of_a_striped_batch(cluster, tmp_path):
     from conftest import write_tree
 
-    daemons = [daemon_factory(extra_args=["--log-format", "json", "--log-level", "DEBUG"])
-               for _ in range(2)]
+    daemons = cluster.start(2, ["--log-format", "json", "--log-level", "DEBUG"])
     write_tree(tmp_path / "src", {f"f{i:03d}": bytes([i]) * 100 for i in range(64)})
-    with dlfs.Client([d.address for d in daemons]) as client:
+    with cluster.client() as client:
         client.ingest(str(tmp_path / "src"), "ds")
         with dlfs.request_id("epoch3-step17"):
             assert len(client.get_batch(range(64), dataset="ds")) == 64

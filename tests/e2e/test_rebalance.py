@@ -1,4 +1,5 @@
-"""Rebalancing a dataset onto a new member list, on real daemons: only moved copies travel."""
+"""Rebalancing a dataset onto a new member list, on real daemons in a cluster found in a real
+etcd: only moved copies travel."""
 
 from __future__ import annotations
 
@@ -19,8 +20,20 @@ SAMPLES = 400
 
 
 @pytest.fixture
-def four(daemon_factory):
-    return [daemon_factory() for _ in range(4)]
+def four(cluster):
+    """Three members now, a fourth when `add_fourth` starts it (ingests before it stripe
+    over three).  A killed member's lease outlives the test: it stays a member."""
+    daemons = cluster.start(3, ["--member-lease-ttl-s", "60"])
+    return daemons
+
+
+def add_fourth(cluster, daemons) -> list:
+    daemons.append(cluster.start(1, ["--member-lease-ttl-s", "60"])[0])
+    return daemons
+
+
+def members(daemons) -> tuple:
+    return tuple(sorted(addresses(daemons)))
 
 
 @pytest.fixture
@@ -39,14 +52,15 @@ def assert_reads_back(client: Client, name: str, files: dict[str, bytes]) -> Non
     assert [bytes(sample) for sample in got] == [files[p] for p in paths]
 
 
-def test_adding_a_daemon_moves_only_its_share(four, tree):
+def test_adding_a_daemon_moves_only_its_share(cluster, four, tree):
     source, files = tree
-    with Client(addresses(four[:3])) as three:
+    with cluster.client() as three:
         three.ingest(str(source), "ds", replicas=2)
-    with Client(addresses(four)) as client:
+    add_fourth(cluster, four)
+    with cluster.client() as client:
         report = client.rebalance("ds")
         n = len(files)
-        assert (report.samples, report.replicas, report.members) == (n, 2, tuple(addresses(four)))
+        assert (report.samples, report.replicas, report.members) == (n, 2, members(four))
         # Every moved copy goes to the new daemon; the old ones keep what they still hold.
         assert report.copies_moved == local_samples(four[3].address, "ds")
         assert report.copies_moved + report.copies_kept == 2 * n
@@ -54,42 +68,43 @@ def test_adding_a_daemon_moves_only_its_share(four, tree):
         assert sum(local_samples(d.address, "ds") for d in four) == 2 * n
         assert report.removed_from == () and report.not_removed == ()
         info = client.dataset("ds").info
-        assert info.members == tuple(addresses(four)) and info.samples == n
+        assert info.members == members(four) and info.samples == n
         assert_reads_back(client, "ds", files)
         # Running it again moves nothing.
         again = client.rebalance("ds")
         assert (again.copies_moved, again.copies_kept) == (0, 2 * n)
-    # A reader that only knows the old members learns the new placement from them.
-    with Client(addresses(four[:3])) as old_view:
-        assert_reads_back(old_view, "ds", files)
+    # Another reader learns the new placement from etcd and its members.
+    with cluster.client() as other:
+        assert_reads_back(other, "ds", files)
 
 
-def test_removing_a_daemon_deletes_its_copy_and_keeps_every_sample(four, tree):
+def test_removing_a_daemon_deletes_its_copy_and_keeps_every_sample(cluster, four, tree):
     source, files = tree
-    with Client(addresses(four)) as client:
+    add_fourth(cluster, four)
+    with cluster.client() as client:
         client.ingest(str(source), "ds", replicas=2)
     leaving = four[1]
     staying = [d for d in four if d is not leaving]
-    with Client(addresses(staying)) as client:
-        report = client.rebalance("ds")
+    with cluster.client() as client:
+        report = client.rebalance("ds", members=addresses(staying))
         assert report.removed_from == (leaving.address,)
         assert sum(local_samples(d.address, "ds") for d in staying) == 2 * len(files)
         assert_reads_back(client, "ds", files)
     with Client(leaving.address) as single:
         assert single.datasets() == []
     leaving.kill()
-    with Client(addresses(staying)) as client:
+    with cluster.client() as client:
         assert_reads_back(client, "ds", files)
 
 
-def test_a_one_daemon_dataset_is_striped_and_replicated(four, tree):
+def test_a_one_daemon_dataset_is_striped_and_replicated(cluster, four, tree):
     source, files = tree
     for empty in ("valid", "train/c1/empty/deeper"):
         (source / empty).mkdir(parents=True)
-    with Client(four[0].address) as single:
+    with Client(four[0].address) as single:  # the member's own dataset, not the cluster's
         single.ingest(str(source), "ds")
-    with Client(addresses(four[:3])) as client:
-        report = client.rebalance("ds", replicas=2)
+    with cluster.client() as client:
+        report = client.rebalance("ds", replicas=2, source=four[0].address)
         assert report.replicas == 2 and report.copies_moved + report.copies_kept == 2 * len(files)
         assert report.copies_kept == local_samples(four[0].address, "ds")
         assert_reads_back(client, "ds", files)
@@ -101,36 +116,37 @@ def test_a_one_daemon_dataset_is_striped_and_replicated(four, tree):
         assert_reads_back(client, "ds", files)
 
 
-def test_a_failed_rebalance_changes_nothing(four, tree):
+def test_a_failed_rebalance_changes_nothing(cluster, four, tree):
     source, files = tree
-    with Client(addresses(four[:3])) as client:
+    with cluster.client() as client:
         client.ingest(str(source), "ds", replicas=2)
-    four[3].kill()
-    with Client(addresses(four), reconnect_timeout_s=1) as client:
+    add_fourth(cluster, four)
+    four[3].kill()  # its lease lives on: still a member, and it does not answer
+    with cluster.client(reconnect_timeout_s=1) as client:
         with pytest.raises(dlfs.Unavailable, match="nothing was kept"):
             client.rebalance("ds")
-    with Client(addresses(four[:3])) as client:
-        assert client.dataset("ds").info.members == tuple(addresses(four[:3]))
+    with cluster.client() as client:
+        assert client.dataset("ds").info.members == members(four[:3])
         assert_reads_back(client, "ds", files)
         assert sum(local_samples(d.address, "ds") for d in four[:3]) == 2 * len(files)
 
 
-def test_rebalance_needs_several_daemons_and_an_existing_dataset(four):
+def test_rebalance_needs_a_cluster_and_an_existing_dataset(cluster, four):
     with Client(four[0].address) as single:
-        with pytest.raises(dlfs.InvalidArgument, match="several daemons"):
+        with pytest.raises(dlfs.InvalidArgument, match="cluster's members"):
             single.rebalance("ds")
-    with Client(addresses(four)) as client:
+    with cluster.client() as client:
         with pytest.raises(dlfs.NotFound):
             client.rebalance("missing")
 
 
-def test_cli_rebalance(four, tree):
+def test_cli_rebalance(cluster, four, tree):
     source, files = tree
-    run = [sys.executable, "-m", "dlfs.cli", "--server"]
-    out = subprocess.run(run + [",".join(addresses(four[:2])), "ingest", str(source), "ds"],
-                         capture_output=True, timeout=120)
+    run = [sys.executable, "-m", "dlfs.cli", *cluster.cli()]
+    out = subprocess.run(run + ["ingest", str(source), "ds"], capture_output=True, timeout=120)
     assert out.returncode == 0, out.stderr.decode()
-    out = subprocess.run(run + [",".join(addresses(four)), "rebalance", "ds", "--replicas", "2"],
+    add_fourth(cluster, four)
+    out = subprocess.run(run + ["rebalance", "ds", "--replicas", "2"],
                          capture_output=True, timeout=120)
     assert out.returncode == 0, out.stderr.decode()
     text = out.stdout.decode()
@@ -166,20 +182,21 @@ def test_kept_pieces_are_checked_against_the_daemons_copy(daemon, tmp_path):
         assert bytes(client.get_batch([0], dataset="ds")[0]) == b"alpha"
 
 
-def test_readers_keep_reading_right_bytes_while_a_daemon_is_added(four, tree):
+def test_readers_keep_reading_right_bytes_while_a_daemon_is_added(cluster, four, tree):
     import threading
 
     source, files = tree
     paths = sorted(files)
-    with Client(addresses(four[:3])) as client:
+    with cluster.client() as client:
         client.ingest(str(source), "ds", replicas=2)
+    add_fourth(cluster, four)
     failures: list[BaseException] = []
     batches = [0]
     stop = threading.Event()
 
     def read_loop() -> None:
         rng = np.random.default_rng(1)
-        with Client(addresses(four[:3])) as reader:  # knows only the old members
+        with cluster.client() as reader:
             while not stop.is_set():
                 ids = rng.integers(0, len(paths), 64)
                 try:
@@ -193,7 +210,7 @@ def test_readers_keep_reading_right_bytes_while_a_daemon_is_added(four, tree):
     thread = threading.Thread(target=read_loop)
     thread.start()
     try:
-        with Client(addresses(four)) as client:
+        with cluster.client() as client:
             client.rebalance("ds")
             client.rebalance("ds", replicas=3)  # and once more, while still reading
     finally:

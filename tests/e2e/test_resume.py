@@ -19,13 +19,17 @@ import pytest
 
 import dlfs
 from cli_advice import run_as_printed, the_command
-from conftest import read_dataset, unique_name, write_tree
+from conftest import read_dataset, unique_name, wait_until, write_tree
 from dlfs import Client
 
 # Small checkpoints, so that a daemon killed a moment into an ingest holds something.
 CHECKPOINTS = ["--ingest-checkpoint-bytes", str(2 * 1024 * 1024),
                "--ingest-checkpoint-interval-s", "0.2"]
 KILL_POINTS = int(os.environ.get("DLFS_RESUME_KILL_POINTS", "6"))
+# Ingests a test interrupts are capped (--max-rate) so that they last about a second
+# or more however fast the machine: uncapped, 40 MiB went in 0.1 s on CI's machine,
+# before a kill could land.
+PACED = ["--max-rate", "32MiB"]
 
 
 def source_tree(root, n=600, seed=3) -> dict[str, bytes]:
@@ -49,6 +53,12 @@ def progress(address, name):
             return client.transport.control.ingest_progress(name)
         except dlfs.NotFound:
             return None
+
+
+def process_state(pid: int) -> str:
+    """The state letter of /proc/PID/stat ("T": stopped)."""
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rpartition(")")[2].split()[0]
 
 
 def ingest_process(address, source, name, *args):
@@ -77,7 +87,7 @@ def test_client_killed_at_random_points_then_resumed_ends_identical(daemon_facto
         name = f"resumed{point}"
         via = ("datapath", "grpc")[point % 2]
         kills = 0
-        args = ["--readers", str(chooser.choice([1, 2, 8])), "--via", via]
+        args = ["--readers", str(chooser.choice([1, 2, 8])), "--via", via, *PACED]
         process = ingest_process(daemon.address, tmp_path / "src", name, *args)
         while True:  # kill it at a random point, then resume; sometimes kill a resume too
             wait_for_durable(daemon.address, name, chooser.randint(1, 500), process)
@@ -114,7 +124,7 @@ def test_daemon_restarted_mid_ingest_then_resume(daemon_factory, tmp_path, how):
     daemon = daemon_factory(extra_args=CHECKPOINTS)
     files = source_tree(tmp_path / "src", n=1500, seed=5)
     name = unique_name()
-    process = ingest_process(daemon.address, tmp_path / "src", name, "--readers", "1")
+    process = ingest_process(daemon.address, tmp_path / "src", name, "--readers", "1", *PACED)
     durable = wait_for_durable(daemon.address, name, 100, process)
     assert durable, "the ingest finished before the daemon could be stopped"
     port = daemon.address.rpartition(":")[2]
@@ -144,7 +154,7 @@ def test_resume_refuses_a_changed_source_and_discard_ends_the_parked_ingest(daem
     daemon = daemon_factory(extra_args=CHECKPOINTS)
     source_tree(tmp_path / "src", n=500, seed=7)
     name = unique_name()
-    process = ingest_process(daemon.address, tmp_path / "src", name, "--readers", "1")
+    process = ingest_process(daemon.address, tmp_path / "src", name, "--readers", "1", *PACED)
     assert wait_for_durable(daemon.address, name, 50, process)
     process.kill()
     process.communicate(timeout=60)
@@ -169,13 +179,22 @@ def test_resume_refuses_a_changed_source_and_discard_ends_the_parked_ingest(daem
 
 
 def test_a_parked_ingest_is_discarded_after_its_timeout(daemon_factory, tmp_path):
-    daemon = daemon_factory(extra_args=CHECKPOINTS + ["--resumable-ingest-timeout-s", "1.5"])
+    daemon = daemon_factory(extra_args=CHECKPOINTS + ["--resumable-ingest-timeout-s", "1.5"],
+                            start=False)
+    # The daemon stands still at a disk write mid-ingest: the client is killed while the
+    # ingest runs, however fast this machine is (it could finish first otherwise).
+    daemon.extra_env = {"DLFS_FAULT": "write:40:stop"}
+    daemon.start()
     source_tree(tmp_path / "src", n=400, seed=9)
     name = unique_name()
     process = ingest_process(daemon.address, tmp_path / "src", name, "--readers", "1")
-    assert wait_for_durable(daemon.address, name, 30, process)
-    process.kill()
-    process.communicate(timeout=60)
+    try:
+        wait_until(lambda: process_state(daemon.pid) == "T", "the daemon stopped mid-ingest",
+                   60)
+        process.kill()
+        process.communicate(timeout=60)
+    finally:
+        os.kill(daemon.pid, signal.SIGCONT)
     deadline = time.monotonic() + 5
     while (state := progress(daemon.address, name)) is not None and state.state != "parked":
         assert time.monotonic() < deadline
@@ -195,48 +214,28 @@ def test_resume_with_nothing_parked_starts_a_new_ingest(shared_daemon, tmp_path)
         assert dataset_digests(client, name) == digests(files)
 
 
-def test_a_striped_ingest_killed_then_resumed(daemon_factory, tmp_path):
-    daemons = [daemon_factory(extra_args=CHECKPOINTS) for _ in range(2)]
+def test_a_striped_ingest_killed_then_resumed(cluster, tmp_path):
+    daemons = cluster.start(2, CHECKPOINTS)
     files = source_tree(tmp_path / "src", n=500, seed=11)
-    addresses = ",".join(d.address for d in daemons)
     name = unique_name()
-    process = ingest_process(addresses, tmp_path / "src", name, "--replicas", "2",
-                             "--readers", "1")
+    run = [sys.executable, "-m", "dlfs.cli", *cluster.cli(), "ingest", str(tmp_path / "src"),
+           name, "--progress", "none", "--replicas", "2"]
+    process = subprocess.Popen(run + ["--readers", "1"], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
     assert wait_for_durable(daemons[0].address, name, 60, process)
     process.kill()
     process.communicate(timeout=60)
     held = [progress(d.address, name) for d in daemons]
     assert all(h is not None for h in held)
-    process = ingest_process(addresses, tmp_path / "src", name, "--replicas", "2", "--resume")
+    with cluster.client() as client:  # the dead client's change goes with its lease
+        wait_until(lambda: not client.transport.view.refresh().intents,
+                   "the killed client's intent to expire in etcd", 60)
+    process = subprocess.Popen(run + ["--resume"], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
     out, err = process.communicate(timeout=120)
     assert process.returncode == 0, err
-    with Client([d.address for d in daemons]) as client:
+    with cluster.client() as client:
         assert dataset_digests(client, name) == digests(files)
     for d in daemons:  # each member alone holds every sample (2 replicas of 2)
         with Client(d.address) as client:
             assert dataset_digests(client, name) == digests(files)
-
-
-def test_a_resume_commits_members_found_prepared(daemon_factory, tmp_path):
-    """The first member dies at its commit: every member holds its part prepared.
-    `resume` streams nothing to them and commits, first member first."""
-    daemons = [daemon_factory() for _ in range(2)]
-    files = source_tree(tmp_path / "src", n=60, seed=5)
-    members = [d.address for d in daemons]
-    name = unique_name()
-    decider = daemons[0]
-    decider.stop()
-    decider.extra_env = {"DLFS_FAULT": "seal:1:kill"}
-    decider.start_again()
-    with Client(members, reconnect_timeout_s=1) as client:
-        with pytest.raises(dlfs.DlfsError, match="first member"):
-            client.ingest(str(tmp_path / "src"), name, replicas=1, resumable=True)
-    decider.extra_env = {}
-    decider.start_again()  # the PREPARE record brings it back prepared
-    assert [progress(a, name).state for a in members] == ["prepared", "prepared"]
-    with Client(members) as client:
-        info = client.ingest(str(tmp_path / "src"), name, replicas=1, resume=True)
-        assert info.samples == len(files)
-        assert dataset_digests(client, name) == digests(files)
-    with Client(members) as client:
-        assert [(i.name, i.disagreement) for i in client.dataset_infos()] == [(name, "")]

@@ -170,13 +170,12 @@ def test_progress_log_reports_rates_and_the_summary_names_them(shared_daemon, tm
     assert lines[1].startswith("sent 50 files, 48.8 KiB in ") and "files/s, 4 readers" in lines[1]
 
 
-def test_a_striped_ingest_of_shards_uses_the_same_reader(daemon_factory, tmp_path):
-    daemons = [daemon_factory() for _ in range(3)]
+def test_a_striped_ingest_of_shards_uses_the_same_reader(cluster, tmp_path):
+    cluster.start(3)
     files = sample_files(5, 40)
     archives = [tar_of(tmp_path / f"s{i}.tar", dict(list(files.items())[i::2])) for i in range(2)]
     everything = {**dict(list(files.items())[0::2]), **dict(list(files.items())[1::2])}
-    addresses = [d.address for d in daemons]
-    with Client(addresses) as client:
+    with cluster.client() as client:
         info = client.ingest(archives, "striped", replicas=2, readers=8)
         assert info.samples == len(everything)
         assert read_dataset(client, "striped") == everything

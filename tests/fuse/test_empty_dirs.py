@@ -89,10 +89,10 @@ def test_a_directory_that_is_also_a_file_is_refused(daemon, tmp_path):
         assert "clash" not in client.datasets()
 
 
-def test_striped_datasets_keep_empty_directories_on_every_member(daemon_factory, tmp_path):
-    daemons = [daemon_factory(), daemon_factory()]
+def test_striped_datasets_keep_empty_directories_on_every_member(cluster, tmp_path):
+    daemons = cluster.start(2)
     make_source(tmp_path / "src")
-    with Client([d.address for d in daemons]) as client:
+    with cluster.client() as client:
         client.ingest(str(tmp_path / "src"), "ds", replicas=1)
     for d in daemons:
         with Client(d.address) as member:

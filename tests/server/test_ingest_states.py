@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from conftest import store_ingest as ingest
@@ -15,9 +13,15 @@ from dlfs.server.ingest.ingest_registry import IngestState
 from dlfs.server.store import Store
 
 
+def admit(_name: str, _generation: int) -> None:
+    """The gate a cluster member sets (it checks the change's intent in etcd; here every
+    prepare is admitted: etcd's side is tested in tests/e2e/test_two_phase.py)."""
+
+
 @pytest.fixture
 def store(tmp_path):
     store = Store.open(ServerConfig(data_dir=str(tmp_path / "data"), extent_bytes_max=8192))
+    store.ingests.prepare_gate = admit
     yield store
     store.close()
 
@@ -91,21 +95,20 @@ def test_abort_prepared_leaves_nothing(store):
         store.ingests.abort_prepared("ds")
 
 
-def test_a_prepared_ingest_expires(tmp_path):
-    store = Store.open(ServerConfig(data_dir=str(tmp_path / "data"),
-                                    prepared_ingest_timeout_s=0.05))
+def test_a_prepare_without_a_cluster_member_is_refused_and_keeps_nothing(tmp_path):
+    """Without --etcd nobody could decide a prepared ingest: it is refused, not kept."""
+    store = Store.open(ServerConfig(data_dir=str(tmp_path / "data")))
     session = receive(store, "ds", {"a": b"alpha"})
-    store.ingests.prepare(session)
-    give_up = time.monotonic() + 30
-    while extent_dirs(store):  # the timer thread discards it
-        assert time.monotonic() < give_up, "the prepared ingest never expired"
-        time.sleep(0.01)
+    with pytest.raises(FailedPrecondition, match="--etcd"):
+        store.ingests.prepare(session)
     assert store.ingests.state(session) is None
+    assert extent_dirs(store) == []
     store.check_invariants()
     with pytest.raises(NotFound, match="no prepared ingest"):
         store.ingests.commit_prepared("ds")
-    assert ingest(store, "ds", {"b": b"beta"}).samples == 1  # the name is free again
+    assert ingest(store, "ds", {"b": b"beta"}).samples == 1  # the name is free
     store.close()
+
 
 
 def test_a_failed_commit_aborts_the_ingest(store):
@@ -147,6 +150,7 @@ def test_a_closed_store_is_unavailable(tmp_path):
     ingest(store, "ds", {"a": b"alpha"})
     receiving = receive(store, "new", {"a": b"alpha"})
     prepared = receive(store, "two", {"a": b"alpha"})
+    store.ingests.prepare_gate = admit
     store.ingests.prepare(prepared)
     store.close()
     assert store.ingests.state(receiving) is None

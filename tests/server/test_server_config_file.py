@@ -97,3 +97,34 @@ def test_the_deployed_config_example_is_valid():
     assert settings["data_dir"] == "/var/lib/dlfs"
     done = server("--config", str(example), "--print-config")
     assert done.returncode == 0, done.stderr
+
+
+def test_cluster_settings_come_from_flags_the_file_or_the_environment(tmp_path):
+    """etcd, cluster, advertise and member_lease_ttl_s are settings like the others; the
+    environment's $DLFS_ETCD and $DLFS_CLUSTER stand in for a missing flag and key."""
+    import os
+
+    config = tmp_path / "server.toml"
+    config.write_text('data_dir = "/srv/dlfs"\ncluster = "from-file"\n'
+                      'member_lease_ttl_s = 3\n')
+    env = {**os.environ, "DLFS_ETCD": "http://10.0.0.1:2379", "DLFS_CLUSTER": "from-env"}
+
+    def printed(*args: str) -> dict:
+        done = subprocess.run([sys.executable, "-m", "dlfs.server.server_cli", "--config",
+                               str(config), *args, "--print-config"], capture_output=True,
+                              text=True, timeout=60, env=env)
+        assert done.returncode == 0, done.stderr
+        return tomllib.loads(done.stdout)
+
+    settings = printed()
+    assert (settings["etcd"], settings["cluster"], settings["member_lease_ttl_s"]) == \
+        ("http://10.0.0.1:2379", "from-file", 3)  # the environment, the file, the file
+    assert settings["advertise"] == ""
+    settings = printed("--etcd", "http://e1:2379,http://e2:2379", "--cluster", "flag",
+                       "--advertise", "n1:7010")
+    assert (settings["etcd"], settings["cluster"], settings["advertise"]) == \
+        ("http://e1:2379,http://e2:2379", "flag", "n1:7010")
+    config.write_text('data_dir = "/srv/dlfs"\nmember_lease_ttl_s = 1\n')
+    done = server("--config", str(config), "--print-config")
+    assert done.returncode == 2
+    assert "member_lease_ttl_s must be at least 2 (etcd's shortest lease)" in done.stderr

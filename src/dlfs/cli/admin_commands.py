@@ -1,11 +1,12 @@
 """The commands that change or check what daemons hold: `warm`, `scrub`, `rebalance`,
-`settle`, `rm` (sealed datasets) and `discard` (parked ingests)."""
+`rm` (sealed datasets) and `discard` (parked ingests)."""
 
 from __future__ import annotations
 
 import shlex
 import sys
 
+from dlfs.cli.target import target_options
 from dlfs.client import Client
 from dlfs.errors import DlfsError
 from dlfs.staging.progress import human_bytes
@@ -23,23 +24,17 @@ def add_commands(command) -> None:
                 description="Read every sample of NAME on the daemons and check its CRC32C; "
                 "list the damaged ones and exit 1 if there are any.")
     p.add_argument("name", metavar="NAME")
-    p = command("rebalance", "place a dataset on the daemons of --server", run_rebalance,
-                description="Place dataset NAME on the daemons of --server (after adding or "
-                "removing one); only copies that move cross the network.")
+    p = command("rebalance", "place a dataset on the cluster's live members", run_rebalance,
+                description="Place dataset NAME on the live members of the cluster of --etcd "
+                "(after adding or before removing one); only copies that move cross the "
+                "network.  A member left out deletes its copy when it reads etcd.")
     p.add_argument("name", metavar="NAME")
     p.add_argument("--replicas", type=int, default=None,
                    help="copies of each sample (default: as it is now)")
-    p = command(
-        "settle", "decide a striped ingest its members hold prepared (docs/cluster.md)",
-        run_settle,
-        description="A striped ingest is committed on its first member first, and the "
-        "others follow its decision.  This applies the first member's decision now; with "
-        "--first-member-lost (it is gone for good) the other members decide: commit if any "
-        "of them had committed, else abort and keep the old version.  Give a member left "
-        "prepared (any one) in --server: it knows the others.")
-    p.add_argument("name", metavar="NAME")
-    p.add_argument("--first-member-lost", action="store_true",
-                   help="the first member will never come back: decide without it")
+    p.add_argument("--members", default=None, metavar="HOST:PORT,...",
+                   help="place it on these live members only (default: every live member)")
+    p.add_argument("--source", default=None, metavar="HOST:PORT",
+                   help="stripe the one-daemon dataset NAME of this daemon over the cluster")
     p = command("rm", "remove datasets", run_rm,
                 description="Remove each sealed dataset NAME and free its space, and nothing "
                 "else: a parked ingest of that name stays (`dlfs discard` ends it); the "
@@ -78,17 +73,20 @@ def run_scrub(client: Client, args) -> int:
 
 
 def run_rebalance(client: Client, args) -> int:
-    report = client.rebalance(args.name, replicas=args.replicas)
+    members = [m.strip() for m in args.members.split(",") if m.strip()] \
+        if args.members is not None else None
+    report = client.rebalance(args.name, replicas=args.replicas, members=members,
+                              source=args.source)
     print(f"rebalanced {report.dataset} onto {len(report.members)} daemons ({report.replicas}x): "
           f"{report.samples} samples; moved {report.copies_moved} copies "
           f"({human_bytes(report.bytes_moved)}), kept {report.copies_kept} in place")
     if report.removed_from:
         print(f"removed from {', '.join(report.removed_from)}")
-    for address in report.not_removed:
-        rm = shlex.join(["dlfs", "--server", address, "rm", report.dataset])
-        print(f"could not remove the old copy from {address}: run `{rm}` once it answers",
+    if report.not_removed:
+        print(f"{', '.join(report.not_removed)} left the dataset but had not removed its copy "
+              "yet: each does so when it reads etcd again (at its start, if it is down)",
               file=sys.stderr)
-    return 1 if report.not_removed else 0
+    return 0
 
 
 def run_rm(client: Client, args) -> int:
@@ -103,7 +101,7 @@ def run_rm(client: Client, args) -> int:
         print(f"removed {info.name}: {info.samples} samples, {human_bytes(info.bytes)} freed")
         left = _listed(client, name)
         if left is not None and left.ingest_state == "parked":  # rm never touches it
-            discard = shlex.join(["dlfs", "--server", client.address, "discard", name])
+            discard = shlex.join(["dlfs", *target_options(args), "discard", name])
             print(f"an ingest of {name} is still parked ({left.samples:,} files, "
                   f"{human_bytes(left.bytes)}): `{discard}` ends it")
     return 1 if failed else 0
@@ -139,18 +137,3 @@ def _listed(client: Client, name: str):
 def _print_error(exc: DlfsError) -> None:
     where = f" [request id {exc.request_id}]" if exc.request_id else ""
     print(f"dlfs: {type(exc).__name__}: {exc.message}{where}", file=sys.stderr)
-
-
-def run_settle(client: Client, args) -> int:
-    report = client.settle(args.name, first_member_lost=args.first_member_lost)
-    if not report.decision:
-        print(f"no member of {client.address} holds an ingest of {report.dataset} prepared: "
-              "nothing to settle")
-        return 0
-    print(f"{report.dataset} generation {report.generation}: {report.decision}, as decided by "
-          f"{report.decided_by}; {len(report.settled)} member(s) settled now"
-          + (f" ({', '.join(report.settled)})" if report.settled else ""))
-    for address, message in report.failed:
-        print(f"{address} could not be told ({message}): it follows by itself once it "
-              f"reaches {report.first_member}, or run this again", file=sys.stderr)
-    return 1 if report.failed else 0

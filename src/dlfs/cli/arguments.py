@@ -1,10 +1,11 @@
 """The `dlfs` command line: global options accepted anywhere, one subparser per command.
 
-Global options (`--server`, `--token`, `--tls-ca`, `--json`, `--version`) may
-stand before or after the command (`dlfs --server A ls x` and `dlfs ls x
---server A` mean the same): the main parser holds their defaults, and every
-command's parser repeats them with no default of its own, so a value given
-after the command replaces the main parser's and nothing else does.
+Global options (`--server`, `--etcd`, `--cluster`, `--token`, `--tls-ca`,
+`--json`, `--version`) may stand before or after the command (`dlfs --server
+A ls x` and `dlfs ls x --server A` mean the same): the main parser holds
+their defaults, and every command's parser repeats them with no default of
+its own, so a value given after the command replaces the main parser's and
+nothing else does.
 """
 
 from __future__ import annotations
@@ -13,12 +14,11 @@ import argparse
 import os
 from typing import Callable
 
-from dlfs import limits
 from dlfs.cli import admin_commands, ingest_command, listing_commands
+from dlfs.cli.target import CLUSTER_ENV, DEFAULT_SERVER, ETCD_ENV, SERVER_ENV
+from dlfs.coord.cluster_keys import CLUSTER_DEFAULT
 from dlfs.version import __version__
 
-DEFAULT_SERVER = f"127.0.0.1:{limits.daemon_port_default}"
-SERVER_ENV = "DLFS_SERVER"
 
 USAGE_EPILOG = (
     "Global options may also follow the command (dlfs ls demo --server HOST:PORT).  "
@@ -32,12 +32,20 @@ def _add_global_options(parser: argparse.ArgumentParser, *, defaults: bool) -> N
         return value if defaults else argparse.SUPPRESS
 
     from_env = os.environ.get(SERVER_ENV)
-    parser.add_argument("--server", metavar="HOST[:PORT][,...]",
-                        default=default(from_env or DEFAULT_SERVER),
-                        help="the daemon (port 7010 when none is given), or several separated "
-                             "by ',' for a dataset striped over them (default: "
-                             + (f"${SERVER_ENV}, now {from_env})" if from_env else
-                                f"${SERVER_ENV}, else {DEFAULT_SERVER})"))
+    parser.add_argument("--server", metavar="HOST[:PORT]", default=default(None),
+                        help="one daemon (port 7010 when none is given); default: "
+                             + (f"${SERVER_ENV}, now {from_env}" if from_env else
+                                f"${SERVER_ENV}, else {DEFAULT_SERVER}")
+                             + f", unless ${ETCD_ENV} is set")
+    etcd_env = os.environ.get(ETCD_ENV)
+    parser.add_argument("--etcd", metavar="URL[,URL...]", default=default(None),
+                        help="a cluster of daemons: its etcd's client URLs, e.g. "
+                             "http://10.0.0.1:2379; datasets are striped over its live "
+                             f"members (default: ${ETCD_ENV}"
+                             + (f", now {etcd_env})" if etcd_env else ")"))
+    parser.add_argument("--cluster", metavar="NAME", default=default(None),
+                        help=f"with --etcd: the cluster's name there (default: ${CLUSTER_ENV}, "
+                             f"else {CLUSTER_DEFAULT})")
     parser.add_argument("--token", default=default(None),
                         help="token for a daemon started with --tokens-file (default: "
                              "$DLFS_TOKEN)")
@@ -78,3 +86,4 @@ def build_parser() -> argparse.ArgumentParser:
     listing_commands.add_commands(command)
     admin_commands.add_commands(command)
     return parser
+

@@ -13,6 +13,7 @@ import sys
 
 from dlfs import limits
 from dlfs.cli.arguments import build_parser
+from dlfs.cli.target import client_target, resolve_target
 from dlfs.cli.ingest_command import EXIT_INTERRUPTED
 from dlfs.client import Client
 from dlfs.errors import DlfsError
@@ -29,10 +30,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.json and not args.json_output:
         parser.error(f"--json: `dlfs {args.command}` has no JSON output (datasets, ls, stat "
                      "and status have)")
+    resolve_target(parser, args)
     args.argv = argv  # for advice that repeats the command line
     warnings = _print_warnings()
     try:
-        with Client(args.server, reconnect_timeout_s=limits.cli_reconnect_timeout_s,
+        with Client(**client_target(args), reconnect_timeout_s=limits.cli_reconnect_timeout_s,
                     token=args.token, tls_ca=args.tls_ca) as client:
             return args.run(client, args)
     except DlfsError as exc:

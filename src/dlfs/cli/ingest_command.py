@@ -9,20 +9,24 @@ command a shell's Ctrl-C ended.
 
 from __future__ import annotations
 
+import argparse
 import os
 import shlex
 import sys
 import time
 
 from dlfs import limits
+from dlfs.cli.target import client_target
 from dlfs.client import Client
 from dlfs.errors import DlfsError, InvalidArgument
 from dlfs.staging.duplicates import Duplicates
+from dlfs.staging.pace import check_rate
 from dlfs.staging.progress import IngestStats, human_bytes
 from dlfs.staging.read_pool import READERS_DEFAULT
 from dlfs.staging.source_files import SKIP_KINDS
 from dlfs.staging.source_set import SourceSet, open_sources
 from dlfs.staging.tar_archive import is_archive_name
+from dlfs.units import parse_size
 
 # The exit status of a command ended by SIGINT (128 + 2), as shells report it.
 EXIT_INTERRUPTED = 130
@@ -67,8 +71,12 @@ def add_commands(command) -> None:
                    help="include files and directories whose name starts with '.'")
     p.add_argument("--follow-symlinks", action="store_true",
                    help="follow symbolic links to files and directories (loops are skipped)")
+    p.add_argument("--max-rate", type=_rate, metavar="SIZE",
+                   help="send at most SIZE bytes a second (e.g. 200MiB), so that training "
+                        "jobs reading from the same daemons keep their disk and network "
+                        "bandwidth (default: no cap)")
     p.add_argument("--replicas", type=int, default=1,
-                   help="with several daemons (--server A,B,C): copies of each sample "
+                   help="in a cluster (--etcd): copies of each sample, on distinct members "
                         "(default: 1)")
 
 
@@ -89,7 +97,8 @@ def run_ingest(client: Client, args) -> int:
         info = client.upload(sources, name, replace=args.replace, replicas=args.replicas,
                              readers=args.readers, resumable=not args.no_resumable,
                              resume=args.resume, progress=None if args.progress == "auto"
-                             else args.progress, via=args.via, stats=stats)
+                             else args.progress, via=args.via, stats=stats,
+                             max_rate=args.max_rate)
     except KeyboardInterrupt:
         print(f"dlfs: {interrupted(client, args, name)}", file=sys.stderr)
         return EXIT_INTERRUPTED
@@ -102,6 +111,16 @@ def run_ingest(client: Client, args) -> int:
     if hint:
         print(hint, file=sys.stderr)
     return 0
+
+
+def _rate(text: str) -> int:
+    """--max-rate's SIZE, bytes a second ("200MiB", "1.5G", "65536")."""
+    try:
+        rate = parse_size(text.removesuffix("/s"))
+        check_rate(rate)
+    except (ValueError, InvalidArgument) as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return rate
 
 
 def command_line(argv: list[str], *added: str) -> str:
@@ -138,7 +157,7 @@ def interrupted(client: Client, args, name: str) -> str:
     resume = command_line(args.argv, "--resume")
     deadline = time.monotonic() + limits.cli_park_wait_s
     try:
-        with Client(args.server, reconnect_timeout_s=limits.cli_reconnect_timeout_s,
+        with Client(**client_target(args), reconnect_timeout_s=limits.cli_reconnect_timeout_s,
                     token=args.token, tls_ca=args.tls_ca) as again:
             while True:
                 info = next((i for i in again.dataset_infos() if i.name == name), None)
@@ -146,7 +165,9 @@ def interrupted(client: Client, args, name: str) -> str:
                     return (f"interrupted after the last file: {name!r} is ingested "
                             f"({info.samples} samples)")
                 if info is not None and info.ingest_state == "parked":
-                    return (f"interrupted: the daemon keeps {info.samples:,} files "
+                    keeps = (f"{len(info.members)} members keep" if args.etcd
+                             else "the daemon keeps")
+                    return (f"interrupted: {keeps} {info.samples:,} files "
                             f"({human_bytes(info.bytes)}) of {name!r}, parked; continue with: "
                             f"{resume}")
                 if time.monotonic() >= deadline:

@@ -14,7 +14,9 @@ import json
 import shlex
 import sys
 
+from dlfs.cli.target import target_options
 from dlfs.client import Client
+from dlfs.coord.cluster_keys import MemberRecord
 from dlfs.errors import DlfsError, InvalidArgument
 from dlfs.paths import split_dataset_path
 from dlfs.staging.progress import human_bytes
@@ -38,7 +40,8 @@ def add_commands(command) -> None:
     p.add_argument("target", metavar="NAME/PATH")
     command("status", "the daemons' health and counters", run_status, json_output=True,
             description="Show each daemon's uptime, version, data, reads served, errors and "
-            "where its metrics are served; exit 1 if any daemon is down.")
+            "where its metrics are served (a cluster: first the members etcd lists); exit 1 "
+            "if any daemon is down.")
 
 
 def print_json(value) -> None:
@@ -56,16 +59,16 @@ def run_datasets(client: Client, args) -> int:
         return 0
     for info in infos:
         state = _warm_text(warm.get(info.name)) if info.sealed else \
-            _unsealed_text(client, info)
+            _unsealed_text(args, info)
         print(f"{info.name}\t{info.samples} samples\t{human_bytes(info.bytes)}{state}")
         if info.disagreement:
             print(f"  warning: {info.disagreement}")
     return 0
 
 
-def _unsealed_text(client: Client, info: DatasetInfo) -> str:
+def _unsealed_text(args, info: DatasetInfo) -> str:
     if info.ingest_state == "parked":
-        discard = shlex.join(["dlfs", "--server", client.address, "discard", info.name])
+        discard = shlex.join(["dlfs", *target_options(args), "discard", info.name])
         return ("  (ingest broke off: run the same `dlfs ingest` with --resume to continue it, "
                 f"or `{discard}` to end it)")
     if info.ingest_state == "prepared":
@@ -169,11 +172,24 @@ def run_cat(client: Client, args) -> int:
 # --- status -----------------------------------------------------------------------------
 
 def run_status(client: Client, args) -> int:
+    """One daemon: its status.  A cluster: each member etcd lists (its lease is alive),
+    then each one's status; exit 1 if a daemon is down or no member is listed."""
+    members = {member.address: member for member in client.members()}
     results = client.statuses()
     failures = sum(isinstance(result, DlfsError) for result in results.values())
+    if args.etcd and not members:
+        failures += 1
     if args.json:
-        print_json([_status_json(address, result) for address, result in results.items()])
+        print_json([_status_json(address, result, members.get(address))
+                    for address, result in results.items()])
         return 1 if failures else 0
+    for member in members.values():
+        print(f"member {member.address}: {member.state}, dlfs {member.version}, data port "
+              f"{member.data_port or 'none'}, {human_bytes(member.free_bytes)} free of "
+              f"{human_bytes(member.capacity_bytes)} at start")
+    if args.etcd and not members:
+        print(f"no member of cluster {args.cluster!r} holds a lease in etcd {args.etcd}: "
+              f"start the daemons with --etcd {args.etcd} --cluster {args.cluster}")
     for address, result in results.items():
         if isinstance(result, DlfsError):
             print(f"daemon {address}: DOWN ({type(result).__name__}: {result.message})")
@@ -182,12 +198,16 @@ def run_status(client: Client, args) -> int:
     return 1 if failures else 0
 
 
-def _status_json(address: str, result: DaemonStatus | DlfsError) -> dict:
+def _status_json(address: str, result: DaemonStatus | DlfsError,
+                 member: MemberRecord | None) -> dict:
+    """A daemon's status for --json; `member`: its record in etcd (null for one daemon
+    on its own)."""
+    registered = dataclasses.asdict(member) if member is not None else None
     if isinstance(result, DlfsError):
-        return {"address": address, "up": False,
+        return {"address": address, "up": False, "member": registered,
                 "error": {"type": type(result).__name__, "message": result.message}}
     return {**dataclasses.asdict(result), "address": address, "up": True,
-            "metrics_url": f"http://{result.metrics_address}/metrics"
+            "member": registered, "metrics_url": f"http://{result.metrics_address}/metrics"
             if result.metrics_address else None}
 
 

@@ -1,4 +1,4 @@
-"""DLFS client: `Client(address)`, `Dataset`, `DatasetTicket`, and what their callers
+"""DLFS client: `Client(address)` or `Client(etcd=URL)`, `Dataset`, `DatasetTicket`, and what their callers
 need besides (value types, reply buffers, co-located extent readers).
 
 Training code and the adapters (`dlfs.torch`, `dlfs.fuse`, `dlfs.cli`, ...)
@@ -7,7 +7,7 @@ import from here only, never from a module inside the package.
 
 from dlfs.client.client import Client, Dataset
 from dlfs.client.cluster.rebalance import RebalanceReport
-from dlfs.client.cluster.settle import SettleReport
+from dlfs.coord.cluster_keys import MemberRecord
 from dlfs.client.reply_buffers import BufferPool
 from dlfs.client.scrub_report import ScrubReport
 from dlfs.client.ticket import DatasetTicket
@@ -19,5 +19,5 @@ from dlfs.types import DaemonStatus, DatasetInfo, Entry, WarmInfo
 
 __all__ = ["FORK_SUPPORT_ENV", "BufferPool", "Client", "DaemonStatus", "Dataset",
            "DatasetInfo", "DatasetTicket", "DirectReader", "Entry", "RebalanceReport",
-           "SampleKey", "ScrubReport", "SettleReport", "WarmInfo", "fork_support_enabled",
+           "MemberRecord", "SampleKey", "ScrubReport", "WarmInfo", "fork_support_enabled",
            "named_checksum_error"]

@@ -12,10 +12,12 @@ which lives as long as any of them does.
 
 A client holds one transport (`dlfs.client.transport.contract.Transport`):
 a single daemon over its data path or over gRPC, a co-located daemon whose
-extent files it reads itself, or a router over several daemons.  They
-answer the same calls, so nothing here depends on which, but ingest: one
-daemon gets one stream (`ingest_upload`), several a striped two-phase
-ingest (`cluster.striped_ingest`).
+extent files it reads itself, or a router over a cluster's members, found
+in etcd (`Client(etcd=...)`).  They answer the same calls, so nothing here
+depends on which, but for changes: one daemon gets one ingest stream
+(`ingest_upload`); a cluster gets a striped ingest, rebalance or delete
+decided by one etcd transaction (`cluster.striped_ingest`,
+`cluster.etcd_commit`).
 """
 
 from __future__ import annotations
@@ -28,14 +30,14 @@ from dlfs import limits
 from dlfs.client import metadata
 from dlfs.client.addresses import daemon_addresses
 from dlfs.client import warm_calls as warmups
+from dlfs.client.cluster.cluster_view import ClusterView
+from dlfs.client.cluster.etcd_commit import ClusterChange
 from dlfs.client.cluster.rebalance import RebalanceReport, rebalance
 from dlfs.client.cluster.router import ClusterRouter
-from dlfs.client.cluster.settle import SettleReport
-from dlfs.client.cluster.settle import settle as settle_ingest
 from dlfs.client.cluster.striped_ingest import ingest_striped
 from dlfs.client.dataset import Dataset
 from dlfs.client.ingest_upload import upload as upload_one
-from dlfs.client.metadata import merged_listings
+from dlfs.client.metadata import cluster_listing, merged_listings
 from dlfs.client.reply_buffers import BufferPool
 from dlfs.client.scrub_report import ScrubReport, scrub_member, summed
 from dlfs.client.transport.contract import Daemon, Transport
@@ -44,6 +46,7 @@ from dlfs.client.transport.direct_reader import DirectReader
 from dlfs.client.transport.direct_transport import DirectTransport
 from dlfs.client.transport.grpc_transport import GrpcTransport
 from dlfs.client.transport.read_requests import SampleKey, batch_request, range_request
+from dlfs.coord.cluster_keys import CLUSTER_DEFAULT
 from dlfs.errors import DlfsError, FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from dlfs.paths import check_dataset_name
 from dlfs.staging.progress import IngestStats
@@ -55,11 +58,15 @@ from dlfs.types import DaemonStatus, DatasetInfo, Entry, WarmInfo
 class Client:
     """Connection to DLFS daemons.
 
-    `address` is ``HOST:PORT`` (``HOST`` alone: port 7010), or several (a list, or
-    one string separated by ','): then datasets striped over those daemons are read from all of
-    them, each sample from a live holder, with failover to replicas (see
-    `dlfs.client.cluster.router`).  The client is thread-safe; after `os.fork` make
-    a new one in the child.
+    `address` is one daemon's ``HOST:PORT`` (``HOST`` alone: port 7010).  A
+    cluster of daemons is found through its etcd instead: `etcd`
+    ("http://HOST:2379", several separated by ','; default $DLFS_ETCD when no
+    `address` is given) and `cluster` (its name there; default $DLFS_CLUSTER,
+    else "default").  Then datasets are striped over the live members, each
+    sample read from a live holder with failover to replicas (see
+    `dlfs.client.cluster.router`); a member whose lease in etcd expired is not
+    asked at all.  The client is thread-safe; after `os.fork` make a new one
+    in the child.
 
     `token` (default: $DLFS_TOKEN) authenticates to a daemon started with
     --tokens-file; `tls_ca` (default: $DLFS_TLS_CA) is the CA file that
@@ -85,16 +92,29 @@ class Client:
     `Dataset.ticket` hands a child process, so it reads without asking.
     """
 
-    def __init__(self, address: str | Sequence[str], *,
+    def __init__(self, address: str | Sequence[str] | None = None, *,
+                 etcd: str | Sequence[str] | None = None, cluster: str | None = None,
                  timeout_s: float = limits.metadata_timeout_s_default,
                  batch_timeout_s: float = limits.batch_timeout_s_default,
                  reconnect_timeout_s: float = limits.reconnect_timeout_s_default,
                  direct: bool = False, data_path: bool | str = True, token: str | None = None,
                  tls_ca: str | None = None, tls_cert: str | None = None,
                  tls_key: str | None = None, data_path_hints: dict | None = None):
-        addresses = daemon_addresses(address)
-        if direct and len(addresses) > 1:
-            raise InvalidArgument("direct=True reads one daemon's files; give one address")
+        if address is None and not etcd:
+            etcd = os.environ.get("DLFS_ETCD") or None
+        if etcd and address:
+            raise InvalidArgument("give one daemon's address or a cluster's etcd, not both")
+        if not etcd and not address:
+            raise InvalidArgument("no daemon address given (HOST:PORT), and no etcd of a "
+                                  "cluster (etcd=URL, or $DLFS_ETCD)")
+        addresses = [] if etcd else daemon_addresses(address)
+        if len(addresses) > 1:
+            raise InvalidArgument(
+                f"several daemons ({', '.join(addresses)}) form a cluster through etcd: start "
+                "them with --etcd URL and use Client(etcd=URL) (docs/cluster.md)")
+        if direct and etcd:
+            raise InvalidArgument("direct=True reads one daemon's files; give its address")
+        cluster = cluster or os.environ.get("DLFS_CLUSTER") or CLUSTER_DEFAULT
         self.timeout_s = timeout_s
         self.batch_timeout_s = batch_timeout_s
         self.reconnect_timeout_s = reconnect_timeout_s
@@ -103,6 +123,7 @@ class Client:
         # The keyword arguments that make another client like this one (Dataset.ticket).
         self.options = dict(timeout_s=timeout_s, batch_timeout_s=batch_timeout_s,
                             reconnect_timeout_s=reconnect_timeout_s, direct=direct,
+                            etcd=etcd, cluster=cluster,
                             data_path=data_path, token=token, tls_ca=tls_ca, tls_cert=tls_cert,
                             tls_key=tls_key)
         options = dict(timeout_s=timeout_s, batch_timeout_s=batch_timeout_s,
@@ -123,10 +144,10 @@ class Client:
             def daemon(address: str) -> Daemon:
                 return GrpcTransport(address, **options)
         self.transport: Transport
-        if len(addresses) > 1:
+        if etcd:
             # A member that does not answer is failed over to a replica quickly.
             options["reconnect_timeout_s"] = min(reconnect_timeout_s, limits.failover_timeout_s)
-            self.transport = ClusterRouter(daemon, addresses)
+            self.transport = ClusterRouter(daemon, ClusterView(etcd, cluster))
         elif direct:
             self.transport = DirectTransport(addresses[0], hint=hints.get(addresses[0]),
                                              **options)
@@ -155,8 +176,16 @@ class Client:
     def dataset_infos(self) -> list[DatasetInfo]:
         """Summaries of all datasets, including ingests in progress (sealed=False).
 
-        Several daemons: the union over the members that answer.
+        A cluster: the datasets etcd holds (with the changes in flight as
+        unsealed), each saying which live members do not publish its version.
         """
+        if isinstance(self.transport, ClusterRouter):
+            state = self.transport.view.refresh()
+            listings = self.transport.each(lambda member: member.control.list_datasets())
+            if all(isinstance(r, DlfsError) for r in listings.values()):
+                raise Unavailable(f"none of the DLFS daemons of {self.address} answers "
+                                  f"({len(listings)} hold a lease in etcd)")
+            return cluster_listing(state, listings)
         results = _sole_failure_raised(self.transport.each(
             lambda member: member.control.list_datasets()))
         if all(isinstance(r, DlfsError) for r in results.values()):
@@ -173,11 +202,25 @@ class Client:
         it), and nothing else: a parked ingest of the same name stays
         (`discard_ingest` ends it).
 
-        Raises NotFound (the daemon's message names an unsealed ingest of the
-        name, if there is one); with several daemons, Unavailable when a member
-        that may hold part of it does not answer (delete again once it is back).
+        A cluster: one etcd transaction deletes its record; every member
+        removes its copy as it reads that (one that is down, when it starts
+        again).  Raises NotFound, AlreadyExists (another change of it is in
+        flight), Unavailable.  One daemon: raises NotFound (the daemon's
+        message names an unsealed ingest of the name, if there is one).
         """
         check_dataset_name(name)
+        if isinstance(self.transport, ClusterRouter):
+            router = self.transport
+            record = router.record(name)
+            with ClusterChange(router.view, name, "delete", 0, record.members,
+                               record.replicas) as change:
+                change.begin(must_exist=True)
+                change.commit(None)
+            router.forget(name)
+            router.view.refresh()
+            return DatasetInfo(name, record.samples, record.bytes, True,
+                               record.committed_unix_ns, 0, record.members, record.replicas,
+                               generation=record.generation)
         return self._on_every_member(name, "deleted", lambda control: control.delete_dataset(name))
 
     def discard_ingest(self, name: str) -> DatasetInfo:
@@ -185,9 +228,11 @@ class Client:
         every member that holds part of it, and nothing else: a sealed dataset of
         the same name stays.  Returns what it held (on one member).
 
-        Raises NotFound (no unsealed ingest of that name), FailedPrecondition
-        (it is receiving or prepared: the message says what ends it), and
-        Unavailable as `delete`.
+        A cluster: every live member discards its part (a parked striped ingest
+        is no change etcd decides).  Raises NotFound (no unsealed ingest of that
+        name), FailedPrecondition (it is receiving or prepared: the message says
+        what ends it), and Unavailable (a member did not answer: run it again
+        once it is back).
         """
         check_dataset_name(name)
         return self._on_every_member(name, "discarded",
@@ -213,32 +258,6 @@ class Client:
             raise next(r for r in results.values() if isinstance(r, NotFound))
         return answered[0]
 
-    def settle(self, name: str, *, first_member_lost: bool = False) -> SettleReport:
-        """Decide a striped ingest of `name` its members hold prepared (`dlfs settle`).
-
-        The first member's decision is applied now; with `first_member_lost`
-        (it is gone for good) the other members decide: commit if one of
-        them had committed, else abort.  See `dlfs.client.cluster.settle`.  Raises
-        FailedPrecondition, Unavailable, NotFound.
-        """
-        check_dataset_name(name)
-        options = {key: self.options[key] for key in ("token", "tls_ca", "tls_cert", "tls_key")}
-        made: dict[str, GrpcTransport] = {}
-
-        def member(address: str):
-            if address not in made:
-                made[address] = GrpcTransport(
-                    address, timeout_s=limits.decision_call_timeout_s,
-                    batch_timeout_s=self.batch_timeout_s, reconnect_timeout_s=0.0, **options)
-            return made[address].control
-
-        try:
-            return settle_ingest(name, self.addresses, member,
-                                 first_member_lost=first_member_lost)
-        finally:
-            for transport in made.values():
-                transport.close()
-
     def warm(self, name: str, *, wait: bool = False, timeout_s: float | None = None
              ) -> list[WarmInfo]:
         """Have every daemon holding dataset `name` read it into its page cache in the
@@ -263,13 +282,15 @@ class Client:
                include_hidden: bool = False, follow_symlinks: bool = False,
                progress: bool | str | None = None, replicas: int = 1, archives: bool = False,
                readers: int = READERS_DEFAULT, resumable: bool = False, resume: bool = False,
-               via: str = "auto", stats: IngestStats | None = None) -> DatasetInfo:
+               via: str = "auto", stats: IngestStats | None = None,
+               max_rate: int | None = None) -> DatasetInfo:
         """Upload `source` as dataset `name`: a directory tree, a tar archive (plain or
         compressed; WebDataset shards too), a glob of archives, or a list of these.
 
         `archives`: directories name directories of archives.  `readers`:
         files read at once.  `resumable`: a broken-off ingest is kept on the
-        daemon for `resume=True`.  File selection rules: `dlfs.staging.tree_walk`
+        daemon for `resume=True`.  `max_rate`: send at most so many bytes a
+        second (None: as fast as it goes).  File selection rules: `dlfs.staging.tree_walk`
         and `dlfs.staging.tar_archive`; see also `upload`.
         """
         check_dataset_name(name)
@@ -278,20 +299,22 @@ class Client:
                                include_hidden=include_hidden, follow_symlinks=follow_symlinks)
         return self.upload(sources, name, replace=replace, progress=progress, replicas=replicas,
                            readers=readers, resumable=resumable, resume=resume, via=via,
-                           stats=stats)
+                           stats=stats, max_rate=max_rate)
 
     def upload(self, source, name: str, *, replace: bool = False,
                progress: bool | str | None = None, replicas: int = 1,
                readers: int = READERS_DEFAULT, resumable: bool = False, resume: bool = False,
-               via: str = "auto", stats: IngestStats | None = None) -> DatasetInfo:
+               via: str = "auto", stats: IngestStats | None = None,
+               max_rate: int | None = None) -> DatasetInfo:
         """Upload a `walk_tree` report or a `dlfs.staging.source_set.SourceSet` as `name`.
 
-        Several daemons: the dataset is striped over all of them, each sample
-        stored on `replicas` of them (docs/cluster.md).
+        A cluster: the dataset is striped over its live members, each sample
+        stored on `replicas` of them, committed by one etcd transaction
+        (docs/cluster.md).
         """
         check_dataset_name(name)
         options = dict(progress=progress, readers=readers, resumable=resumable, resume=resume,
-                       via=via, stats=stats)
+                       via=via, stats=stats, max_rate=max_rate)
         if isinstance(self.transport, ClusterRouter):
             try:
                 return ingest_striped(self.transport, source, name, replace=replace,
@@ -299,33 +322,49 @@ class Client:
             finally:
                 self.transport.forget(name)
         if replicas != 1:
-            raise InvalidArgument(f"--replicas {replicas} needs as many daemons; one was given")
+            raise InvalidArgument(f"--replicas {replicas} needs as many daemons in a cluster "
+                                  "(--etcd); one daemon was given")
         return upload_one(self.transport, name, source, replace=replace, **options)
 
     def rebalance(self, name: str, *, replicas: int | None = None,
-                  progress: bool | None = None) -> RebalanceReport:
-        """Re-place dataset `name` on this client's daemons (e.g. after adding one).
+                  progress: bool | None = None, members: Sequence[str] | None = None,
+                  source: str | None = None) -> RebalanceReport:
+        """Re-place dataset `name` on the cluster's live members, or on `members` (some of
+        them), e.g. after adding or before removing one.
 
         Only copies whose holder changes cross the network; see
-        `dlfs.client.cluster.rebalance`.  Returns a `RebalanceReport`.  Raises
-        InvalidArgument with a single address, NotFound, Unavailable.
+        `dlfs.client.cluster.rebalance`.  `source`: the address of a daemon
+        holding a one-daemon dataset `name`, to stripe it over the cluster.
+        Returns a `RebalanceReport`.  Raises InvalidArgument without a
+        cluster, NotFound, Unavailable, AlreadyExists (another change of it
+        is in flight).
         """
         check_dataset_name(name)
         if not isinstance(self.transport, ClusterRouter):
-            raise InvalidArgument("rebalance places a dataset on several daemons: give the new "
-                                  "list of addresses (A,B,C)")
-        return rebalance(self.transport, name, replicas=replicas, progress=progress)
+            raise InvalidArgument("rebalance places a dataset on a cluster's members: give the "
+                                  "cluster's etcd (Client(etcd=URL), dlfs --etcd URL)")
+        return rebalance(self.transport, name, replicas=replicas, progress=progress,
+                         members=members, source=source)
 
     def status(self) -> DaemonStatus:
         """The daemon's health and counters (what `dlfs status` prints).
 
-        Several daemons: the first member that answers; see `statuses`.
+        A cluster: the first member that answers; see `statuses` and `members`.
         """
         return self.transport.call_any(lambda member: member.control.status())
 
     def statuses(self) -> dict:
-        """Per daemon address: its DaemonStatus, or the error that reaching it raised."""
+        """Per daemon address: its DaemonStatus, or the error that reaching it raised
+        (a cluster: every member registered in etcd)."""
         return self.transport.each(lambda member: member.control.status())
+
+    def members(self) -> list:
+        """A cluster's members as they registered in etcd (`MemberRecord`s: address,
+        data port, capacity, version, state), sorted by address; [] for one daemon."""
+        if not isinstance(self.transport, ClusterRouter):
+            return []
+        state = self.transport.view.refresh()
+        return [state.members[address] for address in sorted(state.members)]
 
     def scrub(self, name: str, *, progress: bool | None = None) -> ScrubReport:
         """Verify every sample of dataset `name` on its daemons; report the damaged ones.
@@ -336,7 +375,7 @@ class Client:
         """
         check_dataset_name(name)
         show = (sys.stderr.isatty() if progress is None else progress) \
-            and len(self.transport.addresses) == 1
+            and not isinstance(self.transport, ClusterRouter)
         results = _sole_failure_raised(self.transport.each(
             lambda member: scrub_member(member, name, show)))
         reports = [r for r in results.values() if isinstance(r, ScrubReport)]

@@ -36,6 +36,7 @@ from dlfs.errors import (
 from dlfs.paths import check_dataset_name
 from dlfs.staging.duplicates import Duplicates
 from dlfs.staging.ordered_files import ordered_files, pool_for
+from dlfs.staging.pace import pace_for
 from dlfs.staging.progress import IngestProgress, IngestStats, progress_mode
 from dlfs.staging.read_pool import READERS_DEFAULT
 from dlfs.staging.resume_prefix import EMPTY_PREFIX, resume_prefix
@@ -50,7 +51,7 @@ VIA_CHOICES = ("auto", "datapath", "grpc")
 def upload(transport: Daemon, name: str, source, *, replace: bool = False,
            progress: bool | str | None = None, readers: int = READERS_DEFAULT,
            resumable: bool = False, resume: bool = False, via: str = "auto",
-           stats: IngestStats | None = None) -> DatasetInfo:
+           stats: IngestStats | None = None, max_rate: int | None = None) -> DatasetInfo:
     """Stream `source` (a SourceSet, a source, or a `walk_tree` report) to one daemon as
     dataset `name`; one ingest stream.
 
@@ -60,12 +61,13 @@ def upload(transport: Daemon, name: str, source, *, replace: bool = False,
     the same host, else TCP), else over gRPC; "datapath" or "grpc" insist
     on one.  `resumable`: if the stream breaks off, the daemon keeps what it
     holds durably for a later `resume=True`.  `stats` (an IngestStats) is
-    filled in.  Raises AlreadyExists (name taken, no `replace`; or a parked
+    filled in.  `max_rate`: at most so many bytes a second (`dlfs.staging.pace`).  Raises AlreadyExists (name taken, no `replace`; or a parked
     ingest of that name), InvalidArgument (bad or changing source files),
     ResumeConflict (see `dlfs.errors`), and the daemon's errors; a failed
     non-resumable ingest leaves nothing on the daemon.
     """
     check_dataset_name(name)
+    pace = pace_for(max_rate)
     if via not in VIA_CHOICES:
         raise InvalidArgument(f"via must be one of {', '.join(VIA_CHOICES)}, not {via!r}")
     data_path = None
@@ -87,7 +89,7 @@ def upload(transport: Daemon, name: str, source, *, replace: bool = False,
     meter.skip(skipped.bytes if sources.known_files is not None else 0)
     with pool_for(sources, skip, readers) as pool:
         try:
-            info = _stream(transport, data_path, start, ordered_files(pool, meter, duplicates),
+            info = _stream(transport, data_path, start, ordered_files(pool, meter, duplicates, pace),
                            sources.dirs, via)
         finally:
             elapsed = meter.close()

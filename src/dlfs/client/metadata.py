@@ -111,11 +111,49 @@ def members_disagree(info: DatasetInfo, listings: dict[str, dict[str, DatasetInf
         if other is None:
             problems.append(f"{address} does not have it")
         elif not other.sealed:
-            problems.append(f"{address} has not committed it yet")
+            problems.append(f"{address} has not published it yet")
         elif other.generation != info.generation:
             problems.append(f"{address} serves version {other.generation}")
     if not problems:
         return ""
     return (f"members disagree about version {info.generation}: {'; '.join(problems)}. A "
-            "member left prepared commits or aborts by itself within seconds once it reaches "
-            f"{info.members[0]}; if this stays, run `dlfs ingest SOURCE {info.name} --replace`")
+            "member applies the version etcd holds as soon as it reads etcd (it watches it); "
+            "one that cannot reach etcd keeps what it has until it can")
+
+
+def cluster_listing(state, listings: dict) -> list[DatasetInfo]:
+    """Every dataset of a cluster, sorted by name: what etcd holds (`state`, a
+    `ClusterState`), each saying how the live members' own listings (`listings`:
+    address -> their summaries, or the error asking them raised) disagree with it;
+    changes in flight are listed unsealed ("receiving"), and so are ingests the
+    members hold parked (a resumable striped ingest that broke off is no change
+    in etcd), after a sealed dataset of the same name: its members are those
+    that hold a part, its files the most any of them holds."""
+    by_member: dict[str, dict[str, DatasetInfo]] = {}
+    parked: dict[str, list[tuple[str, DatasetInfo]]] = {}
+    for address, result in listings.items():
+        if not isinstance(result, list):
+            continue
+        by_member[address] = {}
+        for info in result:
+            if info.sealed or info.name not in by_member[address]:
+                by_member[address][info.name] = info
+            if info.ingest_state == "parked":
+                parked.setdefault(info.name, []).append((address, info))
+    found = []
+    for name, (record, _revision) in state.datasets.items():
+        info = DatasetInfo(name, record.samples, record.bytes, True, record.committed_unix_ns,
+                           0, record.members, record.replicas, generation=record.generation)
+        found.append(dataclasses.replace(info, disagreement=members_disagree(info, by_member)))
+    for name, (intent, _revision) in state.intents.items():
+        if name not in state.datasets:
+            found.append(DatasetInfo(name, 0, 0, False, 0, 0, intent.members, intent.replicas,
+                                     ingest_state="receiving"))
+    for name, held in parked.items():
+        if name in state.intents:
+            continue  # the change in flight is listed (receiving)
+        most = max((info for _, info in held), key=lambda info: info.samples)
+        found.append(dataclasses.replace(
+            most, bytes=sum(info.bytes for _, info in held),
+            members=tuple(sorted(address for address, _ in held)), member_index=0))
+    return sorted(found, key=lambda info: (info.name, not info.sealed))

@@ -22,7 +22,8 @@ from dlfs.types import DatasetInfo
 
 @dataclasses.dataclass(frozen=True)
 class DatasetTicket:
-    """A dataset and how its client was made (addresses, options, data path hints)."""
+    """A dataset and how its client was made (address or etcd in `options`, data path
+    hints)."""
 
     addresses: tuple
     options: dict  # Client keyword arguments
@@ -39,14 +40,14 @@ class DatasetTicket:
         placement = None
         if isinstance(transport, ClusterRouter):
             placement = transport.placement(dataset.name)
-            for address in placement.members or (placement.owner,):
+            for address in placement.members:
                 transport.member(address)  # so that its data path hint is taken too
         return cls(client.addresses, dict(client.options), dataset.info,
                    transport.data_path_hints(), placement)
 
     def open(self) -> Dataset:
         """The dataset, on a new client of this process; no call to a daemon yet."""
-        client = Client(list(self.addresses), data_path_hints=self.data_path_hints,
+        client = Client(list(self.addresses) or None, data_path_hints=self.data_path_hints,
                         **self.options)
         if self.placement is not None:
             client.transport.adopt(self.info.name, self.placement)

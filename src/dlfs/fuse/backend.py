@@ -32,14 +32,16 @@ T = TypeVar("T")
 
 
 class Backend:
-    """Blocking access to one daemon.  Create it in the process that serves
-    the mount (after any fork): it opens a gRPC channel."""
+    """Blocking access to one daemon, or to a cluster found in `etcd`.  Create it
+    in the process that serves the mount (after any fork): it opens a gRPC
+    channel."""
 
-    def __init__(self, address: str, *,
+    def __init__(self, address: str | None, *, etcd: str | None = None,
+                 cluster: str | None = None,
                  reconnect_timeout_s: float = fuse_limits.mount_reconnect_timeout_s_default,
                  metadata_timeout_s: float = fuse_limits.mount_metadata_timeout_s_default,
                  read_timeout_s: float = fuse_limits.mount_read_timeout_s_default):
-        self.client = Client(address, timeout_s=metadata_timeout_s,
+        self.client = Client(address, etcd=etcd, cluster=cluster, timeout_s=metadata_timeout_s,
                              batch_timeout_s=read_timeout_s,
                              reconnect_timeout_s=reconnect_timeout_s)
         self.address = self.client.address
@@ -51,6 +53,15 @@ class Backend:
         self._down_since: float | None = None
         self.calls: collections.Counter[str] = collections.Counter()
 
+    def cli_options(self) -> list[str]:
+        """The `dlfs` options that reach what this backend reads: ["--server", ADDR], or
+        ["--etcd", URLS, "--cluster", NAME] (for advice printed as a command)."""
+        etcd = self.client.options.get("etcd")
+        if not etcd:
+            return ["--server", self.address]
+        urls = etcd if isinstance(etcd, str) else ",".join(etcd)
+        return ["--etcd", urls, "--cluster", str(self.client.options["cluster"])]
+
     def close(self) -> None:
         self.client.close()
         if self._direct is not None:
@@ -61,6 +72,9 @@ class Backend:
         socket (`Client.extent_reader`).  Raises FailedPrecondition or
         PermissionDenied when this process cannot have them (another host, TLS, a
         foreign user without a token)."""
+        if self.client.options.get("etcd"):
+            raise errors.FailedPrecondition("a cluster mount reads through its members, not "
+                                            "from one daemon's extents")
         with self._lock:
             if self._direct is None:
                 self._direct = Client(self.address, direct=True, **self._direct_options)

@@ -1,4 +1,5 @@
-"""`dlfs-mount ADDR MOUNTPOINT`: mount a daemon's datasets read-only.
+"""`dlfs-mount ADDR MOUNTPOINT`: mount a daemon's datasets read-only
+(`dlfs-mount --etcd URL MOUNTPOINT`: a cluster's).
 
 Without ``--foreground`` the command starts the file system in a background
 process (this module again, with ``--foreground`` and a readiness pipe) and
@@ -34,6 +35,7 @@ import time
 import trio
 
 from dlfs import errors, logs
+from dlfs.coord.cluster_keys import CLUSTER_DEFAULT
 from dlfs import limits as fuse_limits
 from dlfs.fuse import lowlevel, splicereads
 from dlfs.fuse.backend import Backend
@@ -61,11 +63,16 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         prog="dlfs-mount",
         description="Mount the datasets of a DLFS daemon as a read-only file system.",
         epilog="Unmount with `fusermount3 -u MOUNTPOINT` (or SIGTERM to a --foreground mount).")
-    parser.add_argument("address", metavar="ADDR",
-                        help="daemon address HOST:PORT, or several comma-separated for "
-                             "a dataset striped over them (reads fail over to replicas)")
-    parser.add_argument("mountpoint", metavar="MOUNTPOINT",
-                        help="an existing empty directory (see --nonempty)")
+    parser.add_argument("target", nargs="+", metavar="[ADDR] MOUNTPOINT",
+                        help="the daemon's address HOST:PORT (not with --etcd), then an "
+                             "existing empty directory (see --nonempty)")
+    parser.add_argument("--etcd", default=None, metavar="URL[,URL...]",
+                        help="mount a cluster's datasets: its etcd's client URLs (default "
+                             "$DLFS_ETCD when no ADDR is given); reads go to live members and "
+                             "fail over to replicas")
+    parser.add_argument("--cluster", default=None, metavar="NAME",
+                        help="with --etcd: the cluster's name there (default $DLFS_CLUSTER, "
+                             "else 'default')")
     parser.add_argument("--version", action="version", version=f"dlfs-mount {__version__}",
                         help="print the version and exit")
     parser.add_argument("--nonempty", action="store_true",
@@ -118,6 +125,18 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                              "large files read from the extents and copied")
     parser.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    # An ADDR given wins over $DLFS_ETCD; --etcd given with an ADDR is a mistake.  An
+    # empty ADDR, or an empty --etcd (a systemd unit's unset variable), is none.
+    if len(args.target) == 2 and not args.target[0]:
+        args.target = args.target[1:]
+    etcd = args.etcd or (os.environ.get("DLFS_ETCD") if len(args.target) == 1 else None)
+    if len(args.target) == 2 and not args.etcd:
+        (args.address, args.mountpoint), args.etcd = args.target, None
+    elif len(args.target) == 1 and etcd:
+        args.address, args.mountpoint, args.etcd = None, args.target[0], etcd
+    else:
+        parser.error("give ADDR MOUNTPOINT (one daemon), or --etcd URL MOUNTPOINT (a cluster)")
+    args.cluster = args.cluster or os.environ.get("DLFS_CLUSTER") or CLUSTER_DEFAULT
     for name in ("cache_timeout", "reconnect_timeout", "metadata_timeout", "read_timeout"):
         if not getattr(args, name) > 0:
             parser.error(f"--{name.replace('_', '-')} must be positive")
@@ -257,7 +276,8 @@ def run_foreground(args: argparse.Namespace) -> int:
     _keep_freed_memory()
     _raise_open_files_limit()
     try:
-        backend = Backend(args.address, reconnect_timeout_s=args.reconnect_timeout,
+        backend = Backend(args.address, etcd=args.etcd, cluster=args.cluster,
+                          reconnect_timeout_s=args.reconnect_timeout,
                           metadata_timeout_s=args.metadata_timeout,
                           read_timeout_s=args.read_timeout)
     except errors.DlfsError as exc:
@@ -267,7 +287,8 @@ def run_foreground(args: argparse.Namespace) -> int:
         operations = DlfsOperations(backend, root_key, root_attrs,
                                     cache_timeout_s=args.cache_timeout)
         options = ["ro", "default_permissions", "subtype=dlfs",
-                   "fsname=dlfs@" + re.sub(r"[^\w.:\-\[\]@]", "_", args.address)]
+                   "fsname=dlfs@" + re.sub(r"[^\w.:\-\[\]@]", "_",
+                                           args.address or "etcd-" + args.cluster)]
         if args.allow_other:
             options.append("allow_other")
         try:
@@ -313,9 +334,12 @@ def _resolve_root(backend: Backend, dataset: str | None) -> tuple:
             return dataset_key(info), dataset_attrs(info), f"dataset {dataset!r}"
         count = len(backend.sealed_datasets())
     except errors.NotFound:
-        datasets = shlex.join(["dlfs", "datasets", "--server", backend.address])
-        raise MountError(f"the DLFS daemon at {backend.address} has no dataset {dataset!r}; "
-                         f"`{datasets}` lists its datasets") from None
+        options = backend.cli_options()
+        datasets = shlex.join(["dlfs", "datasets", *options])
+        where = (f"the DLFS daemon at {backend.address}" if options[0] == "--server"
+                 else f"the DLFS cluster {backend.address}")
+        raise MountError(f"{where} has no dataset {dataset!r}; `{datasets}` lists its "
+                         "datasets") from None
     except errors.DlfsError as exc:
         raise MountError(f"cannot reach the DLFS daemon at {backend.address}: {exc}") from None
     return ROOT_KEY, Attrs(True, 0, DIR_MODE, time.time_ns()), f"{count} datasets"

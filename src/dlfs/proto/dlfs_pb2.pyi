@@ -469,36 +469,6 @@ class IngestPiece(_message.Message):
     directory: bool
     def __init__(self, path: _Optional[str] = ..., size: _Optional[int] = ..., mode: _Optional[int] = ..., mtime_ns: _Optional[int] = ..., data: _Optional[bytes] = ..., crc32c: _Optional[int] = ..., holders: _Optional[_Iterable[int]] = ..., remote: _Optional[bool] = ..., kept: _Optional[bool] = ..., directory: _Optional[bool] = ...) -> None: ...
 
-class CommitIngestRequest(_message.Message):
-    __slots__ = ("dataset", "generation")
-    DATASET_FIELD_NUMBER: _ClassVar[int]
-    GENERATION_FIELD_NUMBER: _ClassVar[int]
-    dataset: str
-    generation: int
-    def __init__(self, dataset: _Optional[str] = ..., generation: _Optional[int] = ...) -> None: ...
-
-class IngestOutcomeRequest(_message.Message):
-    __slots__ = ("dataset", "generation")
-    DATASET_FIELD_NUMBER: _ClassVar[int]
-    GENERATION_FIELD_NUMBER: _ClassVar[int]
-    dataset: str
-    generation: int
-    def __init__(self, dataset: _Optional[str] = ..., generation: _Optional[int] = ...) -> None: ...
-
-class IngestOutcome(_message.Message):
-    __slots__ = ("state",)
-    class State(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
-        __slots__ = ()
-        ABORTED: _ClassVar[IngestOutcome.State]
-        PENDING: _ClassVar[IngestOutcome.State]
-        COMMITTED: _ClassVar[IngestOutcome.State]
-    ABORTED: IngestOutcome.State
-    PENDING: IngestOutcome.State
-    COMMITTED: IngestOutcome.State
-    STATE_FIELD_NUMBER: _ClassVar[int]
-    state: IngestOutcome.State
-    def __init__(self, state: _Optional[_Union[IngestOutcome.State, str]] = ...) -> None: ...
-
 class DeleteDatasetRequest(_message.Message):
     __slots__ = ("dataset",)
     DATASET_FIELD_NUMBER: _ClassVar[int]

@@ -99,21 +99,6 @@ class DlfsStub:
                 request_serializer=dlfs_dot_proto_dot_dlfs__pb2.IngestMessage.SerializeToString,
                 response_deserializer=dlfs_dot_proto_dot_dlfs__pb2.DatasetInfo.FromString,
                 _registered_method=True)
-        self.CommitIngest = channel.unary_unary(
-                '/dlfs.v1.Dlfs/CommitIngest',
-                request_serializer=dlfs_dot_proto_dot_dlfs__pb2.CommitIngestRequest.SerializeToString,
-                response_deserializer=dlfs_dot_proto_dot_dlfs__pb2.DatasetInfo.FromString,
-                _registered_method=True)
-        self.AbortIngest = channel.unary_unary(
-                '/dlfs.v1.Dlfs/AbortIngest',
-                request_serializer=dlfs_dot_proto_dot_dlfs__pb2.CommitIngestRequest.SerializeToString,
-                response_deserializer=dlfs_dot_proto_dot_dlfs__pb2.DatasetInfo.FromString,
-                _registered_method=True)
-        self.GetIngestOutcome = channel.unary_unary(
-                '/dlfs.v1.Dlfs/GetIngestOutcome',
-                request_serializer=dlfs_dot_proto_dot_dlfs__pb2.IngestOutcomeRequest.SerializeToString,
-                response_deserializer=dlfs_dot_proto_dot_dlfs__pb2.IngestOutcome.FromString,
-                _registered_method=True)
         self.GetIngestProgress = channel.unary_unary(
                 '/dlfs.v1.Dlfs/GetIngestProgress',
                 request_serializer=dlfs_dot_proto_dot_dlfs__pb2.GetIngestProgressRequest.SerializeToString,
@@ -288,34 +273,6 @@ class DlfsServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
-    def CommitIngest(self, request, context):
-        """Publish (or discard) a dataset whose Ingest ran with prepare_only.
-        A prepared ingest is durable: it survives a restart of the daemon.
-        CommitIngest with a generation is idempotent: if that generation is
-        already published it answers as if it had just committed it, so a
-        retried commit that had succeeded is not reported as a failure.
-        Codes: NOT_FOUND (no prepared ingest of that name: never prepared, or
-        discarded: timed out, or its decision was abort).
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def AbortIngest(self, request, context):
-        """Missing associated documentation comment in .proto file."""
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def GetIngestOutcome(self, request, context):
-        """What became of generation `generation` of a dataset here: how a member
-        left prepared (restarted, or missed by the client's commit) learns the
-        decision from the striped ingest's first member, whose commit decides.
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
     def GetIngestProgress(self, request, context):
         """What an unsealed ingest of `dataset` holds durably, so that a client can
         continue it after it broke off (IngestStart.resume).  Codes: NOT_FOUND
@@ -441,21 +398,6 @@ def add_DlfsServicer_to_server(servicer, server):
                     servicer.Ingest,
                     request_deserializer=dlfs_dot_proto_dot_dlfs__pb2.IngestMessage.FromString,
                     response_serializer=dlfs_dot_proto_dot_dlfs__pb2.DatasetInfo.SerializeToString,
-            ),
-            'CommitIngest': grpc.unary_unary_rpc_method_handler(
-                    servicer.CommitIngest,
-                    request_deserializer=dlfs_dot_proto_dot_dlfs__pb2.CommitIngestRequest.FromString,
-                    response_serializer=dlfs_dot_proto_dot_dlfs__pb2.DatasetInfo.SerializeToString,
-            ),
-            'AbortIngest': grpc.unary_unary_rpc_method_handler(
-                    servicer.AbortIngest,
-                    request_deserializer=dlfs_dot_proto_dot_dlfs__pb2.CommitIngestRequest.FromString,
-                    response_serializer=dlfs_dot_proto_dot_dlfs__pb2.DatasetInfo.SerializeToString,
-            ),
-            'GetIngestOutcome': grpc.unary_unary_rpc_method_handler(
-                    servicer.GetIngestOutcome,
-                    request_deserializer=dlfs_dot_proto_dot_dlfs__pb2.IngestOutcomeRequest.FromString,
-                    response_serializer=dlfs_dot_proto_dot_dlfs__pb2.IngestOutcome.SerializeToString,
             ),
             'GetIngestProgress': grpc.unary_unary_rpc_method_handler(
                     servicer.GetIngestProgress,
@@ -834,87 +776,6 @@ class Dlfs:
             '/dlfs.v1.Dlfs/Ingest',
             dlfs_dot_proto_dot_dlfs__pb2.IngestMessage.SerializeToString,
             dlfs_dot_proto_dot_dlfs__pb2.DatasetInfo.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def CommitIngest(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/dlfs.v1.Dlfs/CommitIngest',
-            dlfs_dot_proto_dot_dlfs__pb2.CommitIngestRequest.SerializeToString,
-            dlfs_dot_proto_dot_dlfs__pb2.DatasetInfo.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def AbortIngest(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/dlfs.v1.Dlfs/AbortIngest',
-            dlfs_dot_proto_dot_dlfs__pb2.CommitIngestRequest.SerializeToString,
-            dlfs_dot_proto_dot_dlfs__pb2.DatasetInfo.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def GetIngestOutcome(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/dlfs.v1.Dlfs/GetIngestOutcome',
-            dlfs_dot_proto_dot_dlfs__pb2.IngestOutcomeRequest.SerializeToString,
-            dlfs_dot_proto_dot_dlfs__pb2.IngestOutcome.FromString,
             options,
             channel_credentials,
             insecure,

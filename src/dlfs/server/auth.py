@@ -27,8 +27,7 @@ log = logging.getLogger(__name__)
 
 ROLES = ("read", "admin")
 # Methods that change what is stored.
-ADMIN_METHODS = frozenset({"/dlfs.v1.Dlfs/Ingest", "/dlfs.v1.Dlfs/CommitIngest",
-                           "/dlfs.v1.Dlfs/AbortIngest", "/dlfs.v1.Dlfs/DeleteDataset",
+ADMIN_METHODS = frozenset({"/dlfs.v1.Dlfs/Ingest", "/dlfs.v1.Dlfs/DeleteDataset",
                            "/dlfs.v1.Dlfs/DiscardIngest"})
 OPEN_PREFIXES = ("/grpc.health.v1.Health/",)
 METADATA_KEY = "authorization"

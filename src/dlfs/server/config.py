@@ -53,8 +53,6 @@ class ServerConfig:
     stream_stall_timeout_s: float = limits.stream_stall_timeout_s_default
     inflight_bytes_max: int = limits.inflight_bytes_max_default
     ingests_concurrent_max: int = limits.ingests_concurrent_max_default
-    prepared_ingest_timeout_s: float = limits.prepared_ingest_timeout_s
-    in_doubt_poll_s: float = limits.in_doubt_poll_s
     resumable_ingest_timeout_s: float = limits.resumable_ingest_timeout_s_default
     ingest_checkpoint_bytes: int = limits.ingest_checkpoint_bytes
     ingest_checkpoint_interval_s: float = limits.ingest_checkpoint_interval_s
@@ -105,6 +103,14 @@ class ServerConfig:
     # from the page cache (server/read/sendfiles.py) instead of reading them into
     # a window buffer first.
     sendfile: bool = True
+    # The cluster (docs/cluster.md): etcd's client URLs ("" : a daemon on its
+    # own, no etcd), the cluster's name there, the gRPC HOST:PORT other
+    # daemons and clients reach this one at ("" : the bound address), and its
+    # lease's TTL (a daemon killed leaves the member list this long after).
+    etcd: str = ""
+    cluster: str = "default"
+    advertise: str = ""
+    member_lease_ttl_s: int = limits.member_lease_ttl_s_default
 
     def __post_init__(self):
         checks = [
@@ -124,8 +130,11 @@ class ServerConfig:
             (1 <= self.streams_per_connection_max, "streams_per_connection_max must be at least 1"),
             (1 <= self.streams_per_client_max, "streams_per_client_max must be at least 1"),
             (0 < self.stream_stall_timeout_s, "stream_stall_timeout_s must be positive"),
-            (0 < self.prepared_ingest_timeout_s and 0 < self.in_doubt_poll_s,
-             "prepared_ingest_timeout_s and in_doubt_poll_s must be positive"),
+            (not self.etcd or (0 < len(self.cluster) <= 64 and "/" not in self.cluster),
+             "cluster must be a name of 1..64 characters without '/'"),
+            (limits.member_lease_ttl_s_min <= self.member_lease_ttl_s,
+             f"member_lease_ttl_s must be at least {limits.member_lease_ttl_s_min} (etcd's "
+             "shortest lease)"),
             (self.chunk_bytes <= self.inflight_bytes_max,
              "inflight_bytes_max must be at least chunk_bytes"),
             (8192 <= self.extent_bytes_max <= limits.sample_bytes_max,
@@ -170,10 +179,8 @@ SETTINGS_HELP = {
     "rpc_threads": "threads serving RPCs",
     "rpcs_concurrent_max": "RPCs admitted at once; more get RESOURCE_EXHAUSTED",
     "ingests_concurrent_max": "ingest streams admitted at once",
-    "prepared_ingest_timeout_s": "a prepared two-phase ingest this daemon decides is aborted "
-                                 "if nobody commits it within this time",
-    "in_doubt_poll_s": "a striped member left prepared asks the first member for the "
-                       "outcome this often",
+    "member_lease_ttl_s": "with --etcd: seconds the member's lease lives without a keepalive "
+                          "(a killed daemon leaves the member list this long after)",
     "resumable_ingest_timeout_s": "a resumable ingest that broke off is kept this long for a "
                                   "resume, then discarded",
     "ingest_checkpoint_bytes": "a resumable ingest makes what it received durable (a "

@@ -13,7 +13,8 @@
 Keys are the settings of `ServerConfig` and the daemon's own options
 (`DAEMON_OPTIONS`), named as the flags are with '_' for '-' (either
 spelling is accepted).  Precedence: a flag on the command line, else the
-file, else the default.  `to_toml` writes the effective settings back in
+file, else the environment (`ENVIRONMENT`: $DLFS_ETCD, $DLFS_CLUSTER), else the
+default.  `to_toml` writes the effective settings back in
 this format (`dlfs-server --print-config`), so its output is a valid file.
 Read with the standard library's `tomllib`; unknown keys and values of the
 wrong type are refused with a message naming the key.
@@ -25,6 +26,7 @@ import dataclasses
 import difflib
 import json
 import tomllib
+from typing import Mapping
 
 from dlfs.server.config import ServerConfig
 from dlfs.units import parse_size, size_text
@@ -32,6 +34,9 @@ from dlfs.units import parse_size, size_text
 # Options of the `dlfs-server` process that are not ServerConfig fields, with
 # their defaults.
 DAEMON_OPTIONS = {"address_file": "", "demo": False, "log_level": "INFO", "log_format": "text"}
+# Settings an environment variable gives when neither a flag nor the file does: the
+# cluster's etcd, named once for the daemon, the CLI and the mount of a job.
+ENVIRONMENT = {"etcd": "DLFS_ETCD", "cluster": "DLFS_CLUSTER"}
 
 _EXAMPLE_CONFIG = ServerConfig(data_dir=".")
 # Every key a file may hold -> its default (its type is the default's type).
@@ -92,11 +97,17 @@ def _type_name(want: type, key: str) -> str:
             str: "a string"}[want]
 
 
-def effective(file_settings: dict[str, object], flag_settings: dict[str, object]
-              ) -> dict[str, object]:
-    """Every setting: the flag's value where given, else the file's, else the default
-    (data_dir has none: absent when neither gives it)."""
-    return {**DEFAULTS, **file_settings, **flag_settings}
+def from_environment(environ: Mapping[str, str]) -> dict[str, object]:
+    """The settings `ENVIRONMENT` names that `environ` sets (non-empty)."""
+    return {key: environ[name] for key, name in ENVIRONMENT.items() if environ.get(name)}
+
+
+def effective(file_settings: dict[str, object], flag_settings: dict[str, object],
+              environ: Mapping[str, str] | None = None) -> dict[str, object]:
+    """Every setting: the flag's value where given, else the file's, else the
+    environment's (`ENVIRONMENT`, read from `environ`), else the default (data_dir has
+    none: absent when neither gives it)."""
+    return {**DEFAULTS, **from_environment(environ or {}), **file_settings, **flag_settings}
 
 
 def server_config(settings: dict[str, object]) -> ServerConfig:

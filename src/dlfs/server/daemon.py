@@ -9,22 +9,24 @@ from __future__ import annotations
 import ipaddress
 import logging
 import os
+import socket
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from dlfs import limits, logs
+from dlfs.errors import DlfsError
 from dlfs.formats import datapath_frames as frames
 from dlfs.proto import dlfs_pb2_grpc
 from dlfs.server.auth import Authorizer, load_tokens
+from dlfs.server.cluster_member import ClusterMember
 from dlfs.server.grpc.call_guard import CallGuard
 from dlfs.server.config import long_call_slots, peer_share
 from dlfs.server.datapath.listener import (DataPathInfo, DataPathServer, bind_listeners,
                                            close_listeners)
 from dlfs.server.datapath.worker_store import WorkerSettings
 from dlfs.server.datapath.workers import WorkerSupervisor, worker_shares
-from dlfs.server.grpc.decisions import DecisionClient
 from dlfs.server.grpc.interceptor import ErrorInterceptor, tolerant
 from dlfs.server.grpc.service import DlfsServicer
 from dlfs.server.store import Store
@@ -71,8 +73,7 @@ class Daemon:
         self._data_listeners: tuple[list, str] = ([], "")
         self.servicer = DlfsServicer(store, self.data_path_info, authorizer)
         _add_servicer(self.servicer, self.server)
-        self.decisions = DecisionClient(config)
-        store.ingests.decisions = self.decisions
+        self.cluster_member: ClusterMember | None = None  # with --etcd, once started
         self.health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         self.address = ""
@@ -139,6 +140,8 @@ class Daemon:
                 self.data_path.start()
         self.server.start()
         self.address = f"{host}:{bound}"
+        if config.etcd:
+            self._join_cluster()
         for service in ("", SERVICE_NAME):
             self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
         return self.address
@@ -210,6 +213,22 @@ class Daemon:
         if self.data_path is not None:
             self.data_path.stop()
 
+    def _join_cluster(self) -> None:
+        """Register with etcd and follow it (`ClusterMember`); a daemon that cannot
+        join stops: RuntimeError says why."""
+        member = ClusterMember(self.store, self.store.config.advertise or
+                               _reachable(self.address), self.data_path_info().port,
+                               self.store.config)
+        try:
+            member.join()
+        except DlfsError as exc:
+            member.leave()
+            self.server.stop(None)
+            self._stop_data_path()
+            raise RuntimeError(f"cannot join the cluster in etcd: {exc.message}") from None
+        self.cluster_member = member
+        self.servicer.cluster_member = member
+
     def data_path_info(self) -> DataPathInfo:
         """What GetDataPath answers: where the data path listens, or why there is none."""
         config = self.store.config
@@ -226,12 +245,13 @@ class Daemon:
     def stop(self, grace_s: float = 5.0) -> None:
         """Refuse new calls, let running ones finish for `grace_s`, then close the store."""
         self.health.enter_graceful_shutdown()
+        if self.cluster_member is not None:  # leave the member list first: readers move on
+            self.cluster_member.leave()
         self._stop_data_path()
         self.server.stop(grace_s).wait()
         self.guard.close()
         self._executor.shutdown(wait=True, cancel_futures=True)
         self.store.close()
-        self.decisions.close()
 
 
 class _HandlerCapture:
@@ -292,6 +312,15 @@ def _bind_failure(grpc_said: str) -> str:
     if "Permission denied" in grpc_said:
         return "permission denied (ports below 1024 need root or CAP_NET_BIND_SERVICE)"
     return "the address is in use or not available here"
+
+
+def _reachable(address: str) -> str:
+    """`address` as others reach it: a wildcard host (0.0.0.0, [::]) becomes this
+    machine's name (--advertise names another)."""
+    host, _, port = address.rpartition(":")
+    if host in ("0.0.0.0", "::", "[::]", ""):
+        return f"{socket.getfqdn()}:{port}"
+    return address
 
 
 def _is_loopback(host: str) -> bool:

@@ -2,10 +2,12 @@
 
     dlfs-server --data-dir DIR [--listen HOST:PORT] [--address-file FILE] [--demo]
     dlfs-server --config /etc/dlfs/server.toml [--FLAG VALUE ...]
+    dlfs-server --data-dir DIR --listen 0.0.0.0:7010 --etcd http://10.0.0.1:2379 ...
     dlfs-server [--config FILE] [flags] --print-config
 
 Settings come from flags, else from the TOML file of --config (see
-`dlfs.server.config_file`), else their defaults; --print-config prints the
+`dlfs.server.config_file`), else the environment ($DLFS_ETCD, $DLFS_CLUSTER),
+else their defaults; --print-config prints the
 effective settings as such a file and exits.  SIGTERM and SIGINT stop the
 daemon cleanly: running calls get a grace period, running ingests are
 discarded, the catalog is flushed.  Exit status 2: the settings are wrong or
@@ -85,6 +87,15 @@ def build_parser() -> argparse.ArgumentParser:
            metavar="FILE")
     option("--demo", "create the small generated dataset 'demo' if it is missing",
            action="store_true")
+    option("--etcd", "join the cluster whose control plane is this etcd (client URLs, e.g. "
+                     "http://10.0.0.1:2379; default $DLFS_ETCD): the daemon registers as a "
+                     "member and commits striped datasets as etcd decides.  Without it the "
+                     "daemon runs on its own", metavar="URL[,URL...]")
+    option("--cluster", "with --etcd: the cluster's name there (several clusters may share "
+                        "one etcd); $DLFS_CLUSTER when set", metavar="NAME")
+    option("--advertise", "with --etcd: the gRPC HOST:PORT other hosts reach this daemon at "
+                          "(default: the bound --listen address; this host's name for "
+                          "0.0.0.0 or [::])", metavar="HOST:PORT")
     option("--verify", "CRC32C checks on read: per request (on unless the call opts out), "
                        "always, never", choices=("request", "always", "never"))
     option("--salvage-catalog", "start even if the catalog is damaged mid-log, keeping only "
@@ -138,7 +149,7 @@ def settings_from(args: argparse.Namespace) -> dict[str, object]:
         if key in given:
             given[key] = given[key] == "on"
     from_file = config_file.read_config_file(path) if path else {}
-    return config_file.effective(from_file, given)
+    return config_file.effective(from_file, given, os.environ)
 
 
 def config_from_args(args: argparse.Namespace) -> ServerConfig:

@@ -92,8 +92,6 @@ class Store:
             catalog, extents, directory, self._leases, self.metrics,
             next_dataset_id=next_dataset_id, extent_bytes_max=config.extent_bytes_max,
             ingests_concurrent_max=config.ingests_concurrent_max,
-            prepared_ingest_timeout_s=config.prepared_ingest_timeout_s,
-            in_doubt_poll_s=config.in_doubt_poll_s,
             resumable_ingest_timeout_s=config.resumable_ingest_timeout_s,
             checkpoint_bytes=config.ingest_checkpoint_bytes,
             checkpoint_interval_s=config.ingest_checkpoint_interval_s)
@@ -196,7 +194,8 @@ class Store:
             self.dataset(name)  # raises the NotFound that names a running ingest
         except NotFound:
             if generation and self.ingests.ingesting_generation(name) == generation:
-                # A striped commit is on its way here: a settle, not a missing dataset.
+                # etcd's commit is on its way here (the member applies it from its
+                # watch): a moment to wait, not a missing dataset.
                 raise StaleGeneration(
                     f"dataset {name!r} version {generation} is not committed on this daemon "
                     "yet (its striped commit is in flight); retry in a moment") from None

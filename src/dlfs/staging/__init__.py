@@ -9,6 +9,7 @@ Transport-neutral: it never imports the client (which sends what staging hands o
 - `duplicates`: one sample per path;
 - `read_pool`: many files in flight, handed out in order, in bounded memory;
 - `ordered_files`: the ingest's chunks in order, each file's CRC32C computed;
+- `pace`: an ingest's cap in bytes a second (`--max-rate`);
 - `resume_prefix`: what the first files add up to, for a resumed ingest;
 - `progress`: the progress bar or log lines and the ingest's figures.
 """

@@ -19,6 +19,7 @@ from typing import Iterator
 from dlfs import limits
 from dlfs.crc import crc32c
 from dlfs.staging.duplicates import Duplicates
+from dlfs.staging.pace import Pace
 from dlfs.staging.progress import IngestProgress
 from dlfs.staging.read_pool import ReadPool
 from dlfs.staging.source_set import SourceSet
@@ -33,10 +34,11 @@ def pool_for(sources: SourceSet, skip: int, readers: int) -> ReadPool:
                     chunk_bytes=limits.ingest_message_bytes)
 
 
-def ordered_files(pool, meter: IngestProgress, duplicates: Duplicates | None
-                  ) -> Iterator[FileChunk]:
+def ordered_files(pool, meter: IngestProgress, duplicates: Duplicates | None,
+                  pace: Pace | None = None) -> Iterator[FileChunk]:
     """(file, data, last, crc) for every chunk of the pool, in order, counted in `meter`:
-    `file` on a file's first chunk, `crc` (its CRC32C) on its last.
+    `file` on a file's first chunk, `crc` (its CRC32C) on its last.  With a
+    `pace`, a chunk is handed out no sooner than its pace allows.
 
     Raises InvalidArgument for a duplicate path, and what the pool raises
     (a source that cannot be read).  One CRC32C pass over the bytes.
@@ -54,5 +56,7 @@ def ordered_files(pool, meter: IngestProgress, duplicates: Duplicates | None
         crc = crc32c(data, crc)
         if last:
             current = None
+        if pace is not None:
+            pace.spend(len(data))
         meter.advance(source_bytes, len(data), int(last))
         yield file, data, last, crc

@@ -226,8 +226,9 @@ def unmount(path: str) -> None:
 
 
 class MountProcess(_Launched):
-    """``python -m MODULE ADDRESS MOUNTPOINT --foreground --ready-file F [EXTRA_ARGS]``
-    as a subprocess: `dlfs-mount` by default.
+    """``python -m MODULE [ADDRESS] MOUNTPOINT --foreground --ready-file F [EXTRA_ARGS]``
+    as a subprocess: `dlfs-mount` by default (no ADDRESS: a cluster mount, with
+    --etcd in EXTRA_ARGS).
 
     `module` may name another file system with that command line (the
     benchmark's naive mount).  Its stdout and stderr (log lines, libfuse,
@@ -264,8 +265,8 @@ class MountProcess(_Launched):
         _remove(self._ready_file)
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", self.module, self.address, self.mountpoint,
-                 "--foreground", "--ready-file", self._ready_file, *self.extra_args],
+                [sys.executable, "-m", self.module, *([self.address] if self.address else []),
+                 self.mountpoint, "--foreground", "--ready-file", self._ready_file, *self.extra_args],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=log)
         try:
             wait_for_file(self._ready_file, self.process, self.module, self.log_path)
@@ -315,3 +316,195 @@ class MountProcess(_Launched):
             return self.process.wait(timeout_s)
         except subprocess.TimeoutExpired:
             return _kill(self.process)
+
+
+# --- etcd: the cluster's control plane (docs/cluster.md) -------------------------------------
+
+ETCD_BINARY = "etcd"  # Debian's etcd-server package (3.4.23 is what the tests ran on)
+# Raft timings of the etcd members launched here (etcd's defaults: 100 ms and 1000 ms).
+# A shorter election timeout elects a new leader after a kill, or a first one at start,
+# in about half the time; 5 heartbeats per timeout still ride out a busy machine.
+ETCD_HEARTBEAT_MS = 100
+ETCD_ELECTION_TIMEOUT_MS = 500
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (etcd needs its ports named
+    before it starts: a cluster's members list each other's)."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def etcd_unavailable() -> str:
+    """"" when `etcd` can run here, else why not."""
+    if shutil.which(ETCD_BINARY) is None:
+        return "etcd is not installed (Debian's etcd-server package: apt-get install etcd-server)"
+    return ""
+
+
+class EtcdProcess(_Launched):
+    """One etcd member on loopback ports, as a subprocess; restartable on its data dir.
+
+    `url` is its client URL.  `cluster` is the --initial-cluster list
+    (name=peer URL, ...); empty: a one-member cluster of its own.  Ready
+    when its /health says true (a member of several: once they elected a
+    leader).  Not thread-safe.
+    """
+
+    def __init__(self, data_dir: str, log_path: str, name: str = "n0",
+                 client_port: int = 0, peer_port: int = 0, cluster: str = ""):
+        self.data_dir = data_dir
+        self.log_path = log_path
+        self.name = name
+        self.client_port = client_port or free_port()
+        self.peer_port = peer_port or free_port()
+        self.url = f"http://127.0.0.1:{self.client_port}"
+        self.peer_url = f"http://127.0.0.1:{self.peer_port}"
+        self.cluster = cluster or f"{name}={self.peer_url}"
+        self.process: subprocess.Popen | None = None
+
+    def __enter__(self) -> "EtcdProcess":
+        if not self.alive():
+            self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.kill()
+
+    def launch(self) -> None:
+        """Start the process without waiting (a cluster starts every member first)."""
+        assert not self.alive(), "etcd is running; stop or kill it first"
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                [ETCD_BINARY, "--name", self.name, "--data-dir", self.data_dir,
+                 "--listen-client-urls", self.url, "--advertise-client-urls", self.url,
+                 "--listen-peer-urls", self.peer_url,
+                 "--initial-advertise-peer-urls", self.peer_url,
+                 "--initial-cluster", self.cluster, "--initial-cluster-state", "new",
+                 "--heartbeat-interval", str(ETCD_HEARTBEAT_MS),
+                 "--election-timeout", str(ETCD_ELECTION_TIMEOUT_MS),
+                 "--logger", "zap", "--log-outputs", "stderr"],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+
+    def wait_ready(self) -> None:
+        """Return once /health says true.  Raises LaunchError (the log's tail) if the
+        process exits first or STARTUP_TIMEOUT_S pass."""
+        import urllib.request
+
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while True:
+            if self.process.poll() is not None:
+                raise _failure(f"etcd exited with status {self.process.returncode}",
+                               self.log_path)
+            try:
+                with urllib.request.urlopen(f"{self.url}/health", timeout=1) as reply:
+                    if json.loads(reply.read()).get("health") == "true":
+                        return
+            except (OSError, ValueError):
+                pass
+            if time.monotonic() > deadline:
+                raise _failure(f"etcd was not healthy within {STARTUP_TIMEOUT_S:.0f} s",
+                               self.log_path)
+            time.sleep(POLL_INTERVAL_S * 5)
+
+    def start(self) -> str:
+        """Start and wait until it is healthy; its client URL."""
+        self.launch()
+        try:
+            self.wait_ready()
+        except LaunchError:
+            _kill(self.process)
+            raise
+        return self.url
+
+    start_again = start  # the same ports and data dir: members and clients find it again
+
+    def stop(self, grace_s: float = STOP_GRACE_S) -> int:
+        """SIGTERM, SIGKILL after `grace_s`; the exit status."""
+        if self.process is None:
+            return 0
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                pass
+        return _kill(self.process)
+
+    def kill(self) -> None:
+        """SIGKILL, as in a crash."""
+        if self.process is not None:
+            _kill(self.process)
+
+
+class EtcdCluster:
+    """`size` etcd members on loopback, each in `root/etcdN` with log `root/etcdN.log`.
+
+    `urls` is every client URL joined by ',' (what --etcd takes).  `leader()`
+    names the member that leads now.  Not thread-safe.
+    """
+
+    def __init__(self, root: str, size: int = 1):
+        os.makedirs(root, exist_ok=True)
+        peers = [(f"n{i}", free_port(), free_port()) for i in range(size)]
+        cluster = ",".join(f"{name}=http://127.0.0.1:{peer}" for name, _, peer in peers)
+        self.members = [EtcdProcess(os.path.join(root, f"etcd{i}"),
+                                    os.path.join(root, f"etcd{i}.log"), name, client, peer,
+                                    cluster)
+                        for i, (name, client, peer) in enumerate(peers)]
+        self.urls = ",".join(member.url for member in self.members)
+
+    def __enter__(self) -> "EtcdCluster":
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.kill()
+
+    def start(self) -> str:
+        """Start every member, wait until all are healthy; `urls`."""
+        for member in self.members:
+            member.launch()
+        try:
+            for member in self.members:
+                member.wait_ready()
+        except LaunchError:
+            self.kill()
+            raise
+        return self.urls
+
+    def leader(self, timeout_s: float = STARTUP_TIMEOUT_S) -> EtcdProcess:
+        """The member that leads now, asked of the live members (Maintenance.Status), once
+        one knows a leader (during an election none does).  Raises LaunchError when
+        none knows one within `timeout_s`."""
+        from dlfs.coord.etcd_grpc import EtcdClient
+        from dlfs.errors import DlfsError
+
+        deadline = time.monotonic() + timeout_s
+        while True:
+            ids, leaders = {}, set()
+            for member in self.members:
+                if not member.alive():
+                    continue
+                client = EtcdClient(member.url)
+                try:
+                    own, leader = client.status(member.url.removeprefix("http://"))
+                except DlfsError:
+                    continue
+                finally:
+                    client.close()
+                ids[own] = member
+                leaders.add(leader)
+            known = [ids[leader] for leader in leaders if leader in ids]
+            if len(leaders) == 1 and known:
+                return known[0]
+            if time.monotonic() > deadline:
+                raise LaunchError(f"no etcd member knew a leader within {timeout_s:.0f} s")
+            time.sleep(POLL_INTERVAL_S * 5)
+
+    def kill(self) -> None:
+        for member in self.members:
+            member.kill()

@@ -1,29 +1,35 @@
-"""`ClusterRouter`: the transport of a client of several daemons.
+"""`ClusterRouter`: the transport of a client of a cluster (`Client(etcd=...)`).
 
-`Client(["A", "B", "C"])` holds one transport per member (`contract.Daemon`)
-and this router, which answers the same `contract.Transport` as a single
-daemon's transport and decides which member serves what:
+The router holds the client's `ClusterView` (the cluster's state in etcd,
+kept current by a watch), one transport per member (`contract.Daemon`), and
+answers the same `contract.Transport` as a single daemon's transport:
 
-- metadata calls (stat, listdir, lookup, dataset info) go to any live member:
-  every member of a striped dataset holds its whole directory;
-- a batch is split by placement: each sample goes to the first live daemon
-  among its holders, the parts are fetched in parallel and the samples are
-  returned in request order;
-- placement is learned from the daemons (GetIndex carries each sample's
-  holders and the member list), never recomputed by readers;
-- a member that fails with UNAVAILABLE is marked down for
+- a striped dataset's version is what etcd's record says: its generation
+  and its member list; every read names that generation, so a member
+  holding another version refuses it and no batch mixes versions;
+- metadata calls (stat, listdir, lookup, dataset info) go to a live member
+  of the dataset: every member holds its whole directory;
+- a batch is split by placement: each sample goes to the first live holder,
+  the parts are fetched in parallel and the samples returned in request
+  order; placement (which member holds which sample) is learned from a
+  member that publishes the current generation (GetIndex), never
+  recomputed by readers;
+- a member is live while its lease in etcd is: one whose lease expired is
+  skipped from the next read on, without a timeout on it.  A member that
+  fails with UNAVAILABLE before that is marked down for
   `limits.member_down_s` and its part of the batch is retried on the next
-  holder; with no live holder left the error names the daemon and the
-  samples.  A member that is back is used again once its mark expires.
+  holder; with no live holder left the error names the members and the
+  samples.
 
-Striped ingest and rebalancing (`dlfs.client.cluster.striped_ingest`,
-`dlfs.client.cluster.rebalance`) use the members through `member`.
+Striped ingest, rebalance and delete (`striped_ingest`, `rebalance`,
+`etcd_commit`) use the members through `member` and etcd through `view`.
 """
 
 from __future__ import annotations
 
 import contextvars
 import dataclasses
+import itertools
 import logging
 import threading
 import time
@@ -33,6 +39,7 @@ from typing import Callable, Iterator, TypeVar
 import numpy as np
 
 from dlfs import limits
+from dlfs.client.cluster.cluster_view import ClusterView
 from dlfs.client.cluster.placement import Placement, placement_of
 from dlfs.client.reply_buffers import copy_into
 from dlfs.client.transport.contract import Daemon
@@ -43,6 +50,7 @@ from dlfs.client.transport.read_requests import (
     range_id,
     request_ids,
 )
+from dlfs.coord.cluster_keys import ClusterState, DatasetRecord
 from dlfs.errors import (
     DlfsError,
     FailedPrecondition,
@@ -58,29 +66,34 @@ T = TypeVar("T")
 
 
 class ClusterRouter:
-    """Routes the calls of a multi-daemon `Client` to its members (`contract.Transport`).
+    """Routes the calls of a cluster `Client` to its members (`contract.Transport`).
     Thread-safe.
 
-    `make_member(address)` builds a member's transport (a `contract.Daemon`).  `clock`
-    (default `time.monotonic`) times the down marks; tests replace it to
-    let a mark expire without waiting.
+    `make_member(address)` builds a member's transport (a `contract.Daemon`);
+    `view` is the cluster's state in etcd.  `clock` (default
+    `time.monotonic`) times the down marks; tests replace it to let a mark
+    expire without waiting.
     """
 
-    def __init__(self, make_member: Callable[[str], Daemon], addresses: list[str], *,
+    def __init__(self, make_member: Callable[[str], Daemon], view: ClusterView, *,
                  clock: Callable[[], float] = time.monotonic):
         self._make_member = make_member
         self._lock = threading.Lock()
         self.clock = clock
-        self.members = {address: make_member(address) for address in addresses}
-        self.address = ",".join(addresses)
-        self.addresses = tuple(addresses)
+        self.view = view
+        self.members: dict[str, Daemon] = {}
+        self.address = f"etcd {','.join(view.endpoints)} (cluster {view.cluster})"
+        # The live members' addresses (their leases in etcd are alive), sorted.
+        self.addresses: tuple[str, ...] = tuple(view.members())
         self._down_until: dict[str, float] = {}
         self._placements: dict[str, Placement] = {}
         self._pool = ThreadPoolExecutor(max_workers=limits.cluster_calls_in_flight_max,
                                         thread_name_prefix="dlfs-cluster")
+        view.listeners.append(self._on_state)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self.view.close()
         for member in list(self.members.values()):
             member.close()
 
@@ -90,7 +103,7 @@ class ClusterRouter:
     # --- members ---------------------------------------------------------------
 
     def member(self, address: str) -> Daemon:
-        """The transport of `address`, created when placement names a new member."""
+        """The transport of `address`, created at its first use."""
         with self._lock:
             transport = self.members.get(address)
             if transport is None:
@@ -98,6 +111,10 @@ class ClusterRouter:
             return transport
 
     def is_down(self, address: str) -> bool:
+        """Whether reads skip `address`: its lease in etcd is gone, or it failed with
+        UNAVAILABLE within `limits.member_down_s`."""
+        if address not in self.view.state.members:
+            return True
         until = self._down_until.get(address)
         return until is not None and self.clock() < until
 
@@ -111,9 +128,9 @@ class ClusterRouter:
             log.warning("reads go to the replicas of DLFS daemon %s for %.0f s: %s", address,
                         limits.member_down_s, error)
 
-    def _ordered(self) -> list[str]:
-        """Members, live ones first (a member marked down is still tried last)."""
-        return sorted(self.members, key=self.is_down)
+    def _ordered(self, addresses) -> list[str]:
+        """`addresses`, live ones first (a member marked down is still tried last)."""
+        return sorted(addresses, key=self.is_down)
 
     def submit(self, function, *args, **kwargs):
         """Run `function` on the router's pool in the caller's context (its request id travels)."""
@@ -122,14 +139,18 @@ class ClusterRouter:
     # --- any member, every member ----------------------------------------------------
 
     def call_any(self, call: Callable[[Daemon], T]) -> T:
-        """`call(member)` on the first member that answers it.
+        """`call(member)` on the first live member that answers it (see `call_members`)."""
+        return self.call_members(call, self.addresses)
+
+    def call_members(self, call: Callable[[Daemon], T], addresses) -> T:
+        """`call(member)` on the first of `addresses` that answers it.
 
         Unavailable members are marked down and skipped; NotFound tries the
-        next member too (a one-daemon dataset lives on one member only).
-        Raises the last error when every member failed.
+        next member too.  Raises the last error when every member failed,
+        Unavailable when there is none.
         """
         last: Exception | None = None
-        for address in self._ordered():
+        for address in self._ordered(addresses):
             try:
                 return call(self.member(address))
             except Unavailable as exc:
@@ -137,12 +158,15 @@ class ClusterRouter:
                 last = exc
             except NotFound as exc:
                 last = exc
-        assert last is not None
+        if last is None:
+            raise Unavailable(f"no DLFS daemon is a member of the cluster in {self.address} "
+                              "(no live lease): start the daemons with --etcd")
         raise last
 
     def each(self, call: Callable[[Daemon], T]) -> dict[str, T | DlfsError]:
-        """`call(member)` on every member in parallel: address -> result, or its DlfsError."""
-        futures = {a: self.submit(call, self.member(a)) for a in list(self.members)}
+        """`call(member)` on every live member in parallel: address -> result, or its
+        DlfsError."""
+        futures = {a: self.submit(call, self.member(a)) for a in self.addresses}
         results: dict = {}
         for address, future in futures.items():
             try:
@@ -153,37 +177,133 @@ class ClusterRouter:
                 results[address] = exc
         return results
 
+    # --- what etcd says -------------------------------------------------------------
+
+    def record(self, dataset: str) -> DatasetRecord:
+        """The committed version of `dataset` in etcd (read again from etcd when the
+        watched state does not have it yet).  Raises NotFound."""
+        record = self.view.state.dataset(dataset)
+        if record is None:
+            record = self.view.refresh().dataset(dataset)
+        if record is None:
+            raise NotFound(f"no dataset named {dataset!r} in the cluster ({self.address})")
+        return record
+
+    def call_dataset(self, dataset: str, call: Callable[[Daemon], T]) -> T:
+        """`call(member)` on a live member of `dataset` (every one holds its directory)."""
+        return self.call_members(call, self.record(dataset).members)
+
+    def published(self, dataset: str, generation: int) -> DatasetInfo:
+        """The summary of `generation` of `dataset`, once its live members publish it
+        (they watch etcd: milliseconds), or after `limits.cluster_publish_wait_s` from
+        whichever member has.  A member that does not answer is not waited for (it
+        applies the commit when it starts again).  Raises NotFound when no member
+        ever publishes it."""
+        self.view.refresh()
+        self.forget(dataset)
+        record = self.record(dataset)
+        deadline = time.monotonic() + limits.cluster_publish_wait_s
+        pending = [a for a in record.members if not self.is_down(a)]
+        found: DatasetInfo | None = None
+        while True:
+            pending = [a for a in pending if not self.is_down(a)]  # a lease gone: not waited
+            for address in list(pending):
+                try:
+                    info = self.member(address).control.get_dataset(dataset, retry=False)
+                except Unavailable as exc:  # down: it applies etcd's decision at its start
+                    self.mark_down(address, exc)
+                    continue
+                except DlfsError:
+                    continue
+                if info.sealed and info.generation == generation:
+                    found = found or info
+                    pending.remove(address)
+            if not pending or time.monotonic() >= deadline:
+                break
+            time.sleep(0.02)
+        if pending:
+            log.warning("dataset %r generation %d is committed; %s did not publish it within "
+                        "%.0f s (they do once they read etcd)", dataset, generation,
+                        ", ".join(pending), limits.cluster_publish_wait_s)
+        if found is None:
+            raise NotFound(f"dataset {dataset!r} generation {generation} is committed in etcd "
+                           "but no member publishes it yet")
+        return found
+
+    def _on_state(self, state: ClusterState) -> None:
+        """Note the live members; drop the placements of datasets etcd now holds in
+        another version (or not at all)."""
+        self.addresses = tuple(sorted(state.members))
+        with self._lock:
+            for name, placement in list(self._placements.items()):
+                record = state.dataset(name)
+                if record is None or record.generation != placement.generation:
+                    del self._placements[name]
+
     # --- metadata: any member holds a striped dataset's whole directory ---------------------
 
     def dataset_info(self, dataset: str, known: DatasetInfo | None = None) -> DatasetInfo:
-        """The summary of the current version of `dataset` from any live member
-        (`known` is unused).  Raises NotFound."""
-        return self.call_any(lambda member: member.control.get_dataset(dataset))
+        """The summary of the version etcd holds of `dataset`, from one of its members
+        (`known` is unused).  Raises NotFound, StaleGeneration (no member publishes
+        that version yet)."""
+        generation = self.record(dataset).generation
+
+        def current(member: Daemon) -> DatasetInfo:
+            info = member.control.get_dataset(dataset)
+            if info.generation != generation:
+                raise NotFound(f"{member.address} does not publish generation {generation} "
+                               f"of {dataset!r} yet")
+            return info
+
+        return self.call_dataset(dataset, current)
 
     def stat(self, dataset: str, path: str) -> Entry:
-        return self.call_any(lambda member: member.stat(dataset, path))
+        return self.call_dataset(dataset, lambda member: member.stat(dataset, path))
 
     def list_page(self, dataset: str, path: str, start_after: str,
                   page_size: int) -> tuple[list[Entry], bool]:
-        return self.call_any(lambda member: member.list_page(dataset, path, start_after,
-                                                             page_size))
+        return self.call_dataset(dataset, lambda member: member.list_page(
+            dataset, path, start_after, page_size))
 
     def lookup(self, dataset: str, *, ids: np.ndarray | None = None,
                paths=None) -> list[Entry]:
-        return self.call_any(lambda member: member.lookup(dataset, ids=ids, paths=paths))
+        return self.call_dataset(dataset, lambda member: member.lookup(dataset, ids=ids,
+                                                                       paths=paths))
 
     # --- placement ----------------------------------------------------------------
 
     def placement(self, dataset: str, refresh: bool = False) -> Placement:
+        """Where the samples of the version etcd holds live, learned from a live member
+        that publishes it (one GetIndex), cached until etcd holds another version.
+        Raises NotFound, StaleGeneration (no live member publishes it yet)."""
+        if refresh:
+            self.view.refresh()
+        record = self.record(dataset)
         with self._lock:
             known = self._placements.get(dataset)
-        if known is not None and not refresh:
+        if known is not None and known.generation == record.generation:
             return known
-        placement = self.call_any(
-            lambda member: placement_of(member.control.index(dataset), member.address))
-        with self._lock:
-            self._placements[dataset] = placement
-        return placement
+        stale = []
+        for address in self._ordered(record.members):
+            try:
+                index = self.member(address).control.index(dataset)
+            except Unavailable as exc:
+                self.mark_down(address, exc)
+                continue
+            except NotFound:
+                stale.append(address)
+                continue
+            if index.generation != record.generation:
+                stale.append(address)
+                continue
+            placement = placement_of(index, address)
+            with self._lock:
+                self._placements[dataset] = placement
+            return placement
+        raise StaleGeneration(
+            f"no live member publishes generation {record.generation} of dataset {dataset!r} "
+            f"yet ({', '.join(stale) or 'none answers'}); it is committed in etcd and they "
+            "publish it as they read it")
 
     def data_path_hints(self) -> dict:
         """{address: where its data path listens} of every member that answers."""
@@ -207,8 +327,6 @@ class ClusterRouter:
     def holder_of(self, dataset: str, sample_id: int) -> Daemon:
         """The member that should serve one sample (its first live holder)."""
         placement = self.placement(dataset)
-        if not placement.members:
-            return self.member(placement.owner)
         if not 0 <= sample_id < len(placement.holders):
             raise InvalidArgument(f"sample id {sample_id} is out of range for dataset {dataset!r}")
         return self.member(self._choose(placement, np.array([sample_id]), set())[0])
@@ -233,16 +351,22 @@ class ClusterRouter:
         """Samples `ids` of version `generation` (0: the current one) in request order,
         each part from a live holder, in parallel.
 
-        The cached placement is for one version; every part names it, so a
-        member holding another version refuses its part and no batch mixes
+        The placement is of the version etcd holds; every part names it, so
+        a member holding another version refuses its part and no batch mixes
         versions.  A placement that does not match is learned again; then
-        StaleGeneration (the dataset was replaced, or its members still
-        disagree after `limits.striped_settle_s`: a commit that did not reach
-        all of them).
+        StaleGeneration (the dataset was replaced, or a member has not
+        published etcd's version after `limits.striped_settle_s`).
         """
         settle_until = None
         for attempt in range(limits.striped_settle_attempts_max):
-            placement = self.placement(dataset, refresh=attempt > 0)
+            try:
+                placement = self.placement(dataset, refresh=attempt > 0)
+            except StaleGeneration as exc:
+                settle_until = settle_until or self.clock() + limits.striped_settle_s
+                if self.clock() >= settle_until:
+                    raise exc from None
+                time.sleep(limits.retry_backoff_s[min(attempt, len(limits.retry_backoff_s) - 1)])
+                continue
             if generation and placement.generation and placement.generation != generation:
                 if attempt:
                     raise StaleGeneration(
@@ -256,16 +380,14 @@ class ClusterRouter:
                     raise InvalidArgument(_out_of_range(dataset, ids, placement)) from None
                 # The cached placement may be of an older, smaller version: learn it again.
             except StaleGeneration as exc:
-                # Members disagree while a striped commit reaches them one after
-                # the other, or until a member the commit missed learns the
-                # decision (limits.in_doubt_poll_s): wait that out, then give up.
+                # A member has not yet applied etcd's decision (it watches etcd,
+                # or it was down and reads etcd as it starts): wait, then give up.
                 settle_until = settle_until or self.clock() + limits.striped_settle_s
                 if attempt and self.clock() >= settle_until:
                     raise StaleGeneration(
                         f"the daemons of dataset {dataset!r} serve different versions ({exc}) "
-                        f"for over {limits.striped_settle_s:.0f} s; a striped commit did not "
-                        "reach all of them: `dlfs datasets` shows which, or ingest it again "
-                        "with --replace") from None
+                        f"for over {limits.striped_settle_s:.0f} s; a member has not applied "
+                        "the version etcd holds: `dlfs datasets` shows which") from None
                 if attempt:
                     backoff = limits.retry_backoff_s
                     time.sleep(backoff[min(attempt, len(backoff)) - 1])
@@ -289,16 +411,27 @@ class ClusterRouter:
                           f"{request.dataset!r} answers")
 
     def read_chunks(self, request: RangeRequest) -> Iterator[tuple[int, memoryview]]:
-        """The pieces of a byte range of one sample, from its first live holder."""
+        """The pieces of a byte range of one sample, from its first live holder (the next
+        one when it fails before the first piece)."""
         request = self._by_id(request)
-        return self.holder_of(request.dataset, request.sample_id).read_chunks(request)
+        for _attempt in range(limits.replicas_max):
+            member = self.holder_of(request.dataset, request.sample_id)
+            chunks = iter(member.read_chunks(request))
+            try:
+                first = next(chunks)
+            except StopIteration:
+                return iter(())
+            except Unavailable as exc:  # nothing arrived yet: the next holder serves it
+                self.mark_down(member.address, exc)
+                continue
+            return itertools.chain([first], chunks)
+        raise Unavailable(f"no holder of sample {request.sample_id} of dataset "
+                          f"{request.dataset!r} answers")
 
     def prefetch(self, request: PrefetchRequest, wait: bool = True) -> bool:
         """Send hints for the request's samples to their first live holders (fire and forget)."""
         ids = request_ids(request, self.lookup)
         placement = self.placement(request.dataset)
-        if not placement.members:
-            return self.member(placement.owner).prefetch(request, wait)
         self._hint(request.dataset, placement, ids)
         return True
 
@@ -310,9 +443,6 @@ class ClusterRouter:
 
     def _get_ids(self, dataset: str, placement: Placement, ids: np.ndarray, verify: bool,
                  prefetch: np.ndarray) -> list[memoryview]:
-        if not placement.members:
-            return self.member(placement.owner).get_batch(BatchRequest(
-                dataset, ids, None, verify, prefetch, placement.generation))
         if ids.size and (ids.min() < 0 or ids.max() >= len(placement.holders)):
             raise _OutOfRange()
         if prefetch.size:

@@ -5,9 +5,9 @@
 streams it to its holders (rendezvous placement,
 `dlfs.client.cluster.placement`) and its metadata to every other member,
 with two-phase commit (`dlfs.client.cluster.two_phase`): all members
-prepare (durable, unpublished), then the first member commits (its SEAL is
-the decision), then the others.  `router` is the `ClusterRouter` of the
-members.
+prepare (durable, unpublished), then one etcd transaction decides and the
+members publish what it says.  `router` is the cluster's `ClusterRouter`;
+the members are the live ones (leases in etcd), in address order.
 
 Resumable striped ingests: each member parks its part when its stream
 breaks off; a resume asks every member what it holds (each may hold a
@@ -20,9 +20,10 @@ from dlfs.client.cluster.placement import member_hashes, place, place_one
 from dlfs.client.cluster.two_phase import check_streams, run_two_phase
 from dlfs.client.ingest_resume import check_prefix, check_resumable, held_ingest, resume_hint
 from dlfs.client.transport.ingest_requests import IngestPiece, dir_pieces
-from dlfs.errors import DlfsError, ResumeConflict
+from dlfs.errors import DlfsError, ResumeConflict, Unavailable
 from dlfs.staging.duplicates import Duplicates
 from dlfs.staging.ordered_files import ordered_files, pool_for
+from dlfs.staging.pace import pace_for
 from dlfs.staging.progress import IngestProgress, IngestStats, progress_mode
 from dlfs.staging.read_pool import READERS_DEFAULT
 from dlfs.staging.resume_prefix import resume_prefix
@@ -33,22 +34,26 @@ from dlfs.types import DatasetInfo
 def ingest_striped(router, source, name: str, *, replace: bool, replicas: int,
                    progress: bool | str | None, readers: int = READERS_DEFAULT,
                    resumable: bool = False, resume: bool = False, via: str = "auto",
-                   stats: IngestStats | None = None) -> DatasetInfo:
-    """Stripe `source` (see `dlfs.client.ingest_upload.upload`) over all members with
-    `replicas` copies each.
+                   stats: IngestStats | None = None, max_rate: int | None = None
+                   ) -> DatasetInfo:
+    """Stripe `source` (see `dlfs.client.ingest_upload.upload`) over the live members
+    with `replicas` copies each.
 
     Every member gets the whole directory (metadata of every sample) and the
     bytes of the samples it holds.  Two-phase: each member's stream ends with
-    its data durable but unpublished; only when all succeeded are they told
-    to commit.  On any failure every member aborts and nothing is kept,
-    unless `resumable`: then each member that was receiving parks what it
-    holds durably, and `resume=True` continues them; members found prepared
-    get no stream and join the commit (first member first).  Members are fed
-    over gRPC whatever `via` says.
+    its data durable but unpublished; only when all succeeded does one etcd
+    transaction commit it.  On any failure every member discards its part
+    and nothing is kept, unless `resumable`: then each member that was
+    receiving parks what it holds durably, and `resume=True` continues them
+    (with the same members and replicas).  Members are fed over gRPC
+    whatever `via` says.  Raises Unavailable when the cluster has no live
+    member, AlreadyExists (the name exists and not `replace`, or another
+    change of it is in flight).
     """
-    # The daemons the client was given, not every member it has learnt of from
-    # other datasets' placements (a dead one among them would fail the ingest).
+    pace = pace_for(max_rate)  # the whole stream's bytes, all members together
     members = list(router.addresses)
+    if not members:
+        raise Unavailable(f"no live member in {router.address}: start the daemons with --etcd")
     sources = as_source_set(source)
     duplicates = Duplicates() if sources.needs_duplicate_check else None
     resumable = resumable or resume
@@ -78,14 +83,15 @@ def ingest_striped(router, source, name: str, *, replace: bool, replicas: int,
                            else sources.known_files - skip)
     with pool_for(sources, skip, readers) as pool:
         def produce(streams, _bar) -> None:
-            _produce(ordered_files(pool, meter, duplicates), skip, skips, holders_of, streams,
+            _produce(ordered_files(pool, meter, duplicates, pace), skip, skips, holders_of, streams,
                      sources.dirs)
 
         try:
             info = run_two_phase(router, name, members, replicas, replace=replace,
                                  produce=produce, total_bytes=0, progress=False, desc="",
                                  generation=generation, start_fields=fields,
-                                 keep_on_failure=resumable)
+                                 keep_on_failure=resumable,
+                                 kind="replace" if replace else "ingest")
         except DlfsError as exc:
             if resumable:
                 raise resume_hint(exc, [router.member(a).control for a in members],
@@ -114,12 +120,12 @@ def _resume_points(router, members, replicas, replace, name, sources, duplicates
             continue
         check_resumable(state, name, address)
         if (list(state.members) != members or state.replicas != replicas
-                or state.member_index != index or state.replace != replace):
+                or state.member_index != index):
             raise ResumeConflict(
                 f"the broken-off ingest of {name!r} on {address} was started over "
                 f"{', '.join(state.members) or 'that daemon alone'} with {state.replicas} "
-                f"replicas{' and --replace' if state.replace else ''}; resume it with the same "
-                "--server list (same order), --replicas and --replace")
+                "replicas; resume it while the same members are live, with the same "
+                "--replicas")
         states.append((index, state))
     if not states:
         return None
@@ -130,9 +136,10 @@ def _resume_points(router, members, replicas, replace, name, sources, duplicates
     prefixes = resume_prefix(sources, [state.samples for _, state in states], duplicates)
     for index, state in states:
         skips[index] = state.samples
-        if state.state == "prepared":  # holds all its files: it only waits for the commit
-            fields[index] = {"prepared_already": True}
-            continue
+        if state.state == "prepared":  # voted yes for a change whose intent is gone
+            raise ResumeConflict(
+                f"{members[index]} holds the ingest of {name!r} prepared; it discards it as "
+                "soon as it reads etcd (the intent is gone); resume again in a moment")
         check_prefix(state, prefixes[state.samples], name, members[index])
         fields[index].update(resume_from=state.samples)
     return generations.pop()  # members that hold nothing start from the beginning

@@ -99,20 +99,6 @@ class DaemonControl(Protocol):
         """The unsealed ingest of `dataset` held there.  NotFound when there is none.
         Deadline `timeout_s` (default the client's); retried unless not `retry`."""
 
-    def commit_ingest(self, dataset: str, generation: int, *, retry: bool = True
-                      ) -> DatasetInfo:
-        """Publish the prepared version `generation` (0: whichever is prepared).
-        FailedPrecondition, NotFound.  Retried unless not `retry` (committing twice is
-        harmless)."""
-
-    def abort_ingest(self, dataset: str, generation: int, *, retry: bool = True
-                     ) -> DatasetInfo:
-        """Drop the prepared version `generation`.  As `commit_ingest`."""
-
-    def ingest_outcome(self, dataset: str, generation: int, *, retry: bool = True) -> str:
-        """What this daemon decided about version `generation`: `control_replies.COMMITTED`,
-        `ABORTED` or `PENDING`.  Retried unless not `retry`."""
-
     def data_path_offer(self) -> DataPathOffer | None:
         """Where the daemon's data path listens (None: the daemon predates it).  Retried."""
 

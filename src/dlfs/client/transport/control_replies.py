@@ -13,11 +13,6 @@ import numpy as np
 
 from dlfs.types import Entry
 
-# A striped ingest's outcome on its first member (GetIngestOutcome).
-COMMITTED = "committed"  # published there: the decision is commit
-ABORTED = "aborted"  # not published and not pending there: the decision is abort
-PENDING = "pending"  # still receiving or prepared there: no decision yet
-
 
 @dataclasses.dataclass(frozen=True)
 class IngestState:

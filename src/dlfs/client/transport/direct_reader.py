@@ -149,7 +149,7 @@ class DirectReader:
         so (`stored_elsewhere`) for readers that can ask the daemons instead."""
         error = FailedPrecondition(
             f"sample {sample_id} of dataset {self._dataset!r} is stored on other daemons, "
-            "not on this one; read the striped dataset with Client([all its daemons])")
+            "not on this one; read the striped dataset through its cluster: Client(etcd=URL)")
         error.stored_elsewhere = True
         return error
 

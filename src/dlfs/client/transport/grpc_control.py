@@ -140,18 +140,3 @@ class GrpcControl:
         return convert.ingest_state(self._call(
             "GetIngestProgress", pb.GetIngestProgressRequest(dataset=dataset),
             timeout_s=timeout_s, retry=retry))
-
-    def commit_ingest(self, dataset: str, generation: int, *, retry: bool = True
-                      ) -> DatasetInfo:
-        return convert.dataset_info(self._call("CommitIngest", pb.CommitIngestRequest(
-            dataset=dataset, generation=generation), retry=retry))
-
-    def abort_ingest(self, dataset: str, generation: int, *, retry: bool = True
-                     ) -> DatasetInfo:
-        return convert.dataset_info(self._call("AbortIngest", pb.CommitIngestRequest(
-            dataset=dataset, generation=generation), retry=retry))
-
-    def ingest_outcome(self, dataset: str, generation: int, *, retry: bool = True) -> str:
-        reply = self._call("GetIngestOutcome", pb.IngestOutcomeRequest(
-            dataset=dataset, generation=generation), retry=retry)
-        return convert.OUTCOMES[reply.state]

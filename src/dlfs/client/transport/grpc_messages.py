@@ -15,9 +15,6 @@ import numpy as np
 from dlfs.client.transport.ingest_requests import IngestStart
 from dlfs.client.transport.read_requests import BatchRequest, PrefetchRequest, RangeRequest
 from dlfs.client.transport.control_replies import (
-    ABORTED,
-    COMMITTED,
-    PENDING,
     DataPathOffer,
     DatasetIndex,
     IngestState,
@@ -25,9 +22,6 @@ from dlfs.client.transport.control_replies import (
 )
 from dlfs.proto import dlfs_pb2 as pb
 from dlfs.types import DaemonStatus, DatasetInfo, DataWorkerStatus, Entry, WarmInfo
-
-OUTCOMES = {pb.IngestOutcome.COMMITTED: COMMITTED, pb.IngestOutcome.ABORTED: ABORTED,
-            pb.IngestOutcome.PENDING: PENDING}
 
 
 # --- requests --------------------------------------------------------------------------

@@ -32,15 +32,14 @@ def _deadline(context: grpc.ServicerContext) -> float | None:
     return None if remaining is None else time.monotonic() + remaining
 
 
-_OUTCOME_STATES = {"committed": pb.IngestOutcome.COMMITTED, "pending": pb.IngestOutcome.PENDING,
-                   "aborted": pb.IngestOutcome.ABORTED}
-
-
 class DlfsServicer(dlfs_pb2_grpc.DlfsServicer):
-    """`data_path_info()` returns the daemon's `datapath.DataPathInfo` (GetDataPath)."""
+    """`data_path_info()` returns the daemon's `datapath.DataPathInfo` (GetDataPath).
+    `cluster_member` (the daemon's `ClusterMember` with --etcd, else None) applies
+    etcd's state before a striped ingest that finds an older one prepared."""
 
     def __init__(self, store: Store, data_path_info, authorizer=None):
         self.store = store
+        self.cluster_member = None
         self.data_path_info = data_path_info
         self.authorizer = authorizer  # dlfs.server.auth.Authorizer, or None: no tokens
         self.metrics_address = ""  # set by the daemon when it serves /metrics
@@ -239,6 +238,8 @@ class DlfsServicer(dlfs_pb2_grpc.DlfsServicer):
                         session = self.store.ingests.resume(start.dataset, start.resume_from,
                                                             start.replace, messages.cluster(start))
                     else:
+                        if start.prepare_only and self.cluster_member is not None:
+                            self.cluster_member.before_ingest(start.dataset, start.generation)
                         session = self.store.ingests.begin(start.dataset, start.replace,
                                                            messages.cluster(start),
                                                            resumable=start.resumable)
@@ -301,14 +302,6 @@ class DlfsServicer(dlfs_pb2_grpc.DlfsServicer):
     def GetIngestProgress(self, request, context):
         return messages.ingest_progress(self.store.ingests.progress(request.dataset))
 
-    def CommitIngest(self, request, context):
-        return messages.dataset_info(self.store.ingests.commit_prepared(request.dataset,
-                                                                        request.generation))
-
-    def GetIngestOutcome(self, request, context):
-        state = self.store.ingests.outcome(request.dataset, request.generation)
-        return pb.IngestOutcome(state=_OUTCOME_STATES[state])
-
     def _copy_kept(self, session, start, piece) -> None:
         """Store `piece`'s sample again from this daemon's copy in the dataset the
         ingest replaces, holding a read lease on it while copying."""
@@ -326,9 +319,6 @@ class DlfsServicer(dlfs_pb2_grpc.DlfsServicer):
             for window in self.store.reads.read_sample(replaced, sample_id):
                 session.write(window)
         session.check_last_crc(piece.crc32c)
-
-    def AbortIngest(self, request, context):
-        return messages.dataset_info(self.store.ingests.abort_prepared(request.dataset))
 
     def DeleteDataset(self, request, context):
         return messages.dataset_info(self.store.delete(request.dataset))

@@ -32,11 +32,15 @@ that continue or end it; or discarded.  The paths that clean up (`abort`,
 reach the client.
 
 Two-phase ingests of striped datasets: the PREPARE record keeps a prepared
-ingest across restarts; the first member's SEAL is the decision; any other
-member left prepared asks the first one (`decisions`, set by the daemon)
-and follows it; only the first member aborts on a timeout.  A PREPARED
-ingest is never resumed: it voted yes, and only that decision ends it.  See
-docs/cluster.md.  Nothing here imports grpc or the daemon's config.
+ingest across restarts; the decision is one transaction in etcd, which the
+daemon's cluster member (server/cluster_member.py) watches and applies with
+`commit_prepared` or `abort_prepared`; nothing here times a prepared ingest
+out (the coordinator's lease in etcd does).  Before it votes yes, a prepare
+asks `prepare_gate` (set by the cluster member; None: this daemon takes no
+two-phase ingests) whether etcd still holds the change's intent.  A
+PREPARED ingest is never resumed: it voted yes, and only etcd's decision
+ends it.  See docs/cluster.md.  Nothing here imports grpc or the daemon's
+config.
 """
 
 from __future__ import annotations
@@ -66,8 +70,8 @@ from dlfs.types import DatasetInfo
 
 log = logging.getLogger(__name__)
 
-# (name, generation, first member's address) -> "committed", "aborted" or None.
-Decisions = Callable[[str, int, str], "str | None"]
+# (name, generation) -> None, or raises: may this daemon vote yes (see `prepare`)?
+PrepareGate = Callable[[str, int], None]
 
 
 class IngestMachine:
@@ -84,16 +88,18 @@ class IngestMachine:
     replaced or deleted dataset's extents after its last read; `metrics`
     counts ingested samples and bytes.  `next_dataset_id` is the first id
     replay left free.  The keyword bounds are the daemon's settings of the
-    same names (see ServerConfig).  `decisions` (set by the daemon, None
-    until then) is how a member in doubt learns a striped ingest's outcome.
+    same names (see ServerConfig).  `prepare_gate` and `on_prepared` (set by
+    the daemon's cluster member; None without --etcd) are asked before a
+    prepare votes yes and told after it did; `change_gate(name, change)` (set
+    by it too) before a one-daemon ingest replaces, or a delete removes,
+    dataset `name` (it raises when etcd places a striped version of `name`
+    here: only etcd's decisions change those).
     """
 
     def __init__(self, catalog: cat.Catalog, extents: ExtentStore, directory: SampleDirectory,
                  leases: ReadLeases, metrics, *, next_dataset_id: int,
                  extent_bytes_max: int = limits.extent_bytes_max_default,
                  ingests_concurrent_max: int = limits.ingests_concurrent_max_default,
-                 prepared_ingest_timeout_s: float = limits.prepared_ingest_timeout_s,
-                 in_doubt_poll_s: float = limits.in_doubt_poll_s,
                  resumable_ingest_timeout_s: float = limits.resumable_ingest_timeout_s_default,
                  checkpoint_bytes: int = limits.ingest_checkpoint_bytes,
                  checkpoint_interval_s: float = limits.ingest_checkpoint_interval_s):
@@ -104,8 +110,6 @@ class IngestMachine:
         self._metrics = metrics
         self._extent_bytes_max = extent_bytes_max
         self._ingests_concurrent_max = ingests_concurrent_max
-        self._prepared_ingest_timeout_s = prepared_ingest_timeout_s
-        self._in_doubt_poll_s = in_doubt_poll_s
         self._resumable_ingest_timeout_s = resumable_ingest_timeout_s
         self._checkpoint_bytes = checkpoint_bytes
         self._checkpoint_interval_s = checkpoint_interval_s
@@ -114,7 +118,9 @@ class IngestMachine:
         self._registry = IngestRegistry(expire=self._expire,
                                         parked_timeout_s=resumable_ingest_timeout_s)
         self._closed = False
-        self.decisions: Decisions | None = None
+        self.prepare_gate: PrepareGate | None = None
+        self.on_prepared: Callable[[str, int], None] | None = None
+        self.change_gate: Callable[[str, str], None] | None = None
 
     # --- open and closed -------------------------------------------------------------
 
@@ -130,15 +136,14 @@ class IngestMachine:
     def recover(self, prepared: list[tuple[DatasetIndex, bool]],
                 parked: list[ParkedIngest]) -> None:
         """Register what replay found: prepared ingests ((index, replaces) pairs) as
-        PREPARED, each waiting for its decision as before the restart, and broken-off
+        PREPARED, each waiting for etcd's decision as before the restart, and broken-off
         resumable ones as PARKED, each expiring --resumable-ingest-timeout-s after
         its last checkpoint.  Called once, before any other call."""
         with self._mutex:
             for index, replace in prepared:
                 session = RecoveredIngest(index, replace, self._catalog, self._extents)
                 self._registry.add(session)
-                self._registry.move(session, IngestState.PREPARED, index,
-                                    self._prepared_timeout_s(session))
+                self._registry.move(session, IngestState.PREPARED, index)
             for entry in parked:
                 session = IngestSession.restored(entry.name, entry.dataset_id, entry.created_ns,
                                                  self._catalog, entry.blocks, entry.checkpoint,
@@ -185,6 +190,8 @@ class IngestMachine:
         Unavailable (shutting down), InvalidArgument (bad name).
         """
         check_dataset_name(name)
+        if cluster is None and replace:
+            self._check_change(name, "replaced")
         with self._mutex:
             self.check_open()
             found = self._registry.find(name)
@@ -277,8 +284,8 @@ class IngestMachine:
             if state is IngestState.PREPARED:
                 raise FailedPrecondition(
                     f"the ingest of dataset {name!r} is prepared (it holds all its files and "
-                    f"waits for its commit), not parked: `dlfs settle {name}` with its members "
-                    "in --server decides it")
+                    "waits for the decision in etcd), not parked: its coordinator's commit, or "
+                    "its lease running out, ends it")
             self._registry.move(session, IngestState.ABORTED)
         summary = session.summary()
         self._discard(session, "discarded by DiscardIngest")
@@ -291,13 +298,28 @@ class IngestMachine:
         """Finish a RECEIVING ingest without publishing it (PREPARED; phase one of two).
 
         The dataset is durable and checked (a PREPARE record: a restart
-        keeps it prepared); it waits for `commit_prepared` or
-        `abort_prepared`.  Who decides when nobody does (see `_expire`): a
-        striped dataset's first member, or a dataset of one daemon, aborts it
-        after --prepared-ingest-timeout-s; the other members ask the first
-        one for its outcome (`decisions`).  Returns its (unsealed) summary.
-        Raises as `commit` (but for AlreadyExists, checked at commit).
+        keeps it prepared); it waits for etcd's decision, which the
+        cluster member applies (`commit_prepared` or `abort_prepared`).
+        Before the PREPARE record, `prepare_gate(name, generation)` must
+        pass: a daemon cut off from etcd, or whose coordinator's intent is
+        gone, votes no.  After it, `on_prepared(name, generation)` is told
+        (the member looks at etcd again: the decision may already be
+        there).  Returns its (unsealed) summary.  Raises as `commit` (but
+        for AlreadyExists, checked at commit), FailedPrecondition without a
+        cluster member (no --etcd), and what `prepare_gate` raises.
         """
+        gate = self.prepare_gate
+        generation = generation_of(session.cluster, session.dataset_id)
+        if gate is None:
+            self.abort(session, "a two-phase ingest needs --etcd")
+            raise FailedPrecondition(
+                f"dataset {session.name!r}: a striped (two-phase) ingest is decided in etcd, "
+                "and this daemon was started without --etcd; start it with --etcd URL")
+        try:
+            gate(session.name, generation)
+        except BaseException as exc:
+            self.abort(session, f"not prepared: {exc}")
+            raise
         index = self._finish(session)
         try:
             with self._mutex:
@@ -306,15 +328,16 @@ class IngestMachine:
                 self._catalog.append(records.RecordType.PREPARE,
                                      records.encode_prepare(session.dataset_id, session.replace),
                                      sync=True)
-                self._registry.move(session, IngestState.PREPARED, index,
-                                    self._prepared_timeout_s(session))
+                self._registry.move(session, IngestState.PREPARED, index)
         except BaseException as exc:
             aborted = self.abort(session, f"prepare failed: {type(exc).__name__}: {exc}")
             raise with_outcome(exc, self._discarded_note() if aborted else None)
+        if self.on_prepared is not None:
+            self.on_prepared(session.name, generation)
         return session.summary()
 
     def commit_prepared(self, name: str, generation: int = 0) -> DatasetInfo:
-        """Seal and publish the prepared ingest of `name` (CommitIngest).
+        """Seal and publish the prepared ingest of `name` (etcd committed it).
 
         With a `generation`, only that version is committed, and if it is
         already published the call answers with its summary (a retried
@@ -334,35 +357,28 @@ class IngestMachine:
                                f"not {generation}")
         return self._seal(session, IngestState.PREPARED, index)
 
-    def abort_prepared(self, name: str) -> DatasetInfo:
-        """Discard the prepared ingest of `name` (AbortIngest); return its summary.
-        Raises NotFound (none prepared), InvalidArgument, Unavailable."""
+    def abort_prepared(self, name: str, generation: int = 0) -> DatasetInfo:
+        """Discard the prepared ingest of `name` (of `generation`, unless 0); its summary.
+        Raises NotFound (none prepared, or another generation), InvalidArgument,
+        Unavailable."""
         check_dataset_name(name)
         with self._mutex:
             self.check_open()
-            session, _index = self._registry.require_prepared(name)
+            session, index = self._registry.require_prepared(name)
+            if generation and index.generation != generation:
+                raise NotFound(f"dataset {name!r} is prepared in generation {index.generation}, "
+                               f"not {generation}")
             self._registry.move(session, IngestState.ABORTED)
-        self._discard(session, "aborted by the client")
+        self._discard(session, f"etcd decided against generation {index.generation}"
+                      if generation else "aborted")
         return session.summary()
 
-    def outcome(self, name: str, generation: int) -> str:
-        """What became of `generation` of dataset `name` here: "committed"
-        (published now), "pending" (receiving or prepared), or "aborted"
-        (anything else: never prepared, aborted, or replaced since); "pending"
-        too while the catalog has failed (the restart tells).  The answer a
-        striped dataset's first member gives the others (GetIngestOutcome)."""
-        check_dataset_name(name)
+    def prepared(self) -> list[tuple[str, int]]:
+        """(name, generation) of every PREPARED ingest, in name order.  O(ingests)."""
         with self._mutex:
-            if self._catalog.failed:
-                return "pending"  # what the disk holds is known after the restart only
-            published = self._directory.find(name)
-            if published is not None and published.generation == generation:
-                return "committed"
-            for session in self._registry.sessions():
-                if session.name == name and generation_of(session.cluster,
-                                                          session.dataset_id) == generation:
-                    return "pending"
-        return "aborted"
+            return [(s.name, generation_of(s.cluster, s.dataset_id))
+                    for s in self._registry.sessions()
+                    if self._registry.state(s) is IngestState.PREPARED]
 
     # --- resumable ingests: break off, park, resume --------------------------------------
 
@@ -420,8 +436,8 @@ class IngestMachine:
                 # Before `resumable`: a prepared ingest found at restart has no stream.
                 raise ResumeConflict(
                     f"the ingest of dataset {name!r} is prepared (it holds all its files) and "
-                    "waits for its commit; `dlfs ingest --resume` with every member in "
-                    "--server commits it")
+                    "waits for its commit: the decision in etcd (its coordinator's commit, or "
+                    "its lease running out) ends it")
             if found is None or not found[0].resumable:
                 raise NotFound(f"no ingest of dataset {name!r} to resume (never started, sealed, "
                                "removed, or not resumed within --resumable-ingest-timeout-s)")
@@ -491,6 +507,7 @@ class IngestMachine:
         dataset stays then).
         """
         check_dataset_name(name)
+        self._check_change(name, "deleted")
         with self._mutex:
             self.check_open()
             dataset = self._directory.find(name)
@@ -508,14 +525,21 @@ class IngestMachine:
         log.info("deleted dataset %r (%d samples)", name, len(dataset))
         return dataset.summary()
 
+    def _check_change(self, name: str, change: str) -> None:
+        """Ask `change_gate` (outside `_mutex`: it may ask etcd) whether `name` may be
+        `change`d here."""
+        gate = self.change_gate
+        if gate is not None:
+            gate(name, change)
+
     def _unsealed_hint(self, session, state: IngestState) -> str:
         """What a delete of a name that only an unsealed ingest has says about it."""
         if state is IngestState.PARKED:
             return (f" (an ingest of it broke off and is parked with {session.samples:,} files: "
                     f"`dlfs discard {session.name}` ends it)")
         if state is IngestState.PREPARED:
-            return (f" (an ingest of it is prepared and waits for its commit: "
-                    f"`dlfs settle {session.name}` decides it)")
+            return (" (an ingest of it is prepared and waits for the decision in etcd: its "
+                    "coordinator's commit, or its lease running out)")
         return " (it is being ingested; it exists once that ingest is sealed)"
 
     def state(self, session: IngestSession) -> IngestState | None:
@@ -602,16 +626,13 @@ class IngestMachine:
                 self._directory.publish(index)
                 self._registry.move(session, IngestState.SEALED)
         except BaseException as exc:
-            decider = decider_of(session)
-            if expected is IngestState.PREPARED and (decider is not None
-                                                     or self._catalog.failed):
-                # Not ours to abort: the first member may have committed, or (a
-                # failed catalog) our own SEAL may be on disk.  Stay prepared:
-                # commit when asked again, or let the restart's replay decide.
-                log.warning("commit of dataset %r failed (%s: %s); it stays prepared until %s",
-                            session.name, type(exc).__name__, exc,
-                            f"{decider}'s decision is applied again" if decider
-                            else "the daemon restarts")
+            if expected is IngestState.PREPARED:
+                # Not ours to abort: etcd decided commit (or, a failed catalog, our
+                # own SEAL may be on disk).  Stay prepared: the cluster member
+                # applies etcd's decision again, or the restart's replay decides.
+                log.warning("commit of dataset %r failed (%s: %s); it stays prepared until "
+                            "etcd's decision is applied again", session.name,
+                            type(exc).__name__, exc)
                 raise
             aborted = self.abort(session, f"commit failed: {type(exc).__name__}: {exc}")
             raise with_outcome(exc, self._discarded_note() if aborted else None)
@@ -623,56 +644,15 @@ class IngestMachine:
                  index.total_bytes, " (replaced the previous one)" if previous else "")
         return index.summary()
 
-    def _prepared_timeout_s(self, session) -> float:
-        """How long a prepared ingest waits before `_expire` looks at it."""
-        if decider_of(session) is None:
-            return self._prepared_ingest_timeout_s
-        return self._in_doubt_poll_s
-
     def _expire(self, session) -> None:
-        """Timer thread: a prepared ingest waited its timeout (see `prepare`), or a
-        parked one was not resumed in time (discarded)."""
+        """Timer thread: a parked ingest was not resumed in time: discard it."""
         with self._mutex:
-            state = self._registry.state(session)
-            if state is IngestState.PARKED:
-                self._registry.move(session, IngestState.ABORTED)
-        if state is IngestState.PARKED:
-            self._discard(session, "not resumed within "
-                                   f"{self._resumable_ingest_timeout_s:.0f} s "
-                                   "(--resumable-ingest-timeout-s)")
-            return
-        with self._mutex:
-            if self._registry.state(session) is not IngestState.PREPARED:
-                return  # committed or aborted meanwhile
-            decider = decider_of(session)
-            if decider is None:  # this daemon decides: nobody committed in time
-                self._registry.move(session, IngestState.ABORTED)
-        if decider is None:
-            self._discard(session, "not committed within "
-                                   f"{self._prepared_ingest_timeout_s:.0f} s "
-                                   "(--prepared-ingest-timeout-s)")
-            return
-        self._learn_outcome(session, decider)
-
-    def _learn_outcome(self, session, decider: str) -> None:
-        """Ask the first member what it decided; follow it, or ask again later."""
-        generation = generation_of(session.cluster, session.dataset_id)
-        outcome = self.decisions(session.name, generation, decider) if self.decisions else None
-        try:
-            if outcome == "committed":
-                log.info("dataset %r generation %d: %s committed it; committing here",
-                         session.name, generation, decider)
-                self.commit_prepared(session.name, generation)
-                return
-            if outcome == "aborted":
-                self.abort(session, f"{decider} decided to abort generation {generation}")
-                return
-        except (DlfsError, OSError) as exc:
-            log.warning("could not apply %s's decision on dataset %r: %s", decider,
-                        session.name, exc)
-        with self._mutex:
-            if self._registry.state(session) is IngestState.PREPARED:
-                self._registry.rearm(session, self._in_doubt_poll_s)
+            if self._registry.state(session) is not IngestState.PARKED:
+                return  # resumed or removed meanwhile
+            self._registry.move(session, IngestState.ABORTED)
+        self._discard(session, "not resumed within "
+                               f"{self._resumable_ingest_timeout_s:.0f} s "
+                               "(--resumable-ingest-timeout-s)")
 
     def _discard(self, session: IngestSession, reason: str) -> None:
         """What ABORTED means on disk (after the move, outside `_mutex`).  Never raises:
@@ -724,11 +704,3 @@ def with_outcome(exc: BaseException, note: str | None) -> BaseException:
     noted.__cause__ = exc  # the traceback the daemon logs goes back to the disk's error
     return noted
 
-
-def decider_of(session) -> str | None:
-    """The address of the member whose commit decides a striped ingest, or None
-    when this daemon decides (one daemon's dataset, or this is the first member)."""
-    cluster = session.cluster
-    if cluster is None or cluster.member_index == 0 or not cluster.generation:
-        return None
-    return cluster.members[0]

@@ -9,10 +9,10 @@
 
 RECEIVING: files arrive on the Ingest stream.  PREPARED (two-phase ingests
 of striped datasets): everything is durable and checked (a restart finds it
-prepared again), the dataset waits for CommitIngest or AbortIngest, or, when
-its timer fires, for what the daemon decides (ingest_machine.py, `_expire`); a
-prepared ingest, resumable or not, is the two-phase commit's to decide and is
-never resumed (a resuming client finds it prepared and commits it).
+prepared again), the dataset waits for etcd's decision, which the daemon's
+cluster member applies; it has no timer (the coordinator's lease in etcd is
+the timeout).  A prepared ingest, resumable or not, is the two-phase
+commit's to decide and is never resumed.
 PARKED (resumable ingests, checkpoints.py): what arrived is durable up to a
 checkpoint, the dataset stays invisible and waits for a resume, at most
 the daemon's --resumable-ingest-timeout-s.  SEALED (published) and ABORTED
@@ -65,7 +65,7 @@ class _Entry:
     session: IngestSession
     state: IngestState
     index: DatasetIndex | None = None  # built when the ingest was prepared
-    timer: threading.Timer | None = None  # expires a prepared or parked ingest
+    timer: threading.Timer | None = None  # expires a parked ingest
     parked_ns: int = 0  # wall clock when it was parked
     expires_at: float = 0.0  # time.monotonic() when its timer fires
 
@@ -74,10 +74,9 @@ class IngestRegistry:
     """Running ingests (RECEIVING or PREPARED) by dataset name.
 
     Not thread-safe: the IngestMachine calls every method under its lock.
-    `expire(session)` is called on a timer thread when a prepared ingest
-    has waited its timeout (`move`, `rearm`), or a parked one
-    `parked_timeout_s`; it must take that lock and check the state again (a
-    commit or a resume may have won the race).
+    `expire(session)` is called on a timer thread when a parked ingest has
+    waited `parked_timeout_s`; it must take that lock and check the state
+    again (a resume may have won the race).
     """
 
     def __init__(self, expire: Callable[[IngestSession], None],
@@ -149,13 +148,12 @@ class IngestRegistry:
         return entry.session, entry.index
 
     def move(self, session: IngestSession, to: IngestState,
-             index: DatasetIndex | None = None,
-             timeout_s: float = limits.prepared_ingest_timeout_s) -> None:
+             index: DatasetIndex | None = None) -> None:
         """Change the state of a running session to `to` (with its `index` for PREPARED).
 
-        Entering PREPARED starts the expiry timer (`timeout_s`), leaving it
-        cancels the timer; a final state forgets the session.  Asserts the
-        transition is allowed.  O(1).
+        Entering PARKED starts the expiry timer, leaving it cancels the
+        timer; a final state forgets the session.  Asserts the transition is
+        allowed.  O(1).
         """
         entry = self._by_name[session.name]
         assert entry.session is session, "a stale session of the same name"
@@ -166,21 +164,11 @@ class IngestRegistry:
             entry.timer = None
         entry.state = to
         entry.index = index
-        if to is IngestState.PREPARED:
-            self._start_timer(entry, timeout_s)
-        elif to is IngestState.PARKED:
+        if to is IngestState.PARKED:
             self._start_timer(entry, self._parked_timeout_s)
             entry.parked_ns = time.time_ns()
         elif to in FINAL:
             del self._by_name[session.name]
-
-    def rearm(self, session: IngestSession, timeout_s: float) -> None:
-        """Call `expire(session)` again in `timeout_s` (a PREPARED session still waiting)."""
-        entry = self._by_name[session.name]
-        assert entry.session is session and entry.state is IngestState.PREPARED
-        if entry.timer is not None:
-            entry.timer.cancel()
-        self._start_timer(entry, timeout_s)
 
     def stop_timers(self) -> None:
         """Cancel every expiry timer (the daemon is closing; prepared and parked ingests
@@ -203,7 +191,7 @@ class IngestRegistry:
             assert entry.state not in FINAL, "final states are forgotten"
             prepared = entry.state is IngestState.PREPARED
             assert (entry.index is not None) == prepared
-            assert (entry.timer is not None) == (prepared or entry.state is IngestState.PARKED)
+            assert (entry.timer is not None) == (entry.state is IngestState.PARKED)
             assert entry.state is not IngestState.PARKED or entry.session.resumable
             assert not prepared or entry.index.dataset_id == entry.session.dataset_id
             ids.add(entry.session.dataset_id)

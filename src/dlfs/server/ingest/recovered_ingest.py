@@ -24,9 +24,8 @@ class RecoveredIngest:
     """A two-phase ingest that a restart found prepared in the catalog.
 
     Its data and records are durable; the IngestMachine registers it PREPARED with
-    the index replay built, and it then waits for CommitIngest, AbortIngest
-    or the decision of its dataset's first member, as a prepared
-    `IngestSession` does.  `name`, `dataset_id`, `created_ns`, `replace` and
+    the index replay built, and it then waits for the decision in etcd (the
+    daemon's cluster member applies it), as a prepared `IngestSession` does.  `name`, `dataset_id`, `created_ns`, `replace` and
     `cluster` as there.
     """
 
