@@ -247,6 +247,12 @@ class DataPathServer:
         self._spare: int | None = None
         self._spare_lock = threading.Lock()
         self._starving = _Starving()
+        # Accepts running without the spare's lock (descriptors were not short when
+        # they began): the spare is given up only once none is left, or one of them
+        # could take its descriptor and leave the waiting clients unanswered.
+        self._free_accepts = 0
+        self._draining = False  # a loop is refusing the waiting connections (the spare out)
+        self._accepts_done = threading.Condition()
 
     # --- lifecycle -------------------------------------------------------------------
 
@@ -353,13 +359,7 @@ class DataPathServer:
         backoff_s = 0.0
         while not self._stopping.is_set():
             try:
-                if self._starving.short:
-                    # One accept at a time while descriptors are short: the other loop
-                    # must not take the descriptor the spare gives up for a moment.
-                    with self._spare_lock:
-                        sock, _peer = listener.accept()
-                else:
-                    sock, _peer = listener.accept()
+                sock = self._accept_one(listener)
             except socket.timeout:
                 continue
             except OSError as exc:
@@ -385,6 +385,24 @@ class DataPathServer:
             backoff_s = 0.0
             self._starving.accepted(label)
             self._start(sock)
+
+    def _accept_one(self, listener: socket.socket) -> socket.socket:
+        """One accept (bounded by the listener's timeout).  While descriptors are short,
+        one at a time under the spare's lock: the other loop must not take the
+        descriptor the spare gives up for a moment."""
+        with self._accepts_done:
+            short = self._starving.short or self._draining
+            if not short:
+                self._free_accepts += 1
+        if short:
+            with self._spare_lock:
+                return listener.accept()[0]
+        try:
+            return listener.accept()[0]
+        finally:
+            with self._accepts_done:
+                self._free_accepts -= 1
+                self._accepts_done.notify_all()
 
     def _start(self, sock: socket.socket) -> None:
         if self._stopping.is_set():
@@ -415,27 +433,44 @@ class DataPathServer:
         poller = select.poll()
         poller.register(listener, select.POLLIN)
         with self._spare_lock:
-            for _ in range(_LISTEN_BACKLOG):
-                if self._spare is None:
-                    try:
-                        self._spare = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
-                    except OSError:
-                        return None  # nothing in reserve: the back-off alone
-                if not poller.poll(0):
-                    return None
-                os.close(self._spare)
-                self._spare = None
-                try:
-                    sock, _peer = listener.accept()
-                except OSError:
-                    return None  # another acceptor took it, or none is free after all
+            # Accepts that begin from now on take the lock; those already running end
+            # within their timeout: wait for them before the spare goes.
+            with self._accepts_done:
+                self._draining = True
+                drained = self._accepts_done.wait_for(
+                    lambda: self._free_accepts == 0 or self._stopping.is_set(),
+                    timeout=2 * limits.datapath_accept_backoff_s_max)
+            try:
+                return self._refuse_through_spare(listener, poller, error) if drained \
+                    else None
+            finally:
+                with self._accepts_done:
+                    self._draining = False
+
+    def _refuse_through_spare(self, listener: socket.socket, poller, error: DlfsError
+                              ) -> socket.socket | None:
+        """`_refuse_waiting`'s loop, under the spare's lock with no other accept running."""
+        for _ in range(_LISTEN_BACKLOG):
+            if self._spare is None:
                 try:
                     self._spare = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
                 except OSError:
-                    self.store.metrics.data_refused.labels("descriptors").inc()
-                    _refuse(sock, error)
-                    continue
-                return sock  # a descriptor was free after all: serve it
+                    return None  # nothing in reserve: the back-off alone
+            if not poller.poll(0):
+                return None
+            os.close(self._spare)
+            self._spare = None
+            try:
+                sock, _peer = listener.accept()
+            except OSError:
+                return None  # another acceptor took it, or none is free after all
+            try:
+                self._spare = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                self.store.metrics.data_refused.labels("descriptors").inc()
+                _refuse(sock, error)
+                continue
+            return sock  # a descriptor was free after all: serve it
         return None
 
     # --- one connection ------------------------------------------------------------------
