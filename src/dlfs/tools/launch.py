@@ -95,7 +95,8 @@ def _kill(process: subprocess.Popen) -> int:
 
 
 class _Launched:
-    """What a launched daemon and mount have in common: a subprocess and its log file."""
+    """What a launched daemon, mount and etcd have in common: a subprocess, its log file,
+    and how it is stopped."""
 
     process: subprocess.Popen | None
     log_path: str
@@ -112,6 +113,24 @@ class _Launched:
         """Everything the process wrote to its log so far, over all its starts."""
         with open(self.log_path, "rb") as f:
             return f.read().decode(errors="replace")
+
+    def stop(self, grace_s: float = STOP_GRACE_S) -> int:
+        """SIGTERM, SIGKILL after `grace_s`; the exit status (-9 if it had to
+        be killed, 0 if it was never started)."""
+        if self.process is None:
+            return 0
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                pass
+        return _kill(self.process)
+
+    def kill(self) -> None:
+        """SIGKILL: no cleanup at all, as in a crash."""
+        if self.process is not None:
+            _kill(self.process)
 
 
 class DaemonProcess(_Launched):
@@ -167,24 +186,6 @@ class DaemonProcess(_Launched):
         os.unlink(self._address_file)
         return self.address
 
-    def stop(self, grace_s: float = STOP_GRACE_S) -> int:
-        """SIGTERM, SIGKILL after `grace_s`; the exit status (-9 if it had to
-        be killed, 0 if it was never started)."""
-        if self.process is None:
-            return 0
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(grace_s)
-            except subprocess.TimeoutExpired:
-                pass
-        return _kill(self.process)
-
-    def kill(self) -> None:
-        """SIGKILL: no cleanup at all, as in a crash."""
-        if self.process is not None:
-            _kill(self.process)
-
     def restart(self) -> str:
         """Stop cleanly and start again on the same port and data dir; the address."""
         self.stop()
@@ -194,7 +195,6 @@ class DaemonProcess(_Launched):
         """Start (after `stop` or `kill`) on 127.0.0.1 and the port of the last start,
         so clients and cluster member lists that name it reach it again."""
         return self.start(f"127.0.0.1:{self.address.rpartition(':')[2]}")
-
 
 
 def fuse_unavailable() -> str:
@@ -421,23 +421,6 @@ class EtcdProcess(_Launched):
         return self.url
 
     start_again = start  # the same ports and data dir: members and clients find it again
-
-    def stop(self, grace_s: float = STOP_GRACE_S) -> int:
-        """SIGTERM, SIGKILL after `grace_s`; the exit status."""
-        if self.process is None:
-            return 0
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(grace_s)
-            except subprocess.TimeoutExpired:
-                pass
-        return _kill(self.process)
-
-    def kill(self) -> None:
-        """SIGKILL, as in a crash."""
-        if self.process is not None:
-            _kill(self.process)
 
 
 class EtcdCluster:

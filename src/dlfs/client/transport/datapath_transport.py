@@ -19,7 +19,7 @@ import dataclasses
 import logging
 import threading
 import time
-from typing import Callable, NamedTuple, TypeVar
+from typing import NamedTuple
 
 import numpy as np
 
@@ -29,6 +29,7 @@ from dlfs.client.transport.checksum_errors import with_sample_path
 from dlfs.client.transport.datapath_pool import DataPath, endpoints
 from dlfs.client.transport.grpc_channel import grpc_usable
 from dlfs.client.transport.grpc_transport import GrpcTransport
+from dlfs.client.transport.one_daemon import OneDaemon
 from dlfs.client.transport.read_requests import (
     BatchRequest,
     PrefetchRequest,
@@ -37,12 +38,11 @@ from dlfs.client.transport.read_requests import (
     request_ids,
 )
 from dlfs.client.transport.retry import call_with_retry
-from dlfs.errors import DataCorruption, DlfsError, InvalidArgument, Overloaded, Unavailable
+from dlfs.errors import DataCorruption, InvalidArgument, Overloaded, Unavailable
 from dlfs.formats import datapath_frames as frames
 from dlfs.types import DatasetInfo, Entry
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
 # The data path of a transport, before it was asked for.
 _UNKNOWN = object()
@@ -70,7 +70,7 @@ class _NoDataPath(Exception):
 SOCKET_CHOICES = ("auto", "tcp", "unix")
 
 
-class DataPathTransport:
+class DataPathTransport(OneDaemon):
     """A daemon's transport whose reads take its data path when it offers one
     (`contract.Daemon`).
 
@@ -117,15 +117,6 @@ class DataPathTransport:
 
     def __repr__(self) -> str:
         return f"DataPathTransport({self.address!r})"
-
-    def call_any(self, call: Callable[["DataPathTransport"], T]) -> T:
-        return call(self)
-
-    def each(self, call: Callable[["DataPathTransport"], T]) -> dict[str, T | DlfsError]:
-        try:
-            return {self.address: call(self)}
-        except DlfsError as exc:
-            return {self.address: exc}
 
     def forget(self, dataset: str) -> None:
         """Nothing is cached about a dataset here."""

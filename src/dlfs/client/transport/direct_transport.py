@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from typing import Callable, Iterator, TypeVar
+from typing import Iterator
 
 import numpy as np
 
@@ -29,6 +29,7 @@ from dlfs.client.transport.checksum_errors import with_sample_path
 from dlfs.client.transport.datapath_pool import DataPath
 from dlfs.client.transport.datapath_transport import DataPathTransport
 from dlfs.client.transport.direct_reader import DirectReader
+from dlfs.client.transport.one_daemon import OneDaemon
 from dlfs.client.transport.read_requests import (
     BatchRequest,
     PrefetchRequest,
@@ -36,13 +37,11 @@ from dlfs.client.transport.read_requests import (
     range_id,
     request_ids,
 )
-from dlfs.errors import DataCorruption, DlfsError, FailedPrecondition
+from dlfs.errors import DataCorruption, FailedPrecondition
 from dlfs.types import DatasetInfo, Entry
 
-T = TypeVar("T")
 
-
-class DirectTransport:
+class DirectTransport(OneDaemon):
     """A daemon's transport whose batches come from its extent files, mapped here
     (`contract.Daemon`).  Options are `DataPathTransport`'s (its socket is "unix").
 
@@ -69,15 +68,6 @@ class DirectTransport:
 
     def __repr__(self) -> str:
         return f"DirectTransport({self.address!r})"
-
-    def call_any(self, call: Callable[["DirectTransport"], T]) -> T:
-        return call(self)
-
-    def each(self, call: Callable[["DirectTransport"], T]) -> dict[str, T | DlfsError]:
-        try:
-            return {self.address: call(self)}
-        except DlfsError as exc:
-            return {self.address: exc}
 
     def data_path(self) -> DataPath | None:
         return self.data.data_path()

@@ -10,7 +10,7 @@ one batch are read-only memoryviews into one reply buffer.
 
 from __future__ import annotations
 
-from typing import Callable, Iterator, TypeVar
+from typing import Iterator
 
 import grpc
 import numpy as np
@@ -21,20 +21,19 @@ from dlfs.client.transport import grpc_messages as convert
 from dlfs.client.transport.grpc_channel import ChannelSettings, DaemonChannel
 from dlfs.client.transport.grpc_control import GrpcControl
 from dlfs.client.transport.grpc_errors import from_rpc_error, typed
+from dlfs.client.transport.one_daemon import OneDaemon
 from dlfs.client.transport.read_requests import BatchRequest, PrefetchRequest, RangeRequest
 from dlfs.client.transport.retry import call_with_retry
-from dlfs.errors import DlfsError, Overloaded, ReplyTooLarge, Unavailable
+from dlfs.errors import Overloaded, ReplyTooLarge, Unavailable
 from dlfs.formats import grpc_chunks
 from dlfs.types import DatasetInfo, Entry
-
-T = TypeVar("T")
 
 
 class _NoUnaryReads(Exception):
     """The daemon predates GetSmallBatch (it answered UNIMPLEMENTED)."""
 
 
-class GrpcTransport:
+class GrpcTransport(OneDaemon):
     """One daemon's gRPC channel, calls and reads (`contract.Daemon`).  Thread-safe; after
     `os.fork` make a new one.
 
@@ -75,15 +74,6 @@ class GrpcTransport:
         return f"{type(self).__name__}({self.address!r})"
 
     # --- one daemon -------------------------------------------------------------------
-
-    def call_any(self, call: Callable[["GrpcTransport"], T]) -> T:
-        return call(self)
-
-    def each(self, call: Callable[["GrpcTransport"], T]) -> dict[str, T | DlfsError]:
-        try:
-            return {self.address: call(self)}
-        except DlfsError as exc:
-            return {self.address: exc}
 
     def data_path(self) -> None:
         """No data path: every read goes over gRPC."""
