@@ -56,7 +56,12 @@ def test_large_files_come_from_the_extents_and_the_daemon_sends_nothing(
     assert read_all(os.path.join(mount.mountpoint, "small.jpg")) == files["small.jpg"]
     answered = splice_reads(mount)
     assert answered["off"] == "" and answered["reads"] >= 32
-    assert answered["bytes"] == len(files["vol/a.npz"]) + len(files["vol/b.npz"])
+    # Every byte came from the extent pages by splice: as READ replies, or stored
+    # ahead of the reader by the page push, which starts after the first read and
+    # can overtake the reader on b.npz (CI's machine: 232 KiB of it, once).
+    total = len(files["vol/a.npz"]) + len(files["vol/b.npz"])
+    assert answered["bytes"] <= total
+    assert answered["bytes"] + answered["stored_bytes"] >= total, answered
     # No READ went to the daemon (the page push, which fetches on its own, aside).
     assert mount.request_counts(label="daemon calls").get("read_chunks", 0) == 0
     assert splice_reads(fresh)["reads"] >= 4
