@@ -288,6 +288,12 @@ def check_targets(results: dict) -> list[dict]:
     add("warm 4 KB: best DLFS TCP row >= 1.5x ext4 1 thread",
         warm4_tcp["ratio_to_ext4_1"] if warm4_tcp else None, 1.5,
         sps(warm4_tcp) if warm4_tcp else "")
+    lmdb = _row(results, "4k", "warm", "lmdb")
+    tcp4 = _row(results, "4k", "warm", "dlfs-tcp-4")
+    add("warm 4 KB: DLFS TCP, 4 in flight >= LMDB one thread",
+        tcp4["samples_per_s"] / lmdb["samples_per_s"] if tcp4 and lmdb else None, 1.0,
+        f"{tcp4['samples_per_s']:,.0f}/s vs LMDB {lmdb['samples_per_s']:,.0f}/s"
+        if tcp4 and lmdb else "")
     direct = _row(results, "4k", "warm", "dlfs-direct")
     add("warm 4 KB: co-located client (direct) >= 4x ext4 1 thread",
         direct["ratio_to_ext4_1"] if direct else None, 4.0,
