@@ -16,9 +16,9 @@ from hypothesis import strategies as st
 
 import dlfs
 from conftest import evict_extents, unique_name, write_tree
+from hostile_peers import read_frame
 from dlfs import Client
 from dlfs.formats import datapath_frames as frames
-from dlfs.sockio import recv_exactly
 
 MiB = 1024 * 1024
 TOKEN = "t" * 8 + "-data-path-token"
@@ -161,16 +161,6 @@ def raw_connection(daemon) -> socket.socket:
         port = client.transport.data_path().tcp_port
     sock = socket.create_connection(("127.0.0.1", port), timeout=10)
     return sock
-
-
-def read_frame(sock) -> tuple[int, bytes]:
-    header = bytearray(frames.FRAME.size)
-    if not recv_exactly(sock, memoryview(header), eof_ok=True):
-        return 0, b""
-    kind, _flags, length = frames.parse_frame(header)
-    body = bytearray(length)
-    recv_exactly(sock, memoryview(body))
-    return kind, bytes(body)
 
 
 def test_a_token_is_required_when_the_daemon_has_tokens(daemon_factory, tmp_path):
