@@ -28,6 +28,14 @@ from typing import Callable, Iterable
 
 import numpy as np
 
+from dlfs import limits
+from dlfs.server.read import residency
+
+# make_cold checks that at most this many files left the page cache (a tree of
+# one file per sample is hundreds of thousands: opening each would take longer
+# than the run; nothing maps those).
+_CHECKED_FILES_MAX = 256
+
 
 @dataclasses.dataclass
 class RunResult:
@@ -303,11 +311,44 @@ class CacheControl:
 
     def __init__(self) -> None:
         self.root = is_root()
+        # Called with the files that stayed cached after an eviction: each lets go of
+        # the mappings it holds of them (the benchmark's FUSE mount maps extents;
+        # mapped pages survive drop_caches and DONTNEED).
+        self.release_hooks: list[Callable[[list[str]], None]] = []
         self.method = ("drop_caches (sync; echo 3 > /proc/sys/vm/drop_caches)" if self.root
                        else "posix_fadvise(DONTNEED) on the data files; ext4 rows use O_DIRECT")
 
-    def make_cold(self, files: Iterable[str]) -> None:
-        """Evict `files` (all of the page cache as root)."""
+    def make_cold(self, files: Iterable[str], mappable: Iterable[str] | None = None) -> None:
+        """Evict `files` (all of the page cache as root).  Pages a process has mapped
+        stay cached through both ways of evicting: a daemon unmaps the extents it
+        sends small samples from within `limits.extent_map_idle_s` and a sweep of
+        its last read, and the release hooks let go of other mappings (the
+        mount's), so this evicts again until none of `files` is cached (at most
+        a few seconds).  `mappable`: the files checked (default: `files`, when
+        at most a few hundred).  Raises RuntimeError if some page of them stays
+        cached: a cold run would not be cold."""
+        files = list(files)
+        if mappable is None:
+            mappable = files if len(files) <= _CHECKED_FILES_MAX else []
+        checked = [f for f in mappable if os.path.exists(f)]
+        give_up = time.monotonic() + 2 * limits.extent_map_idle_s + 5
+        released = False
+        while True:
+            self._evict(files)
+            left = [f for f in checked if _cached_pages([f])]
+            if not left:
+                return
+            if not released:
+                for hook in self.release_hooks:
+                    hook(left)
+                released = True
+                continue
+            if time.monotonic() > give_up:
+                raise RuntimeError(f"{len(left)} files stayed in the page cache after "
+                                   f"eviction (first: {left[0]}): a process maps them")
+            time.sleep(0.1)
+
+    def _evict(self, files: list[str]) -> None:
         if self.root:
             os.sync()
             with open("/proc/sys/vm/drop_caches", "w") as f:
@@ -363,3 +404,18 @@ def git_info(repo: str) -> dict:
 
     return {"commit": git("rev-parse", "HEAD"),
             "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
+
+
+def _cached_pages(files: list[str]) -> int:
+    """Pages of `files` the page cache holds (0 where the kernel has no cachestat)."""
+    pages = 0
+    for path in files:
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            pages += residency.cached_pages(fd, 0, os.fstat(fd).st_size) or 0
+        finally:
+            os.close(fd)
+    return pages

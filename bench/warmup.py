@@ -94,18 +94,18 @@ def run(quick: bool, runs: int, data_dir: str, log) -> dict:
     os.makedirs(log_dir, exist_ok=True)
     for run_no in range(runs):
         batches = epoch_order(samples, prepared.workload.batch_size, run_no)
-        caches.make_cold(files)
+        caches.make_cold(files, prepared.extent_files())
         times["ext4-1"].append(ext4_epoch(prepared, batches))
         with processes.daemon(prepared.dlfs_data_dir, os.path.join(log_dir, "daemon.log"),
                               ["--warm-on-first-read", "off"]) as daemon:
-            caches.make_cold(files)
+            caches.make_cold(files, prepared.extent_files())
             times["dlfs-cold"].append(dlfs_epoch(daemon.address, prepared, batches,
                                                  warm_first=False)[0])
-            caches.make_cold(files)
+            caches.make_cold(files, prepared.extent_files())
             total, warm = dlfs_epoch(daemon.address, prepared, batches, warm_first=True)
             times["dlfs-warm-first"].append(total)
             warm_times.append(warm)
-        caches.make_cold(files)
+        caches.make_cold(files, prepared.extent_files())
         with processes.daemon(prepared.dlfs_data_dir, os.path.join(log_dir, "daemon.log"),
                               ["--warm-on-first-read", "on"]) as daemon:
             times["dlfs-warm-on-read"].append(dlfs_epoch(daemon.address, prepared, batches,

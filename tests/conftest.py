@@ -170,15 +170,27 @@ def metric_samples(client) -> dict[tuple[str, tuple], float]:
 
 def evict_extents(daemon) -> None:
     """Drop every extent file of `daemon` from the page cache (POSIX_FADV_DONTNEED): its
-    next reads of them go to the device."""
+    next reads of them go to the device.  Pages the daemon has mapped (small samples
+    are sent from mappings of cached extents) cannot be dropped until it unmaps them,
+    within `limits.extent_map_idle_s` and a sweep of its last read: this waits for that."""
+    from dlfs import limits
+    from dlfs.server.read import residency
+
     extent_dir = os.path.join(daemon.data_dir, "extents")
-    for dataset_dir in os.listdir(extent_dir):
-        for name in os.listdir(os.path.join(extent_dir, dataset_dir)):
-            fd = os.open(os.path.join(extent_dir, dataset_dir, name), os.O_RDONLY)
-            try:
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
+    give_up = time.monotonic() + 2 * limits.extent_map_idle_s + 5
+    while True:
+        left = 0
+        for dataset_dir in os.listdir(extent_dir):
+            for name in os.listdir(os.path.join(extent_dir, dataset_dir)):
+                fd = os.open(os.path.join(extent_dir, dataset_dir, name), os.O_RDONLY)
+                try:
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                    left += residency.cached_pages(fd, 0, os.fstat(fd).st_size) or 0
+                finally:
+                    os.close(fd)
+        if not left or time.monotonic() > give_up:
+            return
+        time.sleep(0.1)
 
 
 def store_ingest(store, name: str, files: dict[str, bytes], replace: bool = False):

@@ -15,6 +15,7 @@ one, the socket's timeout alone bounds each wait.
 from __future__ import annotations
 
 import os
+import select
 import socket
 import time
 
@@ -80,6 +81,20 @@ def wait_at_most(sock: socket.socket, deadline: float, bound_s: float | None = N
     if left <= 0:
         raise socket.timeout("the deadline passed")
     sock.settimeout(left if bound_s is None else min(left, bound_s))
+
+
+def wait_writable(fd: int, timeout: float | None, deadline: float | None) -> None:
+    """Wait until the socket `fd` takes bytes: at most `timeout` seconds (None: no bound)
+    and not past `deadline` (time.monotonic()); raises socket.timeout otherwise."""
+    if deadline is not None:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise socket.timeout("the reply's deadline passed")
+        timeout = left if timeout is None else min(timeout, left)
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    if not poller.poll(None if timeout is None else timeout * 1000):
+        raise socket.timeout("the client stopped reading the reply")
 
 
 def unix_address(name: str):

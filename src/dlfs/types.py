@@ -73,6 +73,8 @@ class DaemonStatus:
     sendfile_bytes: int = 0  # payload bytes sent from the page cache by sendfile
     # The processes serving the data path; () when the main process serves it.
     data_workers: tuple = ()
+    mapped_sends: str = ""  # "on", or "off" and why (server/read/mapped_sends.py)
+    mapped_send_bytes: int = 0  # payload bytes sent from mappings of cached extents
     # Filled in by whoever knows them: the daemon's gRPC layer, the client.
     version: str = ""
     metrics_address: str = ""  # HOST:PORT of /metrics, "" when not served

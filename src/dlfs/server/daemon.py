@@ -177,6 +177,7 @@ class Daemon:
             open_extents_max=config.open_extents_max,
             coalesce_gap_bytes=config.coalesce_gap_bytes, verify=config.verify,
             io_uring=config.io_uring, sendfile=config.sendfile,
+            mapped_sends=config.mapped_sends,
             warm_on_first_read=config.warm_on_first_read,
             buffer_bytes_max=max(chunk, (config.datapath_buffer_bytes_max - chunk) // count),
             handshakes_max=max(1, limits.datapath_handshakes_max // count),

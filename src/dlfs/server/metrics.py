@@ -148,6 +148,10 @@ class Metrics:
             "dlfs_sendfile_bytes",
             "Payload bytes sent straight from the page cache by sendfile (no copy in the daemon)",
             registry=r)
+        self.mapped_send_bytes = Counter(
+            "dlfs_mapped_send_bytes",
+            "Payload bytes of small cached samples sent from read-only mappings of the "
+            "extents (one copy, page cache to socket)", registry=r)
         self.prefetch_hints = Counter("dlfs_prefetch_hints", "Prefetch hints, by outcome",
                                       ["outcome"], registry=r)
         self.errors = Counter("dlfs_errors", "Calls that ended with an error status, by status "
@@ -245,7 +249,7 @@ class Metrics:
         gRPC names it ("/dlfs.v1.Dlfs/Stat") or a data path request ("DataBatch")."""
         self.errors.labels(code, short_method(method)).inc()
 
-    def status(self, data_dir: str, sendfile: str = "") -> DaemonStatus:
+    def status(self, data_dir: str, sendfile: str = "", mapped_sends: str = "") -> DaemonStatus:
         """The current values as a Status: the counters, and the stored state read now."""
         assert self._read_state is not None, "the Store registers its state first"
         state = self._read_state()
@@ -272,7 +276,9 @@ class Metrics:
             cache_hit_ranges=int(self.value("dlfs_cache_ranges_total", result="hit")),
             cache_miss_ranges=int(self.value("dlfs_cache_ranges_total", result="miss")),
             errors=errors, data_connections=int(self.value("dlfs_data_connections")),
-            sendfile=sendfile, sendfile_bytes=int(self.value("dlfs_sendfile_bytes_total")))
+            sendfile=sendfile, sendfile_bytes=int(self.value("dlfs_sendfile_bytes_total")),
+            mapped_sends=mapped_sends,
+            mapped_send_bytes=int(self.value("dlfs_mapped_send_bytes_total")))
 
 
 class MergedRegistry:

@@ -34,7 +34,7 @@ log = logging.getLogger("dlfs.server")
 
 ON_OFF = ("on", "off")
 # Settings given as on/off on the command line (booleans in a --config file).
-ON_OFF_SETTINGS = ("warm_on_first_read", "io_uring", "sendfile")
+ON_OFF_SETTINGS = ("warm_on_first_read", "io_uring", "sendfile", "mapped_sends")
 
 
 def _default_text(key: str) -> str:
@@ -129,6 +129,10 @@ def build_parser() -> argparse.ArgumentParser:
     option("--sendfile", "on the data path, send windows of large cached samples with "
                          "sendfile from the page cache instead of reading them into a buffer "
                          "first", choices=ON_OFF)
+    option("--mapped-sends", "on the data path, send windows of small samples whose extents "
+                             "the page cache holds whole from read-only mappings of the "
+                             "extents instead of reading them into a buffer first",
+           choices=ON_OFF)
     for key, help_text in SETTINGS_HELP.items():
         kind = type(config_file.DEFAULTS[key])
         if config_file.is_size(key):

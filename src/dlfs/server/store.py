@@ -83,7 +83,8 @@ class Store:
                                   Prefetcher(self._files, io_uring=config.io_uring),
                                   self.metrics, self.batch_limits, verify=config.verify,
                                   coalesce_gap_bytes=config.coalesce_gap_bytes,
-                                  sendfile=config.sendfile)
+                                  sendfile=config.sendfile,
+                                  mapped_sends=config.mapped_sends)
         self._warmer = Warmer(config.data_dir, int(config.warm_memory_share * memory_bytes()),
                               self._is_current, metrics=self.metrics)
         self._leases = ReadLeases(free=self._free_extents)
@@ -259,7 +260,7 @@ class Store:
     def status(self) -> DaemonStatus:
         """Stored data, running ingests and served reads, now.  O(datasets)."""
         status = self.metrics.status(os.path.abspath(self.config.data_dir),
-                                     self.reads.sendfile_state)
+                                     self.reads.sendfile_state, self.reads.mapped_sends_state)
         if self._mirror is not None:
             status = dataclasses.replace(status, data_workers=self._mirror.worker_statuses())
         return status
@@ -301,7 +302,7 @@ class Store:
         """Remove a retired dataset's extents (its end is durable in the catalog).  Never
         raises: it runs when a delete, a replace or the last read of a retired dataset
         ends, none of which may fail for it; what stays is removed at the next start."""
-        self._files.forget_dataset(dataset_id)
+        self.reads.forget_dataset(dataset_id)
         try:
             self.extents.remove_dataset(dataset_id)
         except OSError as exc:

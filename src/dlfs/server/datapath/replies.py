@@ -5,7 +5,8 @@ in `conn_handler`): it checks the request against the dataset and the
 daemon's limits (the Store's `batch_limits`, as gRPC's planning does: the
 same error and message), sends the reply's header, then its payload window
 by window, read by the read engine into a window buffer from the server's
-pool and sent with one `sendmsg` each (or by `sendfile`, with no buffer).
+pool and sent with one `sendmsg` each (or, cached, with no buffer: by `sendfile`,
+or from mappings of the extents).
 A reply takes a buffer per window, only once its client has room for it,
 and gives it back as soon as the client stops taking bytes: one that stops
 reading holds none (`_send_window`).  Every reply has a deadline as a whole
@@ -127,9 +128,10 @@ def stat_dataset(connection, name: str) -> None:
 
 def send_reply(connection, dataset, header: list, order: RequestOrder, count) -> None:
     """The BATCH frame `header`, then DATA frames of the payload, window by window, each
-    read into a pooled buffer (`_send_window`), or sent from the page cache by
-    `sendfile` when its pieces are large and all cached (server/read/sendfiles.py),
-    which takes no buffer at all.
+    read into a pooled buffer (`_send_window`), or sent from the page cache with
+    no buffer at all: by `sendfile` when its pieces are large and all cached
+    (server/read/sendfiles.py), from mappings of the extents when its pieces are
+    small and their extents cached whole (server/read/mapped_sends.py).
 
     The whole reply must be sent by `connection.reply_deadline` and every wait
     for the client ends after the stall timeout (socket.timeout: the
@@ -143,20 +145,32 @@ def send_reply(connection, dataset, header: list, order: RequestOrder, count) ->
         count()
         connection.send(header, deadline)
         return
-    connection.send(header, deadline)
     store = connection.store
     # Large cached samples straight from the page cache: no copy in the daemon.
     by_sendfile = store.reads.sendfile
+    # Small cached samples from mappings of their extents: one copy in the daemon.
+    by_mapping = store.reads.maps is not None
+    # The header goes out with the first window sent without a buffer (one system call,
+    # and the client wakes once for both), else on its own before the first read.
+    unsent: list | None = header
     advised = 0  # payload bytes below this were asked of the device ahead of their window
     for k, (start, stop) in enumerate(windows):
         pieces = order.pieces(start, stop)
         last = k == len(windows) - 1
-        if by_sendfile and sendfiles.worth(pieces):
+        large = sendfiles.worth(pieces)
+        if (by_sendfile and large) or (by_mapping and not large):
             connection.sock.settimeout(connection.server.stall_timeout_s)
-            if store.reads.send_cached(dataset, pieces, connection.sock,
-                                       frames.data_frame(stop - start),
-                                       before=count if last else None, deadline=deadline):
+            send = store.reads.send_cached if large else store.reads.send_mapped
+            head = frames.data_frame(stop - start)
+            if unsent is not None:
+                head = b"".join(unsent) + head
+            if send(dataset, pieces, connection.sock, head,
+                    before=count if last else None, deadline=deadline):
+                unsent = None
                 continue
+        if unsent is not None:
+            connection.send(unsent, deadline)
+            unsent = None
         advised = _send_window(connection, dataset, order, start, stop, deadline,
                                count if last else None, advised)
 

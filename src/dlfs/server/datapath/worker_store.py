@@ -56,6 +56,7 @@ class WorkerSettings:
     verify: str
     io_uring: bool
     sendfile: bool
+    mapped_sends: bool
     warm_on_first_read: bool
     connections_max: int  # share
     connections_per_peer_max: int  # share (0: its peer_share of connections_max)
@@ -113,7 +114,8 @@ class WorkerStore:
                                   Prefetcher(self._files, io_uring=settings.io_uring),
                                   self.metrics, self.batch_limits, verify=settings.verify,
                                   coalesce_gap_bytes=settings.coalesce_gap_bytes,
-                                  sendfile=settings.sendfile)
+                                  sendfile=settings.sendfile,
+                                  mapped_sends=settings.mapped_sends)
         self._leases = ReadLeases(free=self._release)
         self._first_reads: set[int] = set()  # dataset ids whose first read was told
         self._lock = threading.Lock()
@@ -187,7 +189,7 @@ class WorkerStore:
     def _release(self, dataset_id: int) -> None:
         with self._lock:
             self._first_reads.discard(dataset_id)
-        self._files.forget_dataset(dataset_id)
+        self.reads.forget_dataset(dataset_id)
         self.main.released(dataset_id)
 
     def close(self) -> None:

@@ -23,7 +23,8 @@ from dlfs.errors import DataCorruption, Overloaded
 from dlfs.formats import disk_layout as layout
 from dlfs.server.core.directory import DatasetIndex
 from dlfs.server.core.extents import ExtentFiles
-from dlfs.server.read import batch_planning, range_planning, sendfiles
+from dlfs.server.read import batch_planning, range_planning, residency, sendfiles
+from dlfs.server.read.mapped_sends import ExtentMaps
 from dlfs.batch_limits import BatchLimits
 from dlfs.server.read.batch_planning import BatchPlan
 from dlfs.server.read.preadv_reads import ShortRead
@@ -46,14 +47,16 @@ class DatasetReads:
     counts reads, hints and sendfile bytes.  `batch_limits` bounds every
     request.  `verify`: "request" (each call says), "always" or "never".
     `coalesce_gap_bytes`: samples at most this far apart are read as one
-    range.  `sendfile`: send cached data path windows straight from the page
-    cache where the kernel allows (`sendfile_state` says why not).
+    range.  `sendfile`: send cached data path windows of large pieces straight
+    from the page cache where the kernel allows (`sendfile_state` says why
+    not); `mapped_sends`: windows of small pieces from read-only mappings of
+    extents the page cache holds whole (`mapped_sends_state`).
     """
 
     def __init__(self, files: ExtentFiles, engine: ReadEngine, prefetcher: Prefetcher,
                  metrics, batch_limits: BatchLimits, *, verify: str = "request",
                  coalesce_gap_bytes: int = limits.coalesce_gap_bytes_default,
-                 sendfile: bool = True):
+                 sendfile: bool = True, mapped_sends: bool = True):
         assert verify in VERIFY_MODES
         self.files = files
         self.engine = engine
@@ -69,11 +72,23 @@ class DatasetReads:
             log.warning("sendfile from the page cache is %s: data path replies are read into "
                         "buffers and sent, which costs the daemon more CPU per byte",
                         self.sendfile_state)
+        self.mapped_sends_state = mapped_sends_state(mapped_sends)
+        self.maps = ExtentMaps(files) if self.mapped_sends_state == "on" else None
 
     def close(self) -> None:
-        """Stop the prefetch thread and the reader threads (waits for running reads)."""
+        """Stop the prefetch thread and the reader threads (waits for running reads),
+        unmap the extents."""
         self.prefetcher.close()
         self.engine.close()
+        if self.maps is not None:
+            self.maps.close()
+
+    def forget_dataset(self, dataset_id: int) -> None:
+        """Close a retired dataset's descriptors and unmap its extents (those a read
+        holds go when it ends): its space is freed once its files are removed."""
+        self.files.forget_dataset(dataset_id)
+        if self.maps is not None:
+            self.maps.forget_dataset(dataset_id)
 
     # --- planning ------------------------------------------------------------------
 
@@ -164,6 +179,27 @@ class DatasetReads:
         self.metrics.sendfile_bytes.inc(int(pieces.size.sum()))
         return True
 
+    def send_mapped(self, dataset: DatasetIndex, pieces, sock, head: bytes, *,
+                    before=None, deadline: float | None = None) -> bool:
+        """As `send_cached`, for windows of small pieces: sent from read-only mappings of
+        their extents when the page cache holds each extent whole (mapped_sends.py);
+        False, with nothing sent, otherwise."""
+        if self.maps is None:
+            return False
+        try:
+            if not self.maps.send(sock, dataset.dataset_id, pieces, head, before=before,
+                                  deadline=deadline):
+                return False
+        except ShortRead as short:
+            raise DataCorruption(
+                f"{dataset.describe_extent(short.extent_no)} could not be read: "
+                f"{short.wanted} bytes at offset {short.file_offset}, got {short.got} (the "
+                "file is truncated or the device failed); re-ingest the dataset") from None
+        self.metrics.ranges_read.inc(len(pieces))
+        self.metrics.cache_hits.inc(len(pieces))
+        self.metrics.mapped_send_bytes.inc(int(pieces.size.sum()))
+        return True
+
     def advise(self, dataset: DatasetIndex, pieces: list) -> None:
         """Start the device reads of file pieces of `dataset` without waiting for them."""
         self.engine.advise(dataset.dataset_id, pieces)
@@ -237,3 +273,12 @@ class DatasetReads:
         """Count one data path request served since `started` (time.perf_counter)."""
         self.metrics.count_served(method, samples, payload_bytes,
                                   time.perf_counter() - started)
+
+
+def mapped_sends_state(enabled: bool) -> str:
+    """What `dlfs status` says of sends from mappings: "on", or "off" and why."""
+    if not enabled:
+        return "off (--mapped-sends off)"
+    if not residency.supported():
+        return "off: this kernel has no cachestat(2) (Linux 6.5+ needed)"
+    return "on"

@@ -12,7 +12,7 @@ into a buffer and sending it moved 2.2-2.8 GB/s at 0.36-0.45.
 Only for windows whose pieces average at least
 `limits.sendfile_piece_bytes_min` (a system call per piece must be worth
 it) and whose pages are all in the page cache (`cachestat(2)`, Linux 6.5+,
-no byte copied): a `sendfile` of an uncached range would wait for the
+no byte copied; residency.py): a `sendfile` of an uncached range would wait for the
 device a piece at a time, so those windows go the read path, which keeps
 the device queue full.  A piece that ends early (a truncated extent) is
 padded with zeros to the frame's announced length and reported as
@@ -23,12 +23,8 @@ Nothing here imports grpc.
 
 from __future__ import annotations
 
-import ctypes
-import errno
 import os
-import select
 import socket
-import time
 from typing import Callable
 
 import numpy as np
@@ -37,39 +33,10 @@ from dlfs import limits
 from dlfs.server.core.extents import ExtentFiles
 from dlfs.server.read.batch_planning import PieceColumns
 from dlfs.server.read.preadv_reads import ShortRead
-from dlfs.sockio import send_all
+from dlfs.server.read.residency import all_cached, supported
+from dlfs.sockio import send_all, wait_writable
 
-_PAGE_BYTES = 4096
 _FIRST = np.zeros(1, dtype=np.intp)  # the one extent of a one-piece window
-# cachestat(2): the same number on every Linux architecture (after the unification).
-_SYS_CACHESTAT = 451
-
-
-class _CachestatRange(ctypes.Structure):
-    _fields_ = [("off", ctypes.c_uint64), ("len", ctypes.c_uint64)]
-
-
-class _Cachestat(ctypes.Structure):
-    _fields_ = [("nr_cache", ctypes.c_uint64), ("nr_dirty", ctypes.c_uint64),
-                ("nr_writeback", ctypes.c_uint64), ("nr_evicted", ctypes.c_uint64),
-                ("nr_recently_evicted", ctypes.c_uint64)]
-
-
-# PyDLL: cachestat never blocks, so the call keeps the GIL (handing it over and
-# back once per piece would cost more than the system call).
-_syscall = ctypes.PyDLL(None, use_errno=True).syscall
-_syscall.restype = ctypes.c_long
-_available = True  # False once the kernel said it has no cachestat
-
-
-def supported() -> bool:
-    """Whether this kernel answers cachestat(2) here (Linux 6.5+, not refused by a
-    seccomp profile): without it every window takes the read path."""
-    fd = os.open(os.path.abspath(__file__), os.O_RDONLY)
-    try:
-        return all_cached(np.array([fd]), np.array([0]), np.array([0])) or _available
-    finally:
-        os.close(fd)
 
 
 def state(enabled: bool) -> str:
@@ -86,28 +53,6 @@ def worth(pieces: PieceColumns) -> bool:
     count = len(pieces)
     return 0 < count <= limits.sendfile_pieces_max and \
         int(pieces.size.sum()) >= count * limits.sendfile_piece_bytes_min
-
-
-def all_cached(fds: np.ndarray, offsets: np.ndarray, sizes: np.ndarray) -> bool:
-    """Whether the page cache holds every page of `sizes[i]` bytes at `offsets[i]` of
-    `fds[i]`, for every i (one cachestat each).  False where the kernel has no
-    cachestat (before Linux 6.5, or blocked)."""
-    global _available
-    if not _available:
-        return False
-    span, stat = _CachestatRange(), _Cachestat()
-    span_ref, stat_ref = ctypes.byref(span), ctypes.byref(stat)
-    for fd, offset, size in zip(fds.tolist(), offsets.tolist(), sizes.tolist()):
-        first = offset - offset % _PAGE_BYTES
-        span.off, span.len = first, offset + size - first
-        if _syscall(ctypes.c_long(_SYS_CACHESTAT), ctypes.c_long(fd), span_ref, stat_ref,
-                    ctypes.c_long(0)) != 0:
-            if ctypes.get_errno() in (errno.ENOSYS, errno.EPERM):
-                _available = False
-            return False
-        if stat.nr_cache < -(-span.len // _PAGE_BYTES):
-            return False
-    return True
 
 
 def send(sock: socket.socket, files: ExtentFiles, dataset_id: int, pieces: PieceColumns,
@@ -156,21 +101,9 @@ def _sendfile(out: int, fd: int, offset: int, count: int, timeout: float | None,
         try:
             n = os.sendfile(out, fd, offset + sent, count - sent)
         except BlockingIOError:
-            _wait_writable(out, timeout, deadline)
+            wait_writable(out, timeout, deadline)
             continue
         if n == 0:
             break
         sent += n
     return sent
-
-
-def _wait_writable(fd: int, timeout: float | None, deadline: float | None) -> None:
-    if deadline is not None:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise socket.timeout("the reply's deadline passed")
-        timeout = left if timeout is None else min(timeout, left)
-    poller = select.poll()
-    poller.register(fd, select.POLLOUT)
-    if not poller.poll(None if timeout is None else timeout * 1000):
-        raise socket.timeout("the client stopped reading the reply")

@@ -1,0 +1,382 @@
+"""Windows of cached small pieces sent from read-only mappings of their extents.
+
+Why (docs/DESIGN.md, "How the daemon sends"): a window of small samples read
+into a buffer and then sent is copied twice in the daemon, and the first
+copy is a read per piece (one io_uring submission carries them, but the
+kernel still runs 256 reads for 256 x 4 KiB).  Here an extent the page cache
+holds whole is mapped read-only, and the window goes out as `sendmsg`s whose
+iovecs point into the mapping: the kernel copies each piece once, from the
+page cache into the socket.  No Python object is made per piece: the iovec
+array is built by numpy and handed to libc's `sendmsg` through ctypes (which
+releases the GIL while the kernel copies).
+
+When: every extent of the window is known to be cached whole, by one
+cachestat(2) over the extent (residency.py), repeated at most every
+`limits.mapped_recheck_s` per extent and within `limits.mapped_check_share`
+of the time (a check of a 1 GiB extent costs about 0.4 ms); and every piece
+lies inside its mapping.  Otherwise the window takes the read path, which
+keeps the device queue full.  A page evicted between a check and a send is
+read by the kernel while that one send waits.  A page the kernel cannot read
+(a file cut short underneath the daemon, a failing device) makes `sendmsg`
+fail with EFAULT, never a signal (only the kernel touches the mappings): the
+window is then padded with zeros to its announced length and ShortRead
+raised, as sendfiles.py does, and the client's CRC32C checks never hand out
+the zeros.
+
+Mappings: read-only, MADV_RANDOM, one per extent per process, made from the
+ExtentFiles' descriptor (no descriptor of their own), and unmapped when idle
+for `limits.extent_map_idle_s`, when a check finds the extent no longer
+cached whole, and when its dataset is forgotten (a freed extent's space is
+released then).  The idle rule matters to whoever measures: pages mapped by
+a process count in its RSS and survive drop_caches while mapped.
+Nothing here imports grpc.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import logging
+import os
+import socket
+import threading
+import time
+from typing import Callable
+
+import numpy as np
+
+from dlfs import limits
+from dlfs.server.core.extents import ExtentFiles
+from dlfs.server.read import residency
+from dlfs.server.read.batch_planning import PieceColumns
+from dlfs.server.read.preadv_reads import ShortRead
+from dlfs.sockio import IOV_MAX, send_all, wait_writable
+
+log = logging.getLogger(__name__)
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_mmap = _libc.mmap
+_mmap.restype = ctypes.c_void_p
+_mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                  ctypes.c_long]
+_munmap = _libc.munmap
+_munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+_madvise = _libc.madvise
+_madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+_sendmsg = _libc.sendmsg
+_sendmsg.restype = ctypes.c_ssize_t
+_sendmsg.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
+_PROT_READ, _MAP_SHARED, _MAP_POPULATE, _MADV_RANDOM = 1, 1, 0x8000, 1
+_MAP_FAILED = ctypes.c_void_p(-1).value
+_SEND_FLAGS = socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL
+
+
+class _MsgHdr(ctypes.Structure):
+    _fields_ = [("msg_name", ctypes.c_void_p), ("msg_namelen", ctypes.c_uint32),
+                ("msg_iov", ctypes.c_void_p), ("msg_iovlen", ctypes.c_size_t),
+                ("msg_control", ctypes.c_void_p), ("msg_controllen", ctypes.c_size_t),
+                ("msg_flags", ctypes.c_int)]
+
+
+# struct iovec.
+_IOVEC = np.dtype([("base", np.uint64), ("len", np.uint64)])
+
+
+class _Mapping:
+    """One extent mapped read-only; unmapped once retired and no send uses it."""
+
+    __slots__ = ("address", "size", "users", "last_used", "retired")
+
+    def __init__(self, address: int, size: int, now: float):
+        self.address, self.size = address, size
+        self.users = 0
+        self.last_used = now
+        self.retired = False
+
+    def unmap(self) -> None:
+        _munmap(self.address, self.size)
+
+
+class ExtentMaps:
+    """Read-only mappings of cached extents and the sends from them (module docstring).
+
+    The serving threads only look mappings up (`send`); one background
+    thread per process ("dlfs-extent-maps") does the rest: it asks whether
+    an extent is cached whole (cachestat) when a send wanted it and the
+    last answer is older than its recheck time, maps extents found whole
+    (populating their page tables in one call, MAP_POPULATE: a fault per
+    64 KiB on first touch cost the serving threads far more), unmaps those
+    found no longer whole, and unmaps mappings idle for `idle_s`.  A send
+    whose extents are not mapped yet takes the read path, so no send waits
+    for a check or a mapping.  At most `mapped_bytes_max` bytes are mapped
+    at once (page tables cost about 2 MiB per GiB mapped, per process).
+
+    Thread-safe: a mapping is unmapped only when no send holds it.
+    `close()` stops the thread and unmaps everything (a send running then
+    keeps its mapping until it ends).
+    """
+
+    def __init__(self, files: ExtentFiles, *, idle_s: float = limits.extent_map_idle_s,
+                 mapped_bytes_max: int = limits.mapped_bytes_max,
+                 clock: Callable[[], float] = time.monotonic):
+        self._files = files
+        self._idle_s = idle_s
+        self._mapped_bytes_max = mapped_bytes_max
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._maps: dict[tuple[int, int], _Mapping] = {}
+        self.mapped_bytes = 0
+        # (dataset id, extent) -> (recheck at, cached whole)
+        self._verdicts: dict[tuple[int, int], tuple[float, bool]] = {}
+        self._wanted: set[tuple[int, int]] = set()  # for the thread to check and map
+        self._budget = limits.mapped_check_burst_s  # seconds of cachestat it may spend now
+        self._budget_at = clock()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    # --- sending ------------------------------------------------------------------------
+
+    def send(self, sock: socket.socket, dataset_id: int, pieces: PieceColumns, head: bytes, *,
+             before: Callable[[], None] | None = None, deadline: float | None = None) -> bool:
+        """Send `head`, then `pieces` in buffer-offset order (they must tile the window),
+        from the mappings of their extents, if each extent is known cached whole.
+
+        Returns False, having sent nothing, otherwise; `before()` runs once
+        the window will go this way, before anything is sent.  Raises
+        ShortRead after padding the window when a page cannot be read,
+        socket.timeout when the peer stops reading for the socket's timeout
+        or when `deadline` (time.monotonic()) passes first, OSError.
+        """
+        if not len(pieces) or not head:
+            return False
+        if len(pieces) == 1:
+            extent, offset, size = pieces.extent, pieces.file_offset, pieces.size
+        else:
+            order = np.argsort(pieces.buffer_offset, kind="stable")
+            extent, offset, size = pieces.extent[order], pieces.file_offset[order], pieces.size[order]
+        numbers = np.unique(extent)
+        taken: list[_Mapping] = []
+        try:
+            for number in numbers.tolist():
+                mapping = self._take(dataset_id, number)
+                if mapping is None:
+                    return False
+                taken.append(mapping)
+            which = np.searchsorted(numbers, extent) if len(taken) > 1 else 0
+            bases = np.array([m.address for m in taken], dtype=np.uint64)[which]
+            ends = np.array([m.size for m in taken], dtype=np.int64)[which]
+            if (offset < 0).any() or (offset + size > ends).any():
+                return False  # past the end of the file when mapped: the read path says so
+            if before is not None:
+                before()
+            head_bytes = np.frombuffer(head, dtype=np.uint8)
+            iovecs = np.empty(len(size) + 1, dtype=_IOVEC)
+            iovecs[0] = (head_bytes.ctypes.data, len(head))
+            iovecs["base"][1:] = bases + offset.astype(np.uint64)
+            iovecs["len"][1:] = size
+            sent = _send_iovecs(sock, iovecs, deadline)
+            if sent is not None:  # a page could not be read: keep the framing whole
+                starts = len(head) + np.concatenate(([0], np.cumsum(size)[:-1]))
+                rest = bytes(len(head) + int(size.sum()) - max(sent, len(head)))
+                send_all(sock, [head[sent:], rest] if sent < len(head) else [rest],
+                         deadline=deadline)
+                k = max(0, int(np.searchsorted(starts, sent, side="right")) - 1)
+                raise ShortRead(int(extent[k]), int(offset[k]), int(size[k]),
+                                max(0, sent - int(starts[k])))
+            return True
+        finally:
+            for mapping in taken:
+                self._release(mapping)
+
+    # --- mappings: the serving side -------------------------------------------------
+
+    def _take(self, dataset_id: int, extent_no: int) -> _Mapping | None:
+        """The extent's mapping, held for a send (`_release`), when the extent is mapped
+        and its last check found it cached whole; None otherwise, and the
+        background thread is asked to check (and map) it if that is due."""
+        key = (dataset_id, extent_no)
+        now = self._clock()
+        with self._lock:
+            if self._closed:
+                return None
+            verdict = self._verdicts.get(key)
+            mapping = self._maps.get(key)
+            if verdict is None or now >= verdict[0] or (verdict[1] and mapping is None):
+                self._want(key)
+            if mapping is None or verdict is None or not verdict[1]:
+                return None
+            mapping.users += 1
+            mapping.last_used = now
+            return mapping
+
+    def _release(self, mapping: _Mapping) -> None:
+        with self._lock:
+            mapping.users -= 1
+            unmap = mapping.retired and mapping.users == 0
+        if unmap:
+            mapping.unmap()
+
+    def _want(self, key) -> None:  # caller holds the lock
+        if key not in self._wanted:
+            self._wanted.add(key)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="dlfs-extent-maps",
+                                                daemon=True)
+                self._thread.start()
+            self._wake.notify()
+
+    def _retire(self, key) -> None:  # caller holds the lock
+        mapping = self._maps.pop(key, None)
+        if mapping is not None:
+            mapping.retired = True
+            self.mapped_bytes -= mapping.size
+            if mapping.users == 0:
+                mapping.unmap()
+
+    # --- mappings: the background thread ---------------------------------------------
+
+    def _run(self) -> None:
+        """Check and map what sends asked for; unmap idle mappings (every idle_s / 2)."""
+        with self._lock:
+            while not self._closed:
+                if not self._wanted:
+                    self._wake.wait(self._idle_s / 2)
+                wanted, self._wanted = list(self._wanted), set()
+                self._lock.release()
+                try:
+                    for key in wanted:
+                        try:
+                            self._check_and_map(key)
+                        except Exception as exc:  # a missing or unreadable extent: read path
+                            log.debug("extent %s not mapped: %s", key, exc)
+                finally:
+                    self._lock.acquire()
+                now = self._clock()
+                for key in [k for k, m in self._maps.items()
+                            if m.users == 0 and now - m.last_used >= self._idle_s]:
+                    self._retire(key)
+
+    def _check_and_map(self, key) -> None:
+        """Ask whether the page cache holds the whole extent (within the time share) and
+        map it, or unmap it, accordingly.  Runs on the background thread."""
+        now = self._clock()
+        with self._lock:
+            if self._closed:
+                return
+            verdict = self._verdicts.get(key)
+            due = verdict is None or now >= verdict[0]
+            if due and not self._spend(now):
+                return  # asked again by the next send that wants it
+        with self._files.acquire(*key) as fd:
+            size = os.fstat(fd).st_size
+            if due:
+                started = time.perf_counter()
+                pages = residency.cached_pages(fd, 0, size)
+                took = time.perf_counter() - started
+                # Nearly whole is enough: mapping it populated reads the few pages missing
+                # (on this thread), and they were all cached a moment ago as a rule.
+                whole = pages is not None and \
+                    pages >= residency.pages_of(0, size) * limits.mapped_cached_share_min
+                with self._lock:
+                    self._budget -= took
+                    recheck = max(limits.mapped_recheck_s, took * limits.mapped_recheck_cost_ratio)
+                    self._verdicts[key] = (now + recheck, whole)
+                    if not whole:
+                        self._retire(key)  # its pages may be dropped again
+                        return
+            with self._lock:
+                if self._closed or key in self._maps or \
+                        self.mapped_bytes + size > self._mapped_bytes_max:
+                    return
+            mapping = _map(fd, size, self._clock())
+        if mapping is None:
+            return
+        with self._lock:
+            if self._closed or key in self._maps:
+                mapping.unmap()
+                return
+            self._maps[key] = mapping
+            self.mapped_bytes += mapping.size
+
+    def _spend(self, now: float) -> bool:  # caller holds the lock
+        """Whether a residency check may run now (`limits.mapped_check_share`)."""
+        self._budget = min(limits.mapped_check_burst_s,
+                           self._budget + (now - self._budget_at) * limits.mapped_check_share)
+        self._budget_at = now
+        return self._budget > 0
+
+    # --- the rest -----------------------------------------------------------------------
+
+    def forget_dataset(self, dataset_id: int) -> None:
+        """Unmap a dataset's extents (those a send holds go once it ends)."""
+        with self._lock:
+            for key in [k for k in self._maps if k[0] == dataset_id]:
+                self._retire(key)
+            for key in [k for k in self._verdicts if k[0] == dataset_id]:
+                del self._verdicts[key]
+            self._wanted = {k for k in self._wanted if k[0] != dataset_id}
+
+    def mapped_count(self) -> int:
+        with self._lock:
+            return len(self._maps)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            for key in list(self._maps):
+                self._retire(key)
+            self._verdicts.clear()
+            self._wake.notify_all()
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+
+
+def _map(fd: int, size: int, now: float) -> _Mapping | None:
+    """`size` bytes of `fd` mapped read-only with their page tables filled, or None."""
+    address = _mmap(None, size, _PROT_READ, _MAP_SHARED | _MAP_POPULATE, fd, 0)
+    if address is None or address == _MAP_FAILED:
+        log.debug("mapping an extent failed: %s", os.strerror(ctypes.get_errno()))
+        return None
+    # A page evicted after the check is then read alone, not with a read-around.
+    _madvise(address, size, _MADV_RANDOM)
+    return _Mapping(address, size, now)
+
+
+def _send_iovecs(sock: socket.socket, iovecs: np.ndarray, deadline: float | None) -> int | None:
+    """Send every byte the iovecs name, at most IOV_MAX per `sendmsg`.  Returns None
+    when all went out, or the bytes sent before a page could not be read (EFAULT).
+    Raises socket.timeout (the socket's timeout per wait, `deadline` for the whole),
+    OSError.  `iovecs` is changed (its first unsent entry is advanced)."""
+    fd = sock.fileno()
+    timeout = sock.gettimeout()
+    lengths = iovecs["len"].copy()
+    bases = iovecs["base"].copy()
+    ends = np.cumsum(lengths)
+    total = int(ends[-1])
+    message = _MsgHdr()
+    sent = first = 0
+    while sent < total:
+        message.msg_iov = iovecs.ctypes.data + first * _IOVEC.itemsize
+        message.msg_iovlen = min(IOV_MAX, len(iovecs) - first)
+        n = _sendmsg(fd, ctypes.byref(message), _SEND_FLAGS)
+        if n < 0:
+            code = ctypes.get_errno()
+            if code in (errno.EAGAIN, errno.EWOULDBLOCK):
+                wait_writable(fd, timeout, deadline)
+                continue
+            if code == errno.EINTR:
+                continue
+            if code == errno.EFAULT:
+                return sent
+            raise OSError(code, os.strerror(code))
+        if deadline is not None and time.monotonic() > deadline and sent + n < total:
+            raise socket.timeout("the reply's deadline passed")
+        sent += n
+        first = int(np.searchsorted(ends, sent, side="right"))
+        if first < len(iovecs):
+            done = sent - (int(ends[first - 1]) if first else 0)
+            iovecs["base"][first] = bases[first] + done
+            iovecs["len"][first] = lengths[first] - done
+    return None

@@ -1,0 +1,169 @@
+"""Small cached samples sent from mappings of their extents, against real daemons with
+worker processes: the bytes on both sockets, the switch, status and metrics, a replace
+while clients read, and the page cache given back once the daemon is idle."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+
+from conftest import metric_samples, write_tree
+from dlfs import Client, limits
+from dlfs.staging.progress import human_bytes
+from page_cache import cached
+
+
+def small_tree(root, count: int = 600, salt: int = 0) -> dict[str, bytes]:
+    """`count` samples of 1-6 KB whose bytes say which sample (and which `salt`) they are."""
+    rng = np.random.default_rng(salt)
+    files = {}
+    for i in range(count):
+        size = int(rng.integers(1000, 6000))
+        files[f"s/{i:04d}.bin"] = (f"{salt}:{i}:".encode() * size)[:size]
+    write_tree(root, files)
+    return files
+
+
+def shuffled(count: int) -> np.ndarray:
+    """Every sample id in an order where no two neighbours are joined into one piece
+    (a run of neighbours is a large piece: sendfile's, not the mappings')."""
+    return np.random.default_rng(7).permutation(count)
+
+
+def mapped(client) -> float:
+    return metric_samples(client).get(("dlfs_mapped_send_bytes_total", ()), 0.0)
+
+
+def read_until_mapped(ds, ids, expected, client, timeout_s: float = 10.0) -> None:
+    """Read `ids` until a reply went out from the mappings (the daemon maps an extent in
+    the background after a read wanted it); every reply must be right."""
+    give_up = time.monotonic() + timeout_s
+    while True:
+        before = mapped(client)
+        assert [bytes(s) for s in ds.get_batch(ids)] == expected
+        if mapped(client) > before:
+            return
+        assert time.monotonic() < give_up, "no reply was ever sent from a mapping"
+        time.sleep(0.05)
+
+
+def test_small_cached_samples_go_from_mappings_on_either_socket(daemon_factory, tmp_path):
+    files = small_tree(tmp_path / "src")
+    paths = sorted(files)
+    daemon = daemon_factory(extra_args=["--metrics-listen", "0"])
+    ids = shuffled(len(paths))[:300]
+    expected = [files[paths[i]] for i in ids]
+    for transport in ("unix", "tcp"):
+        with Client(daemon.address, data_path=transport) as client:
+            if transport == "unix":
+                client.ingest(str(tmp_path / "src"), "ds")
+            ds = client.dataset("ds")
+            read_until_mapped(ds, ids, expected, client)
+            # Duplicates, and a batch in any order: each piece from its own place.
+            twice = np.concatenate([ids[:50], ids[:50][::-1]])
+            assert [bytes(s) for s in ds.get_batch(twice)] == [files[paths[i]] for i in twice]
+    with Client(daemon.address, data_path="tcp") as client:
+        status = client.status()
+        assert status.mapped_sends == "on"
+        assert status.mapped_send_bytes == mapped(client) > 0
+    out = subprocess.run([sys.executable, "-m", "dlfs.cli", "--server", daemon.address,
+                          "status"], capture_output=True, text=True, timeout=60).stdout
+    assert f"  small samples from mapped extents: on; " \
+           f"{human_bytes(status.mapped_send_bytes)} sent so far\n" in out
+
+
+def test_the_switch_keeps_the_read_path(daemon_factory, tmp_path):
+    files = small_tree(tmp_path / "src")
+    paths = sorted(files)
+    daemon = daemon_factory(extra_args=["--metrics-listen", "0", "--mapped-sends", "off"])
+    with Client(daemon.address, data_path="tcp") as client:
+        client.ingest(str(tmp_path / "src"), "ds")
+        ds = client.dataset("ds")
+        for _ in range(20):
+            assert [bytes(s) for s in ds.get_batch(range(len(paths)))] == \
+                [files[p] for p in paths]
+        assert mapped(client) == 0
+        status = client.status()
+        assert (status.mapped_sends, status.mapped_send_bytes) == \
+            ("off (--mapped-sends off)", 0)
+
+
+def test_a_replace_while_clients_read_from_mappings_never_mixes_versions(daemon_factory,
+                                                                          tmp_path):
+    """Four clients read the mapped version while it is replaced: every batch is wholly
+    one version, and the old version's extents are freed once the reads let go."""
+    old = small_tree(tmp_path / "old", salt=1)
+    new = small_tree(tmp_path / "new", salt=2)
+    paths = sorted(old)
+    daemon = daemon_factory(extra_args=["--metrics-listen", "0"])
+    with Client(daemon.address, data_path="tcp") as client:
+        client.ingest(str(tmp_path / "old"), "ds")
+        ids = shuffled(len(paths))
+        read_until_mapped(client.dataset("ds"), ids, [old[paths[i]] for i in ids], client)
+    stop = threading.Event()
+    seen: list[set] = [set() for _ in range(4)]
+    errors: list[BaseException] = []
+
+    def reader(k: int) -> None:
+        rng = np.random.default_rng(k)
+        try:
+            with Client(daemon.address, data_path="tcp") as client:
+                ds = client.dataset("ds")
+                while not stop.is_set():
+                    batch = rng.permutation(len(paths))[:200]
+                    got = [bytes(s) for s in ds.get_batch(batch)]
+                    salts = {g.split(b":", 1)[0] for g in got}
+                    assert len(salts) == 1, f"a batch mixed versions: {salts}"
+                    version = old if salts == {b"1"} else new
+                    assert got == [version[paths[i]] for i in batch]
+                    seen[k] |= salts
+        except BaseException as exc:  # noqa: BLE001 - raised below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=reader, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    time.sleep(0.5)
+    with Client(daemon.address, data_path="tcp") as client:
+        client.ingest(str(tmp_path / "new"), "ds", replace=True)
+        time.sleep(1.0)
+        stop.set()
+        for t in threads:
+            t.join(timeout=60)
+        assert not errors, errors[0]
+        assert all(s == {b"1", b"2"} or s == {b"2"} for s in seen)
+        read_until_mapped(client.dataset("ds"), ids, [new[paths[i]] for i in ids], client)
+    # One version's extents on disk: the old one's were unmapped and removed.
+    extent_dirs = os.listdir(os.path.join(daemon.data_dir, "extents"))
+    give_up = time.monotonic() + 10
+    while len(extent_dirs) != 1 and time.monotonic() < give_up:
+        time.sleep(0.1)
+        extent_dirs = os.listdir(os.path.join(daemon.data_dir, "extents"))
+    assert len(extent_dirs) == 1
+
+
+def test_an_idle_daemon_lets_the_page_cache_drop_its_extents(daemon_factory, tmp_path):
+    files = small_tree(tmp_path / "src")
+    paths = sorted(files)
+    daemon = daemon_factory(extra_args=["--metrics-listen", "0"])
+    with Client(daemon.address, data_path="tcp") as client:
+        client.ingest(str(tmp_path / "src"), "ds")
+        ids = shuffled(len(paths))
+        read_until_mapped(client.dataset("ds"), ids, [files[paths[i]] for i in ids], client)
+    extent_dir = os.path.join(daemon.data_dir, "extents")
+    (dataset_dir,) = os.listdir(extent_dir)
+    path = os.path.join(extent_dir, dataset_dir, sorted(os.listdir(
+        os.path.join(extent_dir, dataset_dir)))[0])
+    size = os.path.getsize(path)
+    time.sleep(2 * limits.extent_map_idle_s + 0.5)  # idle: the workers unmapped it
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+    assert not cached(path, 0, size)
