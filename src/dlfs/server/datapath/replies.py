@@ -155,12 +155,13 @@ def send_reply(connection, dataset, header: list, order: RequestOrder, count) ->
     unsent: list | None = header
     advised = 0  # payload bytes below this were asked of the device ahead of their window
     for k, (start, stop) in enumerate(windows):
-        pieces = order.pieces(start, stop)
         last = k == len(windows) - 1
-        large = sendfiles.worth(pieces)
-        if (by_sendfile and large) or (by_mapping and not large):
+        # Small samples: one iovec each, in payload order (no sort, no join).
+        mapped = by_mapping and order.small(start, stop)
+        pieces = order.in_request_order(start, stop) if mapped else order.pieces(start, stop)
+        if mapped or (by_sendfile and sendfiles.worth(pieces)):
             connection.sock.settimeout(connection.server.stall_timeout_s)
-            send = store.reads.send_cached if large else store.reads.send_mapped
+            send = store.reads.send_mapped if mapped else store.reads.send_cached
             head = frames.data_frame(stop - start)
             if unsent is not None:
                 head = b"".join(unsent) + head

@@ -203,6 +203,29 @@ class RequestOrder:
         return [(a, min(a + window_bytes, self.payload_bytes))
                 for a in range(0, self.payload_bytes, window_bytes)]
 
+    def small(self, start: int, stop: int) -> bool:
+        """Whether the samples of payload bytes [start, stop) average under
+        `limits.sendfile_piece_bytes_min` (they cost a read each, unjoined)."""
+        first = int(np.searchsorted(self.end, start, side="right"))
+        last = int(np.searchsorted(self.begin, stop, side="left"))
+        return stop - start < (last - first) * limits.sendfile_piece_bytes_min
+
+    def in_request_order(self, start: int, stop: int) -> PieceColumns:
+        """The file pieces filling payload bytes [start, stop) in payload order, one per
+        sample (cut at the window's ends), neither sorted nor joined: what a send
+        from mappings of the extents takes, one iovec each."""
+        if start == 0 and stop == self.payload_bytes:  # the whole reply in one window
+            return PieceColumns(self.extent, self.offset, self.begin, self.length)
+        first = int(np.searchsorted(self.end, start, side="right"))
+        last = int(np.searchsorted(self.begin, stop, side="left"))
+        begin, end = self.begin[first:last], self.end[first:last]
+        lo = np.maximum(begin, start)
+        hi = np.minimum(end, stop)
+        keep = hi > lo
+        return PieceColumns(self.extent[first:last][keep],
+                            (self.offset[first:last] + (lo - begin))[keep],
+                            (lo - start)[keep], (hi - lo)[keep])
+
     def pieces(self, start: int, stop: int) -> PieceColumns:
         """The file pieces filling payload bytes [start, stop), window offsets from `start`,
         sorted by extent and offset, adjacent ones joined."""

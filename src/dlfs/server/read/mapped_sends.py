@@ -150,12 +150,13 @@ class ExtentMaps:
         """
         if not len(pieces) or not head:
             return False
-        if len(pieces) == 1:
+        if len(pieces) == 1 or (pieces.buffer_offset[1:] > pieces.buffer_offset[:-1]).all():
             extent, offset, size = pieces.extent, pieces.file_offset, pieces.size
         else:
             order = np.argsort(pieces.buffer_offset, kind="stable")
             extent, offset, size = pieces.extent[order], pieces.file_offset[order], pieces.size[order]
-        numbers = np.unique(extent)
+        first = extent[:1]
+        numbers = first if (extent == first).all() else np.unique(extent)
         taken: list[_Mapping] = []
         try:
             for number in numbers.tolist():
