@@ -169,6 +169,9 @@ sendfile_pieces_max = 256
 # `mapped_check_share` of the time (bursts of `mapped_check_burst_s`): a window
 # whose check is not due or not affordable takes the read path.
 mapped_recheck_s = 0.5
+# Windows of fewer samples take the read path: a few reads cost little, and mapping
+# a whole extent for them (the tail of a reply of large samples) would not pay.
+mapped_pieces_min = 16
 mapped_recheck_cost_ratio = 50
 mapped_check_share = 0.02
 mapped_check_burst_s = 0.05

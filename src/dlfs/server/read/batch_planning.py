@@ -204,11 +204,14 @@ class RequestOrder:
                 for a in range(0, self.payload_bytes, window_bytes)]
 
     def small(self, start: int, stop: int) -> bool:
-        """Whether the samples of payload bytes [start, stop) average under
-        `limits.sendfile_piece_bytes_min` (they cost a read each, unjoined)."""
+        """Whether payload bytes [start, stop) hold at least `limits.mapped_pieces_min`
+        samples averaging under `limits.sendfile_piece_bytes_min` (what a send from
+        mappings of the extents is for: many reads, each small)."""
         first = int(np.searchsorted(self.end, start, side="right"))
         last = int(np.searchsorted(self.begin, stop, side="left"))
-        return stop - start < (last - first) * limits.sendfile_piece_bytes_min
+        count = last - first
+        return count >= limits.mapped_pieces_min and \
+            stop - start < count * limits.sendfile_piece_bytes_min
 
     def in_request_order(self, start: int, stop: int) -> PieceColumns:
         """The file pieces filling payload bytes [start, stop) in payload order, one per
