@@ -361,14 +361,7 @@ class CacheControl:
                 f.write("3\n")
             return
         for path in files:
-            try:
-                fd = os.open(path, os.O_RDONLY)
-            except OSError:
-                continue
-            try:
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
+            _with_fd(path, lambda fd: os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED))
 
     @staticmethod
     def make_warm(files: Iterable[str]) -> float:
@@ -414,17 +407,20 @@ def git_info(repo: str) -> dict:
 
 def _cached_pages(files: list[str]) -> int:
     """Pages of `files` the page cache holds (0 where the kernel has no cachestat)."""
-    pages = 0
-    for path in files:
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except OSError:
-            continue
-        try:
-            pages += residency.cached_pages(fd, 0, os.fstat(fd).st_size) or 0
-        finally:
-            os.close(fd)
-    return pages
+    return sum(_with_fd(path, lambda fd: residency.cached_pages(
+        fd, 0, os.fstat(fd).st_size)) or 0 for path in files)
+
+
+def _with_fd(path: str, call):
+    """`call(fd)` on `path` opened read-only; None if it cannot be opened."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        return call(fd)
+    finally:
+        os.close(fd)
 
 
 def _still_cached(path: str) -> bool:

@@ -52,6 +52,18 @@ def read_until_mapped(ds, ids, expected, client, timeout_s: float = 10.0) -> Non
         time.sleep(0.05)
 
 
+def serving_mapped(daemon_factory, root, files: dict[str, bytes]):
+    """A daemon serving `files` (from `root`) as dataset "ds", read until its replies go
+    out from mappings."""
+    daemon = daemon_factory(extra_args=["--metrics-listen", "0"])
+    paths = sorted(files)
+    with Client(daemon.address, data_path="tcp") as client:
+        client.ingest(str(root), "ds")
+        ids = shuffled(len(paths))
+        read_until_mapped(client.dataset("ds"), ids, [files[paths[i]] for i in ids], client)
+    return daemon
+
+
 def test_small_cached_samples_go_from_mappings_on_either_socket(daemon_factory, tmp_path):
     files = small_tree(tmp_path / "src")
     paths = sorted(files)
@@ -100,11 +112,7 @@ def test_a_replace_while_clients_read_from_mappings_never_mixes_versions(daemon_
     old = small_tree(tmp_path / "old", salt=1)
     new = small_tree(tmp_path / "new", salt=2)
     paths = sorted(old)
-    daemon = daemon_factory(extra_args=["--metrics-listen", "0"])
-    with Client(daemon.address, data_path="tcp") as client:
-        client.ingest(str(tmp_path / "old"), "ds")
-        ids = shuffled(len(paths))
-        read_until_mapped(client.dataset("ds"), ids, [old[paths[i]] for i in ids], client)
+    daemon = serving_mapped(daemon_factory, tmp_path / "old", old)
     stop = threading.Event()
     seen: list[set] = [set() for _ in range(4)]
     errors: list[BaseException] = []
@@ -137,6 +145,7 @@ def test_a_replace_while_clients_read_from_mappings_never_mixes_versions(daemon_
             t.join(timeout=60)
         assert not errors, errors[0]
         assert all(s == {b"1", b"2"} or s == {b"2"} for s in seen)
+        ids = shuffled(len(paths))
         read_until_mapped(client.dataset("ds"), ids, [new[paths[i]] for i in ids], client)
     # One version's extents on disk: the old one's were unmapped and removed.
     extent_dirs = os.listdir(os.path.join(daemon.data_dir, "extents"))
@@ -149,12 +158,7 @@ def test_a_replace_while_clients_read_from_mappings_never_mixes_versions(daemon_
 
 def test_an_idle_daemon_lets_the_page_cache_drop_its_extents(daemon_factory, tmp_path):
     files = small_tree(tmp_path / "src")
-    paths = sorted(files)
-    daemon = daemon_factory(extra_args=["--metrics-listen", "0"])
-    with Client(daemon.address, data_path="tcp") as client:
-        client.ingest(str(tmp_path / "src"), "ds")
-        ids = shuffled(len(paths))
-        read_until_mapped(client.dataset("ds"), ids, [files[paths[i]] for i in ids], client)
+    daemon = serving_mapped(daemon_factory, tmp_path / "src", files)
     extent_dir = os.path.join(daemon.data_dir, "extents")
     (dataset_dir,) = os.listdir(extent_dir)
     path = os.path.join(extent_dir, dataset_dir, sorted(os.listdir(

@@ -42,6 +42,29 @@ def extents(tmp_path):
     files.close()
 
 
+@pytest.fixture
+def wire():
+    """Both ends of a connected socket pair, closed at teardown."""
+    here, there = socket.socketpair()
+    yield here, there
+    here.close()
+    there.close()
+
+
+@pytest.fixture
+def make_maps():
+    """ExtentMaps(files, ...) that are closed at teardown."""
+    made: list[ExtentMaps] = []
+
+    def make(files, **options) -> ExtentMaps:
+        made.append(ExtentMaps(files, **options))
+        return made[-1]
+
+    yield make
+    for maps in made:
+        maps.close()
+
+
 def mapped_when_ready(maps: ExtentMaps, send, timeout_s: float = 5.0) -> None:
     """Call `send()` until it went from the mappings (the background thread maps an
     extent after the first send that wanted it)."""
@@ -69,140 +92,111 @@ def pieces_of(spec: list[tuple[int, int, int]]) -> PieceColumns:
     return PieceColumns(*(np.array(column, dtype=np.int64) for column in zip(*rows)))
 
 
-def test_a_window_of_two_extents_goes_out_in_window_order(extents):
+def test_a_window_of_two_extents_goes_out_in_window_order(extents, wire, make_maps):
     _, files, bodies = extents
     spec = [(1, 5_000, 4096), (0, 200_000, 4096), (0, 7, 1), (1, 0, 10_000), (0, 123, 4096)]
     expected = b"HEAD" + b"".join(bodies[e][o:o + n] for e, o, n in spec)
-    maps = ExtentMaps(files)
-    here, there = socket.socketpair()
-    try:
-        assert not maps.send(here, 1, pieces_of(spec), b"HEAD")  # nothing mapped yet
-        mapped_when_ready(maps, lambda: maps.send(here, 1, pieces_of(spec), b"HEAD"))
-        assert maps.mapped_count() == 2
+    maps = make_maps(files)
+    here, there = wire
+    assert not maps.send(here, 1, pieces_of(spec), b"HEAD")  # nothing mapped yet
+    mapped_when_ready(maps, lambda: maps.send(here, 1, pieces_of(spec), b"HEAD"))
+    assert maps.mapped_count() == 2
+    assert receive(there, len(expected)) == expected
+    # Mapped now: every send goes this way, each piece from its place.
+    for _ in range(20):
+        assert maps.send(here, 1, pieces_of(spec), b"HEAD")
         assert receive(there, len(expected)) == expected
-        # Mapped now: every send goes this way, each piece from its place.
-        for _ in range(20):
-            assert maps.send(here, 1, pieces_of(spec), b"HEAD")
-            assert receive(there, len(expected)) == expected
-    finally:
-        maps.close()
-        here.close()
-        there.close()
 
 
-def test_an_extent_the_cache_does_not_hold_is_not_mapped(extents):
+def test_an_extent_the_cache_does_not_hold_is_not_mapped(extents, wire, make_maps):
     store, files, _ = extents
     path = store.extent_path(1, 0)
     fd = os.open(path, os.O_RDONLY)
     os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
     os.close(fd)
     assert not cached(path, HEADER_BYTES, 300_000)
-    maps = ExtentMaps(files)
-    here, there = socket.socketpair()
-    try:
-        spec = [(0, 0, 4096)]
-        for _ in range(30):
-            assert not maps.send(here, 1, pieces_of(spec), b"HEAD")
-            time.sleep(0.01)
-        assert maps.mapped_count() == 0
-        # Mapping it would have read it: the extent is as uncached as before.
-        assert not cached(path, HEADER_BYTES + 100_000, 100_000)
-    finally:
-        maps.close()
-        here.close()
-        there.close()
+    maps = make_maps(files)
+    here, there = wire
+    spec = [(0, 0, 4096)]
+    for _ in range(30):
+        assert not maps.send(here, 1, pieces_of(spec), b"HEAD")
+        time.sleep(0.01)
+    assert maps.mapped_count() == 0
+    # Mapping it would have read it: the extent is as uncached as before.
+    assert not cached(path, HEADER_BYTES + 100_000, 100_000)
 
 
-def test_idle_mappings_are_unmapped_and_their_pages_can_be_dropped_again(extents):
+def test_idle_mappings_are_unmapped_and_their_pages_can_be_dropped_again(extents, wire, make_maps):
     store, files, _ = extents
-    maps = ExtentMaps(files, idle_s=0.3)
-    here, there = socket.socketpair()
+    maps = make_maps(files, idle_s=0.3)
+    here, there = wire
     path = store.extent_path(1, 0)
-    try:
-        spec = [(0, 100_000, 4096)]
-        mapped_when_ready(maps, lambda: maps.send(here, 1, pieces_of(spec), b"HEAD"))
-        receive(there, 4100)
-        # While mapped, DONTNEED cannot drop the pages (they are mapped).
-        fd = os.open(path, os.O_RDONLY)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        assert cached(path, HEADER_BYTES + 100_000, 4096)
-        give_up = time.monotonic() + 5
-        while maps.mapped_count():
-            assert time.monotonic() < give_up, "an idle mapping stayed"
-            time.sleep(0.05)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        os.close(fd)
-        assert not cached(path, HEADER_BYTES + 100_000, 4096)
-    finally:
-        maps.close()
-        here.close()
-        there.close()
+    spec = [(0, 100_000, 4096)]
+    mapped_when_ready(maps, lambda: maps.send(here, 1, pieces_of(spec), b"HEAD"))
+    receive(there, 4100)
+    # While mapped, DONTNEED cannot drop the pages (they are mapped).
+    fd = os.open(path, os.O_RDONLY)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    assert cached(path, HEADER_BYTES + 100_000, 4096)
+    give_up = time.monotonic() + 5
+    while maps.mapped_count():
+        assert time.monotonic() < give_up, "an idle mapping stayed"
+        time.sleep(0.05)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    os.close(fd)
+    assert not cached(path, HEADER_BYTES + 100_000, 4096)
 
 
-def test_a_forgotten_dataset_is_unmapped_at_once(extents):
+def test_a_forgotten_dataset_is_unmapped_at_once(extents, wire, make_maps):
     store, files, _ = extents
-    maps = ExtentMaps(files)
-    here, there = socket.socketpair()
-    try:
-        spec = [(0, 0, 100), (1, 0, 100)]
-        mapped_when_ready(maps, lambda: maps.send(here, 1, pieces_of(spec), b"HEAD"))
-        receive(there, 204)
-        maps.forget_dataset(1)
-        assert maps.mapped_count() == 0
-        assert maps.mapped_bytes == 0
-    finally:
-        maps.close()
-        here.close()
-        there.close()
+    maps = make_maps(files)
+    here, there = wire
+    spec = [(0, 0, 100), (1, 0, 100)]
+    mapped_when_ready(maps, lambda: maps.send(here, 1, pieces_of(spec), b"HEAD"))
+    receive(there, 204)
+    maps.forget_dataset(1)
+    assert maps.mapped_count() == 0
+    assert maps.mapped_bytes == 0
 
 
-def test_an_extent_cut_short_under_its_mapping_pads_the_window_and_says_so(extents):
+def test_an_extent_cut_short_under_its_mapping_pads_the_window_and_says_so(
+        extents, wire, make_maps):
     """The kernel, not the daemon, touches the mapping: a page past the file's new end
     fails the send with EFAULT (no SIGBUS), and the window keeps its announced length."""
     store, files, bodies = extents
-    maps = ExtentMaps(files)
-    here, there = socket.socketpair()
-    try:
-        spec = [(0, 0, 100_000), (0, 200_000, 50_000)]
-        total = 4 + 150_000
-        mapped_when_ready(maps, lambda: maps.send(here, 1, pieces_of(spec), b"HEAD"))
-        receive(there, total)
-        os.truncate(store.extent_path(1, 0), HEADER_BYTES + 20_000)
-        with pytest.raises(ShortRead) as raised:
-            maps.send(here, 1, pieces_of(spec), b"HEAD")
-        got = receive(there, total)
-        assert got[:4] == b"HEAD"
-        # What went out before the fault is the extent's (a Unix socket sends none of
-        # it: the whole call fails); the rest is zeros.
-        assert got[4:4 + 20_000] in (bodies[0][:20_000], bytes(20_000))
-        assert got[-50_000:] == bytes(50_000)
-        assert raised.value.extent_no == 0
-    finally:
-        maps.close()
-        here.close()
-        there.close()
+    maps = make_maps(files)
+    here, there = wire
+    spec = [(0, 0, 100_000), (0, 200_000, 50_000)]
+    total = 4 + 150_000
+    mapped_when_ready(maps, lambda: maps.send(here, 1, pieces_of(spec), b"HEAD"))
+    receive(there, total)
+    os.truncate(store.extent_path(1, 0), HEADER_BYTES + 20_000)
+    with pytest.raises(ShortRead) as raised:
+        maps.send(here, 1, pieces_of(spec), b"HEAD")
+    got = receive(there, total)
+    assert got[:4] == b"HEAD"
+    # What went out before the fault is the extent's (a Unix socket sends none of
+    # it: the whole call fails); the rest is zeros.
+    assert got[4:4 + 20_000] in (bodies[0][:20_000], bytes(20_000))
+    assert got[-50_000:] == bytes(50_000)
+    assert raised.value.extent_no == 0
 
 
-def test_a_client_that_stops_reading_times_out_and_releases_the_mapping(extents):
+def test_a_client_that_stops_reading_times_out_and_releases_the_mapping(extents, wire, make_maps):
     _, files, _ = extents
-    maps = ExtentMaps(files)
-    here, there = socket.socketpair()
-    try:
-        spec = [(0, 0, 250_000)]
-        mapped_when_ready(maps, lambda: maps.send(here, 1, pieces_of([(0, 0, 10)]), b"H"))
-        receive(there, 11)
-        here.settimeout(0.3)
-        started = time.monotonic()
-        with pytest.raises(socket.timeout):
-            for _ in range(100):  # the socket buffers fill; then the wait times out
-                maps.send(here, 1, pieces_of(spec), b"HEAD")
-        assert time.monotonic() - started < 10
-        assert all(m.users == 0 for m in maps._maps.values())
-        # A deadline bounds the whole send, however the client trickles.
-        here.settimeout(None)
-        with pytest.raises(socket.timeout):
-            maps.send(here, 1, pieces_of(spec), b"HEAD", deadline=time.monotonic() + 0.2)
-    finally:
-        maps.close()
-        here.close()
-        there.close()
+    maps = make_maps(files)
+    here, there = wire
+    spec = [(0, 0, 250_000)]
+    mapped_when_ready(maps, lambda: maps.send(here, 1, pieces_of([(0, 0, 10)]), b"H"))
+    receive(there, 11)
+    here.settimeout(0.3)
+    started = time.monotonic()
+    with pytest.raises(socket.timeout):
+        for _ in range(100):  # the socket buffers fill; then the wait times out
+            maps.send(here, 1, pieces_of(spec), b"HEAD")
+    assert time.monotonic() - started < 10
+    assert all(m.users == 0 for m in maps._maps.values())
+    # A deadline bounds the whole send, however the client trickles.
+    here.settimeout(None)
+    with pytest.raises(socket.timeout):
+        maps.send(here, 1, pieces_of(spec), b"HEAD", deadline=time.monotonic() + 0.2)

@@ -219,15 +219,19 @@ class RequestOrder:
         from mappings of the extents takes, one iovec each."""
         if start == 0 and stop == self.payload_bytes:  # the whole reply in one window
             return PieceColumns(self.extent, self.offset, self.begin, self.length)
+        return PieceColumns(*self._cut(start, stop))
+
+    def _cut(self, start: int, stop: int) -> tuple[np.ndarray, ...]:
+        """(extent, file offset, window offset, bytes) of the samples' parts within
+        payload bytes [start, stop), in payload order."""
         first = int(np.searchsorted(self.end, start, side="right"))
         last = int(np.searchsorted(self.begin, stop, side="left"))
         begin, end = self.begin[first:last], self.end[first:last]
         lo = np.maximum(begin, start)
         hi = np.minimum(end, stop)
         keep = hi > lo
-        return PieceColumns(self.extent[first:last][keep],
-                            (self.offset[first:last] + (lo - begin))[keep],
-                            (lo - start)[keep], (hi - lo)[keep])
+        return (self.extent[first:last][keep], (self.offset[first:last] + (lo - begin))[keep],
+                (lo - start)[keep], (hi - lo)[keep])
 
     def pieces(self, start: int, stop: int) -> PieceColumns:
         """The file pieces filling payload bytes [start, stop), window offsets from `start`,
@@ -235,16 +239,7 @@ class RequestOrder:
         if self.length.size == 1:  # one sample, as a mount asks for a file: no search or sort
             return PieceColumns(self.extent, self.offset + start, _ZERO_OFFSET,
                                 np.array([stop - start], dtype=np.int64))
-        first = int(np.searchsorted(self.end, start, side="right"))
-        last = int(np.searchsorted(self.begin, stop, side="left"))
-        begin, end = self.begin[first:last], self.end[first:last]
-        lo = np.maximum(begin, start)
-        hi = np.minimum(end, stop)
-        keep = hi > lo
-        extent = self.extent[first:last][keep]
-        file_offset = (self.offset[first:last] + (lo - begin))[keep]
-        window_offset = (lo - start)[keep]
-        size = (hi - lo)[keep]
+        extent, file_offset, window_offset, size = self._cut(start, stop)
         order = np.lexsort((file_offset, extent))
         extent, file_offset = extent[order], file_offset[order]
         window_offset, size = window_offset[order], size[order]

@@ -164,40 +164,37 @@ class DatasetReads:
         anything is sent.  Raises DataCorruption naming the extent when one ends
         early (the window is padded first, so the framing stays whole), OSError
         (socket.timeout: the peer stopped reading, or `deadline` passed)."""
-        try:
-            if not sendfiles.send(sock, self.files, dataset.dataset_id, pieces, head,
-                                  before=before, deadline=deadline):
-                return False
-        except ShortRead as short:
-            raise DataCorruption(
-                f"{dataset.describe_extent(short.extent_no)} is truncated: reading "
-                f"{short.wanted} bytes at offset {short.file_offset} got {short.got}; "
-                "re-ingest the dataset") from None
-        # Cached ranges, as the read engine counts the ones it copies.
-        self.metrics.ranges_read.inc(len(pieces))
-        self.metrics.cache_hits.inc(len(pieces))
-        self.metrics.sendfile_bytes.inc(int(pieces.size.sum()))
-        return True
+        return self._sent_cached(dataset, pieces, self.metrics.sendfile_bytes, lambda: (
+            sendfiles.send(sock, self.files, dataset.dataset_id, pieces, head,
+                           before=before, deadline=deadline)))
 
     def send_mapped(self, dataset: DatasetIndex, pieces, sock, head: bytes, *,
                     before=None, deadline: float | None = None) -> bool:
         """As `send_cached`, for windows of small pieces: sent from read-only mappings of
         their extents when the page cache holds each extent whole (mapped_sends.py);
         False, with nothing sent, otherwise."""
-        if self.maps is None:
+        maps = self.maps
+        if maps is None:
             return False
+        return self._sent_cached(dataset, pieces, self.metrics.mapped_send_bytes, lambda: (
+            maps.send(sock, dataset.dataset_id, pieces, head, before=before,
+                      deadline=deadline)))
+
+    def _sent_cached(self, dataset: DatasetIndex, pieces, counter, send) -> bool:
+        """`send()` (True: sent), counted as cached ranges and in `counter`; ShortRead as
+        DataCorruption naming the extent."""
         try:
-            if not self.maps.send(sock, dataset.dataset_id, pieces, head, before=before,
-                                  deadline=deadline):
+            if not send():
                 return False
         except ShortRead as short:
             raise DataCorruption(
-                f"{dataset.describe_extent(short.extent_no)} could not be read: "
+                f"{dataset.describe_extent(short.extent_no)} could not be read whole: "
                 f"{short.wanted} bytes at offset {short.file_offset}, got {short.got} (the "
-                "file is truncated or the device failed); re-ingest the dataset") from None
+                "file is truncated, or its device failed); re-ingest the dataset") from None
+        # Cached ranges, as the read engine counts the ones it copies.
         self.metrics.ranges_read.inc(len(pieces))
         self.metrics.cache_hits.inc(len(pieces))
-        self.metrics.mapped_send_bytes.inc(int(pieces.size.sum()))
+        counter.inc(int(pieces.size.sum()))
         return True
 
     def advise(self, dataset: DatasetIndex, pieces: list) -> None:
