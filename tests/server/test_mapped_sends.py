@@ -200,3 +200,16 @@ def test_a_client_that_stops_reading_times_out_and_releases_the_mapping(extents,
     here.settimeout(None)
     with pytest.raises(socket.timeout):
         maps.send(here, 1, pieces_of(spec), b"HEAD", deadline=time.monotonic() + 0.2)
+
+
+def test_extents_beyond_the_mapped_bytes_bound_take_the_read_path(extents, wire, make_maps):
+    _, files, _ = extents
+    maps = make_maps(files, mapped_bytes_max=400_000)  # one extent, not two
+    here, there = wire
+    one, both = [(0, 0, 4096)], [(0, 0, 4096), (1, 0, 4096)]
+    mapped_when_ready(maps, lambda: maps.send(here, 1, pieces_of(one), b"HEAD"))
+    receive(there, 4100)
+    for _ in range(30):
+        assert not maps.send(here, 1, pieces_of(both), b"HEAD")
+        time.sleep(0.01)
+    assert maps.mapped_count() == 1 and maps.mapped_bytes <= 400_000

@@ -130,6 +130,7 @@ class ExtentMaps:
         # (dataset id, extent) -> (recheck at, cached whole)
         self._verdicts: dict[tuple[int, int], tuple[float, bool]] = {}
         self._wanted: set[tuple[int, int]] = set()  # for the thread to check and map
+        self._forgets = 0  # datasets forgotten so far: a mapping begun before one is dropped
         self._budget = limits.mapped_check_burst_s  # seconds of cachestat it may spend now
         self._budget_at = clock()
         self._thread: threading.Thread | None = None
@@ -265,6 +266,7 @@ class ExtentMaps:
         with self._lock:
             if self._closed:
                 return
+            forgets = self._forgets
             verdict = self._verdicts.get(key)
             due = verdict is None or now >= verdict[0]
             if due and not self._spend(now):
@@ -287,15 +289,19 @@ class ExtentMaps:
                         self._retire(key)  # its pages may be dropped again
                         return
             with self._lock:
-                if self._closed or key in self._maps or \
-                        self.mapped_bytes + size > self._mapped_bytes_max:
+                if self._closed or key in self._maps:
+                    return
+                if self.mapped_bytes + size > self._mapped_bytes_max:
+                    # Not now: the read path until the next check is due.
+                    self._verdicts[key] = (now + limits.mapped_recheck_s, False)
                     return
             mapping = _map(fd, size, self._clock())
-        if mapping is None:
-            return
         with self._lock:
-            if self._closed or key in self._maps:
-                mapping.unmap()
+            if mapping is None:
+                self._verdicts[key] = (now + limits.mapped_recheck_s, False)
+                return
+            if self._closed or key in self._maps or self._forgets != forgets:
+                mapping.unmap()  # a dataset was retired meanwhile: maybe this one
                 return
             self._maps[key] = mapping
             self.mapped_bytes += mapping.size
@@ -312,6 +318,7 @@ class ExtentMaps:
     def forget_dataset(self, dataset_id: int) -> None:
         """Unmap a dataset's extents (those a send holds go once it ends)."""
         with self._lock:
+            self._forgets += 1
             for key in [k for k in self._maps if k[0] == dataset_id]:
                 self._retire(key)
             for key in [k for k in self._verdicts if k[0] == dataset_id]:
