@@ -161,30 +161,28 @@ uring_pieces_min = 64
 # residency check is one cachestat call per piece).
 sendfile_piece_bytes_min = 64 * KiB
 sendfile_pieces_max = 256
-# Data path windows of small pieces sent from read-only mappings of extents the
-# page cache holds whole (server/read/mapped_sends.py, --mapped-sends).  Whether an
-# extent is cached whole is asked again after `mapped_recheck_s`, or after
-# `mapped_recheck_cost_ratio` times what the last check took (a cachestat of a
-# 1 GiB extent takes about 0.4 ms), and all checks together take at most
-# `mapped_check_share` of the time (bursts of `mapped_check_burst_s`): a window
-# whose check is not due or not affordable takes the read path.
+# Data path windows of small pieces sent from read-only mappings of the extents
+# (server/read/mapped_sends.py, --mapped-sends) when every page is cached.  Which
+# pages of a mapped extent are cached is scanned again after `mapped_recheck_s`
+# (one mincore over the extent: about 15 ms for 800 MB), and all scans together
+# take at most `mapped_check_share` of the time (bursts of `mapped_check_burst_s`).
 mapped_recheck_s = 0.5
 # Windows of fewer samples take the read path: a few reads cost little, and mapping
 # a whole extent for them (the tail of a reply of large samples) would not pay.
 mapped_pieces_min = 16
-mapped_recheck_cost_ratio = 50
 mapped_check_share = 0.02
 mapped_check_burst_s = 0.05
-# An extent counts as cached whole when the page cache holds this share of its
-# pages: mapping it (populated) reads the rest, at most 1% of 1 GiB.
+# An extent the page cache holds this share of is mapped with its page tables
+# filled at once (reading the rest: at most 1% of 1 GiB).
 mapped_cached_share_min = 0.99
 # A mapping unused this long is unmapped: pages a process maps count in its RSS
 # and survive drop_caches, so an idle daemon must hold none (bench/measure.py
 # waits this long, and one sweep more, before it drops the page cache).
 extent_map_idle_s = 1.0
 # Bytes of extents one process maps at most (its page tables cost about 2 MiB per
-# GiB mapped); windows of extents beyond it take the read path.
-mapped_bytes_max = 64 * GiB
+# GiB mapped, its scans' answers 1.25 MiB); windows of extents beyond it take
+# the read path.
+mapped_bytes_max = 16 * GiB
 # Prefetch hints waiting for the prefetch thread; more are refused (a hint
 # that cannot be queued is dropped, never waited for).
 prefetch_queue_max = 64

@@ -3,20 +3,22 @@
 Why (docs/DESIGN.md, "How the daemon sends"): a window of small samples read
 into a buffer and then sent is copied twice in the daemon, and the first
 copy is a read per piece (one io_uring submission carries them, but the
-kernel still runs 256 reads for 256 x 4 KiB).  Here an extent the page cache
-holds whole is mapped read-only, and the window goes out as `sendmsg`s whose
-iovecs point into the mapping: the kernel copies each piece once, from the
+kernel still runs 256 reads for 256 x 4 KiB).  Here the extents are mapped
+read-only, and a window whose pages are all cached goes out as `sendmsg`s
+whose iovecs point into the mappings: the kernel copies each piece once, from the
 page cache into the socket.  No Python object is made per piece: the iovec
 array is built by numpy and handed to libc's `sendmsg` through ctypes (which
 releases the GIL while the kernel copies).
 
-When: every extent of the window is known to be cached whole, by one
-cachestat(2) over the extent (residency.py), repeated at most every
+When: every page of every piece was cached at the mapping's last scan (one
+`mincore` over the whole mapping, kept as a prefix sum so that a window is
+checked in a few numpy operations; repeated at most every
 `limits.mapped_recheck_s` per extent and within `limits.mapped_check_share`
-of the time (a check of a 1 GiB extent costs about 0.4 ms); and every piece
+of the time: a scan of an 800 MB extent takes about 15 ms), and every piece
 lies inside its mapping.  Otherwise the window takes the read path, which
-keeps the device queue full.  A page evicted between a check and a send is
-read by the kernel while that one send waits.  A page the kernel cannot read
+keeps the device queue full and caches what it reads for the next scan.  A
+page evicted between a scan and a send is read by the kernel while that one
+send waits.  A page the kernel cannot read
 (a file cut short underneath the daemon, a failing device) makes `sendmsg`
 fail with EFAULT, never a signal (only the kernel touches the mappings): the
 window is then padded with zeros to its announced length and ShortRead
@@ -24,10 +26,10 @@ raised, as sendfiles.py does, and the client's CRC32C checks never hand out
 the zeros.
 
 Mappings: read-only, MADV_RANDOM, one per extent per process, made from the
-ExtentFiles' descriptor (no descriptor of their own), and unmapped when idle
-for `limits.extent_map_idle_s`, when a check finds the extent no longer
-cached whole, and when its dataset is forgotten (a freed extent's space is
-released then).  The idle rule matters to whoever measures: pages mapped by
+ExtentFiles' descriptor (no descriptor of their own; page tables filled at
+once when the page cache holds nearly all of the extent), and unmapped when
+idle for `limits.extent_map_idle_s` and when its dataset is forgotten (a
+freed extent's space is released then).  The idle rule matters to whoever measures: pages mapped by
 a process count in its RSS and survive drop_caches while mapped.
 Nothing here imports grpc.
 """
@@ -63,6 +65,8 @@ _munmap = _libc.munmap
 _munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
 _madvise = _libc.madvise
 _madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+_mincore = _libc.mincore
+_mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
 _sendmsg = _libc.sendmsg
 _sendmsg.restype = ctypes.c_ssize_t
 _sendmsg.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
@@ -85,13 +89,16 @@ _IOVEC = np.dtype([("base", np.uint64), ("len", np.uint64)])
 class _Mapping:
     """One extent mapped read-only; unmapped once retired and no send uses it."""
 
-    __slots__ = ("address", "size", "users", "last_used", "retired")
+    __slots__ = ("address", "size", "users", "last_used", "retired", "resident", "scanned_at")
 
     def __init__(self, address: int, size: int, now: float):
         self.address, self.size = address, size
         self.users = 0
         self.last_used = now
         self.retired = False
+        # Cached pages before page i, for every i (the last scan's `mincore`), or None.
+        self.resident: np.ndarray | None = None
+        self.scanned_at = 0.0
 
     def unmap(self) -> None:
         _munmap(self.address, self.size)
@@ -101,14 +108,14 @@ class ExtentMaps:
     """Read-only mappings of cached extents and the sends from them (module docstring).
 
     The serving threads only look mappings up (`send`); one background
-    thread per process ("dlfs-extent-maps") does the rest: it asks whether
-    an extent is cached whole (cachestat) when a send wanted it and the
-    last answer is older than its recheck time, maps extents found whole
-    (populating their page tables in one call, MAP_POPULATE: a fault per
-    64 KiB on first touch cost the serving threads far more), unmaps those
-    found no longer whole, and unmaps mappings idle for `idle_s`.  A send
-    whose extents are not mapped yet takes the read path, so no send waits
-    for a check or a mapping.  At most `mapped_bytes_max` bytes are mapped
+    thread per process ("dlfs-extent-maps") does the rest: it maps an
+    extent a send wanted (populating its page tables in one call when the
+    page cache holds nearly all of it, MAP_POPULATE: a fault per 64 KiB on
+    first touch cost the serving threads more), scans which of its pages
+    are cached when the last scan is older than the recheck time, and
+    unmaps mappings idle for `idle_s`.  A send whose extents are not mapped
+    and scanned yet takes the read path, so no send waits for a scan or a
+    mapping.  At most `mapped_bytes_max` bytes are mapped
     at once (page tables cost about 2 MiB per GiB mapped, per process).
 
     Thread-safe: a mapping is unmapped only when no send holds it.
@@ -127,8 +134,8 @@ class ExtentMaps:
         self._wake = threading.Condition(self._lock)
         self._maps: dict[tuple[int, int], _Mapping] = {}
         self.mapped_bytes = 0
-        # (dataset id, extent) -> (recheck at, cached whole)
-        self._verdicts: dict[tuple[int, int], tuple[float, bool]] = {}
+        # (dataset id, extent) -> when to try mapping it again (it could not be mapped)
+        self._retry_at: dict[tuple[int, int], float] = {}
         self._wanted: set[tuple[int, int]] = set()  # for the thread to check and map
         self._forgets = 0  # datasets forgotten so far: a mapping begun before one is dropped
         self._budget = limits.mapped_check_burst_s  # seconds of cachestat it may spend now
@@ -170,6 +177,8 @@ class ExtentMaps:
             ends = np.array([m.size for m in taken], dtype=np.int64)[which]
             if (offset < 0).any() or (offset + size > ends).any():
                 return False  # past the end of the file when mapped: the read path says so
+            if not _all_resident(taken, which, offset, size):
+                return False  # the read path reads what is missing, all at once
             if before is not None:
                 before()
             head_bytes = np.frombuffer(head, dtype=np.uint8)
@@ -194,20 +203,21 @@ class ExtentMaps:
     # --- mappings: the serving side -------------------------------------------------
 
     def _take(self, dataset_id: int, extent_no: int) -> _Mapping | None:
-        """The extent's mapping, held for a send (`_release`), when the extent is mapped
-        and its last check found it cached whole; None otherwise, and the
-        background thread is asked to check (and map) it if that is due."""
+        """The extent's mapping, held for a send (`_release`), once mapped and scanned;
+        None otherwise.  Asks the background thread to map it, or to scan it again
+        when its last scan is older than `limits.mapped_recheck_s`."""
         key = (dataset_id, extent_no)
         now = self._clock()
         with self._lock:
             if self._closed:
                 return None
-            verdict = self._verdicts.get(key)
             mapping = self._maps.get(key)
-            if verdict is None or now >= verdict[0] or (verdict[1] and mapping is None):
-                self._want(key)
-            if mapping is None or verdict is None or not verdict[1]:
+            if mapping is None or mapping.resident is None:
+                if now >= self._retry_at.get(key, 0.0):
+                    self._want(key)
                 return None
+            if now >= mapping.scanned_at + limits.mapped_recheck_s:
+                self._want(key)
             mapping.users += 1
             mapping.last_used = now
             return mapping
@@ -260,51 +270,56 @@ class ExtentMaps:
                     self._retire(key)
 
     def _check_and_map(self, key) -> None:
-        """Ask whether the page cache holds the whole extent (within the time share) and
-        map it, or unmap it, accordingly.  Runs on the background thread."""
+        """Map the extent if it is not (populated when the page cache holds nearly all of
+        it), then scan which of its pages are cached (`mincore`, within the time
+        share).  Runs on the background thread."""
         now = self._clock()
         with self._lock:
-            if self._closed:
-                return
-            forgets = self._forgets
-            verdict = self._verdicts.get(key)
-            due = verdict is None or now >= verdict[0]
-            if due and not self._spend(now):
+            if self._closed or not self._spend(now):
                 return  # asked again by the next send that wants it
+            forgets = self._forgets
+            mapping = self._maps.get(key)
+            if mapping is not None:
+                mapping.users += 1  # not unmapped while scanned
+        if mapping is None:
+            mapping = self._map(key, now)
+            if mapping is None:
+                return
+            with self._lock:
+                if self._closed or key in self._maps or self._forgets != forgets:
+                    mapping.unmap()  # a dataset was retired meanwhile: maybe this one
+                    return
+                self._maps[key] = mapping
+                self.mapped_bytes += mapping.size
+                mapping.users += 1
+        try:
+            started = time.perf_counter()
+            resident = _scan(mapping)
+            took = time.perf_counter() - started
+        finally:
+            self._release(mapping)
+        with self._lock:
+            self._budget -= took
+            mapping.resident = resident
+            mapping.scanned_at = now
+
+    def _map(self, key, now: float) -> _Mapping | None:
+        """The extent mapped, or None (then not tried again for a while)."""
         with self._files.acquire(*key) as fd:
             size = os.fstat(fd).st_size
-            if due:
-                started = time.perf_counter()
-                pages = residency.cached_pages(fd, 0, size)
-                took = time.perf_counter() - started
-                # Nearly whole is enough: mapping it populated reads the few pages missing
-                # (on this thread), and they were all cached a moment ago as a rule.
-                whole = pages is not None and \
-                    pages >= residency.pages_of(0, size) * limits.mapped_cached_share_min
-                with self._lock:
-                    self._budget -= took
-                    recheck = max(limits.mapped_recheck_s, took * limits.mapped_recheck_cost_ratio)
-                    self._verdicts[key] = (now + recheck, whole)
-                    if not whole:
-                        self._retire(key)  # its pages may be dropped again
-                        return
             with self._lock:
-                if self._closed or key in self._maps:
-                    return
-                if self.mapped_bytes + size > self._mapped_bytes_max:
-                    # Not now: the read path until the next check is due.
-                    self._verdicts[key] = (now + limits.mapped_recheck_s, False)
-                    return
-            mapping = _map(fd, size, self._clock())
-        with self._lock:
-            if mapping is None:
-                self._verdicts[key] = (now + limits.mapped_recheck_s, False)
-                return
-            if self._closed or key in self._maps or self._forgets != forgets:
-                mapping.unmap()  # a dataset was retired meanwhile: maybe this one
-                return
-            self._maps[key] = mapping
-            self.mapped_bytes += mapping.size
+                refused = self.mapped_bytes + size > self._mapped_bytes_max
+            mapping = None
+            if not refused:
+                pages = residency.cached_pages(fd, 0, size) or 0
+                # Nearly all cached: fill the page tables now, reading the few pages
+                # missing (a fault per 64 KiB on first touch costs the senders more).
+                whole = pages >= residency.pages_of(0, size) * limits.mapped_cached_share_min
+                mapping = _map(fd, size, now, populate=whole)
+        if mapping is None:
+            with self._lock:
+                self._retry_at[key] = now + limits.mapped_recheck_s
+        return mapping
 
     def _spend(self, now: float) -> bool:  # caller holds the lock
         """Whether a residency check may run now (`limits.mapped_check_share`)."""
@@ -321,8 +336,8 @@ class ExtentMaps:
             self._forgets += 1
             for key in [k for k in self._maps if k[0] == dataset_id]:
                 self._retire(key)
-            for key in [k for k in self._verdicts if k[0] == dataset_id]:
-                del self._verdicts[key]
+            for key in [k for k in self._retry_at if k[0] == dataset_id]:
+                del self._retry_at[key]
             self._wanted = {k for k in self._wanted if k[0] != dataset_id}
 
     def mapped_count(self) -> int:
@@ -334,22 +349,53 @@ class ExtentMaps:
             self._closed = True
             for key in list(self._maps):
                 self._retire(key)
-            self._verdicts.clear()
+            self._retry_at.clear()
             self._wake.notify_all()
             thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join()
 
 
-def _map(fd: int, size: int, now: float) -> _Mapping | None:
-    """`size` bytes of `fd` mapped read-only with their page tables filled, or None."""
-    address = _mmap(None, size, _PROT_READ, _MAP_SHARED | _MAP_POPULATE, fd, 0)
+def _map(fd: int, size: int, now: float, *, populate: bool) -> _Mapping | None:
+    """`size` bytes of `fd` mapped read-only (page tables filled with `populate`), or
+    None."""
+    flags = _MAP_SHARED | (_MAP_POPULATE if populate else 0)
+    address = _mmap(None, size, _PROT_READ, flags, fd, 0)
     if address is None or address == _MAP_FAILED:
         log.debug("mapping an extent failed: %s", os.strerror(ctypes.get_errno()))
         return None
     # A page evicted after the check is then read alone, not with a read-around.
     _madvise(address, size, _MADV_RANDOM)
     return _Mapping(address, size, now)
+
+
+def _scan(mapping: _Mapping) -> np.ndarray | None:
+    """Cached pages of the mapping before each page (a prefix sum of `mincore`'s
+    answer), or None if the kernel refused."""
+    vector = np.zeros(-(-mapping.size // residency.PAGE_BYTES), dtype=np.uint8)
+    if _mincore(mapping.address, mapping.size, vector.ctypes.data) != 0:
+        return None
+    resident = np.zeros(len(vector) + 1, dtype=np.int32)
+    np.cumsum(vector & 1, dtype=np.int32, out=resident[1:])
+    return resident
+
+
+def _all_resident(taken: list[_Mapping], which, offset: np.ndarray, size: np.ndarray) -> bool:
+    """Whether the last scans found every page of every piece cached (pieces of
+    `taken[which[i]]` at `offset[i]`, `size[i]` bytes)."""
+    first = offset // residency.PAGE_BYTES
+    last = (offset + np.maximum(size, 1) - 1) // residency.PAGE_BYTES
+    if len(taken) == 1:
+        resident = taken[0].resident
+        return resident is not None and \
+            bool(((resident[last + 1] - resident[first]) == last - first + 1).all())
+    for j, mapping in enumerate(taken):
+        mine = which == j
+        resident = mapping.resident
+        if resident is None or not ((resident[last[mine] + 1] - resident[first[mine]])
+                                    == last[mine] - first[mine] + 1).all():
+            return False
+    return True
 
 
 def _send_iovecs(sock: socket.socket, iovecs: np.ndarray, deadline: float | None) -> int | None:
