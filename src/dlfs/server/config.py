@@ -103,8 +103,8 @@ class ServerConfig:
     # from the page cache (server/read/sendfiles.py) instead of reading them into
     # a window buffer first.
     sendfile: bool = True
-    # Send data path windows of small samples whose extents the page cache holds
-    # whole from read-only mappings of those extents, one copy per byte
+    # Send data path windows of small samples whose pages the page cache holds
+    # from read-only mappings of their extents, one copy per byte
     # (server/read/mapped_sends.py), instead of reading them into a buffer first.
     mapped_sends: bool = True
     # The cluster (docs/cluster.md): etcd's client URLs ("" : a daemon on its

@@ -129,8 +129,8 @@ def build_parser() -> argparse.ArgumentParser:
     option("--sendfile", "on the data path, send windows of large cached samples with "
                          "sendfile from the page cache instead of reading them into a buffer "
                          "first", choices=ON_OFF)
-    option("--mapped-sends", "on the data path, send windows of small samples whose extents "
-                             "the page cache holds whole from read-only mappings of the "
+    option("--mapped-sends", "on the data path, send windows of small samples whose pages "
+                             "the page cache holds from read-only mappings of the "
                              "extents instead of reading them into a buffer first",
            choices=ON_OFF)
     for key, help_text in SETTINGS_HELP.items():

@@ -131,7 +131,7 @@ def send_reply(connection, dataset, header: list, order: RequestOrder, count) ->
     read into a pooled buffer (`_send_window`), or sent from the page cache with
     no buffer at all: by `sendfile` when its pieces are large and all cached
     (server/read/sendfiles.py), from mappings of the extents when its pieces are
-    small and their extents cached whole (server/read/mapped_sends.py).
+    small and their pages cached (server/read/mapped_sends.py).
 
     The whole reply must be sent by `connection.reply_deadline` and every wait
     for the client ends after the stall timeout (socket.timeout: the

@@ -50,7 +50,7 @@ class DatasetReads:
     range.  `sendfile`: send cached data path windows of large pieces straight
     from the page cache where the kernel allows (`sendfile_state` says why
     not); `mapped_sends`: windows of small pieces from read-only mappings of
-    extents the page cache holds whole (`mapped_sends_state`).
+    extents when the page cache holds their pages (`mapped_sends_state`).
     """
 
     def __init__(self, files: ExtentFiles, engine: ReadEngine, prefetcher: Prefetcher,
@@ -171,7 +171,7 @@ class DatasetReads:
     def send_mapped(self, dataset: DatasetIndex, pieces, sock, head: bytes, *,
                     before=None, deadline: float | None = None) -> bool:
         """As `send_cached`, for windows of small pieces: sent from read-only mappings of
-        their extents when the page cache holds each extent whole (mapped_sends.py);
+        their extents when the page cache holds their pages (mapped_sends.py);
         False, with nothing sent, otherwise."""
         maps = self.maps
         if maps is None:

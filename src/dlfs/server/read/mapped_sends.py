@@ -148,7 +148,7 @@ class ExtentMaps:
     def send(self, sock: socket.socket, dataset_id: int, pieces: PieceColumns, head: bytes, *,
              before: Callable[[], None] | None = None, deadline: float | None = None) -> bool:
         """Send `head`, then `pieces` in buffer-offset order (they must tile the window),
-        from the mappings of their extents, if each extent is known cached whole.
+        from the mappings of their extents, if their last scans found every page cached.
 
         Returns False, having sent nothing, otherwise; `before()` runs once
         the window will go this way, before anything is sent.  Raises
