@@ -335,7 +335,7 @@ class CacheControl:
         files = list(files)
         if mappable is None:
             mappable = files if len(files) <= _CHECKED_FILES_MAX else []
-        checked = [f for f in mappable if os.path.exists(f)]
+        checked = list(mappable)
         give_up = time.monotonic() + 2 * limits.extent_map_idle_s + 5
         released = False
         while True:
@@ -405,12 +405,6 @@ def git_info(repo: str) -> dict:
             "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
 
 
-def _cached_pages(files: list[str]) -> int:
-    """Pages of `files` the page cache holds (0 where the kernel has no cachestat)."""
-    return sum(_with_fd(path, lambda fd: residency.cached_pages(
-        fd, 0, os.fstat(fd).st_size)) or 0 for path in files)
-
-
 def _with_fd(path: str, call):
     """`call(fd)` on `path` opened read-only; None if it cannot be opened."""
     try:
@@ -426,13 +420,13 @@ def _with_fd(path: str, call):
 def _still_cached(path: str) -> bool:
     """Whether more than a trace of `path` stayed in the page cache: a few pages of a
     large file stay after drop_caches now and then (19 of 260,000, mapped by no
-    process), which no cold run would notice."""
-    try:
-        size = os.path.getsize(path)
-    except OSError:
-        return False
-    pages = -(-size // residency.PAGE_BYTES)
-    return _cached_pages([path]) > max(_TRACE_PAGES_MAX, pages * _TRACE_SHARE_MAX)
+    process), which no cold run would notice.  False for a file that is gone."""
+    def more_than_a_trace(fd: int) -> bool:
+        size = os.fstat(fd).st_size
+        cached = residency.cached_pages(fd, 0, size) or 0
+        return cached > max(_TRACE_PAGES_MAX, residency.pages_of(0, size) * _TRACE_SHARE_MAX)
+
+    return bool(_with_fd(path, more_than_a_trace))
 
 
 def _mappers(path: str) -> str:

@@ -138,7 +138,7 @@ class ExtentMaps:
         self._retry_at: dict[tuple[int, int], float] = {}
         self._wanted: set[tuple[int, int]] = set()  # for the thread to check and map
         self._forgets = 0  # datasets forgotten so far: a mapping begun before one is dropped
-        self._budget = limits.mapped_check_burst_s  # seconds of cachestat it may spend now
+        self._budget = limits.mapped_check_burst_s  # seconds of scans it may spend now
         self._budget_at = clock()
         self._thread: threading.Thread | None = None
         self._closed = False
@@ -249,7 +249,7 @@ class ExtentMaps:
     # --- mappings: the background thread ---------------------------------------------
 
     def _run(self) -> None:
-        """Check and map what sends asked for; unmap idle mappings (every idle_s / 2)."""
+        """Map and scan what sends asked for; unmap idle mappings (every idle_s / 2)."""
         with self._lock:
             while not self._closed:
                 if not self._wanted:
@@ -259,7 +259,7 @@ class ExtentMaps:
                 try:
                     for key in wanted:
                         try:
-                            self._check_and_map(key)
+                            self._map_and_scan(key)
                         except Exception as exc:  # a missing or unreadable extent: read path
                             log.debug("extent %s not mapped: %s", key, exc)
                 finally:
@@ -269,7 +269,7 @@ class ExtentMaps:
                             if m.users == 0 and now - m.last_used >= self._idle_s]:
                     self._retire(key)
 
-    def _check_and_map(self, key) -> None:
+    def _map_and_scan(self, key) -> None:
         """Map the extent if it is not (populated when the page cache holds nearly all of
         it), then scan which of its pages are cached (`mincore`, within the time
         share).  Runs on the background thread."""
@@ -322,7 +322,7 @@ class ExtentMaps:
         return mapping
 
     def _spend(self, now: float) -> bool:  # caller holds the lock
-        """Whether a residency check may run now (`limits.mapped_check_share`)."""
+        """Whether a scan may run now (`limits.mapped_check_share`)."""
         self._budget = min(limits.mapped_check_burst_s,
                            self._budget + (now - self._budget_at) * limits.mapped_check_share)
         self._budget_at = now
@@ -386,16 +386,16 @@ def _all_resident(taken: list[_Mapping], which, offset: np.ndarray, size: np.nda
     first = offset // residency.PAGE_BYTES
     last = (offset + np.maximum(size, 1) - 1) // residency.PAGE_BYTES
     if len(taken) == 1:
-        resident = taken[0].resident
-        return resident is not None and \
-            bool(((resident[last + 1] - resident[first]) == last - first + 1).all())
-    for j, mapping in enumerate(taken):
-        mine = which == j
-        resident = mapping.resident
-        if resident is None or not ((resident[last[mine] + 1] - resident[first[mine]])
-                                    == last[mine] - first[mine] + 1).all():
-            return False
-    return True
+        return _covered(taken[0].resident, first, last)
+    return all(_covered(m.resident, first[which == j], last[which == j])
+               for j, m in enumerate(taken))
+
+
+def _covered(resident: np.ndarray | None, first: np.ndarray, last: np.ndarray) -> bool:
+    """Whether pages first[i]..last[i] were all cached, for every i (`resident`: a
+    scan's prefix sum)."""
+    return resident is not None and \
+        bool(((resident[last + 1] - resident[first]) == last - first + 1).all())
 
 
 def _send_iovecs(sock: socket.socket, iovecs: np.ndarray, deadline: float | None) -> int | None:

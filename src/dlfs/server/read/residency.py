@@ -51,11 +51,17 @@ def supported() -> bool:
 def cached_pages(fd: int, offset: int, length: int) -> int | None:
     """How many pages of the `length` bytes at `offset` of `fd` the page cache holds
     (the pages they touch), or None where the kernel has no cachestat."""
-    global _available
     if not _available:
         return None
+    return _count(fd, offset, length, _CachestatRange(), _Cachestat())
+
+
+def _count(fd: int, offset: int, length: int, span: _CachestatRange,
+           stat: _Cachestat) -> int | None:
+    """cached_pages, with the call's structures given (reused over many calls)."""
+    global _available
     first = offset - offset % PAGE_BYTES
-    span, stat = _CachestatRange(first, offset + length - first), _Cachestat()
+    span.off, span.len = first, offset + length - first
     if _syscall(ctypes.c_long(_SYS_CACHESTAT), ctypes.c_long(fd), ctypes.byref(span),
                 ctypes.byref(stat), ctypes.c_long(0)) != 0:
         if ctypes.get_errno() in (errno.ENOSYS, errno.EPERM):
@@ -74,19 +80,11 @@ def all_cached(fds: np.ndarray, offsets: np.ndarray, sizes: np.ndarray) -> bool:
     """Whether the page cache holds every page of `sizes[i]` bytes at `offsets[i]` of
     `fds[i]`, for every i (one cachestat each).  False where the kernel has no
     cachestat."""
-    global _available
     if not _available:
         return False
     span, stat = _CachestatRange(), _Cachestat()
-    span_ref, stat_ref = ctypes.byref(span), ctypes.byref(stat)
     for fd, offset, size in zip(fds.tolist(), offsets.tolist(), sizes.tolist()):
-        first = offset - offset % PAGE_BYTES
-        span.off, span.len = first, offset + size - first
-        if _syscall(ctypes.c_long(_SYS_CACHESTAT), ctypes.c_long(fd), span_ref, stat_ref,
-                    ctypes.c_long(0)) != 0:
-            if ctypes.get_errno() in (errno.ENOSYS, errno.EPERM):
-                _available = False
-            return False
-        if stat.nr_cache < -(-span.len // PAGE_BYTES):
+        cached = _count(fd, offset, size, span, stat)
+        if cached is None or cached < pages_of(offset, size):
             return False
     return True
