@@ -245,6 +245,39 @@ def process_tree_cpu_s(pid: int) -> float:
     return total
 
 
+def softirq_threads_cpu_s() -> float:
+    """CPU seconds of the kernel's softirq threads (`ksoftirqd/N`) so far, all CPUs.
+
+    Loopback TCP's receive processing runs in the sender's system call while
+    the machine has room, and is charged to the sender; on a saturated machine
+    the kernel defers it to these threads, charged to no process of either
+    side (bench/scaling.py reports it beside each side's figures)."""
+    total = 0.0
+    for pid in _softirq_thread_pids():
+        try:
+            total += process_cpu_s(pid)
+        except OSError:
+            pass
+    return total
+
+
+_SOFTIRQ_PIDS: list[int] = []
+
+
+def _softirq_thread_pids() -> list[int]:
+    """The pids of the `ksoftirqd/N` threads (found once: they live as long as the kernel)."""
+    if not _SOFTIRQ_PIDS:
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    with open(f"/proc/{entry}/comm") as f:
+                        if f.read().startswith("ksoftirqd/"):
+                            _SOFTIRQ_PIDS.append(int(entry))
+                except OSError:
+                    pass
+    return _SOFTIRQ_PIDS
+
+
 def self_cpu_s() -> float:
     """User + system CPU seconds of this process, all its threads (getrusage RUSAGE_SELF)."""
     usage = resource.getrusage(resource.RUSAGE_SELF)

@@ -487,8 +487,10 @@ def scaling_markdown(scaling: dict | None) -> list[str]:
     lines.append("")
     lines.append("| clients N | DLFS GB/s | raw TCP GB/s | DLFS / raw | daemon CPUs busy "
                  "(workers) | daemon CPU-s/GB | raw senders' CPU-s/GB | daemon / senders | "
-                 "client CPU-s/GB | raw receivers' CPU-s/GB | machine busy |")
-    lines.append("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+                 "client CPU-s/GB | raw receivers' CPU-s/GB | machine busy | softirq threads' "
+                 "CPU-s/GB (DLFS, raw) | with them: daemon / senders |")
+    lines.append("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
+                 "| ---: | ---: |")
     for c in scaling["cases"]:
         dlfs, raw = c["dlfs"], c["raw"]
         workers = dlfs.get("worker_cpu_utilisation") or []
@@ -501,12 +503,16 @@ def scaling_markdown(scaling: dict | None) -> list[str]:
             + f" | {_fmt(dlfs['daemon_cpu_s_per_gb'], '.2f')} | "
             f"{_fmt(raw['sender_cpu_s_per_gb'], '.2f')} | {_fmt(c['cpu_ratio_to_raw'], '.2f')} | "
             f"{_fmt(dlfs['client_cpu_s_per_gb'], '.2f')} | "
-            f"{_fmt(raw['receiver_cpu_s_per_gb'], '.2f')} | {dlfs['machine_busy']:.0%} |")
+            f"{_fmt(raw['receiver_cpu_s_per_gb'], '.2f')} | {dlfs['machine_busy']:.0%} | "
+            f"{_fmt(dlfs.get('softirq_cpu_s_per_gb'), '.2f')}, "
+            f"{_fmt(raw.get('softirq_cpu_s_per_gb'), '.2f')} | "
+            f"{_fmt(c.get('cpu_ratio_with_softirq'), '.2f')} |")
     lines += ["", scaling["explanation"], ""]
     if scaling.get("timestamp"):  # run alone: its own targets
         lines += ["| target | measured | goal | detail |", "| --- | ---: | ---: | --- |"]
         for name, value, goal, detail, compare in scaling["targets"]:
-            lines.append(f"| {name} | {_fmt(value, '.2f')} | {compare} {goal:g} | {detail} |")
+            wanted = "—" if goal is None else f"{compare} {goal:g}"
+            lines.append(f"| {name} | {_fmt(value, '.2f')} | {wanted} | {detail} |")
         lines.append("")
     return lines
 

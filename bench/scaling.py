@@ -21,7 +21,13 @@ each window; median, min-max); DLFS / raw; the daemon's CPU seconds (the
 main process and its data path workers, /proc) per GB and per wall second
 ("CPUs busy": 1.0 = one CPU), with each worker's share from `dlfs status`;
 the raw senders' CPU-s/GB beside it; the clients' and receivers' CPU-s/GB;
-and how busy the whole machine was (/proc/stat: other tenants count too).
+how busy the whole machine was (/proc/stat: other tenants count too); and
+the CPU-s/GB of the kernel's softirq threads on each side.  Over loopback
+the receive half of TCP runs in the sender's system call, charged to it,
+until the CPUs are saturated; then the kernel defers much of it to
+`ksoftirqd`, charged to neither side (on the 2-core VM at 2 connections
+raw TCP's senders then fell from 0.20 to 0.09 CPU-s/GB), so the table also
+gives each sending side's figure with those threads' time added.
 The targets (issue 36): with 8 and 12 clients DLFS >= 0.6x raw TCP, DLFS
 never falling as clients are added, the daemon's CPU-s/GB <= 1.5x the raw
 senders' at every N; on fewer CPUs the table shows what it can.
@@ -43,7 +49,7 @@ import time
 
 from bench.datagen import Prepared, Workload, batch_sequence
 from bench.measure import (CacheControl, git_info, process_cpu_s, process_tree_cpu_s,
-                           self_cpu_s)
+                           self_cpu_s, softirq_threads_cpu_s)
 
 WORKLOAD = "110k"
 CLIENT_PROCESSES = (1, 2, 4, 8, 12)
@@ -81,7 +87,8 @@ def run(prepared: Prepared, daemon_address: str, daemon_pid: int, *, runs: int,
         case = {"processes": processes, "dlfs": dlfs, "raw": raw,
                 "ratio_to_raw": dlfs["gb_per_s"] / raw["gb_per_s"] if raw["gb_per_s"] else None,
                 "cpu_ratio_to_raw": (dlfs["daemon_cpu_s_per_gb"] / raw["sender_cpu_s_per_gb"]
-                                     if raw["sender_cpu_s_per_gb"] else None)}
+                                     if raw["sender_cpu_s_per_gb"] else None),
+                "cpu_ratio_with_softirq": _with_softirq_ratio(dlfs, raw)}
         log(f"bench: scaling {processes} client process{'es' if processes > 1 else ''}: DLFS "
             f"{dlfs['gb_per_s']:.2f} GB/s (daemon {dlfs['daemon_cpu_utilisation']:.2f} CPUs, "
             f"{dlfs['daemon_cpu_s_per_gb']:.2f} CPU-s/GB), raw TCP {raw['gb_per_s']:.2f} GB/s "
@@ -91,6 +98,13 @@ def run(prepared: Prepared, daemon_address: str, daemon_pid: int, *, runs: int,
             "duration_s": duration_s, "cpus": cpus,
             "batch_size": prepared.workload.batch_size, "cases": cases,
             "targets": targets(cases), "explanation": explain(cases, cpus)}
+
+
+def _with_softirq_ratio(dlfs: dict, raw: dict) -> float | None:
+    """(daemon + softirq threads) / (raw senders + softirq threads), CPU-s per GB."""
+    mine = (dlfs["daemon_cpu_s_per_gb"] or 0) + (dlfs["softirq_cpu_s_per_gb"] or 0)
+    theirs = (raw["sender_cpu_s_per_gb"] or 0) + (raw["softirq_cpu_s_per_gb"] or 0)
+    return mine / theirs if theirs else None
 
 
 def targets(cases: list[dict]) -> list[tuple[str, float | None, float | None, str, str]]:
@@ -118,6 +132,12 @@ def targets(cases: list[dict]) -> list[tuple[str, float | None, float | None, st
         found.append((f"warm 110 KB: daemon CPU-s/GB <= {CPU_RATIO_GOAL:g}x the raw senders' "
                       "at every client count", highest[0], CPU_RATIO_GOAL,
                       f"highest with {highest[1]} clients", "<="))
+        with_softirq = [(c["cpu_ratio_with_softirq"], c["processes"]) for c in cases
+                        if c["cpu_ratio_with_softirq"] is not None]
+        highest = max(with_softirq)
+        found.append(("warm 110 KB: the same, each side with the kernel's softirq threads' "
+                      "CPU-s/GB added", highest[0], None,
+                      f"highest with {highest[1]} clients", "info"))
     return found
 
 
@@ -338,7 +358,8 @@ def _window(got: list[dict], wall_s: float, busy0, busy1) -> dict:
     span_s = max(g["stopped"] for g in got) - min(g["started"] for g in got)
     return {"bytes": nbytes, "span_s": span_s, "gb_per_s": nbytes / 1e9 / span_s,
             "wall_s": wall_s, "peer_cpu_s": sum(g["cpu_s"] for g in got),
-            "machine_busy": (busy1[0] - busy0[0]) / max(busy1[1] - busy0[1], 1e-9)}
+            "machine_busy": (busy1[0] - busy0[0]) / max(busy1[1] - busy0[1], 1e-9),
+            "softirq_cpu_s": busy1[2] - busy0[2]}
 
 
 def _summarise(windows: list[dict]) -> dict:
@@ -350,6 +371,8 @@ def _summarise(windows: list[dict]) -> dict:
             "gb_per_s_max": max(rates),
             "peer_cpu_s_per_gb": peer_s / gb if gb else None,
             "peer_cpu_utilisation": peer_s / wall_s,
+            "softirq_cpu_s_per_gb": (sum(w["softirq_cpu_s"] for w in windows) / gb
+                                     if gb else None),
             "machine_busy": statistics.median(w["machine_busy"] for w in windows),
             "windows": windows}
 
@@ -362,13 +385,14 @@ def _join(processes) -> None:
             process.join()
 
 
-def _machine_busy() -> tuple[float, float]:
-    """(busy, total) jiffies of all CPUs from /proc/stat's first line."""
+def _machine_busy() -> tuple[float, float, float]:
+    """(busy, total) jiffies of all CPUs from /proc/stat's first line, and the kernel's
+    softirq threads' CPU seconds so far."""
     with open("/proc/stat") as f:
         fields = [int(x) for x in f.readline().split()[1:]]
     idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
     total = sum(fields[:8])  # guest time is already in user
-    return total - idle, total
+    return total - idle, total, softirq_threads_cpu_s()
 
 
 def _worker_error(results) -> str:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import select
 import socket
+import struct
 import time
 
 
@@ -72,6 +73,43 @@ def recv_exactly(sock: socket.socket, view: memoryview, *, eof_ok: bool = False,
     finally:
         if deadline is not None:
             sock.settimeout(timeout)
+
+
+def recv_waiting(sock: socket.socket, view: memoryview, *, deadline: float) -> None:
+    """Fill `view` from `sock` as `recv_exactly` does (the socket's timeout bounds each
+    wait, `deadline` the whole), waiting in the kernel: a blocking `recv` with
+    MSG_WAITALL returns once the whole view arrived, where a socket with a timeout
+    costs a `poll` and a `recv` (and a turn of Python) per segment the sender's
+    kernel delivers, 64 KiB at a time over loopback.  For large payloads.
+
+    Raises socket.timeout, ConnectionResetError (closed in the middle), OSError.
+    """
+    timeout = sock.gettimeout()
+    sock.settimeout(None)  # blocking; SO_RCVTIMEO bounds each call instead
+    try:
+        got = 0
+        while got < len(view):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise socket.timeout("the deadline passed")
+            wait = left if timeout is None else min(left, timeout)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _timeval(wait))
+            try:
+                n = sock.recv_into(view[got:], 0, socket.MSG_WAITALL)
+            except BlockingIOError:  # SO_RCVTIMEO ran out with nothing received
+                raise socket.timeout("timed out") from None
+            if n == 0:
+                raise ConnectionResetError(0, "connection closed in the middle of a frame")
+            got += n
+    finally:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _timeval(0))
+        sock.settimeout(timeout)
+
+
+def _timeval(seconds: float) -> bytes:
+    """A struct timeval of `seconds` (0: no timeout; anything else at least 1 us)."""
+    micros = max(1, round(seconds * 1e6)) if seconds > 0 else 0
+    return struct.pack("ll", micros // 1_000_000, micros % 1_000_000)
 
 
 def wait_at_most(sock: socket.socket, deadline: float, bound_s: float | None = None) -> None:

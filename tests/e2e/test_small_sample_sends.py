@@ -85,7 +85,7 @@ def test_small_cached_samples_go_from_mappings_on_either_socket(daemon_factory, 
         assert status.mapped_send_bytes == mapped(client) > 0
     out = subprocess.run([sys.executable, "-m", "dlfs.cli", "--server", daemon.address,
                           "status"], capture_output=True, text=True, timeout=60).stdout
-    assert f"  small samples from mapped extents: on; " \
+    assert f"  cached samples sent from mapped extents: on; " \
            f"{human_bytes(status.mapped_send_bytes)} sent so far\n" in out
 
 

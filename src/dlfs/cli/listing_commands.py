@@ -234,7 +234,7 @@ def print_status(st: DaemonStatus) -> None:
         print(f"  sendfile from the page cache: {st.sendfile}{sent}")
     if st.mapped_sends:
         sent = f"; {human_bytes(st.mapped_send_bytes)} sent so far" if st.mapped_send_bytes else ""
-        print(f"  small samples from mapped extents: {st.mapped_sends}{sent}")
+        print(f"  cached samples sent from mapped extents: {st.mapped_sends}{sent}")
     metrics = (f"http://{st.metrics_address}/metrics" if st.metrics_address
                else "not served (dlfs-server --metrics-listen [HOST:]PORT serves them)")
     print(f"  metrics: {metrics}")

@@ -104,7 +104,8 @@ class ServerConfig:
     # a window buffer first.
     sendfile: bool = True
     # Send data path windows of small samples whose pages the page cache holds
-    # from read-only mappings of their extents, one copy per byte
+    # (of any size, to a client on this host over TCP) from read-only mappings of
+    # their extents, one copy per byte
     # (server/read/mapped_sends.py), instead of reading them into a buffer first.
     mapped_sends: bool = True
     # The cluster (docs/cluster.md): etcd's client URLs ("" : a daemon on its

@@ -130,8 +130,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "sendfile from the page cache instead of reading them into a buffer "
                          "first", choices=ON_OFF)
     option("--mapped-sends", "on the data path, send windows of small samples whose pages "
-                             "the page cache holds from read-only mappings of the "
-                             "extents instead of reading them into a buffer first",
+                             "the page cache holds (of any size, to a client on this "
+                             "host over TCP) from read-only mappings of the extents "
+                             "instead of reading them into a buffer first",
            choices=ON_OFF)
     for key, help_text in SETTINGS_HELP.items():
         kind = type(config_file.DEFAULTS[key])

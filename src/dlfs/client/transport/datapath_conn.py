@@ -39,7 +39,7 @@ from dlfs.errors import (
     Overloaded,
     Unavailable,
 )
-from dlfs.sockio import recv_exactly, send_all
+from dlfs.sockio import recv_exactly, recv_waiting, send_all
 
 log = logging.getLogger(__name__)
 
@@ -404,7 +404,7 @@ class DataConnection:
                 raise frames.parse_error(self._body(length), self.endpoint.label)
             if kind != frames.Kind.DATA or length > len(view) - filled:
                 raise self._unexpected(kind, "DATA within the announced payload")
-            recv_exactly(self._sock, view[filled:filled + length], deadline=self._deadline)
+            recv_waiting(self._sock, view[filled:filled + length], deadline=self._deadline)
             filled += length
             if checker is not None:
                 checker.check_until(filled)

@@ -21,6 +21,7 @@ for `stall_timeout_s` ends it too.  Nothing here imports grpc.
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import logging
 import select
 import socket
@@ -57,6 +58,8 @@ class DataConnection:
         self.header = bytearray(frames.FRAME.size)
         self.body = bytearray(1024)
         self.peer = _peer_name(self.sock)  # as logs name it
+        # Replies to it send cached windows of large samples from mappings, not sendfile.
+        self.same_host_tcp = _same_host_tcp(self.sock)
         self.role: str | None = None  # the HELLO token's role, when the daemon has tokens
         # Set by an `ingest` hook that handed the socket to another process: serving
         # ends and the socket is closed here without shutting the connection down.
@@ -350,3 +353,29 @@ def _peer_name(sock: socket.socket) -> str:
         return f"{host}:{port}"
     except OSError:
         return "?"
+
+
+def _same_host_tcp(sock: socket.socket) -> bool:
+    """Whether `sock` is TCP to a client on this host: from a loopback address or from
+    one of this host's own (the kernel routes those over loopback too).  Such bytes
+    never reach a NIC, so `sendfile`'s saved copy buys nothing there, and over the
+    loopback it measured dearer than one `sendmsg` from mappings (docs/DESIGN.md,
+    "How the daemon sends").  A client in another network namespace counts as
+    another host."""
+    if sock.family not in (socket.AF_INET, socket.AF_INET6):
+        return False
+    try:
+        peer = ipaddress.ip_address(sock.getpeername()[0])
+    except (OSError, ValueError):  # gone already, or a scoped IPv6 address
+        return False
+    peer = getattr(peer, "ipv4_mapped", None) or peer
+    if peer.is_loopback:
+        return True
+    # An address is this host's exactly when a socket can be bound to it.
+    family = socket.AF_INET if peer.version == 4 else socket.AF_INET6
+    with socket.socket(family, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.bind((str(peer), 0))
+        except OSError:
+            return False
+    return True

@@ -131,7 +131,8 @@ def send_reply(connection, dataset, header: list, order: RequestOrder, count) ->
     read into a pooled buffer (`_send_window`), or sent from the page cache with
     no buffer at all: by `sendfile` when its pieces are large and all cached
     (server/read/sendfiles.py), from mappings of the extents when its pieces are
-    small and their pages cached (server/read/mapped_sends.py).
+    small, or the client is on this host over TCP, and their pages are cached
+    (server/read/mapped_sends.py).
 
     The whole reply must be sent by `connection.reply_deadline` and every wait
     for the client ends after the stall timeout (socket.timeout: the
@@ -148,32 +149,49 @@ def send_reply(connection, dataset, header: list, order: RequestOrder, count) ->
     store = connection.store
     # Large cached samples straight from the page cache: no copy in the daemon.
     by_sendfile = store.reads.sendfile
-    # Small cached samples from mappings of their extents: one copy in the daemon.
+    # Small cached samples from mappings of their extents: one copy in the daemon (and
+    # large ones to a client on this host over TCP: cheaper there than sendfile).
     by_mapping = store.reads.maps is not None
     # The header goes out with the first window sent without a buffer (one system call,
     # and the client wakes once for both), else on its own before the first read.
     unsent: list | None = header
     advised = 0  # payload bytes below this were asked of the device ahead of their window
     for k, (start, stop) in enumerate(windows):
-        last = k == len(windows) - 1
-        # Small samples: one iovec each, in payload order (no sort, no join).
-        mapped = by_mapping and order.small(start, stop)
-        pieces = order.in_request_order(start, stop) if mapped else order.pieces(start, stop)
-        if mapped or (by_sendfile and sendfiles.worth(pieces)):
-            connection.sock.settimeout(connection.server.stall_timeout_s)
-            send = store.reads.send_mapped if mapped else store.reads.send_cached
-            head = frames.data_frame(stop - start)
-            if unsent is not None:
-                head = b"".join(unsent) + head
-            if send(dataset, pieces, connection.sock, head,
-                    before=count if last else None, deadline=deadline):
-                unsent = None
-                continue
+        before = count if k == len(windows) - 1 else None
+        small_to_map = by_mapping and order.for_mappings(start, stop)
+        sent = False
+        if small_to_map or by_mapping and connection.same_host_tcp and \
+                order.for_mappings(start, stop, large_too=True):
+            # One iovec per sample, in payload order (no sort, no join).
+            sent = _send_unbuffered(connection, store.reads.send_mapped, dataset,
+                                    order.in_request_order(start, stop), start, stop,
+                                    unsent, before, deadline)
+        # A small window whose pages were not all cached takes the read path.
+        if not sent and by_sendfile and not small_to_map:
+            pieces = order.pieces(start, stop)
+            sent = sendfiles.worth(pieces) and _send_unbuffered(
+                connection, store.reads.send_cached, dataset, pieces, start, stop, unsent,
+                before, deadline)
+        if sent:
+            unsent = None
+            continue
         if unsent is not None:
             connection.send(unsent, deadline)
             unsent = None
-        advised = _send_window(connection, dataset, order, start, stop, deadline,
-                               count if last else None, advised)
+        advised = _send_window(connection, dataset, order, start, stop, deadline, before,
+                               advised)
+
+
+def _send_unbuffered(connection, send, dataset, pieces, start: int, stop: int,
+                     unsent: list | None, before, deadline: float) -> bool:
+    """Payload bytes [start, stop) as one DATA frame by `send` (the read engine's
+    `send_mapped` or `send_cached`), preceded by the frames `unsent` if any: True when
+    sent, False (nothing sent) when the pages were not all cached."""
+    connection.sock.settimeout(connection.server.stall_timeout_s)
+    head = frames.data_frame(stop - start)
+    if unsent is not None:
+        head = b"".join(unsent) + head
+    return send(dataset, pieces, connection.sock, head, before=before, deadline=deadline)
 
 
 def _send_window(connection, dataset, order: RequestOrder, start: int, stop: int,

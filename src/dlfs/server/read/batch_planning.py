@@ -203,15 +203,16 @@ class RequestOrder:
         return [(a, min(a + window_bytes, self.payload_bytes))
                 for a in range(0, self.payload_bytes, window_bytes)]
 
-    def small(self, start: int, stop: int) -> bool:
+    def for_mappings(self, start: int, stop: int, *, large_too: bool = False) -> bool:
         """Whether payload bytes [start, stop) hold at least `limits.mapped_pieces_min`
-        samples averaging under `limits.sendfile_piece_bytes_min` (what a send from
-        mappings of the extents is for: many reads, each small)."""
+        samples, averaging under `limits.sendfile_piece_bytes_min` unless `large_too`
+        (what a send from mappings of the extents is for: many reads, each small; or,
+        to a client on this host over TCP, many reads of any size)."""
         first = int(np.searchsorted(self.end, start, side="right"))
         last = int(np.searchsorted(self.begin, stop, side="left"))
         count = last - first
         return count >= limits.mapped_pieces_min and \
-            stop - start < count * limits.sendfile_piece_bytes_min
+            (large_too or stop - start < count * limits.sendfile_piece_bytes_min)
 
     def in_request_order(self, start: int, stop: int) -> PieceColumns:
         """The file pieces filling payload bytes [start, stop) in payload order, one per
