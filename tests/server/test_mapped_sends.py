@@ -131,6 +131,32 @@ def test_pages_the_cache_does_not_hold_take_the_read_path(extents, wire, make_ma
     assert not maps.send(here, 1, pieces_of([(0, 150_000, 4096)]), b"HEAD")
 
 
+def test_sends_that_do_not_map_missing_extents_leave_them_to_map_soon(extents, wire,
+                                                                      make_maps):
+    """Large samples' windows (`map_missing=False`) never map an extent themselves;
+    `map_soon` maps one the page cache holds whole, and not one it holds in part."""
+    store, files, bodies = extents
+    maps = make_maps(files)
+    here, there = wire
+    spec = [(0, 0, 100_000), (0, 150_000, 100_000)]
+    for _ in range(30):
+        assert not maps.send(here, 1, pieces_of(spec), b"HEAD", map_missing=False)
+        time.sleep(0.01)
+    assert maps.mapped_count() == 0
+    # Extent 1 mostly out of the cache: asked to map both, only extent 0 is mapped.
+    fd = os.open(store.extent_path(1, 1), os.O_RDONLY)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    os.pread(fd, 4096, HEADER_BYTES)
+    os.close(fd)
+    maps.map_soon(1, np.array([0, 1, 0]))
+    mapped_when_ready(maps, lambda: maps.send(here, 1, pieces_of(spec), b"HEAD",
+                                              map_missing=False))
+    assert receive(there, 200_004) == b"HEAD" + bodies[0][:100_000] + bodies[0][150_000:250_000]
+    time.sleep(0.2)  # the thread had its turn at extent 1 too
+    assert maps.mapped_count() == 1
+    assert not maps.send(here, 1, pieces_of([(1, 0, 4096)]), b"HEAD", map_missing=False)
+
+
 def test_idle_mappings_are_unmapped_and_their_pages_can_be_dropped_again(extents, wire, make_maps):
     store, files, _ = extents
     maps = make_maps(files, idle_s=0.3)

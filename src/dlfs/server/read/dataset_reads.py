@@ -169,16 +169,23 @@ class DatasetReads:
                            before=before, deadline=deadline)))
 
     def send_mapped(self, dataset: DatasetIndex, pieces, sock, head: bytes, *,
-                    before=None, deadline: float | None = None) -> bool:
-        """As `send_cached`, for windows of small pieces: sent from read-only mappings of
+                    before=None, deadline: float | None = None,
+                    map_missing: bool = True) -> bool:
+        """As `send_cached`, for windows of many pieces: sent from read-only mappings of
         their extents when the page cache holds their pages (mapped_sends.py);
-        False, with nothing sent, otherwise."""
+        False, with nothing sent, otherwise (an extent not mapped yet is mapped in
+        the background if `map_missing`, else only by `map_soon`)."""
         maps = self.maps
         if maps is None:
             return False
         return self._sent_cached(dataset, pieces, self.metrics.mapped_send_bytes, lambda: (
             maps.send(sock, dataset.dataset_id, pieces, head, before=before,
-                      deadline=deadline)))
+                      deadline=deadline, map_missing=map_missing)))
+
+    def map_soon(self, dataset: DatasetIndex, extents) -> None:
+        """Map these extents of `dataset` in the background (see ExtentMaps.map_soon)."""
+        if self.maps is not None:
+            self.maps.map_soon(dataset.dataset_id, extents)
 
     def _sent_cached(self, dataset: DatasetIndex, pieces, counter, send) -> bool:
         """`send()` (True: sent), counted as cached ranges and in `counter`; ShortRead as

@@ -137,6 +137,7 @@ class ExtentMaps:
         # (dataset id, extent) -> when to try mapping it again (it could not be mapped)
         self._retry_at: dict[tuple[int, int], float] = {}
         self._wanted: set[tuple[int, int]] = set()  # for the thread to check and map
+        self._whole_only: set[tuple[int, int]] = set()  # of those, map only if nearly all cached
         self._forgets = 0  # datasets forgotten so far: a mapping begun before one is dropped
         self._budget = limits.mapped_check_burst_s  # seconds of scans it may spend now
         self._budget_at = clock()
@@ -146,11 +147,14 @@ class ExtentMaps:
     # --- sending ------------------------------------------------------------------------
 
     def send(self, sock: socket.socket, dataset_id: int, pieces: PieceColumns, head: bytes, *,
-             before: Callable[[], None] | None = None, deadline: float | None = None) -> bool:
+             before: Callable[[], None] | None = None, deadline: float | None = None,
+             map_missing: bool = True) -> bool:
         """Send `head`, then `pieces` in buffer-offset order (they must tile the window),
         from the mappings of their extents, if their last scans found every page cached.
 
-        Returns False, having sent nothing, otherwise; `before()` runs once
+        Returns False, having sent nothing, otherwise; an extent not mapped yet
+        is then mapped in the background if `map_missing` (else only by
+        `map_soon`).  `before()` runs once
         the window will go this way, before anything is sent.  Raises
         ShortRead after padding the window when a page cannot be read,
         socket.timeout when the peer stops reading for the socket's timeout
@@ -168,7 +172,7 @@ class ExtentMaps:
         taken: list[_Mapping] = []
         try:
             for number in numbers.tolist():
-                mapping = self._take(dataset_id, number)
+                mapping = self._take(dataset_id, number, map_missing)
                 if mapping is None:
                     return False
                 taken.append(mapping)
@@ -202,10 +206,23 @@ class ExtentMaps:
 
     # --- mappings: the serving side -------------------------------------------------
 
-    def _take(self, dataset_id: int, extent_no: int) -> _Mapping | None:
+    def map_soon(self, dataset_id: int, extents: np.ndarray) -> None:
+        """Have the background thread map and scan these extents of the dataset, those not
+        mapped yet and only if the page cache holds nearly all of each (populated at
+        once: a sender that found them cached another way, for its next window)."""
+        now = self._clock()
+        with self._lock:
+            if self._closed:
+                return
+            for extent_no in np.unique(extents).tolist():
+                key = (dataset_id, extent_no)
+                if key not in self._maps and now >= self._retry_at.get(key, 0.0):
+                    self._want(key, whole_only=True)
+
+    def _take(self, dataset_id: int, extent_no: int, map_missing: bool) -> _Mapping | None:
         """The extent's mapping, held for a send (`_release`), once mapped and scanned;
-        None otherwise.  Asks the background thread to map it, or to scan it again
-        when its last scan is older than `limits.mapped_recheck_s`."""
+        None otherwise.  Asks the background thread to map it (if `map_missing`), or to
+        scan it again when its last scan is older than `limits.mapped_recheck_s`."""
         key = (dataset_id, extent_no)
         now = self._clock()
         with self._lock:
@@ -213,7 +230,7 @@ class ExtentMaps:
                 return None
             mapping = self._maps.get(key)
             if mapping is None or mapping.resident is None:
-                if now >= self._retry_at.get(key, 0.0):
+                if map_missing and now >= self._retry_at.get(key, 0.0):
                     self._want(key)
                 return None
             if now >= mapping.scanned_at + limits.mapped_recheck_s:
@@ -229,7 +246,11 @@ class ExtentMaps:
         if unmap:
             mapping.unmap()
 
-    def _want(self, key) -> None:  # caller holds the lock
+    def _want(self, key, whole_only: bool = False) -> None:  # caller holds the lock
+        if whole_only and key not in self._wanted:
+            self._whole_only.add(key)
+        elif not whole_only:
+            self._whole_only.discard(key)
         if key not in self._wanted:
             self._wanted.add(key)
             if self._thread is None:
@@ -255,11 +276,12 @@ class ExtentMaps:
                 if not self._wanted:
                     self._wake.wait(self._idle_s / 2)
                 wanted, self._wanted = list(self._wanted), set()
+                whole_only, self._whole_only = self._whole_only, set()
                 self._lock.release()
                 try:
                     for key in wanted:
                         try:
-                            self._map_and_scan(key)
+                            self._map_and_scan(key, key in whole_only)
                         except Exception as exc:  # a missing or unreadable extent: read path
                             log.debug("extent %s not mapped: %s", key, exc)
                 finally:
@@ -269,10 +291,10 @@ class ExtentMaps:
                             if m.users == 0 and now - m.last_used >= self._idle_s]:
                     self._retire(key)
 
-    def _map_and_scan(self, key) -> None:
+    def _map_and_scan(self, key, whole_only: bool = False) -> None:
         """Map the extent if it is not (populated when the page cache holds nearly all of
-        it), then scan which of its pages are cached (`mincore`, within the time
-        share).  Runs on the background thread."""
+        it; not at all otherwise if `whole_only`), then scan which of its pages are
+        cached (`mincore`, within the time share).  Runs on the background thread."""
         now = self._clock()
         with self._lock:
             if self._closed or not self._spend(now):
@@ -282,7 +304,7 @@ class ExtentMaps:
             if mapping is not None:
                 mapping.users += 1  # not unmapped while scanned
         if mapping is None:
-            mapping = self._map(key, now)
+            mapping = self._map(key, now, whole_only)
             if mapping is None:
                 return
             with self._lock:
@@ -303,8 +325,9 @@ class ExtentMaps:
             mapping.resident = resident
             mapping.scanned_at = now
 
-    def _map(self, key, now: float) -> _Mapping | None:
-        """The extent mapped, or None (then not tried again for a while)."""
+    def _map(self, key, now: float, whole_only: bool = False) -> _Mapping | None:
+        """The extent mapped, or None (then not tried again for a while): when it cannot
+        be, or with `whole_only` when the page cache does not hold nearly all of it."""
         with self._files.acquire(*key) as fd:
             size = os.fstat(fd).st_size
             with self._lock:
@@ -315,7 +338,8 @@ class ExtentMaps:
                 # Nearly all cached: fill the page tables now, reading the few pages
                 # missing (a fault per 64 KiB on first touch costs the senders more).
                 whole = pages >= residency.pages_of(0, size) * limits.mapped_cached_share_min
-                mapping = _map(fd, size, now, populate=whole)
+                if whole or not whole_only:
+                    mapping = _map(fd, size, now, populate=whole)
         if mapping is None:
             with self._lock:
                 self._retry_at[key] = now + limits.mapped_recheck_s
