@@ -319,6 +319,11 @@ datapath_handshakes_per_peer_max = 32
 # A request frame must arrive whole this soon after its first byte (the
 # idle timeout bounds the wait for that first byte).
 datapath_request_timeout_s = 10.0
+# So must each frame of an ingest on the data path (a PIECE holds at most
+# `ingest_message_bytes` of data): a peer that trickles one cannot hold its
+# ingest's session, connection and reserved space for ever.  A paced ingest
+# (--max-rate, staging/pace.py) paces the reads between frames, not a frame.
+datapath_piece_timeout_s = 10.0
 # A window buffer waits at most this long on a client that is slow to make
 # room in its socket; then it goes back to the pool and the reply waits for
 # the client without one (and reads the rest of the window again once the

@@ -29,6 +29,7 @@ import pytest
 import dlfs
 from conftest import metric_samples, wait_until, write_tree
 from dlfs import Client, limits
+from dlfs.crc import crc32c
 from dlfs.formats import datapath_frames as frames
 from hostile_peers import Trickler, connect, read_frame, stall, welcomed
 
@@ -407,3 +408,42 @@ def test_a_trickled_request_is_cut_off_with_why(daemon_factory, tree):
         assert isinstance(error, dlfs.DeadlineExceeded) and "whole within" in error.message
         assert budget_s - 1 <= time.monotonic() - started <= budget_s + 15
         assert read_frame(sock) == (0, b"")
+
+
+def test_a_trickled_ingest_piece_is_cut_off_with_what_became_of_the_ingest(daemon_factory,
+                                                                            tree):
+    """The idle timeout bounds the wait between frames; a PIECE frame that began must
+    arrive whole within its budget, however its bytes trickle."""
+    daemon = daemon_factory()
+    with Client(daemon.address) as client:
+        tcp, _unix = endpoints_of(client)
+    with welcomed(tcp) as sock:
+        sock.sendall(frames.ingest_start("trickled", resumable=True))
+        kind, _body = read_frame(sock)
+        assert kind == frames.Kind.INGEST_READY
+        data = b"a whole first file"
+        sock.sendall(frames.piece(b"a.bin", len(data), first=True, last=True, size=len(data),
+                                  crc=crc32c(data)) + data)
+        trickled = frames.piece(b"b.bin", 1000, first=True, last=True, size=1000) + bytes(1000)
+        started = time.monotonic()
+        answer = None
+        for byte in trickled:  # a byte every half second: the whole would take 9 minutes
+            sock.sendall(bytes([byte]))
+            readable, _, _ = select.select([sock], [], [], 0.5)
+            if readable:
+                answer = read_frame(sock)
+                break
+        budget_s = limits.datapath_piece_timeout_s
+        assert answer is not None and answer[0] == frames.Kind.ERROR, answer
+        error = frames.parse_error(answer[1], "x")
+        assert isinstance(error, dlfs.DeadlineExceeded), error
+        assert f"did not arrive whole within {budget_s:g} s" in error.message
+        assert "the ingest is parked" in error.message or \
+            "the ingest was discarded" in error.message, error.message
+        assert budget_s - 1 <= time.monotonic() - started <= budget_s + 15
+        assert read_frame(sock) == (0, b"")
+    with Client(daemon.address) as client:  # nothing of it is left receiving
+        if "parked" in error.message:
+            client.discard_ingest("trickled")
+        assert "trickled" not in [info.name for info in client.dataset_infos()]
+    assert "Traceback" not in daemon.log()

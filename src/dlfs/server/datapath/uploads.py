@@ -14,17 +14,23 @@ connection then reads and drops what the client had already sent, up to
 its INGEST_END or until it closes, so the client always finds the ERROR
 frame.  A connection that closes (or idles out) before INGEST_END is a
 stream that broke off: a resumable ingest is parked, any other discarded.
-Nothing here imports grpc.
+The idle timeout bounds the wait for a frame's first byte, and each frame
+must then arrive whole within `limits.datapath_piece_timeout_s`: one that
+does not is answered with DeadlineExceeded (saying what became of the
+ingest) and the connection is closed.  Nothing here imports grpc.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import socket
+import time
 
 from dlfs import limits
 from dlfs.formats import datapath_frames as frames
-from dlfs.errors import Cancelled, DlfsError, InvalidArgument, PermissionDenied
+from dlfs.errors import (Cancelled, DeadlineExceeded, DlfsError, InvalidArgument,
+                         PermissionDenied)
 from dlfs.server.core.extents import disk_error
 from dlfs.server.ingest.ingest_machine import with_outcome
 
@@ -39,31 +45,42 @@ PIECE_BYTES_MAX = limits.ingest_message_bytes + 8 * 1024
 
 class FrameReader:
     """Frames from a socket through one reused buffer; a body is a view into it,
-    valid until the next call."""
+    valid until the next call.
 
-    def __init__(self, sock: socket.socket, size: int = _BUFFER_BYTES):
+    The socket's timeout bounds the wait for a frame's first byte; the whole
+    frame must then arrive within `frame_timeout_s` (FrameTimedOut), however
+    its bytes trickle."""
+
+    def __init__(self, sock: socket.socket, size: int = _BUFFER_BYTES,
+                 frame_timeout_s: float = limits.datapath_piece_timeout_s):
         self._sock = sock
+        self._idle_s = sock.gettimeout()
+        self._frame_timeout_s = frame_timeout_s
         self._buffer = bytearray(size)
         self._view = memoryview(self._buffer)
         self._start = self._end = 0
 
     def next(self, body_bytes_max: int) -> tuple[int, memoryview]:
         """(kind, body) of the next frame; kind 0 when the peer closed between frames.
-        Raises FrameError, ConnectionResetError (closed mid-frame), socket.timeout."""
-        if not self._fill(frames.FRAME.size, eof_ok=True):
+        Raises FrameError, ConnectionResetError (closed mid-frame), socket.timeout (no
+        first byte within the socket's timeout), FrameTimedOut."""
+        if not self._fill(1, eof_ok=True):
             return 0, memoryview(b"")
+        deadline = time.monotonic() + self._frame_timeout_s
+        self._fill(frames.FRAME.size, deadline=deadline)
         kind, _flags, length = frames.parse_frame(
             self._view[self._start:self._start + frames.FRAME.size])
         if length > body_bytes_max:
             raise frames.FrameError(f"a frame of kind {kind} announces {length} bytes, over "
                                       f"the limit of {body_bytes_max}")
-        self._fill(frames.FRAME.size + length)
+        self._fill(frames.FRAME.size + length, deadline=deadline)
         at = self._start + frames.FRAME.size
         self._start = at + length
         return kind, self._view[at:at + length]
 
-    def _fill(self, n: int, eof_ok: bool = False) -> bool:
-        """At least `n` unread bytes in the buffer, receiving as many as arrive."""
+    def _fill(self, n: int, eof_ok: bool = False, deadline: float | None = None) -> bool:
+        """At least `n` unread bytes in the buffer, receiving as many as arrive (by
+        `deadline`, if given: FrameTimedOut otherwise)."""
         if self._end - self._start >= n:
             return True
         if self._start + n > len(self._buffer):  # move the partial frame to the front
@@ -71,13 +88,36 @@ class FrameReader:
             self._buffer[:left] = self._view[self._start:self._end]
             self._start, self._end = 0, left
         while self._end - self._start < n:
-            got = self._sock.recv_into(self._view[self._end:])
+            if deadline is not None:
+                left_s = deadline - time.monotonic()
+                if left_s <= 0:
+                    raise FrameTimedOut(self._frame_timeout_s)
+                self._sock.settimeout(left_s if self._idle_s is None
+                                      else min(left_s, self._idle_s))
+            try:
+                got = self._sock.recv_into(self._view[self._end:])
+            except socket.timeout:
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise FrameTimedOut(self._frame_timeout_s) from None
+                raise
+            finally:
+                if deadline is not None:
+                    self._sock.settimeout(self._idle_s)
             if not got:
                 if eof_ok and self._end == self._start:
                     return False
                 raise ConnectionResetError(0, "connection closed in the middle of a frame")
             self._end += got
         return True
+
+
+class FrameTimedOut(Exception):
+    """A frame began but did not arrive whole within its time."""
+
+    def __init__(self, timeout_s: float):
+        super().__init__(f"a frame did not arrive whole within {timeout_s:g} s of its "
+                         "first byte")
+        self.timeout_s = timeout_s
 
 
 def ingest(connection, request: frames.IngestStartRequest) -> None:
@@ -112,6 +152,15 @@ def ingest(connection, request: frames.IngestStartRequest) -> None:
         info = _receive(reader, session, store)
     except BaseException as exc:
         note = store.ingests.break_off(session, f"{type(exc).__name__}: {exc}")  # never raises
+        if isinstance(exc, FrameTimedOut):  # told why, then closed: no drain of a trickle
+            log.warning("ingest of dataset %r over the data path from %s broke off: %s; %s",
+                        request.dataset, connection.peer, exc, note or "it had ended")
+            with contextlib.suppress(OSError):
+                connection.fail(frames.Kind.INGEST_START, with_outcome(DeadlineExceeded(
+                    f"a PIECE frame of the ingest did not arrive whole within "
+                    f"{exc.timeout_s:g} s of its first byte (the client or its network "
+                    "stalled mid-frame)"), note))
+            raise _Closed() from None
         if isinstance(exc, (_PeerGone, frames.FrameError)):
             log.warning("ingest of dataset %r over the data path from %s broke off: %s; %s",
                         request.dataset, connection.peer, exc, note or "it had ended")
@@ -141,6 +190,8 @@ class _PeerGone(Exception):
 def _next_frame(reader: FrameReader) -> tuple[int, memoryview]:
     try:
         return reader.next(PIECE_BYTES_MAX)
+    except FrameTimedOut:
+        raise
     except (OSError, frames.FrameError) as exc:
         raise _PeerGone(str(exc)) from exc
 
@@ -188,7 +239,7 @@ def _drain(reader: FrameReader) -> None:
             kind, _ = reader.next(PIECE_BYTES_MAX)
             if kind in (0, frames.Kind.INGEST_END):
                 return
-    except (OSError, frames.FrameError):
+    except (OSError, frames.FrameError, FrameTimedOut):
         raise _Closed() from None
 
 
