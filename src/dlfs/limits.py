@@ -209,6 +209,14 @@ stream_bytes_per_s_min = 1 * MiB
 # A gRPC connection's handshake (TCP to HTTP/2 settings, TLS included) must
 # be done this soon (gRPC's own default is 120 s).
 grpc_handshake_timeout_s = 10.0
+# gRPC connections (HTTP/2 over TCP, a descriptor each) the daemon holds at once;
+# one over it is closed as it is accepted (gRPC's max_allowed_incoming_connections),
+# so a flood of them cannot take the descriptors the extents and the data path
+# need.  One not past its handshake goes after grpc_handshake_timeout_s, one with
+# no call for grpc_connection_idle_s is closed (clients reconnect at their next
+# call).  gRPC has no per-peer share of them; the data path does.
+grpc_connections_max_default = 1024
+grpc_connection_idle_s = 300.0
 # How often the watchdog looks for such calls.
 call_watchdog_interval_s = 1.0
 # Concurrent ingest sessions (each holds one open extent and buffers entries).

@@ -447,3 +447,48 @@ def test_a_trickled_ingest_piece_is_cut_off_with_what_became_of_the_ingest(daemo
             client.discard_ingest("trickled")
         assert "trickled" not in [info.name for info in client.dataset_infos()]
     assert "Traceback" not in daemon.log()
+
+
+def closed_by_daemon(sock: socket.socket) -> bool:
+    """Whether the daemon closed `sock` (what it sent before, an HTTP/2 SETTINGS frame
+    to those it holds, is read and dropped)."""
+    sock.settimeout(0.2)
+    try:
+        while sock.recv(4096):
+            pass
+        return True
+    except ConnectionResetError:
+        return True
+    except socket.timeout:
+        return False
+
+
+def test_a_flood_of_grpc_connections_holds_at_most_the_bound(daemon_factory):
+    """Connections over --grpc-connections-max are closed as they are accepted, so the
+    descriptors a flood holds are bounded; those that never finish their handshake go
+    after its timeout, and clients are served again."""
+    daemon = daemon_factory(extra_args=["--grpc-connections-max", "4"])
+    host, _, port = daemon.address.rpartition(":")
+
+    def open_fds() -> int:
+        return len(os.listdir(f"/proc/{daemon.pid}/fd"))
+
+    with Client(daemon.address) as client:
+        client.status()
+    time.sleep(0.5)
+    before = open_fds()
+    flood = [socket.create_connection((host, int(port)), timeout=5) for _ in range(24)]
+    try:
+        time.sleep(1.0)
+        assert open_fds() - before <= 4 + 2, (before, open_fds())
+        # Those over the bound were closed at once.
+        assert sum(map(closed_by_daemon, flood)) >= 20
+        # The ones held never send a preface: gone after the handshake timeout.
+        time.sleep(limits.grpc_handshake_timeout_s + 1)
+        assert all(map(closed_by_daemon, flood))
+        with Client(daemon.address) as client:
+            assert client.dataset_infos() == []
+    finally:
+        for sock in flood:
+            sock.close()
+    assert "Traceback" not in daemon.log()

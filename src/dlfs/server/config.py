@@ -49,6 +49,7 @@ class ServerConfig:
     rpc_threads: int = limits.rpc_threads_default
     rpcs_concurrent_max: int = limits.rpcs_concurrent_max_default
     streams_per_connection_max: int = limits.streams_per_connection_max_default
+    grpc_connections_max: int = limits.grpc_connections_max_default
     streams_per_client_max: int = limits.streams_per_client_max_default
     stream_stall_timeout_s: float = limits.stream_stall_timeout_s_default
     inflight_bytes_max: int = limits.inflight_bytes_max_default
@@ -133,6 +134,7 @@ class ServerConfig:
             (0 < self.ingest_checkpoint_bytes and 0 < self.ingest_checkpoint_interval_s,
              "the ingest checkpoint bytes and interval must be positive"),
             (1 <= self.streams_per_connection_max, "streams_per_connection_max must be at least 1"),
+            (1 <= self.grpc_connections_max, "grpc_connections_max must be at least 1"),
             (1 <= self.streams_per_client_max, "streams_per_client_max must be at least 1"),
             (0 < self.stream_stall_timeout_s, "stream_stall_timeout_s must be positive"),
             (not self.etcd or (0 < len(self.cluster) <= 64 and "/" not in self.cluster),
@@ -192,6 +194,8 @@ SETTINGS_HELP = {
                                "checkpoint) after this many bytes",
     "ingest_checkpoint_interval_s": "... and at least this often (seconds) while it receives",
     "streams_per_connection_max": "concurrent calls one client connection may open",
+    "grpc_connections_max": "gRPC connections held at once; one over it is closed as it is "
+                            "accepted (each holds a descriptor)",
     "streams_per_client_max": "streamed reads and ingests one client host may run at once",
     "stream_stall_timeout_s": "a streamed read or ingest idle this long is cancelled",
     "inflight_bytes_max": "bytes of reads the daemon holds at once; more reads wait",

@@ -64,6 +64,9 @@ class Daemon:
                 ("grpc.max_concurrent_streams", config.streams_per_connection_max),
                 # A whole handshake (TCP to HTTP/2 settings, TLS included) has a deadline.
                 ("grpc.server_handshake_timeout_ms", int(limits.grpc_handshake_timeout_s * 1e3)),
+                # A bound on the connections (descriptors) a flood of clients can hold.
+                ("grpc.max_allowed_incoming_connections", config.grpc_connections_max),
+                ("grpc.max_connection_idle_ms", int(limits.grpc_connection_idle_s * 1e3)),
             ],
         )
         self.authorizer = authorizer
