@@ -384,6 +384,17 @@ def test_a_batch_header_in_place_of_hello_is_refused_for_its_size(daemon_factory
     assert "Traceback" not in daemon.log()
 
 
+def trickle_until_answered(sock: socket.socket, data: bytes, pause_s: float):
+    """Send `data` a byte every `pause_s` until the daemon answers: its first frame, or
+    None if it never did."""
+    for byte in data:
+        sock.sendall(bytes([byte]))
+        readable, _, _ = select.select([sock], [], [], pause_s)
+        if readable:
+            return read_frame(sock)
+    return None
+
+
 def test_a_trickled_request_is_cut_off_with_why(daemon_factory, tree):
     root, _files, _paths = tree
     daemon = daemon_factory()
@@ -394,13 +405,7 @@ def test_a_trickled_request_is_cut_off_with_why(daemon_factory, tree):
     with welcomed(tcp) as sock:
         started = time.monotonic()
         sock.settimeout(1.0)
-        answer = None
-        for byte in request:  # a byte a second: the whole takes a minute
-            sock.sendall(bytes([byte]))
-            readable, _, _ = select.select([sock], [], [], 1.0)
-            if readable:
-                answer = read_frame(sock)
-                break
+        answer = trickle_until_answered(sock, request, 1.0)  # the whole takes a minute
         # Cut off once the frame took its budget, however its bytes trickled, and told why.
         budget_s = limits.datapath_request_timeout_s
         assert answer is not None and answer[0] == frames.Kind.ERROR, answer
@@ -426,13 +431,7 @@ def test_a_trickled_ingest_piece_is_cut_off_with_what_became_of_the_ingest(daemo
                                   crc=crc32c(data)) + data)
         trickled = frames.piece(b"b.bin", 1000, first=True, last=True, size=1000) + bytes(1000)
         started = time.monotonic()
-        answer = None
-        for byte in trickled:  # a byte every half second: the whole would take 9 minutes
-            sock.sendall(bytes([byte]))
-            readable, _, _ = select.select([sock], [], [], 0.5)
-            if readable:
-                answer = read_frame(sock)
-                break
+        answer = trickle_until_answered(sock, trickled, 0.5)  # the whole would take 9 min
         budget_s = limits.datapath_piece_timeout_s
         assert answer is not None and answer[0] == frames.Kind.ERROR, answer
         error = frames.parse_error(answer[1], "x")
