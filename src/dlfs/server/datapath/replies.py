@@ -159,9 +159,9 @@ def send_reply(connection, dataset, header: list, order: RequestOrder, count) ->
     advised = 0  # payload bytes below this were asked of the device ahead of their window
     for k, (start, stop) in enumerate(windows):
         before = count if k == len(windows) - 1 else None
-        small_to_map = by_mapping and order.for_mappings(start, stop)
-        large_to_map = not small_to_map and by_mapping and connection.same_host_tcp and \
-            order.for_mappings(start, stop, large_too=True)
+        kind = order.mapping_kind(start, stop) if by_mapping else None
+        small_to_map = kind == "small"
+        large_to_map = kind == "large" and connection.same_host_tcp
         sent = False
         if small_to_map or large_to_map:
             # One iovec per sample, in payload order (no sort, no join).  Large samples

@@ -33,6 +33,7 @@ from dlfs.errors import (Cancelled, DeadlineExceeded, DlfsError, InvalidArgument
                          PermissionDenied)
 from dlfs.server.core.extents import disk_error
 from dlfs.server.ingest.ingest_machine import with_outcome
+from dlfs.sockio import wait_at_most
 
 log = logging.getLogger("dlfs.server.datapath.listener")
 
@@ -67,13 +68,16 @@ class FrameReader:
         if not self._fill(1, eof_ok=True):
             return 0, memoryview(b"")
         deadline = time.monotonic() + self._frame_timeout_s
-        self._fill(frames.FRAME.size, deadline=deadline)
-        kind, _flags, length = frames.parse_frame(
-            self._view[self._start:self._start + frames.FRAME.size])
-        if length > body_bytes_max:
-            raise frames.FrameError(f"a frame of kind {kind} announces {length} bytes, over "
-                                      f"the limit of {body_bytes_max}")
-        self._fill(frames.FRAME.size + length, deadline=deadline)
+        try:
+            self._fill(frames.FRAME.size, deadline=deadline)
+            kind, _flags, length = frames.parse_frame(
+                self._view[self._start:self._start + frames.FRAME.size])
+            if length > body_bytes_max:
+                raise frames.FrameError(f"a frame of kind {kind} announces {length} bytes, "
+                                          f"over the limit of {body_bytes_max}")
+            self._fill(frames.FRAME.size + length, deadline=deadline)
+        finally:
+            self._sock.settimeout(self._idle_s)  # what the deadline's waits shortened
         at = self._start + frames.FRAME.size
         self._start = at + length
         return kind, self._view[at:at + length]
@@ -88,21 +92,14 @@ class FrameReader:
             self._buffer[:left] = self._view[self._start:self._end]
             self._start, self._end = 0, left
         while self._end - self._start < n:
-            if deadline is not None:
-                left_s = deadline - time.monotonic()
-                if left_s <= 0:
-                    raise FrameTimedOut(self._frame_timeout_s)
-                self._sock.settimeout(left_s if self._idle_s is None
-                                      else min(left_s, self._idle_s))
             try:
+                if deadline is not None:
+                    wait_at_most(self._sock, deadline, self._idle_s)
                 got = self._sock.recv_into(self._view[self._end:])
             except socket.timeout:
                 if deadline is not None and time.monotonic() >= deadline:
                     raise FrameTimedOut(self._frame_timeout_s) from None
                 raise
-            finally:
-                if deadline is not None:
-                    self._sock.settimeout(self._idle_s)
             if not got:
                 if eof_ok and self._end == self._start:
                     return False

@@ -203,16 +203,18 @@ class RequestOrder:
         return [(a, min(a + window_bytes, self.payload_bytes))
                 for a in range(0, self.payload_bytes, window_bytes)]
 
-    def for_mappings(self, start: int, stop: int, *, large_too: bool = False) -> bool:
-        """Whether payload bytes [start, stop) hold at least `limits.mapped_pieces_min`
-        samples, averaging under `limits.sendfile_piece_bytes_min` unless `large_too`
-        (what a send from mappings of the extents is for: many reads, each small; or,
-        to a client on this host over TCP, many reads of any size)."""
+    def mapping_kind(self, start: int, stop: int) -> str | None:
+        """What a send from mappings of the extents would carry in payload bytes
+        [start, stop): "small" for at least `limits.mapped_pieces_min` samples averaging
+        under `limits.sendfile_piece_bytes_min` (many reads, each small), "large" for
+        that many averaging more (worth it only to a client on this host over TCP),
+        None for fewer."""
         first = int(np.searchsorted(self.end, start, side="right"))
         last = int(np.searchsorted(self.begin, stop, side="left"))
         count = last - first
-        return count >= limits.mapped_pieces_min and \
-            (large_too or stop - start < count * limits.sendfile_piece_bytes_min)
+        if count < limits.mapped_pieces_min:
+            return None
+        return "small" if stop - start < count * limits.sendfile_piece_bytes_min else "large"
 
     def in_request_order(self, start: int, stop: int) -> PieceColumns:
         """The file pieces filling payload bytes [start, stop) in payload order, one per
