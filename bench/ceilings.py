@@ -7,9 +7,11 @@
 |                   | batch size, this process `recv_into`s a preallocated one (warm) |
 | raw-unix-sendfile | a Unix socket: a child `os.sendfile`s each sample's range of    |
 |                   | the extent files, batch by batch, into `recv_into` (warm)       |
+| raw-tcp-mapped    | loopback TCP from the page cache: a child `sendmsg`s each       |
+|                   | batch's ranges from mappings of the extent files (warm)         |
 
 Each reports MB/s, samples/s (bandwidth / mean sample size for fio and
-raw-tcp; the samples sent for raw-unix-sendfile) and CPU: for the raw
+raw-tcp; the samples sent for raw-unix-sendfile and raw-tcp-mapped) and CPU: for the raw
 ceilings the sender child's CPU is the "daemon" figure and this process's
 the "client" one, measured as for every row (`bench.measure.CpuMeter`).
 The raw senders stream without waiting for requests; the latency columns
@@ -217,40 +219,37 @@ class RawTcp(_RawStream):
         return [int(round(workload.mean_sample_bytes * workload.batch_size))]
 
     def _start_sender(self) -> tuple[subprocess.Popen, socket.socket]:
-        with socket.create_server(("127.0.0.1", 0)) as listener:
-            listener.settimeout(SENDER_START_TIMEOUT_S)
-            port = listener.getsockname()[1]
-            sender = subprocess.Popen(_sender_command("tcp", "127.0.0.1", str(port),
-                                                      str(self._batch_bytes()[0])), cwd=REPO)
-            try:
-                sock, _ = listener.accept()
-            except BaseException:
-                sender.kill()
-                sender.wait()
-                raise
-        sock.settimeout(None)  # blocking, as fast as receiving gets (EOF ends a dead sender's)
-        return sender, sock
+        return _tcp_sender(lambda port: ("tcp", "127.0.0.1", str(port),
+                                         str(self._batch_bytes()[0])))
 
 
-class RawUnixSendfile(_RawStream):
-    """A Unix socket: `os.sendfile` of each sample's range of the extent files, `recv_into`.
+def _tcp_sender(args) -> tuple[subprocess.Popen, socket.socket]:
+    """A sender child started with `args(port)` that connects to a loopback listener
+    here, and the connection it made (blocking)."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        listener.settimeout(SENDER_START_TIMEOUT_S)
+        port = listener.getsockname()[1]
+        sender = subprocess.Popen(_sender_command(*args(port)), cwd=REPO)
+        try:
+            sock, _ = listener.accept()
+        except BaseException:
+            sender.kill()
+            sender.wait()
+            raise
+    sock.settimeout(None)  # blocking, as fast as receiving gets (EOF ends a dead sender's)
+    return sender, sock
 
-    The ranges are the samples' real places (`sample_locations`), in the
-    order of the workload's batch sequence, so the page cache pages it reads
-    are the ones the DLFS rows read; the first batch is checked sample by
-    sample against the generated CRC32C.
-    """
 
-    key = "raw-unix-sendfile"
-    label = "Unix socket limit: os.sendfile of each sample's extent range into recv_into"
-
-    def note(self) -> str:
-        return "one sendfile per sample, the batch sequence's ranges; daemon CPU = the sender's"
+class _PlannedStream(_RawStream):
+    """A sender child streams the samples' real places in the extent files
+    (`sample_locations`), in the order of the workload's batch sequence, so the page
+    cache pages it reads are the ones the DLFS rows read; the first batch is checked
+    sample by sample against the generated CRC32C."""
 
     def open(self, prepared: Prepared, cache: str) -> None:
         super().open(prepared, cache)
         self._batches = batch_sequence(prepared.workload)
-        self._tmp = tempfile.TemporaryDirectory(prefix="bench-sendfile-")
+        self._tmp = tempfile.TemporaryDirectory(prefix="bench-plan-")
 
     def close(self) -> None:
         super().close()
@@ -263,12 +262,34 @@ class RawUnixSendfile(_RawStream):
         sizes = self.prepared.sizes
         return [int(sizes[b].sum()) for b in self._batches]
 
-    def _start_sender(self) -> tuple[subprocess.Popen, socket.socket]:
+    def _plan(self) -> tuple[str, list[str]]:
+        """(the plan file: int64 triples file index, offset, length per sample of the
+        batch sequence, in order; the extent files)."""
         files, file_index, offsets = sample_locations(self.prepared)
         ids = np.concatenate(self._batches)
         plan = np.stack([file_index[ids], offsets[ids], self.prepared.sizes[ids]], axis=1)
         plan_path = os.path.join(self._tmp.name, "plan.i64")
         plan.astype("<i8").tofile(plan_path)
+        return plan_path, files
+
+    def _check_first(self, view: memoryview) -> None:
+        ids = self._batches[0]
+        ends = np.cumsum(self.prepared.sizes[ids]).tolist()
+        samples = [view[start:end] for start, end in zip([0] + ends[:-1], ends)]
+        check_samples(samples, ids, self.prepared.crcs)
+
+
+class RawUnixSendfile(_PlannedStream):
+    """A Unix socket: `os.sendfile` of each sample's range of the extent files, `recv_into`."""
+
+    key = "raw-unix-sendfile"
+    label = "Unix socket limit: os.sendfile of each sample's extent range into recv_into"
+
+    def note(self) -> str:
+        return "one sendfile per sample, the batch sequence's ranges; daemon CPU = the sender's"
+
+    def _start_sender(self) -> tuple[subprocess.Popen, socket.socket]:
+        plan_path, files = self._plan()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         with theirs:
             sender = subprocess.Popen(
@@ -276,11 +297,26 @@ class RawUnixSendfile(_RawStream):
                 cwd=REPO, pass_fds=[theirs.fileno()])
         return sender, ours  # blocking: the sender's exit is an EOF here
 
-    def _check_first(self, view: memoryview) -> None:
-        ids = self._batches[0]
-        ends = np.cumsum(self.prepared.sizes[ids]).tolist()
-        samples = [view[start:end] for start, end in zip([0] + ends[:-1], ends)]
-        check_samples(samples, ids, self.prepared.crcs)
+
+class RawTcpMapped(_PlannedStream):
+    """Loopback TCP from the page cache: one `sendmsg` per batch whose iovecs point into
+    read-only mappings of the extent files (what the daemon does for cached small
+    samples and for a client on this host), `recv_into`.  The bound of a data path
+    that copies each byte once in the sender and once in the receiver, with no
+    requests, planning or checks around the copies."""
+
+    key = "raw-tcp-mapped"
+    label = "loopback TCP limit from the page cache: sendmsg of each batch's ranges in the extent mappings into recv_into"
+
+    def note(self) -> str:
+        return ("one sendmsg per batch from the mappings, the batch sequence's ranges; "
+                "daemon CPU = the sender's")
+
+    def _start_sender(self) -> tuple[subprocess.Popen, socket.socket]:
+        plan_path, files = self._plan()
+        batch = str(self.prepared.workload.batch_size)
+        return _tcp_sender(lambda port: ("tcp-mapped", "127.0.0.1", str(port), batch,
+                                         plan_path, *files))
 
 
 def sample_locations(prepared: Prepared) -> tuple[list[str], np.ndarray, np.ndarray]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bench.ceilings import Fio, RawTcp, RawUnixSendfile
+from bench.ceilings import Fio, RawTcp, RawTcpMapped, RawUnixSendfile
 from bench.contenders import (BenchEnv, Contender, DlfsDirect, DlfsFuse, DlfsGetBatch, DlfsOut,
                               DlfsPrefetch, Ext4Files, Lmdb)
 
@@ -13,4 +13,5 @@ def all_contenders(env: BenchEnv) -> list[Contender]:
             DlfsGetBatch(env, "grpc", 1), DlfsGetBatch(env, "grpc", 4), DlfsPrefetch(env, "grpc"),
             DlfsGetBatch(env, "tcp", 1), DlfsGetBatch(env, "tcp", 4), DlfsPrefetch(env, "tcp"),
             DlfsOut(env, "tcp"), DlfsGetBatch(env, "unix", 1),
-            DlfsFuse(env), DlfsDirect(env), Fio(env), RawTcp(env), RawUnixSendfile(env)]
+            DlfsFuse(env), DlfsDirect(env), Fio(env), RawTcp(env), RawUnixSendfile(env),
+            RawTcpMapped(env)]

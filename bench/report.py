@@ -294,6 +294,14 @@ def check_targets(results: dict) -> list[dict]:
         tcp4["samples_per_s"] / lmdb["samples_per_s"] if tcp4 and lmdb else None, 1.0,
         f"{tcp4['samples_per_s']:,.0f}/s vs LMDB {lmdb['samples_per_s']:,.0f}/s"
         if tcp4 and lmdb else "")
+    # The bound of that comparison: the same sample ranges streamed from the page cache
+    # over loopback TCP with nothing but the copies (bench.ceilings.RawTcpMapped).
+    from_cache = _row(results, "4k", "warm", "raw-tcp-mapped")
+    add("warm 4 KB: DLFS TCP, 4 in flight vs TCP from the page cache (raw-tcp-mapped)",
+        tcp4["samples_per_s"] / from_cache["samples_per_s"] if tcp4 and from_cache else None,
+        None, f"{tcp4['samples_per_s']:,.0f}/s vs {from_cache['samples_per_s']:,.0f}/s; LMDB "
+        f"{lmdb['samples_per_s'] / from_cache['samples_per_s']:.2f}x of it"
+        if tcp4 and from_cache and lmdb else "")
     direct = _row(results, "4k", "warm", "dlfs-direct")
     add("warm 4 KB: co-located client (direct) >= 4x ext4 1 thread",
         direct["ratio_to_ext4_1"] if direct else None, 4.0,

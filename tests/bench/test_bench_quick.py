@@ -20,17 +20,17 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 CONTENDERS = {"ext4-1", "ext4-8", "lmdb", "lmdb-random", "dlfs-grpc-1", "dlfs-grpc-4",
               "dlfs-grpc-prefetch", "dlfs-tcp-1", "dlfs-tcp-4", "dlfs-tcp-prefetch",
               "dlfs-tcp-out-1", "dlfs-unix-1", "dlfs-fuse", "dlfs-direct", "fio", "raw-tcp",
-              "raw-unix-sendfile"}
+              "raw-unix-sendfile", "raw-tcp-mapped"}
 COLD_ONLY = {"fio"}
-WARM_ONLY = {"raw-tcp", "raw-unix-sendfile"}
+WARM_ONLY = {"raw-tcp", "raw-unix-sendfile", "raw-tcp-mapped"}
 ALWAYS_AVAILABLE = {"ext4-1", "ext4-8", "lmdb", "lmdb-random", "dlfs-grpc-1", "dlfs-grpc-4",
                     "dlfs-tcp-1", "dlfs-tcp-4", "dlfs-tcp-prefetch", "dlfs-tcp-out-1",
-                    "dlfs-unix-1", "raw-tcp", "raw-unix-sendfile"}
+                    "dlfs-unix-1", "raw-tcp", "raw-unix-sendfile", "raw-tcp-mapped"}
 # Rows whose "daemon" CPU figure is measured: they read through the daemon, or (raw-*)
 # have a sender process.  The others show only the client figure.
 SERVER_SIDE = {"dlfs-grpc-1", "dlfs-grpc-4", "dlfs-grpc-prefetch", "dlfs-tcp-1", "dlfs-tcp-4",
                "dlfs-tcp-prefetch", "dlfs-tcp-out-1", "dlfs-unix-1", "dlfs-fuse", "dlfs-direct",
-               "raw-tcp", "raw-unix-sendfile"}
+               "raw-tcp", "raw-unix-sendfile", "raw-tcp-mapped"}
 DATA_PATH_ROWS = {"dlfs-tcp-1", "dlfs-tcp-4", "dlfs-tcp-prefetch", "dlfs-tcp-out-1",
                   "dlfs-unix-1"}
 NUMBERS = ("samples_per_s", "mb_per_s", "p50_ms", "p99_ms", "ratio_to_ext4_1")
