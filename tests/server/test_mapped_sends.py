@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 import time
 
 import numpy as np
@@ -106,6 +107,31 @@ def test_a_window_of_two_extents_goes_out_in_window_order(extents, wire, make_ma
     for _ in range(20):
         assert maps.send(here, 1, pieces_of(spec), b"HEAD")
         assert receive(there, len(expected)) == expected
+
+
+@pytest.mark.parametrize("extent_count", [1, 2])
+def test_a_window_over_the_socket_buffer_goes_out_whole_across_partial_sends(
+        extents, wire, make_maps, extent_count):
+    """A window the socket cannot take in one call is finished piece by piece from
+    where each partial `sendmsg` stopped (mid-piece too), in order: from one extent
+    (the common case's shorter path) and from two."""
+    _, files, bodies = extents
+    rng = np.random.default_rng(5)
+    spec = [(int(e), int(o), int(n)) for e, o, n in zip(
+        rng.integers(0, extent_count, 600), rng.integers(0, 290_000, 600), rng.integers(1, 10_000, 600))]
+    expected = b"HEAD" + b"".join(bodies[e][o:o + n] for e, o, n in spec)
+    maps = make_maps(files)
+    here, there = wire
+    here.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 64 * 1024)
+    mapped_when_ready(maps, lambda: maps.send(here, 1, pieces_of([(0, 0, 1), (1, 0, 1)]),
+                                              b"H"))
+    receive(there, 3)
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(receive(there, len(expected))))
+    reader.start()
+    assert maps.send(here, 1, pieces_of(spec), b"HEAD", deadline=time.monotonic() + 30)
+    reader.join(30)
+    assert len(expected) > 1_000_000 and got == [expected]
 
 
 def test_pages_the_cache_does_not_hold_take_the_read_path(extents, wire, make_maps):

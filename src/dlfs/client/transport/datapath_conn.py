@@ -518,9 +518,8 @@ def sample_views(source: memoryview, lengths: np.ndarray) -> tuple[list[memoryvi
     """(a view of `source` per item, each item's end) for items of `lengths` bytes back to
     back.  The views are cut by `map` over slice objects: no Python bytecode runs per
     item (256 items: about a fifth less than a list comprehension)."""
-    ends = np.cumsum(lengths, dtype=np.int64)
-    end_list = ends.tolist()
-    starts = (ends - lengths.astype(np.int64)).tolist()
+    end_list = np.cumsum(lengths, dtype=np.int64).tolist()
+    starts = [0] + end_list[:-1]
     return list(map(source.__getitem__, map(slice, starts, end_list))), end_list
 
 

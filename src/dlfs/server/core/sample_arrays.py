@@ -137,11 +137,14 @@ class SampleArrays:
         if values.ndim != 1 or values.dtype.kind not in "iu":
             raise InvalidArgument("sample ids must be a flat sequence of integers")
         if values.dtype.kind == "u" and values.dtype.itemsize == 8:
-            bad = values >= len(self)
+            out_of_range = int(values.max()) >= len(self)
         else:
             values = values.astype(np.int64, copy=False)
-            bad = (values < 0) | (values >= len(self))
-        if bad.any():
+            # Two reductions, no temporary arrays: this runs for every batch.
+            out_of_range = int(values.min()) < 0 or int(values.max()) >= len(self)
+        if out_of_range:
+            bad = (values >= len(self)) if values.dtype.kind == "u" else \
+                (values < 0) | (values >= len(self))
             first = int(np.asarray(ids)[np.argmax(bad)])
             raise InvalidArgument(self._range_message(first))
         return values.astype(np.int64, copy=False)

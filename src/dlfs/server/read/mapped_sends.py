@@ -89,7 +89,8 @@ _IOVEC = np.dtype([("base", np.uint64), ("len", np.uint64)])
 class _Mapping:
     """One extent mapped read-only; unmapped once retired and no send uses it."""
 
-    __slots__ = ("address", "size", "users", "last_used", "retired", "resident", "scanned_at")
+    __slots__ = ("address", "size", "users", "last_used", "retired", "resident", "whole",
+                 "scanned_at")
 
     def __init__(self, address: int, size: int, now: float):
         self.address, self.size = address, size
@@ -98,6 +99,7 @@ class _Mapping:
         self.retired = False
         # Cached pages before page i, for every i (the last scan's `mincore`), or None.
         self.resident: np.ndarray | None = None
+        self.whole = False  # whether the last scan found every page cached
         self.scanned_at = 0.0
 
     def unmap(self) -> None:
@@ -176,12 +178,20 @@ class ExtentMaps:
                 if mapping is None:
                     return False
                 taken.append(mapping)
-            which = np.searchsorted(numbers, extent) if len(taken) > 1 else 0
-            bases = np.array([m.address for m in taken], dtype=np.uint64)[which]
-            ends = np.array([m.size for m in taken], dtype=np.int64)[which]
-            if (offset < 0).any() or (offset + size > ends).any():
-                return False  # past the end of the file when mapped: the read path says so
-            if not _all_resident(taken, which, offset, size):
+            if len(taken) == 1:  # the common case, in fewer array operations
+                which, mapping = 0, taken[0]
+                bases = np.uint64(mapping.address)
+                if int(offset.min()) < 0 or int((offset + size).max()) > mapping.size:
+                    return False  # past the end of the file when mapped: the read path
+            else:
+                which = np.searchsorted(numbers, extent)
+                bases = np.array([m.address for m in taken], dtype=np.uint64)[which]
+                ends = np.array([m.size for m in taken], dtype=np.int64)[which]
+                if (offset < 0).any() or (offset + size > ends).any():
+                    return False  # past the end of the file when mapped: the read path
+            # An extent whose last scan found every page cached needs no look per piece.
+            if not all(m.whole for m in taken) and \
+                    not _all_resident(taken, which, offset, size):
                 return False  # the read path reads what is missing, all at once
             if before is not None:
                 before()
@@ -323,6 +333,7 @@ class ExtentMaps:
         with self._lock:
             self._budget -= took
             mapping.resident = resident
+            mapping.whole = resident is not None and int(resident[-1]) == len(resident) - 1
             mapping.scanned_at = now
 
     def _map(self, key, now: float, whole_only: bool = False) -> _Mapping | None:
@@ -429,14 +440,13 @@ def _send_iovecs(sock: socket.socket, iovecs: np.ndarray, deadline: float | None
     OSError.  `iovecs` is changed (its first unsent entry is advanced)."""
     fd = sock.fileno()
     timeout = sock.gettimeout()
-    lengths = iovecs["len"].copy()
-    bases = iovecs["base"].copy()
-    ends = np.cumsum(lengths)
-    total = int(ends[-1])
+    address = iovecs.ctypes.data
+    total = int(iovecs["len"].sum())
+    ends = lengths = bases = None  # for a send cut short: made then
     message = _MsgHdr()
     sent = first = 0
     while sent < total:
-        message.msg_iov = iovecs.ctypes.data + first * _IOVEC.itemsize
+        message.msg_iov = address + first * _IOVEC.itemsize
         message.msg_iovlen = min(IOV_MAX, len(iovecs) - first)
         n = _sendmsg(fd, ctypes.byref(message), _SEND_FLAGS)
         if n < 0:
@@ -452,6 +462,11 @@ def _send_iovecs(sock: socket.socket, iovecs: np.ndarray, deadline: float | None
         if deadline is not None and time.monotonic() > deadline and sent + n < total:
             raise socket.timeout("the reply's deadline passed")
         sent += n
+        if sent == total:
+            break
+        if ends is None:  # the iovecs as given, before any is advanced
+            lengths, bases = iovecs["len"].copy(), iovecs["base"].copy()
+            ends = np.cumsum(lengths)
         first = int(np.searchsorted(ends, sent, side="right"))
         if first < len(iovecs):
             done = sent - (int(ends[first - 1]) if first else 0)
