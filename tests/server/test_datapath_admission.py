@@ -12,7 +12,7 @@ import pytest
 
 import dlfs
 from dlfs.server.datapath.admission import Admission, peer_of
-from dlfs.server.datapath.listener import WindowBuffers
+from dlfs.server.datapath.window_buffers import WindowBuffers
 
 
 @pytest.fixture

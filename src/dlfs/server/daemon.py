@@ -23,8 +23,8 @@ from dlfs.server.auth import Authorizer, load_tokens
 from dlfs.server.cluster_member import ClusterMember
 from dlfs.server.grpc.call_guard import CallGuard
 from dlfs.server.config import long_call_slots, peer_share
-from dlfs.server.datapath.listener import (DataPathInfo, DataPathServer, bind_listeners,
-                                           close_listeners)
+from dlfs.server.datapath.listen_sockets import bind_listeners, close_listeners
+from dlfs.server.datapath.listener import DataPathInfo, DataPathServer
 from dlfs.server.datapath.worker_store import WorkerSettings
 from dlfs.server.datapath.workers import WorkerSupervisor, worker_shares
 from dlfs.server.grpc.interceptor import ErrorInterceptor, tolerant

@@ -37,33 +37,32 @@ main process; the main process serves those with `adopt`.
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import errno
 import logging
 import os
-import resource
 import select
 import socket
 import struct
 import threading
-import time
-from typing import Iterator, NamedTuple
-
-import numpy as np
+from typing import NamedTuple
 
 from dlfs import limits
 from dlfs.errors import DlfsError, Overloaded, Unavailable
 from dlfs.formats import datapath_frames as frames
 from dlfs.server.config import peer_share
 from dlfs.server.datapath import uploads
+from dlfs.server.datapath.accept_episodes import (RESOURCE_ERRNOS, TRANSIENT_ERRNOS,
+                                                  AcceptEpisodes)
 from dlfs.server.datapath.admission import Admission, Entry
 from dlfs.server.datapath.conn_handler import DataConnection
-from dlfs.sockio import send_all, unix_address, wait_at_most
+from dlfs.server.datapath.listen_sockets import LISTEN_BACKLOG, bind_listeners, close_listeners
+from dlfs.server.datapath.refusals import close_connection, refuse
+from dlfs.server.datapath.window_buffers import WindowBuffers
 
 log = logging.getLogger(__name__)
 
-_LISTEN_BACKLOG = 128
+LISTEN_BACKLOG = 128
 _NO_TIMEOUT = struct.pack("ll", 0, 0)  # a struct timeval of zero: SO_RCVTIMEO off
 
 
@@ -76,116 +75,6 @@ class DataPathInfo(NamedTuple):
     port: int
     unix_socket: str
     instance: bytes
-
-
-class WindowBuffers:
-    """A fixed pool of window buffers, created on first need, reused forever.  Thread-safe.
-
-    At most `bytes_max // window_bytes` exist (at least one), and one peer holds
-    at most `per_peer_max` of them at once (default: `limits.datapath_peer_share`
-    of them).  A reply takes one per window it reads and gives it back as soon
-    as the window went out or its client stopped taking bytes (`replies`), so a
-    client that stopped reading holds none.  A take that finds none it may have
-    waits, up to `limits.budget_wait_s_max` or its deadline, and is refused with
-    Overloaded.
-    """
-
-    def __init__(self, window_bytes: int, bytes_max: int, per_peer_max: int = 0):
-        self.window_bytes = window_bytes
-        self.count_max = max(1, bytes_max // window_bytes)
-        self.per_peer_max = peer_share(self.count_max, per_peer_max)
-        self._free: list[np.ndarray] = []
-        self._created = 0
-        self._held: collections.Counter = collections.Counter()  # peer -> buffers held
-        self._cond = threading.Condition()
-
-    @contextlib.contextmanager
-    def take(self, peer: str = "", deadline: float | None = None) -> Iterator[np.ndarray]:
-        """A buffer for `peer` for the block.  Raises Overloaded."""
-        buffer = self._take(peer, deadline)
-        try:
-            yield buffer
-        finally:
-            with self._cond:
-                self._free.append(buffer)
-                self._held[peer] -= 1
-                if not self._held[peer]:
-                    del self._held[peer]
-                self._cond.notify_all()  # waiters differ in whose share they wait for
-
-    def held(self, peer: str) -> int:
-        with self._cond:
-            return self._held[peer]
-
-    def _take(self, peer: str, deadline: float | None) -> np.ndarray:
-        give_up = time.monotonic() + limits.budget_wait_s_max
-        if deadline is not None:
-            give_up = min(give_up, deadline)
-        with self._cond:
-            while (self._held[peer] >= self.per_peer_max
-                   or (not self._free and self._created >= self.count_max)):
-                remaining = give_up - time.monotonic()
-                if remaining <= 0:
-                    raise self._refusal(peer)
-                self._cond.wait(remaining)
-            self._held[peer] += 1
-            if self._free:
-                return self._free.pop()
-            self._created += 1
-        return np.empty(self.window_bytes, dtype=np.uint8)
-
-    def _refusal(self, peer: str) -> Overloaded:
-        if self._held[peer] >= self.per_peer_max:
-            return Overloaded(
-                f"{peer} holds {self._held[peer]} of the data path's {self.count_max} window "
-                "buffers, its share, in replies it does not read; read them, or retry later")
-        return Overloaded(
-            f"every data path window buffer is in use ({self.count_max} of "
-            f"{self.window_bytes} bytes, --datapath-buffer-bytes-max); retry later")
-
-
-def bind_listeners(tcp_host: str | None, tcp_port: int,
-                   unix_socket: str) -> tuple[list[socket.socket], int]:
-    """(listening sockets, the TCP port bound): TCP on `tcp_host`:`tcp_port` (port 0
-    picks one; no TCP when `tcp_host` is None) and the Unix socket `unix_socket` (a
-    path, "@name" in the abstract namespace, "" for none).  Raises RuntimeError
-    naming an address that cannot be bound (nothing stays bound then)."""
-    bound: list[socket.socket] = []
-    port = 0
-    path_bound = ""  # the Unix socket's path once it is ours to free
-    try:
-        if tcp_host is not None:
-            family = socket.AF_INET6 if ":" in tcp_host else socket.AF_INET
-            listener = socket.socket(family, socket.SOCK_STREAM)
-            bound.append(listener)
-            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            listener.bind((tcp_host.strip("[]"), tcp_port))
-            port = listener.getsockname()[1]
-            listener.listen(_LISTEN_BACKLOG)
-        if unix_socket:
-            listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            bound.append(listener)
-            listener.bind(unix_address(unix_socket))
-            path_bound = unix_socket
-            if not unix_socket.startswith("@"):
-                os.chmod(unix_socket, 0o666)  # tokens, not file modes, guard it
-            listener.listen(_LISTEN_BACKLOG)
-    except OSError as exc:
-        close_listeners(bound, path_bound)
-        raise RuntimeError(f"cannot listen for the data path: {exc.strerror or exc}") from None
-    return bound, port
-
-
-def close_listeners(listeners: list[socket.socket], unix_socket: str) -> None:
-    """Close listening sockets this process bound (every process that shares them
-    stops accepting: their accept() fails) and free the Unix socket's path."""
-    for listener in listeners:
-        with contextlib.suppress(OSError):
-            listener.shutdown(socket.SHUT_RDWR)  # wakes the threads blocked in accept()
-        listener.close()
-    if unix_socket and not unix_socket.startswith("@"):
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(unix_socket)
 
 
 class DataPathServer:
@@ -246,7 +135,7 @@ class DataPathServer:
         # to accept a waiting connection and tell it why it is not served.
         self._spare: int | None = None
         self._spare_lock = threading.Lock()
-        self._starving = _Starving()
+        self._starving = AcceptEpisodes()
         # Accepts running without the spare's lock (descriptors were not short when
         # they began): the spare is given up only once none is left, or one of them
         # could take its descriptor and leave the waiting clients unanswered.
@@ -337,14 +226,14 @@ class DataPathServer:
         INGEST_START): its HELLO was answered there (`role` is its token's role), and
         `kind`/`body` is the request frame it read last, answered first here."""
         if self._stopping.is_set():
-            _refuse(sock, Unavailable("the daemon is shutting down"))
+            refuse(sock, Unavailable("the daemon is shutting down"))
             return
         entry = self.admission.arrive(sock)
         try:
             self.admission.admit(entry)
         except Overloaded as exc:
             self.admission.leave(entry)
-            _refuse(sock, exc)
+            refuse(sock, exc)
             return
         self.count_connections()
         threading.Thread(target=self._serve, args=(entry, (role, kind, body)), daemon=True,
@@ -354,7 +243,7 @@ class DataPathServer:
 
     def _accept(self, listener: socket.socket, label: str) -> None:
         """Accept until `stop()`.  Out of descriptors or kernel memory: count it, say so
-        once per episode (`_Starving`), refuse the waiting connections with an ERROR
+        once per episode (`AcceptEpisodes`), refuse the waiting connections with an ERROR
         that says why, back off (doubling) and accept again once there is room."""
         backoff_s = 0.0
         while not self._stopping.is_set():
@@ -365,7 +254,7 @@ class DataPathServer:
             except OSError as exc:
                 if self._stopping.is_set():
                     return
-                if exc.errno in _RESOURCE_ERRNOS:
+                if exc.errno in RESOURCE_ERRNOS:
                     self.store.metrics.data_accept_errors.labels(
                         errno.errorcode.get(exc.errno, str(exc.errno))).inc()
                     self._starving.failed(label, exc)
@@ -375,7 +264,7 @@ class DataPathServer:
                                         limits.datapath_accept_backoff_s_max)
                         self._stopping.wait(backoff_s)
                         continue
-                elif exc.errno in _TRANSIENT_ERRNOS:
+                elif exc.errno in TRANSIENT_ERRNOS:
                     continue  # that connection is gone; the next one is not
                 else:
                     log.error("accepting on the data path's %s failed: %s; trying again",
@@ -406,7 +295,7 @@ class DataPathServer:
 
     def _start(self, sock: socket.socket) -> None:
         if self._stopping.is_set():
-            _refuse(sock, Unavailable("the daemon is shutting down"))
+            refuse(sock, Unavailable("the daemon is shutting down"))
             return
         entry = self.admission.arrive(sock)
         self.count_connections()
@@ -417,7 +306,7 @@ class DataPathServer:
             self.admission.leave(entry)
             self.count_connections()
             self.store.metrics.data_refused.labels("threads").inc()
-            _refuse(sock, Overloaded(f"the daemon cannot start a thread for this data "
+            refuse(sock, Overloaded(f"the daemon cannot start a thread for this data "
                                      f"connection ({exc}); reading through gRPC, or retry "
                                      "later"))
 
@@ -450,7 +339,7 @@ class DataPathServer:
     def _refuse_through_spare(self, listener: socket.socket, poller, error: DlfsError
                               ) -> socket.socket | None:
         """`_refuse_waiting`'s loop, under the spare's lock with no other accept running."""
-        for _ in range(_LISTEN_BACKLOG):
+        for _ in range(LISTEN_BACKLOG):
             if self._spare is None:
                 try:
                     self._spare = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
@@ -468,7 +357,7 @@ class DataPathServer:
                 self._spare = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
             except OSError:
                 self.store.metrics.data_refused.labels("descriptors").inc()
-                _refuse(sock, error)
+                refuse(sock, error)
                 continue
             return sock  # a descriptor was free after all: serve it
         return None
@@ -509,94 +398,4 @@ class DataPathServer:
             else:
                 # Only a served connection's client is owed the time to read a last
                 # ERROR frame while what it still sends is drained.
-                _close(sock, drain=entry.served)
-
-
-class _Starving:
-    """Episodes of failed accepts (out of descriptors or memory), for the log: one line
-    when an episode starts and one when accepts succeed again, however often a
-    daemon at its limit flaps between the two.  Failures less than
-    `limits.datapath_accept_episode_s` apart are one episode.  Thread-safe (the
-    accept loops of both listeners share one)."""
-
-    def __init__(self, clock=time.monotonic):
-        self._clock = clock
-        self._lock = threading.Lock()
-        self._last_failure: float | None = None
-        self._since = 0.0
-        self._failures = 0
-        self._recovered = True
-        # The last accept failed for want of room (read without the lock: a hint).
-        self.short = False
-
-    def failed(self, label: str, exc: OSError) -> None:
-        now = self._clock()
-        with self._lock:
-            new = self._last_failure is None or \
-                now - self._last_failure > limits.datapath_accept_episode_s
-            self._last_failure = now
-            if new:
-                self._since, self._failures, self._recovered = now, 0, False
-            self._failures += 1
-            self.short = True
-        if new:
-            log.warning("cannot accept data path connections on the %s: %s (%s); telling "
-                        "waiting clients to read through gRPC, and trying again (RLIMIT_NOFILE "
-                        "%d: raise it, e.g. LimitNOFILE= in the systemd unit, if this recurs)",
-                        label, exc.strerror, errno.errorcode.get(exc.errno, exc.errno),
-                        resource.getrlimit(resource.RLIMIT_NOFILE)[0])
-
-    def accepted(self, label: str) -> None:
-        self.short = False
-        if self._recovered:  # the common case (no episode, or its end said), without the lock
-            return
-        with self._lock:
-            if self._recovered:
-                return
-            self._recovered = True
-            failures, since = self._failures, self._since
-        log.warning("accepting data path connections again (on the %s) after %d failed "
-                    "accepts in %.1f s", label, failures, self._clock() - since)
-
-
-# Accept errors that mean "no room now" (descriptors, kernel memory), not "no listener".
-_RESOURCE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
-# Accept errors of one connection that went away (or a firewall's verdict on it).
-_TRANSIENT_ERRNOS = frozenset({errno.ECONNABORTED, errno.EPROTO, errno.EINTR, errno.EAGAIN,
-                               errno.EPERM, errno.ENETDOWN, errno.ENOPROTOOPT, errno.EHOSTDOWN,
-                               errno.ENONET, errno.EHOSTUNREACH, errno.EOPNOTSUPP,
-                               errno.ENETUNREACH})
-
-
-def _refuse(sock: socket.socket, error: DlfsError) -> None:
-    """Answer a connection that cannot be served with one ERROR frame, then close it."""
-    try:
-        send_all(sock, [frames.error(error)],
-                 deadline=time.monotonic() + limits.datapath_error_send_s)
-    except OSError:
-        pass
-    _close(sock, drain=False)
-
-
-def _close(sock: socket.socket, *, drain: bool = True) -> None:
-    """Close so that a last ERROR frame arrives: closing with unread input would reset
-    the connection, and with `drain` the client's unread bytes are read first (at
-    most `limits.datapath_drain_bytes_max`, for at most `limits.datapath_drain_s`).
-    The frame survives a reset on Linux, but a client's send then fails instead of
-    finishing; a connection that never authenticated is not owed that."""
-    try:
-        sock.shutdown(socket.SHUT_WR)
-        if drain:
-            give_up = time.monotonic() + limits.datapath_drain_s
-            drained = 0
-            chunk = bytearray(65536)
-            while drained < limits.datapath_drain_bytes_max:
-                wait_at_most(sock, give_up)
-                n = sock.recv_into(chunk)
-                if not n:
-                    break
-                drained += n
-    except OSError:
-        pass
-    finally:
-        sock.close()
+                close_connection(sock, drain=entry.served)
