@@ -487,7 +487,9 @@ def scaling_markdown(scaling: dict | None) -> list[str]:
         f"DLFS: N processes, each its own `Client(addr, data_path=\"tcp\")`, one batch of "
         f"{scaling['batch_size']} in flight, its own random batches.  Raw TCP: N sender "
         "processes (`sendall` of one reused buffer of the mean batch size) each into its own "
-        f"receiver process (`recv_into`), N connections at once.  {scaling['runs']} window(s) "
+        "receiver process (`recv_into`), N connections at once; from the page cache: each "
+        "sender `sendmsg`s its own random batches from mappings of the extent files.  "
+        f"{scaling['runs']} window(s) "
         f"of {scaling['duration_s']:g} s per side and N, all processes started together; "
         f"{scaling['cpus']} CPUs.  GB/s: median (min–max) of the aggregate.  Daemon CPUs busy: "
         "CPU seconds of the daemon and all its processes per wall second (1.0 = one CPU), "
@@ -496,11 +498,12 @@ def scaling_markdown(scaling: dict | None) -> list[str]:
     lines.append("| clients N | DLFS GB/s | raw TCP GB/s | DLFS / raw | daemon CPUs busy "
                  "(workers) | daemon CPU-s/GB | raw senders' CPU-s/GB | daemon / senders | "
                  "client CPU-s/GB | raw receivers' CPU-s/GB | machine busy | softirq threads' "
-                 "CPU-s/GB (DLFS, raw) | with them: daemon / senders |")
+                 "CPU-s/GB (DLFS, raw) | with them: daemon / senders | raw TCP from the page "
+                 "cache GB/s | DLFS / it |")
     lines.append("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
-                 "| ---: | ---: |")
+                 "| ---: | ---: | ---: | ---: |")
     for c in scaling["cases"]:
-        dlfs, raw = c["dlfs"], c["raw"]
+        dlfs, raw, cached = c["dlfs"], c["raw"], c.get("raw_from_cache")
         workers = dlfs.get("worker_cpu_utilisation") or []
         lines.append(
             f"| {c['processes']} | {dlfs['gb_per_s']:.2f} ({dlfs['gb_per_s_min']:.2f}–"
@@ -514,7 +517,10 @@ def scaling_markdown(scaling: dict | None) -> list[str]:
             f"{_fmt(raw['receiver_cpu_s_per_gb'], '.2f')} | {dlfs['machine_busy']:.0%} | "
             f"{_fmt(dlfs.get('softirq_cpu_s_per_gb'), '.2f')}, "
             f"{_fmt(raw.get('softirq_cpu_s_per_gb'), '.2f')} | "
-            f"{_fmt(c.get('cpu_ratio_with_softirq'), '.2f')} |")
+            f"{_fmt(c.get('cpu_ratio_with_softirq'), '.2f')} | "
+            + (f"{cached['gb_per_s']:.2f} ({cached['gb_per_s_min']:.2f}–"
+               f"{cached['gb_per_s_max']:.2f})" if cached else "—")
+            + f" | {_fmt(c.get('ratio_to_raw_from_cache'), '.2f')} |")
     lines += ["", scaling["explanation"], ""]
     if scaling.get("timestamp"):  # run alone: its own targets
         lines += ["| target | measured | goal | detail |", "| --- | ---: | ---: | --- |"]

@@ -15,6 +15,11 @@ For each N in `CLIENT_PROCESSES` up to the CPUs this process may use
   reused buffer of the workload's mean batch size, `sendall` in a loop),
   each streaming into its own receiver process (`recv_into` one
   preallocated buffer): N loopback connections at once, the same windows.
+- **raw TCP from the page cache**: the same, each sender streaming its own
+  seeded batch sequence's samples from read-only mappings of the extent
+  files, one `sendmsg` per batch (`python -m bench.rawsend tcp-mapped`):
+  a sender whose bytes come from the page cache, as the daemon's do (on
+  many cores memory bandwidth, not the socket, may bound it first).
 
 Per N and side: the aggregate GB/s (bytes / (last stop - first start) of
 each window; median, min-max); DLFS / raw; the daemon's CPU seconds (the
@@ -45,8 +50,12 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
+import numpy as np
+
+from bench.ceilings import sample_locations
 from bench.datagen import Prepared, Workload, batch_sequence
 from bench.measure import (CacheControl, git_info, process_cpu_s, process_tree_cpu_s,
                            self_cpu_s, softirq_threads_cpu_s)
@@ -84,15 +93,19 @@ def run(prepared: Prepared, daemon_address: str, daemon_pid: int, *, runs: int,
     for processes in counts:
         dlfs = measure_dlfs(prepared, daemon_address, daemon_pid, processes, runs, duration_s)
         raw = measure_raw(prepared, processes, runs, duration_s)
-        case = {"processes": processes, "dlfs": dlfs, "raw": raw,
+        from_cache = measure_raw(prepared, processes, runs, duration_s, from_page_cache=True)
+        case = {"processes": processes, "dlfs": dlfs, "raw": raw, "raw_from_cache": from_cache,
                 "ratio_to_raw": dlfs["gb_per_s"] / raw["gb_per_s"] if raw["gb_per_s"] else None,
+                "ratio_to_raw_from_cache": (dlfs["gb_per_s"] / from_cache["gb_per_s"]
+                                            if from_cache["gb_per_s"] else None),
                 "cpu_ratio_to_raw": (dlfs["daemon_cpu_s_per_gb"] / raw["sender_cpu_s_per_gb"]
                                      if raw["sender_cpu_s_per_gb"] else None),
                 "cpu_ratio_with_softirq": _with_softirq_ratio(dlfs, raw)}
         log(f"bench: scaling {processes} client process{'es' if processes > 1 else ''}: DLFS "
             f"{dlfs['gb_per_s']:.2f} GB/s (daemon {dlfs['daemon_cpu_utilisation']:.2f} CPUs, "
             f"{dlfs['daemon_cpu_s_per_gb']:.2f} CPU-s/GB), raw TCP {raw['gb_per_s']:.2f} GB/s "
-            f"({raw['sender_cpu_s_per_gb']:.2f} CPU-s/GB)")
+            f"({raw['sender_cpu_s_per_gb']:.2f} CPU-s/GB), from the page cache "
+            f"{from_cache['gb_per_s']:.2f} GB/s")
         cases.append(case)
     return {"workload": prepared.workload.name, "transport": "tcp", "runs": runs,
             "duration_s": duration_s, "cpus": cpus,
@@ -254,16 +267,25 @@ def _client(address: str, dataset: str, workload: Workload, seed: int, runs: int
 
 # --- the raw TCP side ------------------------------------------------------------------------
 
-def measure_raw(prepared: Prepared, connections: int, runs: int, duration_s: float) -> dict:
+def measure_raw(prepared: Prepared, connections: int, runs: int, duration_s: float, *,
+                from_page_cache: bool = False) -> dict:
     """N loopback TCP connections at once, each a sender process streaming into a receiver
-    process: `runs` windows of `duration_s`."""
+    process: `runs` windows of `duration_s`.  A sender `sendall`s one reused buffer of
+    the mean batch size, or `from_page_cache`: sends its own seeded batch sequence's
+    samples from read-only mappings of the extent files, one `sendmsg` per batch
+    (`bench.rawsend tcp-mapped`): the bound of a sender whose bytes come from the
+    page cache, as the daemon's do."""
     workload = prepared.workload
     batch_bytes = int(round(workload.mean_sample_bytes * workload.batch_size))
     context = multiprocessing.get_context("spawn")
     barrier = context.Barrier(connections + 1)
     results = context.Queue()
+    plans = tempfile.TemporaryDirectory(prefix="bench-scaling-plans-")
+    senders = [_sender_args(prepared, k, plans.name, batch_bytes, from_page_cache)
+               for k in range(connections)]
     receivers = [context.Process(target=_receiver, name=f"bench-raw-{k}",
-                                 args=(batch_bytes, runs, duration_s, barrier, results))
+                                 args=(senders[k], batch_bytes, runs, duration_s, barrier,
+                                       results))
                  for k in range(connections)]
     for receiver in receivers:
         receiver.start()
@@ -279,6 +301,7 @@ def measure_raw(prepared: Prepared, connections: int, runs: int, duration_s: flo
             windows.append(window)
     finally:
         _join(receivers)
+        plans.cleanup()
     summary = _summarise(windows)
     gb = sum(w["bytes"] for w in windows) / 1e9
     wall_s = sum(w["wall_s"] for w in windows)
@@ -291,8 +314,24 @@ def measure_raw(prepared: Prepared, connections: int, runs: int, duration_s: flo
     return summary
 
 
-def _receiver(batch_bytes: int, runs: int, duration_s: float, barrier, results) -> None:
-    """One raw connection: start its sender, then `runs` windows of receiving."""
+def _sender_args(prepared: Prepared, k: int, plan_dir: str, batch_bytes: int,
+                 from_page_cache: bool) -> list[str]:
+    """`python -m bench.rawsend` arguments of connection `k`'s sender, PORT where the
+    receiver's port goes."""
+    if not from_page_cache:
+        return ["tcp", "127.0.0.1", "PORT", str(batch_bytes)]
+    files, file_index, offsets = sample_locations(prepared)
+    ids = np.concatenate(batch_sequence(prepared.workload, seed=k + 1))
+    plan = os.path.join(plan_dir, f"plan-{k}.i64")
+    np.stack([file_index[ids], offsets[ids], prepared.sizes[ids]], axis=1).astype(
+        "<i8").tofile(plan)
+    return ["tcp-mapped", "127.0.0.1", "PORT", str(prepared.workload.batch_size), plan, *files]
+
+
+def _receiver(sender_args: list[str], batch_bytes: int, runs: int, duration_s: float, barrier,
+              results) -> None:
+    """One raw connection: start its sender (`sender_args`, PORT replaced), then `runs`
+    windows of receiving, a batch's bytes at a time."""
     import numpy as np
 
     from dlfs.sockio import recv_exactly
@@ -301,9 +340,10 @@ def _receiver(batch_bytes: int, runs: int, duration_s: float, barrier, results) 
     try:
         with socket.create_server(("127.0.0.1", 0)) as listener:
             listener.settimeout(WORKER_START_TIMEOUT_S)
-            sender = subprocess.Popen([sys.executable, "-m", "bench.rawsend", "tcp",
-                                       "127.0.0.1", str(listener.getsockname()[1]),
-                                       str(batch_bytes)], cwd=REPO)
+            port = str(listener.getsockname()[1])
+            sender = subprocess.Popen([sys.executable, "-m", "bench.rawsend",
+                                       *(port if a == "PORT" else a for a in sender_args)],
+                                      cwd=REPO)
             sock, _ = listener.accept()
         sock.settimeout(None)
         view = memoryview(np.empty(batch_bytes, dtype=np.uint8))
