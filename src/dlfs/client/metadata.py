@@ -128,9 +128,13 @@ def cluster_listing(state, listings: dict) -> list[DatasetInfo]:
     changes in flight are listed unsealed ("receiving"), and so are ingests the
     members hold parked (a resumable striped ingest that broke off is no change
     in etcd), after a sealed dataset of the same name: its members are those
-    that hold a part, its files the most any of them holds."""
+    that hold a part, its files the most any of them holds.  A parked ingest
+    that a member still lists as receiving (it has not noticed the stream's
+    end yet, or a resume began there) is listed receiving: parked only once no
+    member still takes it in."""
     by_member: dict[str, dict[str, DatasetInfo]] = {}
     parked: dict[str, list[tuple[str, DatasetInfo]]] = {}
+    receiving: dict[str, list[str]] = {}  # name -> members still receiving an ingest of it
     for address, result in listings.items():
         if not isinstance(result, list):
             continue
@@ -140,6 +144,8 @@ def cluster_listing(state, listings: dict) -> list[DatasetInfo]:
                 by_member[address][info.name] = info
             if info.ingest_state == "parked":
                 parked.setdefault(info.name, []).append((address, info))
+            elif info.ingest_state == "receiving":
+                receiving.setdefault(info.name, []).append(address)
     found = []
     for name, (record, _revision) in state.datasets.items():
         info = DatasetInfo(name, record.samples, record.bytes, True, record.committed_unix_ns,
@@ -153,7 +159,9 @@ def cluster_listing(state, listings: dict) -> list[DatasetInfo]:
         if name in state.intents:
             continue  # the change in flight is listed (receiving)
         most = max((info for _, info in held), key=lambda info: info.samples)
+        still = receiving.get(name, [])
         found.append(dataclasses.replace(
             most, bytes=sum(info.bytes for _, info in held),
-            members=tuple(sorted(address for address, _ in held)), member_index=0))
+            members=tuple(sorted({address for address, _ in held} | set(still))),
+            member_index=0, ingest_state="receiving" if still else "parked"))
     return sorted(found, key=lambda info: (info.name, not info.sealed))
