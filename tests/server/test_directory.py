@@ -97,6 +97,8 @@ def test_lookup_errors_name_the_problem():
         index.check_ids([0, 2])
     with pytest.raises(InvalidArgument, match="sample id -1"):
         index.check_ids([-1])
+    with pytest.raises(InvalidArgument, match="valid ids are 0..1"):  # unsigned, as sent
+        index.check_ids(np.array([0, 2**63], dtype=np.uint64))
     with pytest.raises(InvalidArgument, match="'c' is a sample, not a directory"):
         index.listdir("c")
     with pytest.raises(InvalidArgument, match="page size 0"):

@@ -143,8 +143,7 @@ class SampleArrays:
             # Two reductions, no temporary arrays: this runs for every batch.
             out_of_range = int(values.min()) < 0 or int(values.max()) >= len(self)
         if out_of_range:
-            bad = (values >= len(self)) if values.dtype.kind == "u" else \
-                (values < 0) | (values >= len(self))
+            bad = (values < 0) | (values >= len(self))  # never negative when unsigned
             first = int(np.asarray(ids)[np.argmax(bad)])
             raise InvalidArgument(self._range_message(first))
         return values.astype(np.int64, copy=False)

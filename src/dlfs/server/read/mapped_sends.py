@@ -89,8 +89,7 @@ _IOVEC = np.dtype([("base", np.uint64), ("len", np.uint64)])
 class _Mapping:
     """One extent mapped read-only; unmapped once retired and no send uses it."""
 
-    __slots__ = ("address", "size", "users", "last_used", "retired", "resident", "whole",
-                 "scanned_at")
+    __slots__ = ("address", "size", "users", "last_used", "retired", "resident", "scanned_at")
 
     def __init__(self, address: int, size: int, now: float):
         self.address, self.size = address, size
@@ -99,8 +98,13 @@ class _Mapping:
         self.retired = False
         # Cached pages before page i, for every i (the last scan's `mincore`), or None.
         self.resident: np.ndarray | None = None
-        self.whole = False  # whether the last scan found every page cached
         self.scanned_at = 0.0
+
+    @property
+    def whole(self) -> bool:
+        """Whether the last scan found every page cached."""
+        resident = self.resident
+        return resident is not None and int(resident[-1]) == len(resident) - 1
 
     def unmap(self) -> None:
         _munmap(self.address, self.size)
@@ -333,7 +337,6 @@ class ExtentMaps:
         with self._lock:
             self._budget -= took
             mapping.resident = resident
-            mapping.whole = resident is not None and int(resident[-1]) == len(resident) - 1
             mapping.scanned_at = now
 
     def _map(self, key, now: float, whole_only: bool = False) -> _Mapping | None:
