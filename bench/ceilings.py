@@ -219,15 +219,17 @@ class RawTcp(_RawStream):
         return [int(round(workload.mean_sample_bytes * workload.batch_size))]
 
     def _start_sender(self) -> tuple[subprocess.Popen, socket.socket]:
-        return _tcp_sender(lambda port: ("tcp", "127.0.0.1", str(port),
+        return tcp_sender(lambda port: ("tcp", "127.0.0.1", str(port),
                                          str(self._batch_bytes()[0])))
 
 
-def _tcp_sender(args) -> tuple[subprocess.Popen, socket.socket]:
-    """A sender child started with `args(port)` that connects to a loopback listener
-    here, and the connection it made (blocking)."""
+def tcp_sender(args, start_timeout_s: float = SENDER_START_TIMEOUT_S
+               ) -> tuple[subprocess.Popen, socket.socket]:
+    """A sender child (`python -m bench.rawsend`) started with `args(port)` that connects
+    to a loopback listener here within `start_timeout_s`, and the connection it made
+    (blocking).  The child is killed if it does not connect."""
     with socket.create_server(("127.0.0.1", 0)) as listener:
-        listener.settimeout(SENDER_START_TIMEOUT_S)
+        listener.settimeout(start_timeout_s)
         port = listener.getsockname()[1]
         sender = subprocess.Popen(_sender_command(*args(port)), cwd=REPO)
         try:
@@ -263,14 +265,9 @@ class _PlannedStream(_RawStream):
         return [int(sizes[b].sum()) for b in self._batches]
 
     def _plan(self) -> tuple[str, list[str]]:
-        """(the plan file: int64 triples file index, offset, length per sample of the
-        batch sequence, in order; the extent files)."""
-        files, file_index, offsets = sample_locations(self.prepared)
-        ids = np.concatenate(self._batches)
-        plan = np.stack([file_index[ids], offsets[ids], self.prepared.sizes[ids]], axis=1)
+        """(the plan file of the batch sequence, the extent files: `write_plan`)."""
         plan_path = os.path.join(self._tmp.name, "plan.i64")
-        plan.astype("<i8").tofile(plan_path)
-        return plan_path, files
+        return plan_path, write_plan(self.prepared, self._batches, plan_path)
 
     def _check_first(self, view: memoryview) -> None:
         ids = self._batches[0]
@@ -315,8 +312,19 @@ class RawTcpMapped(_PlannedStream):
     def _start_sender(self) -> tuple[subprocess.Popen, socket.socket]:
         plan_path, files = self._plan()
         batch = str(self.prepared.workload.batch_size)
-        return _tcp_sender(lambda port: ("tcp-mapped", "127.0.0.1", str(port), batch,
+        return tcp_sender(lambda port: ("tcp-mapped", "127.0.0.1", str(port), batch,
                                          plan_path, *files))
+
+
+def write_plan(prepared: Prepared, batches: list[np.ndarray], path: str) -> list[str]:
+    """Write to `path` what a planned sender (`bench.rawsend` unix-sendfile, tcp-mapped)
+    streams: int64 triples (file index, offset, length), one per sample of `batches`
+    in order.  Returns the extent files the indexes name."""
+    files, file_index, offsets = sample_locations(prepared)
+    ids = np.concatenate(batches)
+    plan = np.stack([file_index[ids], offsets[ids], prepared.sizes[ids]], axis=1)
+    plan.astype("<i8").tofile(path)
+    return files
 
 
 def sample_locations(prepared: Prepared) -> tuple[list[str], np.ndarray, np.ndarray]:

@@ -46,16 +46,13 @@ import json
 import multiprocessing
 import os
 import queue
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 
-import numpy as np
-
-from bench.ceilings import sample_locations
+from bench.ceilings import tcp_sender, write_plan
 from bench.datagen import Prepared, Workload, batch_sequence
 from bench.measure import (CacheControl, git_info, process_cpu_s, process_tree_cpu_s,
                            self_cpu_s, softirq_threads_cpu_s)
@@ -320,11 +317,8 @@ def _sender_args(prepared: Prepared, k: int, plan_dir: str, batch_bytes: int,
     receiver's port goes."""
     if not from_page_cache:
         return ["tcp", "127.0.0.1", "PORT", str(batch_bytes)]
-    files, file_index, offsets = sample_locations(prepared)
-    ids = np.concatenate(batch_sequence(prepared.workload, seed=k + 1))
     plan = os.path.join(plan_dir, f"plan-{k}.i64")
-    np.stack([file_index[ids], offsets[ids], prepared.sizes[ids]], axis=1).astype(
-        "<i8").tofile(plan)
+    files = write_plan(prepared, batch_sequence(prepared.workload, seed=k + 1), plan)
     return ["tcp-mapped", "127.0.0.1", "PORT", str(prepared.workload.batch_size), plan, *files]
 
 
@@ -338,14 +332,9 @@ def _receiver(sender_args: list[str], batch_bytes: int, runs: int, duration_s: f
 
     sender = None
     try:
-        with socket.create_server(("127.0.0.1", 0)) as listener:
-            listener.settimeout(WORKER_START_TIMEOUT_S)
-            port = str(listener.getsockname()[1])
-            sender = subprocess.Popen([sys.executable, "-m", "bench.rawsend",
-                                       *(port if a == "PORT" else a for a in sender_args)],
-                                      cwd=REPO)
-            sock, _ = listener.accept()
-        sock.settimeout(None)
+        sender, sock = tcp_sender(
+            lambda port: [str(port) if a == "PORT" else a for a in sender_args],
+            WORKER_START_TIMEOUT_S)
         view = memoryview(np.empty(batch_bytes, dtype=np.uint8))
         recv_exactly(sock, view)  # the stream flows
         with sock:
