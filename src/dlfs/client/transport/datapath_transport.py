@@ -40,7 +40,7 @@ from dlfs.client.transport.read_requests import (
 from dlfs.client.transport.retry import call_with_retry
 from dlfs.errors import DataCorruption, InvalidArgument, Overloaded, Unavailable
 from dlfs.formats import datapath_frames as frames
-from dlfs.types import DatasetInfo, Entry
+from dlfs.types import DatasetInfo
 
 log = logging.getLogger(__name__)
 
@@ -138,17 +138,6 @@ class DataPathTransport(OneDaemon):
         return {} if data is None else {self.address: data.hint}
 
     # --- metadata ----------------------------------------------------------------------
-
-    def stat(self, dataset: str, path: str) -> Entry:
-        return self.control.stat(dataset, path)
-
-    def list_page(self, dataset: str, path: str, start_after: str,
-                  page_size: int) -> tuple[list[Entry], bool]:
-        return self.control.list_page(dataset, path, start_after, page_size)
-
-    def lookup(self, dataset: str, *, ids: np.ndarray | None = None,
-               paths=None) -> list[Entry]:
-        return self.control.lookup(dataset, ids=ids, paths=paths)
 
     def dataset_info(self, dataset: str, known: DatasetInfo | None = None) -> DatasetInfo:
         """The current version of `dataset` (`known`: the version this client had).

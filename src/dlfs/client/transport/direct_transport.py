@@ -21,7 +21,6 @@ import dataclasses
 import threading
 from typing import Iterator
 
-import numpy as np
 
 from dlfs import limits
 from dlfs.client.reply_buffers import copy_into
@@ -38,7 +37,7 @@ from dlfs.client.transport.read_requests import (
     request_ids,
 )
 from dlfs.errors import DataCorruption, FailedPrecondition
-from dlfs.types import DatasetInfo, Entry
+from dlfs.types import DatasetInfo
 
 
 class DirectTransport(OneDaemon):
@@ -82,17 +81,6 @@ class DirectTransport(OneDaemon):
 
     def dataset_info(self, dataset: str, known: DatasetInfo | None = None) -> DatasetInfo:
         return self.data.dataset_info(dataset, known)
-
-    def stat(self, dataset: str, path: str) -> Entry:
-        return self.control.stat(dataset, path)
-
-    def list_page(self, dataset: str, path: str, start_after: str,
-                  page_size: int) -> tuple[list[Entry], bool]:
-        return self.control.list_page(dataset, path, start_after, page_size)
-
-    def lookup(self, dataset: str, *, ids: np.ndarray | None = None,
-               paths=None) -> list[Entry]:
-        return self.control.lookup(dataset, ids=ids, paths=paths)
 
     # --- reads -------------------------------------------------------------------------
 

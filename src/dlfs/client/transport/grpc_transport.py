@@ -13,7 +13,6 @@ from __future__ import annotations
 from typing import Iterator
 
 import grpc
-import numpy as np
 
 from dlfs import limits, logs
 from dlfs.client.reply_buffers import copy_into
@@ -26,7 +25,7 @@ from dlfs.client.transport.read_requests import BatchRequest, PrefetchRequest, R
 from dlfs.client.transport.retry import call_with_retry
 from dlfs.errors import Overloaded, ReplyTooLarge, Unavailable
 from dlfs.formats import grpc_chunks
-from dlfs.types import DatasetInfo, Entry
+from dlfs.types import DatasetInfo
 
 
 class _NoUnaryReads(Exception):
@@ -92,17 +91,6 @@ class GrpcTransport(OneDaemon):
 
     def dataset_info(self, dataset: str, known: DatasetInfo | None = None) -> DatasetInfo:
         return self.control.get_dataset(dataset)
-
-    def stat(self, dataset: str, path: str) -> Entry:
-        return self.control.stat(dataset, path)
-
-    def list_page(self, dataset: str, path: str, start_after: str,
-                  page_size: int) -> tuple[list[Entry], bool]:
-        return self.control.list_page(dataset, path, start_after, page_size)
-
-    def lookup(self, dataset: str, *, ids: np.ndarray | None = None,
-               paths=None) -> list[Entry]:
-        return self.control.lookup(dataset, ids=ids, paths=paths)
 
     # --- reads -------------------------------------------------------------------------
 
