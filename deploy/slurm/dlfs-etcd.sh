@@ -43,7 +43,6 @@ local_root=${DLFS_LOCAL_ROOT:?DLFS_LOCAL_ROOT must name the node-local file syst
 local_dir=$local_root/dlfs-$SLURM_JOB_ID.$node.etcd
 start_timeout_s=${DLFS_START_TIMEOUT_S:-120}
 stop_timeout_s=${DLFS_STOP_TIMEOUT_S:-30}
-signal_grace_s=2
 port_tries=5
 listen_host=${DLFS_LISTEN_HOST:-$(hostname)}
 publish_host=$listen_host
@@ -55,52 +54,10 @@ etcd=${DLFS_ETCD_BIN:-etcd}
 command -v "$etcd" >/dev/null || die "$etcd not found on $(hostname) (install etcd-server, or set DLFS_ETCD_BIN; or give the site's etcd in DLFS_ETCD)"
 [ -d "$local_root" ] || die "$local_root does not exist on $(hostname): set DLFS_LOCAL_ROOT to the node-local NVMe file system"
 
-etcd_pid=""
-stopping=0
-
-# shellcheck disable=SC2317  # runs from a trap; shellcheck 0.9 calls that unreachable
-stop_etcd() {
-    [ -n "$etcd_pid" ] || return 0
-    # A signal to the step reaches etcd too: give it signal_grace_s to stop on that one.
-    local deadline=$((SECONDS + signal_grace_s))
-    while [ "$stopping" = 1 ] && [ "$SECONDS" -lt "$deadline" ] && kill -0 "$etcd_pid" 2>/dev/null; do
-        sleep 0.1
-    done
-    kill -TERM "$etcd_pid" 2>/dev/null || true
-    deadline=$((SECONDS + stop_timeout_s))
-    while kill -0 "$etcd_pid" 2>/dev/null; do
-        if [ "$SECONDS" -ge "$deadline" ]; then
-            log "etcd did not stop within ${stop_timeout_s}s (DLFS_STOP_TIMEOUT_S); killing it"
-            kill -KILL "$etcd_pid" 2>/dev/null || true
-            break
-        fi
-        sleep 0.2
-    done
-}
-
-# shellcheck disable=SC2317  # runs from a trap; shellcheck 0.9 calls that unreachable
-cleanup() {
-    local status=$?
-    trap - EXIT
-    stop_etcd
-    local etcd_status=0
-    if [ -n "$etcd_pid" ]; then
-        wait "$etcd_pid" 2>/dev/null || etcd_status=$?
-    fi
-    rm -rf -- "$local_dir"
-    if [ "$stopping" = 1 ]; then
-        log "etcd stopped, $local_dir removed"
-        exit 0
-    fi
-    [ "$status" != 0 ] || status=$etcd_status
-    exit "$status"
-}
-# shellcheck disable=SC2317  # runs from a trap; shellcheck 0.9 calls that unreachable
-on_signal() {
-    stopping=1
-    log "$1: stopping etcd"
-    exit 0   # runs cleanup (EXIT trap)
-}
+child_name=etcd
+child_stop_any_status=1   # etcd exits non-zero on the signal that stops it
+# shellcheck source-path=SCRIPTDIR source=dlfs-step.sh
+source "$(dirname "${BASH_SOURCE[0]}")/dlfs-step.sh"
 
 # healthy HOST PORT: etcd's /health says true (plain HTTP through bash's /dev/tcp:
 # no curl needed on the node).
@@ -111,12 +68,7 @@ healthy() {
     [[ $reply == *'"health":"true"'* ]]
 }
 
-mkdir -m 0700 "$local_dir" || die "cannot create $local_dir (exists already, or no permission)"
-trap cleanup EXIT
-trap 'on_signal SIGTERM' TERM
-trap 'on_signal SIGINT' INT
-trap 'on_signal SIGHUP' HUP
-echo "$SLURM_JOB_ID" >"$local_dir/.dlfs-job"   # marks it as ours for the batch script's cleanup
+own_local_dir
 mkdir -p "$job_dir/logs"
 etcd_log="$job_dir/logs/$node.etcd.log"
 
@@ -130,17 +82,17 @@ for try in $(seq 1 "$port_tries"); do
         --initial-advertise-peer-urls "http://$publish_host:$((port + 1))" \
         --initial-cluster "$node=http://$publish_host:$((port + 1))" \
         --initial-cluster-state new >>"$etcd_log" 2>&1 &
-    etcd_pid=$!
+    child_pid=$!
     until healthy "$publish_host" "$port"; do
-        if ! kill -0 "$etcd_pid" 2>/dev/null; then
-            wait "$etcd_pid" && status=0 || status=$?
-            etcd_pid=""
+        if ! kill -0 "$child_pid" 2>/dev/null; then
+            wait "$child_pid" && status=0 || status=$?
+            child_pid=""
             break
         fi
         [ "$SECONDS" -lt "$deadline" ] || die "etcd was not healthy within ${start_timeout_s}s (DLFS_START_TIMEOUT_S); see $etcd_log"
         sleep 0.2
     done
-    [ -z "$etcd_pid" ] || break
+    [ -z "$child_pid" ] || break
     if [ -n "${DLFS_ETCD_PORT:-}" ] || [ "$try" = "$port_tries" ]; then
         die "etcd exited with status $status before it was healthy; its log, $etcd_log, ends with:
 $(tail -n 20 "$etcd_log")"
@@ -149,17 +101,7 @@ $(tail -n 20 "$etcd_log")"
     rm -rf -- "$local_dir/data"
 done
 
-tmp="$job_dir/.etcd-url.$$"
-echo "$url" >"$tmp" && mv -f "$tmp" "$job_dir/etcd-url"
-if [ -n "${SLURM_STEP_ID:-}" ]; then
-    tmp="$job_dir/.etcd-step.$$"
-    echo "$SLURM_JOB_ID.$SLURM_STEP_ID" >"$tmp" && mv -f "$tmp" "$job_dir/etcd-step"
-fi
+publish "$url" "$job_dir/etcd-url"
+publish_step etcd-step
 log "etcd serving at $url, data dir $local_dir/data"
-
-# `wait` returns early when a trapped signal arrives; the trap then exits.
-status=0
-wait "$etcd_pid" || status=$?
-etcd_pid=""
-log "etcd exited by itself with status $status; its log: $etcd_log"
-exit "$status"
+serve_until_exit "$etcd_log"

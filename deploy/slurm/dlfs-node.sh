@@ -44,7 +44,6 @@ local_root=${DLFS_LOCAL_ROOT:?DLFS_LOCAL_ROOT must name the node-local file syst
 local_dir=$local_root/dlfs-$SLURM_JOB_ID.$node
 start_timeout_s=${DLFS_START_TIMEOUT_S:-120}
 stop_timeout_s=${DLFS_STOP_TIMEOUT_S:-30}
-signal_grace_s=2
 listen_host=${DLFS_LISTEN_HOST:-$(hostname)}
 port=${DLFS_PORT:-0}
 server=${DLFS_BIN_DIR:+$DLFS_BIN_DIR/}dlfs-server
@@ -61,77 +60,23 @@ esac
 command -v "$server" >/dev/null || die "$server not found on $(hostname) (set DLFS_BIN_DIR or PATH)"
 [ -d "$local_root" ] || die "$local_root does not exist on $(hostname): set DLFS_LOCAL_ROOT to the node-local NVMe file system"
 
-daemon_pid=""
-stopping=0
+child_name=dlfs-server
+# shellcheck source-path=SCRIPTDIR source=dlfs-step.sh
+source "$(dirname "${BASH_SOURCE[0]}")/dlfs-step.sh"
+own_local_dir
 
-# shellcheck disable=SC2317  # runs from a trap; shellcheck 0.9 calls that unreachable
-stop_daemon() {
-    [ -n "$daemon_pid" ] || return 0
-    # A signal to the step (scancel --signal, job cancel) reaches every
-    # process of it, the daemon too: give it signal_grace_s to stop on that
-    # one before sending another (two signals back to back are redundant, and
-    # make today's dlfs-server hang now and then).
-    local deadline=$((SECONDS + signal_grace_s))
-    while [ "$stopping" = 1 ] && [ "$SECONDS" -lt "$deadline" ] && kill -0 "$daemon_pid" 2>/dev/null; do
-        sleep 0.1
-    done
-    kill -TERM "$daemon_pid" 2>/dev/null || true
-    deadline=$((SECONDS + stop_timeout_s))
-    while kill -0 "$daemon_pid" 2>/dev/null; do
-        if [ "$SECONDS" -ge "$deadline" ]; then
-            log "dlfs-server did not stop within ${stop_timeout_s}s (DLFS_STOP_TIMEOUT_S); killing it"
-            kill -KILL "$daemon_pid" 2>/dev/null || true
-            break
-        fi
-        sleep 0.2
-    done
-}
-
-# shellcheck disable=SC2317  # runs from a trap; shellcheck 0.9 calls that unreachable
-cleanup() {
-    local status=$?
-    trap - EXIT
-    stop_daemon
-    local daemon_status=0
-    if [ -n "$daemon_pid" ]; then
-        wait "$daemon_pid" 2>/dev/null || daemon_status=$?
-    fi
-    rm -rf -- "$local_dir"
-    if [ "$stopping" = 1 ] && [ "$daemon_status" = 0 ]; then
-        log "daemon stopped, $local_dir removed"
-        exit 0
-    fi
-    [ "$status" != 0 ] || status=$daemon_status
-    exit "$status"
-}
-# shellcheck disable=SC2317  # runs from a trap; shellcheck 0.9 calls that unreachable
-on_signal() {
-    stopping=1
-    log "$1: stopping the daemon"
-    exit 0   # runs cleanup (EXIT trap)
-}
-
-# mkdir without -p fails if the directory exists: never adopt (and later
-# delete) a directory this job did not create.  The traps come after it.
-mkdir -m 0700 "$local_dir" || die "cannot create $local_dir (exists already, or no permission)"
-trap cleanup EXIT
-trap 'on_signal SIGTERM' TERM
-trap 'on_signal SIGINT' INT
-trap 'on_signal SIGHUP' HUP
-
-echo "$SLURM_JOB_ID" >"$local_dir/.dlfs-job"   # marks it as ours for the batch script's cleanup
 mkdir -p "$job_dir/nodes" "$job_dir/logs"
 daemon_log="$job_dir/logs/$node.log"
 "$server" --data-dir "$local_dir/data" --listen "$listen_host:$port" \
     --address-file "$local_dir/address" ${extra_args[@]+"${extra_args[@]}"} \
     >>"$daemon_log" 2>&1 &
-daemon_pid=$!
+child_pid=$!
 
 deadline=$((SECONDS + start_timeout_s))
 while [ ! -s "$local_dir/address" ]; do
-    kill -0 "$daemon_pid" 2>/dev/null || {
-        wait "$daemon_pid" && status=0 || status=$?
-        daemon_pid=""
+    kill -0 "$child_pid" 2>/dev/null || {
+        wait "$child_pid" && status=0 || status=$?
+        child_pid=""
         die "dlfs-server exited with status $status before serving; its log, $daemon_log, ends with:
 $(tail -n 20 "$daemon_log")"
     }
@@ -145,17 +90,7 @@ case "$host" in
     0.0.0.0 | "[::]" | "::") host=$(hostname) ;;   # reachable name, not the wildcard
 esac
 address="$host:${bound##*:}"
-tmp="$job_dir/nodes/.$node.$$"
-echo "$address" >"$tmp" && mv -f "$tmp" "$job_dir/nodes/$node.address"
-if [ -n "${SLURM_STEP_ID:-}" ]; then
-    tmp="$job_dir/.daemon-step.$node.$$"
-    echo "$SLURM_JOB_ID.$SLURM_STEP_ID" >"$tmp" && mv -f "$tmp" "$job_dir/daemon-step"
-fi
+publish "$address" "$job_dir/nodes/$node.address"
+publish_step daemon-step
 log "serving on $address, data dir $local_dir/data"
-
-# `wait` returns early when a trapped signal arrives; the trap then exits.
-status=0
-wait "$daemon_pid" || status=$?
-daemon_pid=""
-log "dlfs-server exited by itself with status $status; its log: $daemon_log"
-exit "$status"
+serve_until_exit "$daemon_log"

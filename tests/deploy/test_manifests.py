@@ -556,7 +556,7 @@ def test_sysusers_creates_the_dlfs_user(tmp_path):
 # Every script there: the batch script, the per-node daemon and the job's etcd.
 SLURM_SCRIPTS = sorted(glob.glob(os.path.join(SLURM_DIR, "*.sh"))
                        + glob.glob(os.path.join(SLURM_DIR, "*.sbatch")))
-assert len(SLURM_SCRIPTS) == 3, SLURM_SCRIPTS
+assert len(SLURM_SCRIPTS) == 4, SLURM_SCRIPTS
 
 
 def test_slurm_scripts_parse():

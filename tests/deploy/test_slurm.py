@@ -147,7 +147,7 @@ def test_node_script_serves_publishes_and_cleans_up_on_sigterm(tmp_path):
             process.kill()
             process.wait()
     assert process.returncode == 0, output
-    assert "daemon stopped" in output
+    assert "dlfs-server stopped" in output
     assert not (tmp_path / "nvme" / LOCAL_DIR).exists()
     assert _processes_mentioning(str(tmp_path / "nvme")) == []
     assert "serving on" in (tmp_path / "job" / "logs" / "node1.log").read_text()
