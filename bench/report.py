@@ -499,9 +499,9 @@ def scaling_markdown(scaling: dict | None) -> list[str]:
                  "(workers) | daemon CPU-s/GB | raw senders' CPU-s/GB | daemon / senders | "
                  "client CPU-s/GB | raw receivers' CPU-s/GB | machine busy | softirq threads' "
                  "CPU-s/GB (DLFS, raw) | with them: daemon / senders | raw TCP from the page "
-                 "cache GB/s | DLFS / it |")
+                 "cache GB/s | DLFS / it | its senders' CPU-s/GB | daemon / them |")
     lines.append("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
-                 "| ---: | ---: | ---: | ---: |")
+                 "| ---: | ---: | ---: | ---: | ---: | ---: |")
     for c in scaling["cases"]:
         dlfs, raw, cached = c["dlfs"], c["raw"], c.get("raw_from_cache")
         workers = dlfs.get("worker_cpu_utilisation") or []
@@ -520,7 +520,9 @@ def scaling_markdown(scaling: dict | None) -> list[str]:
             f"{_fmt(c.get('cpu_ratio_with_softirq'), '.2f')} | "
             + (f"{cached['gb_per_s']:.2f} ({cached['gb_per_s_min']:.2f}–"
                f"{cached['gb_per_s_max']:.2f})" if cached else "—")
-            + f" | {_fmt(c.get('ratio_to_raw_from_cache'), '.2f')} |")
+            + f" | {_fmt(c.get('ratio_to_raw_from_cache'), '.2f')} | "
+            f"{_fmt(cached.get('sender_cpu_s_per_gb') if cached else None, '.2f')} | "
+            f"{_fmt(c.get('cpu_ratio_to_raw_from_cache'), '.2f')} |")
     lines += ["", scaling["explanation"], ""]
     if scaling.get("timestamp"):  # run alone: its own targets
         lines += ["| target | measured | goal | detail |", "| --- | ---: | ---: | --- |"]

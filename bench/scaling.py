@@ -97,17 +97,27 @@ def run(prepared: Prepared, daemon_address: str, daemon_pid: int, *, runs: int,
                                             if from_cache["gb_per_s"] else None),
                 "cpu_ratio_to_raw": (dlfs["daemon_cpu_s_per_gb"] / raw["sender_cpu_s_per_gb"]
                                      if raw["sender_cpu_s_per_gb"] else None),
-                "cpu_ratio_with_softirq": _with_softirq_ratio(dlfs, raw)}
+                "cpu_ratio_with_softirq": _with_softirq_ratio(dlfs, raw),
+                # Against senders whose bytes also come from the page cache (info: the
+                # target is against raw TCP's senders).
+                "cpu_ratio_to_raw_from_cache": (
+                    dlfs["daemon_cpu_s_per_gb"] / from_cache["sender_cpu_s_per_gb"]
+                    if from_cache["sender_cpu_s_per_gb"] else None)}
         log(f"bench: scaling {processes} client process{'es' if processes > 1 else ''}: DLFS "
             f"{dlfs['gb_per_s']:.2f} GB/s (daemon {dlfs['daemon_cpu_utilisation']:.2f} CPUs, "
             f"{dlfs['daemon_cpu_s_per_gb']:.2f} CPU-s/GB), raw TCP {raw['gb_per_s']:.2f} GB/s "
             f"({raw['sender_cpu_s_per_gb']:.2f} CPU-s/GB), from the page cache "
-            f"{from_cache['gb_per_s']:.2f} GB/s")
+            f"{from_cache['gb_per_s']:.2f} GB/s ({_fmt_cpu(from_cache)} CPU-s/GB)")
         cases.append(case)
     return {"workload": prepared.workload.name, "transport": "tcp", "runs": runs,
             "duration_s": duration_s, "cpus": cpus,
             "batch_size": prepared.workload.batch_size, "cases": cases,
             "targets": targets(cases), "explanation": explain(cases, cpus)}
+
+
+def _fmt_cpu(side: dict) -> str:
+    value = side["sender_cpu_s_per_gb"]
+    return "—" if value is None else f"{value:.2f}"
 
 
 def _with_softirq_ratio(dlfs: dict, raw: dict) -> float | None:
