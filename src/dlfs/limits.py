@@ -595,6 +595,12 @@ mount_dataset_entry_timeout_s = 5.0
 # READ requests (16, 16 and 32 KiB), with 64 KiB one of 128 KiB.
 mount_block_bytes = 64 * KiB
 
+# How often a mount lets go of the extent pages it mapped to read files from the
+# extents (`--extent-pages-release`; 0: never).  Mapped pages count in its RSS and
+# drop_caches skips them; released, they stay in the page cache and the next read
+# of one maps it again (a minor fault per page).
+mount_extent_pages_release_s_default = 30.0
+
 # --- FUSE mount: daemon connection -------------------------------------------
 # How long a call waits for an unreachable daemon (retrying) before the FUSE
 # request fails with EIO.  Short: a training job should see an error, not hang.

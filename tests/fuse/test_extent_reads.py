@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import os
+import time
 
 import numpy as np
 import pytest
@@ -86,3 +87,64 @@ def test_extent_reads_off_reads_through_the_daemon(daemon, mount_factory, tree):
         assert read(mount, rel) == data, rel
     assert mount.request_counts(label="daemon calls")["read"] == len(tree) - 1
     assert "extent reads:" not in mount.log()
+
+
+# --- the pages the mount mapped: let go of every --extent-pages-release seconds ----------
+
+def _mapped_extent_bytes(pid: int, extent_dir: str) -> int:
+    """Bytes of `pid`'s mappings of files under `extent_dir` that its page tables map
+    (the Rss lines of /proc/PID/smaps)."""
+    total, inside = 0, False
+    with open(f"/proc/{pid}/smaps") as f:
+        for line in f:
+            fields = line.split()
+            if "-" in fields[0] and not fields[0].endswith(":"):  # a mapping's first line
+                inside = len(fields) >= 6 and fields[5].startswith(extent_dir)
+            elif inside and fields[0] == "Rss:":
+                total += int(fields[1]) * 1024
+    return total
+
+
+@pytest.fixture
+def small_files(daemon, tmp_path) -> dict[str, bytes]:
+    """4 MiB of small files: each read whole from the mapped extents (no splice)."""
+    rng = np.random.default_rng(22)
+    files = {f"s/{i:03d}.bin": rng.bytes(64 * 1024) for i in range(64)}
+    write_tree(tmp_path / "small", files)
+    with Client(daemon.address) as client:
+        client.ingest(str(tmp_path / "small"), "small")
+    return files
+
+
+def _read_all(mount, files: dict[str, bytes]) -> None:
+    for rel, data in sorted(files.items()):
+        assert read(mount, rel) == data, rel
+
+
+def test_without_release_the_pages_read_stay_mapped(daemon, mount_factory, small_files):
+    """The control: what the release below lets go of is there without it."""
+    mount = mount_factory(daemon.address, "--dataset", "small", "--extent-pages-release", "0")
+    _read_all(mount, small_files)
+    extent_dir = os.path.join(daemon.data_dir, "extents")
+    assert _mapped_extent_bytes(mount.pid, extent_dir) >= 0.9 * 64 * 64 * 1024
+
+
+def test_the_mount_lets_go_of_the_pages_it_mapped_and_reads_on(daemon, mount_factory,
+                                                                 small_files):
+    mount = mount_factory(daemon.address, "--dataset", "small",
+                          "--extent-pages-release", "0.2")
+    _read_all(mount, small_files)
+    extent_dir = os.path.join(daemon.data_dir, "extents")
+    deadline = time.monotonic() + 10
+    while _mapped_extent_bytes(mount.pid, extent_dir) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _mapped_extent_bytes(mount.pid, extent_dir) == 0
+    # The files read again from the same mappings: a page is mapped again at its touch.
+    # The kernel's cache of the mount's files would answer without asking the mount:
+    # evict it first.
+    for rel in small_files:
+        with open(os.path.join(mount.mountpoint, rel), "rb") as f:
+            os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+    _read_all(mount, small_files)
+    counted = extent_reads(mount)
+    assert counted["files"] + counted["batched_files"] >= 2 * len(small_files) - 8

@@ -112,6 +112,16 @@ class ExtentReaders:
         return _checked(lambda: reader.extent_part(node.sample_id, offset, length,
                                                    generation=read_generation(node)), [node])
 
+    def release_mapped_pages(self) -> int:
+        """Let go of the extent pages this process mapped, in every dataset opened
+        (`DirectReader.release_mapped_pages`: they stay in the page cache); returns the
+        bytes of the mappings released.  The mount calls it every
+        `--extent-pages-release` seconds, so its RSS holds what it read since, not
+        everything it ever read."""
+        with self._lock:
+            readers = [r for r in self._readers.values() if r is not None]
+        return sum(reader.release_mapped_pages() for reader in readers)
+
     def counts(self) -> dict[str, int]:
         """What was read from the extents so far (the mount logs it on SIGUSR1)."""
         with self._lock:

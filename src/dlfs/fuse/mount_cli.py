@@ -123,6 +123,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                              "files from the daemon's extent pages by splice (needs pipes of "
                              "2 MiB: fs.pipe-max-size >= 2097152 or CAP_SYS_RESOURCE); off: "
                              "large files read from the extents and copied")
+    parser.add_argument("--extent-pages-release", type=float, metavar="S",
+                        default=fuse_limits.mount_extent_pages_release_s_default,
+                        help="with extent reads, let go of the extent pages this process "
+                             "mapped every S seconds (default %(default)s; 0: never): they "
+                             "stay in the page cache, and the mount's RSS and drop_caches "
+                             "see what it read since, not all it ever read")
     parser.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     # An ADDR given wins over $DLFS_ETCD; --etcd given with an ADDR is a mistake.  An
@@ -140,6 +146,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     for name in ("cache_timeout", "reconnect_timeout", "metadata_timeout", "read_timeout"):
         if not getattr(args, name) > 0:
             parser.error(f"--{name.replace('_', '-')} must be positive")
+    if not args.extent_pages_release >= 0:
+        parser.error("--extent-pages-release must be 0 (never) or positive")
     return args
 
 
@@ -359,6 +367,9 @@ async def _serve(session: Session, operations: DlfsOperations, args: argparse.Na
         nursery.start_soon(_counts_on_signal, session, operations.backend, operations.extents,
                            operations.splice)
         nursery.start_soon(operations.follow_root_version)
+        if operations.extents is not None and args.extent_pages_release:
+            nursery.start_soon(_release_extent_pages, operations.extents,
+                               args.extent_pages_release)
         try:
             # A stat of the root goes through this very loop: once it answers,
             # the mount is usable.
@@ -401,6 +412,19 @@ def _write_ready_file(path: str) -> None:
     with open(tmp, "w") as f:
         f.write(f"{os.getpid()}\n")
     os.replace(tmp, path)  # waiters never see a half-written pid
+
+
+async def _release_extent_pages(extents: ExtentReaders, every_s: float) -> None:
+    """Every `every_s`, let go of the extent pages this process mapped (in a thread: a
+    `madvise` over many mapped pages takes milliseconds)."""
+    while True:
+        await trio.sleep(every_s)
+        try:
+            released = await trio.to_thread.run_sync(extents.release_mapped_pages)
+        except (OSError, ValueError) as exc:  # madvise refused: the pages stay mapped
+            log.warning("could not let go of mapped extent pages: %s", exc)
+            continue
+        log.debug("let go of the mapped pages of %d bytes of extents", released)
 
 
 async def _stop_on_signal(session: Session, nursery: trio.Nursery) -> None:
