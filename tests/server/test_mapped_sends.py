@@ -13,15 +13,10 @@ import pytest
 
 from dlfs.formats.disk_layout import HEADER_BYTES, encode_header
 from dlfs.server.core.extents import ExtentFiles, ExtentStore
-from dlfs.server.read import residency
 from dlfs.server.read.batch_planning import PieceColumns
 from dlfs.server.read.mapped_sends import ExtentMaps
 from dlfs.server.read.preadv_reads import ShortRead
 from page_cache import cached
-
-pytestmark = pytest.mark.skipif(not residency.supported(),
-                                reason="this kernel has no cachestat(2) (Linux 6.5+)")
-
 
 @pytest.fixture
 def extents(tmp_path):

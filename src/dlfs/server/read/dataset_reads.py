@@ -67,13 +67,13 @@ class DatasetReads:
         self.coalesce_gap_bytes = coalesce_gap_bytes
         # Whether data path windows may go out by sendfile (the setting and the kernel).
         self.sendfile_state = sendfiles.state(sendfile)
-        self.sendfile = self.sendfile_state == "on"
+        self.sendfile = self.sendfile_state.startswith("on")
         if sendfile and not self.sendfile:
             log.warning("sendfile from the page cache is %s: data path replies are read into "
                         "buffers and sent, which costs the daemon more CPU per byte",
                         self.sendfile_state)
         self.mapped_sends_state = mapped_sends_state(mapped_sends)
-        self.maps = ExtentMaps(files) if self.mapped_sends_state == "on" else None
+        self.maps = ExtentMaps(files) if self.mapped_sends_state.startswith("on") else None
 
     def close(self) -> None:
         """Stop the prefetch thread and the reader threads (waits for running reads),
@@ -280,9 +280,8 @@ class DatasetReads:
 
 
 def mapped_sends_state(enabled: bool) -> str:
-    """What `dlfs status` says of sends from mappings: "on", or "off" and why."""
+    """What `dlfs status` says of sends from mappings: "on" (and how residency is
+    asked where cachestat is missing), or "off" and why."""
     if not enabled:
         return "off (--mapped-sends off)"
-    if not residency.supported():
-        return "off: this kernel has no cachestat(2) (Linux 6.5+ needed)"
-    return "on"
+    return residency.noted("on")

@@ -49,29 +49,16 @@ import numpy as np
 
 from dlfs import limits
 from dlfs.server.core.extents import ExtentFiles
-from dlfs.server.read import residency
+from dlfs.server.read import libc_maps, residency
 from dlfs.server.read.batch_planning import PieceColumns
 from dlfs.server.read.preadv_reads import ShortRead
 from dlfs.sockio import IOV_MAX, send_all, wait_writable
 
 log = logging.getLogger(__name__)
 
-_libc = ctypes.CDLL(None, use_errno=True)
-_mmap = _libc.mmap
-_mmap.restype = ctypes.c_void_p
-_mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
-                  ctypes.c_long]
-_munmap = _libc.munmap
-_munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-_madvise = _libc.madvise
-_madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-_mincore = _libc.mincore
-_mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
-_sendmsg = _libc.sendmsg
+_sendmsg = ctypes.CDLL(None, use_errno=True).sendmsg
 _sendmsg.restype = ctypes.c_ssize_t
 _sendmsg.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
-_PROT_READ, _MAP_SHARED, _MAP_POPULATE, _MADV_RANDOM = 1, 1, 0x8000, 1
-_MAP_FAILED = ctypes.c_void_p(-1).value
 _SEND_FLAGS = socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL
 
 
@@ -107,7 +94,7 @@ class _Mapping:
         return resident is not None and int(resident[-1]) == len(resident) - 1
 
     def unmap(self) -> None:
-        _munmap(self.address, self.size)
+        libc_maps.munmap(self.address, self.size)
 
 
 class ExtentMaps:
@@ -397,21 +384,20 @@ class ExtentMaps:
 def _map(fd: int, size: int, now: float, *, populate: bool) -> _Mapping | None:
     """`size` bytes of `fd` mapped read-only (page tables filled with `populate`), or
     None."""
-    flags = _MAP_SHARED | (_MAP_POPULATE if populate else 0)
-    address = _mmap(None, size, _PROT_READ, flags, fd, 0)
-    if address is None or address == _MAP_FAILED:
+    address = libc_maps.map_read_only(fd, 0, size, populate=populate)
+    if address is None:
         log.debug("mapping an extent failed: %s", os.strerror(ctypes.get_errno()))
         return None
     # A page evicted after the check is then read alone, not with a read-around.
-    _madvise(address, size, _MADV_RANDOM)
+    libc_maps.madvise(address, size, libc_maps.MADV_RANDOM)
     return _Mapping(address, size, now)
 
 
 def _scan(mapping: _Mapping) -> np.ndarray | None:
     """Cached pages of the mapping before each page (a prefix sum of `mincore`'s
     answer), or None if the kernel refused."""
-    vector = np.zeros(-(-mapping.size // residency.PAGE_BYTES), dtype=np.uint8)
-    if _mincore(mapping.address, mapping.size, vector.ctypes.data) != 0:
+    vector = libc_maps.cached_vector(mapping.address, mapping.size)
+    if vector is None:
         return None
     resident = np.zeros(len(vector) + 1, dtype=np.int32)
     np.cumsum(vector & 1, dtype=np.int32, out=resident[1:])

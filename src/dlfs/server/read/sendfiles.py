@@ -11,8 +11,8 @@ into a buffer and sending it moved 2.2-2.8 GB/s at 0.36-0.45.
 
 Only for windows whose pieces average at least
 `limits.sendfile_piece_bytes_min` (a system call per piece must be worth
-it) and whose pages are all in the page cache (`cachestat(2)`, Linux 6.5+,
-no byte copied; residency.py): a `sendfile` of an uncached range would wait for the
+it) and whose pages are all in the page cache (`cachestat(2)` on Linux 6.5+,
+`mincore(2)` on a mapping before; no byte copied; residency.py): a `sendfile` of an uncached range would wait for the
 device a piece at a time, so those windows go the read path, which keeps
 the device queue full.  A piece that ends early (a truncated extent) is
 padded with zeros to the frame's announced length and reported as
@@ -33,19 +33,18 @@ from dlfs import limits
 from dlfs.server.core.extents import ExtentFiles
 from dlfs.server.read.batch_planning import PieceColumns
 from dlfs.server.read.preadv_reads import ShortRead
-from dlfs.server.read.residency import all_cached, supported
+from dlfs.server.read.residency import all_cached, noted
 from dlfs.sockio import send_all, wait_writable
 
 _FIRST = np.zeros(1, dtype=np.intp)  # the one extent of a one-piece window
 
 
 def state(enabled: bool) -> str:
-    """What `dlfs status` says of this path: "on", or "off" and why."""
+    """What `dlfs status` says of this path: "on" (noting residency asked by mincore
+    where the kernel has no cachestat), or "off" and why."""
     if not enabled:
         return "off (--sendfile off)"
-    if not supported():
-        return "off: this kernel has no cachestat(2) (Linux 6.5+ needed)"
-    return "on"
+    return noted("on")
 
 
 def worth(pieces: PieceColumns) -> bool:
