@@ -617,6 +617,9 @@ mount_error_log_interval_s = 10.0
 # `dlfs-mount` without --foreground waits this long for the mount to become
 # usable before it gives up and stops the background process.
 mount_ready_timeout_s = 120.0
+# ... and once the background process said why it failed, this long for it to exit
+# before it is killed.
+mount_failed_exit_wait_s = 10.0
 # After SIGTERM, requests still waiting for the daemon get this long to finish
 # before they are abandoned and the file system is unmounted.
 mount_shutdown_grace_s = 5.0

@@ -154,6 +154,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
+    args.background_child = args.ready_fd is not None  # started by run_background
     if args.foreground:
         _setup_logging(args)
     try:
@@ -163,13 +164,28 @@ def main(argv: list[str] | None = None) -> int:
             return run_foreground(args)
         return run_background(argv, args)
     except MountError as exc:
-        if args.ready_fd is None:
-            print(f"dlfs-mount: {exc}", file=sys.stderr)
-        else:  # the waiting parent prints it
-            _send(args.ready_fd, ERROR_PREFIX + str(exc).encode())
-            if args.log_file:
-                log.error("%s", exc)
+        _report(args, exc)
+        if args.background_child:
+            # Told the parent; nothing else to do.  Skip the interpreter's shutdown:
+            # it joins library threads (gRPC's among them), which have hung it.
+            logging.shutdown()
+            os._exit(1)
         return 1
+
+
+def _report(args: argparse.Namespace, exc: MountError) -> None:
+    """Say why the mount failed, once: to the waiting parent (which prints it), else on
+    standard error."""
+    if getattr(exc, "reported", False):
+        return
+    exc.reported = True
+    if args.ready_fd is not None:
+        _send(args.ready_fd, ERROR_PREFIX + str(exc).encode())
+        args.ready_fd = None  # closed: never written again (its number may be reused)
+        if args.log_file:
+            log.error("%s", exc)
+    elif not args.background_child:
+        print(f"dlfs-mount: {exc}", file=sys.stderr)
 
 
 def check_mountpoint(path: str, nonempty: bool = False) -> None:
@@ -241,7 +257,11 @@ def run_background(argv: list[str], args: argparse.Namespace) -> int:
     if message == READY:
         return 0
     if message.startswith(ERROR_PREFIX):
-        child.wait()
+        try:  # it exits once it said why; one that hangs on its way out is not waited for
+            child.wait(fuse_limits.mount_failed_exit_wait_s)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
         raise MountError(message[len(ERROR_PREFIX):].decode(errors="replace"))
     if message:
         raise AssertionError(f"unexpected readiness message {message!r}")
@@ -330,6 +350,9 @@ def run_foreground(args: argparse.Namespace) -> int:
             _log_counts(session, backend, operations.extents, operations.splice)
         log.info("unmounted %s", args.mountpoint)
         return 0
+    except MountError as exc:
+        _report(args, exc)  # now: closing the backend below may take a while
+        raise
     finally:
         backend.close()
 
