@@ -166,8 +166,9 @@ def main(argv: list[str] | None = None) -> int:
     except MountError as exc:
         _report(args, exc)
         if args.background_child:
-            # Told the parent; nothing else to do.  Skip the interpreter's shutdown:
-            # it joins library threads (gRPC's among them), which have hung it.
+            # Told the parent; nothing else to do.  Skip the interpreter's shutdown,
+            # which joins library threads (gRPC's, the etcd watch): a failed child
+            # once sat somewhere on its way out for the parent's whole 120 s.
             logging.shutdown()
             os._exit(1)
         return 1
