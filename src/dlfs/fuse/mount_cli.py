@@ -536,7 +536,7 @@ def _setup_logging(args: argparse.Namespace) -> None:
     it was started from."""
     if args.debug:
         level = logging.DEBUG
-    elif args.ready_fd is not None and not args.log_file:
+    elif args.background_child and not args.log_file:
         level = logging.WARNING
     else:
         level = logging.INFO

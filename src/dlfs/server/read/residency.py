@@ -78,7 +78,7 @@ def cached_pages(fd: int, offset: int, length: int) -> int | None:
     (the pages they touch), or None where neither cachestat nor mincore answers."""
     if _available:
         counted = _count(fd, offset, length, _CachestatRange(), _Cachestat())
-        if counted is not None or _available:
+        if _available:  # else the kernel turned out to have none: ask mincore
             return counted
     first = offset - offset % PAGE_BYTES
     vector = _mapped_vector(fd, first, offset + length - first)
@@ -110,16 +110,23 @@ def all_cached(fds: np.ndarray, offsets: np.ndarray, sizes: np.ndarray) -> bool:
     `fds[i]`, for every i (one cachestat each, or per file one mapping and a
     `mincore` per range).  False where neither answers."""
     if _available:
-        span, stat = _CachestatRange(), _Cachestat()
-        for fd, offset, size in zip(fds.tolist(), offsets.tolist(), sizes.tolist()):
-            cached = _count(fd, offset, size, span, stat)
-            if cached is None and not _available:
-                break  # the kernel has none after all: ask mincore
-            if cached is None or cached < pages_of(offset, size):
-                return False
-        else:
-            return True
+        answer = _all_counted_cached(fds, offsets, sizes)
+        if answer is not None:
+            return answer
     return _all_mapped_cached(fds, offsets, sizes)
+
+
+def _all_counted_cached(fds: np.ndarray, offsets: np.ndarray, sizes: np.ndarray
+                        ) -> bool | None:
+    """`all_cached` by cachestat, or None when the kernel turned out to have none."""
+    span, stat = _CachestatRange(), _Cachestat()
+    for fd, offset, size in zip(fds.tolist(), offsets.tolist(), sizes.tolist()):
+        cached = _count(fd, offset, size, span, stat)
+        if cached is None:
+            return False if _available else None
+        if cached < pages_of(offset, size):
+            return False
+    return True
 
 
 def _all_mapped_cached(fds: np.ndarray, offsets: np.ndarray, sizes: np.ndarray) -> bool:
