@@ -121,6 +121,19 @@ def wait_at_most(sock: socket.socket, deadline: float, bound_s: float | None = N
     sock.settimeout(left if bound_s is None else min(left, bound_s))
 
 
+def bound_send_wait(sock: socket.socket, timeout: float | None, deadline: float | None) -> None:
+    """Let the next send on the blocking socket `sock` wait at most `timeout` seconds
+    (None: no bound) and not past `deadline` (time.monotonic()), by SO_SNDTIMEO (a
+    send then returns what it sent, or fails with EAGAIN when it sent nothing);
+    raises socket.timeout when the deadline passed already."""
+    if deadline is not None:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise socket.timeout("the reply's deadline passed")
+        timeout = left if timeout is None else min(timeout, left)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, _timeval(timeout or 0))
+
+
 def wait_writable(fd: int, timeout: float | None, deadline: float | None) -> None:
     """Wait until the socket `fd` takes bytes: at most `timeout` seconds (None: no bound)
     and not past `deadline` (time.monotonic()); raises socket.timeout otherwise."""

@@ -15,6 +15,8 @@ import pytest
 
 from conftest import metric_samples, write_tree
 from dlfs import Client, limits
+from dlfs.formats import datapath_frames as frames
+from hostile_peers import read_frame, welcomed
 from dlfs.staging.progress import human_bytes
 from page_cache import cached
 
@@ -94,6 +96,56 @@ def test_small_cached_samples_go_from_mappings_on_either_socket(daemon_factory, 
                           "status"], capture_output=True, text=True, timeout=60).stdout
     assert f"  cached samples sent from mapped extents: {state}; " \
            f"{human_bytes(status.mapped_send_bytes)} sent so far\n" in out
+
+
+def raw_batch(port: int, ids) -> tuple[bytes, list[int]]:
+    """(payload, each DATA frame's size) of GET_BATCH `ids` of "ds", through the
+    protocol itself over TCP."""
+    with welcomed(("tcp", port)) as sock:
+        for buffer in frames.get_batch("ds", ids):
+            sock.sendall(buffer)
+        kind, body = read_frame(sock)
+        assert kind == frames.Kind.BATCH
+        reply = frames.parse_batch_header(body)
+        payload, sizes = bytearray(), []
+        while len(payload) < reply.payload_bytes:
+            kind, body = read_frame(sock)
+            assert kind == frames.Kind.DATA
+            sizes.append(len(body))
+            payload += body
+    return bytes(payload), sizes
+
+
+def test_a_reply_of_many_windows_goes_from_mappings_a_frame_per_window(daemon_factory, tmp_path):
+    """A reply of some thirty windows (64 KiB windows, 2 MB of small samples) goes out
+    from the mappings whole, still as DATA frames of at most a window each: read
+    through the protocol itself, and by a client.  Its last window holds too few
+    samples to go from mappings on its own (`limits.mapped_pieces_min`): only a
+    send of the whole reply takes it that way."""
+    files = small_tree(tmp_path / "src")
+    paths = sorted(files)
+    window = 64 * 1024
+    daemon = daemon_factory(extra_args=["--metrics-listen", "0", "--chunk-bytes", str(window)])
+    ids = shuffled(len(paths))
+    ends = np.cumsum([len(files[paths[i]]) for i in ids])
+    ids = ids[:max(n for n in range(1, len(ids) + 1)
+                   if ends[n - 1] > 20 * window and 0 < ends[n - 1] % window < 8000)]
+    expected = [files[paths[i]] for i in ids]
+    with Client(daemon.address, data_path="tcp") as client:
+        client.ingest(str(tmp_path / "src"), "ds")
+        port = client.transport.data_path().tcp_port
+        give_up = time.monotonic() + 10
+        while True:  # until a serving process found every extent mapped
+            before = mapped(client)
+            payload, sizes = raw_batch(port, ids)
+            assert payload == b"".join(expected)
+            assert len(sizes) == -(-len(payload) // window) > 20
+            assert all(size == window for size in sizes[:-1])
+            if mapped(client) - before == len(payload):
+                break
+            assert time.monotonic() < give_up, "no reply ever went out whole from mappings"
+            time.sleep(0.05)
+        assert [bytes(s) for s in client.dataset("ds").get_batch(ids)] == expected
 
 
 def test_the_switch_keeps_the_read_path(daemon_factory, tmp_path):

@@ -129,6 +129,113 @@ def test_a_window_over_the_socket_buffer_goes_out_whole_across_partial_sends(
     assert len(expected) > 1_000_000 and got == [expected]
 
 
+def framed(spec: list[tuple[int, int, int]], window: int, bodies: dict[int, bytes]
+           ) -> tuple[PieceColumns, list[tuple[int, bytes]], bytes]:
+    """(pieces cut at every `window` bytes of the payload, a head per window after the
+    first, the bytes a send of them with b"HEAD" first must put on the wire)."""
+    payload = b"".join(bodies[e][o:o + n] for e, o, n in spec)
+    cuts, at = [], 0
+    for e, o, n in spec:
+        while n:
+            take = min(n, window - at % window)
+            cuts.append((e, o, take))
+            e, o, n, at = e, o + take, n - take, at + take
+    heads = [(start, f"<{start}>".encode()) for start in range(window, len(payload), window)]
+    wire = b"HEAD" + b"".join(
+        (dict(heads).get(start, b"") + payload[start:start + window])
+        for start in range(0, len(payload), window))
+    return pieces_of(cuts), heads, wire
+
+
+@pytest.mark.parametrize("socket_buffer", [None, 64 * 1024])
+def test_several_windows_go_out_in_one_send_each_after_its_head(extents, wire, make_maps,
+                                                               socket_buffer):
+    """A reply of several windows in one send: each later head goes out right before the
+    first byte of its window, also when the socket takes the send in many parts."""
+    _, files, bodies = extents
+    rng = np.random.default_rng(8)
+    spec = [(int(e), int(o), int(n)) for e, o, n in zip(
+        rng.integers(0, 2, 300), rng.integers(0, 290_000, 300), rng.integers(1, 10_000, 300))]
+    pieces, heads, expected = framed(spec, 100_000, bodies)
+    assert len(heads) > 5
+    maps = make_maps(files)
+    here, there = wire
+    if socket_buffer:
+        here.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, socket_buffer)
+    mapped_when_ready(maps, lambda: maps.send(here, 1, pieces_of([(0, 0, 1), (1, 0, 1)]),
+                                              b"H"))
+    receive(there, 3)
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(receive(there, len(expected))))
+    reader.start()
+    assert maps.send(here, 1, pieces, b"HEAD", later_heads=heads,
+                     deadline=time.monotonic() + 30)
+    reader.join(30)
+    assert got == [expected]
+
+
+def tcp_pair() -> tuple[socket.socket, socket.socket]:
+    """Both ends of a loopback TCP connection."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        here = socket.create_connection(listener.getsockname())
+        there, _ = listener.accept()
+    return here, there
+
+
+@pytest.mark.parametrize("family", ["unix", "tcp"])
+def test_a_page_that_cannot_be_read_completes_its_own_frame_only(extents, wire, make_maps,
+                                                                  family):
+    """A fault in the second of four windows sent in one go: the frames before the one
+    the send stopped in went out whole, that one is completed with zeros after its
+    head, none starts after it, and ShortRead names the piece past the file's end.
+    The kernel drops the whole copy a fault falls in (a Unix socket's call, TCP's
+    chunk of up to 64 KiB), so the send may stop in the first window."""
+    store, files, bodies = extents
+    maps = make_maps(files)
+    here, there = wire if family == "unix" else tcp_pair()
+    spec = [(1, 0, 60_000), (0, 0, 100_000), (1, 100_000, 90_000)]  # windows of 80,000
+    pieces, heads, expected = framed(spec, 80_000, bodies)
+    frame_ends = [4 + 80_000]
+    for _, head in heads:
+        frame_ends.append(frame_ends[-1] + len(head) + 80_000)
+    mapped_when_ready(maps, lambda: maps.send(here, 1, pieces_of([(0, 0, 1), (1, 0, 1)]),
+                                              b"H"))
+    receive(there, 3)
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(receive(there, len(expected))))
+    reader.start()
+    assert maps.send(here, 1, pieces, b"HEAD", later_heads=heads)
+    reader.join(30)
+    assert got == [expected]
+    os.truncate(store.extent_path(1, 0), HEADER_BYTES + 30_000)  # past payload 90,000
+    reader = threading.Thread(target=lambda: got.append(receive_all(there)))
+    reader.start()
+    with pytest.raises(ShortRead) as raised:
+        maps.send(here, 1, pieces, b"HEAD", later_heads=heads)
+    here.close()
+    reader.join(30)
+    stream = got[-1]
+    assert len(stream) in frame_ends[:2]
+    frame_start = 0 if len(stream) == frame_ends[0] else frame_ends[0] + len(heads[0][1])
+    assert stream[:frame_start] == expected[:frame_start]  # earlier frames, heads: whole
+    last = stream[frame_start:]
+    differ = next((i for i, (a, b) in enumerate(zip(last, expected[frame_start:])) if a != b),
+                  len(last))
+    assert last[differ:] == bytes(len(last) - differ)  # the rest of its frame: zeros
+    short = raised.value
+    assert (short.extent_no, short.file_offset, short.wanted, short.got) == \
+        (0, HEADER_BYTES + 20_000, 80_000, 10_000)
+    there.close()
+
+
+def receive_all(sock: socket.socket) -> bytes:
+    """Every byte until the peer closes."""
+    got = bytearray()
+    while chunk := sock.recv(1 << 20):
+        got += chunk
+    return bytes(got)
+
+
 def test_pages_the_cache_does_not_hold_take_the_read_path(extents, wire, make_maps):
     """An extent mostly out of the cache is mapped without being read in, and a window
     goes out from it only once every page it needs was cached at the last scan."""

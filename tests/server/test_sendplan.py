@@ -45,6 +45,28 @@ def test_windows_reassemble_the_request_order_payload(samples, window):
     assert payload_from_pieces(order, files, window) == expected
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 2), st.integers(0, FILE_BYTES - 1),
+                          st.integers(0, 300)), max_size=40),
+       st.integers(1, 700))
+def test_one_send_of_every_window_is_each_windows_pieces_in_request_order(samples, window):
+    """What one send from mappings of a whole reply takes: per window, exactly the
+    window's own request-order pieces (empty ones left out), so a frame header can
+    go before each window's first piece."""
+    order = RequestOrder(np.array([s[0] for s in samples], dtype=np.uint32),
+                         np.array([s[1] for s in samples], dtype=np.uint64),
+                         np.array([s[2] for s in samples], dtype=np.uint64))
+    whole = order.in_request_order_by_window(window)
+    per_window = []
+    for start, stop in order.windows(window):
+        for extent, file_offset, window_offset, size in order.in_request_order(start, stop):
+            if size:
+                per_window.append((extent, file_offset, start + window_offset, size))
+    assert whole.tuples() == per_window
+    starts = set(whole.buffer_offset.tolist())
+    assert all(start in starts for start, _ in order.windows(window))  # each window's first
+
+
 def test_consecutive_samples_in_storage_order_are_one_piece():
     order = RequestOrder(np.zeros(4, np.uint32), np.array([100, 110, 120, 130], np.uint64),
                          np.full(4, 10, np.uint64))

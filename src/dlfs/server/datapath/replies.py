@@ -153,6 +153,10 @@ def send_reply(connection, dataset, header: list, order: RequestOrder, count) ->
     # Small cached samples from mappings of their extents: one copy in the daemon (and
     # large ones to a client on this host over TCP: cheaper there than sendfile).
     by_mapping = store.reads.maps is not None
+    if by_mapping and len(windows) > 1 and \
+            _sent_whole_from_mappings(connection, dataset, header, order, windows, count,
+                                      deadline):
+        return
     # The header goes out with the first window sent without a buffer (one system call,
     # and the client wakes once for both), else on its own before the first read.
     unsent: list | None = header
@@ -188,6 +192,27 @@ def send_reply(connection, dataset, header: list, order: RequestOrder, count) ->
             unsent = None
         advised = _send_window(connection, dataset, order, start, stop, deadline, before,
                                advised)
+
+
+def _sent_whole_from_mappings(connection, dataset, header: list, order: RequestOrder,
+                              windows: list[tuple[int, int]], count, deadline: float) -> bool:
+    """The whole reply in one send from mappings of the extents, still a DATA frame per
+    window, when a send from mappings would take it (as `send_reply` decides per
+    window) and the page cache holds every page: one residency look, one iovec
+    array and one run of `sendmsg`s for the reply, where window by window each
+    came once per window (28 MB of 110 KB samples: 7 windows, about 30 array
+    operations each).  False, with nothing sent, otherwise: the reply then
+    goes window by window."""
+    kind = order.mapping_kind(0, order.payload_bytes)
+    if kind != "small" and not (kind == "large" and connection.same_host_tcp):
+        return False
+    heads = [frames.data_frame(stop - start) for start, stop in windows]
+    connection.sock.settimeout(connection.server.stall_timeout_s)
+    return connection.store.reads.send_mapped(
+        dataset, order.in_request_order_by_window(connection.server.buffers.window_bytes),
+        connection.sock, b"".join(header) + heads[0],
+        later_heads=[(start, head) for (start, _stop), head in zip(windows[1:], heads[1:])],
+        before=count, deadline=deadline, map_missing=kind == "small")
 
 
 def _send_unbuffered(connection, send, dataset, pieces, start: int, stop: int,

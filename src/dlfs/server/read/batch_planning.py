@@ -224,6 +224,25 @@ class RequestOrder:
             return PieceColumns(self.extent, self.offset, self.begin, self.length)
         return PieceColumns(*self._cut(start, stop))
 
+    def in_request_order_by_window(self, window_bytes: int) -> PieceColumns:
+        """The file pieces filling the whole payload in payload order, one per sample
+        and window: a sample that crosses a multiple of `window_bytes` is cut there
+        (empty samples are left out).  What one send from mappings of a reply of
+        several windows takes, so that each window can start a frame.  A few array
+        operations for the whole reply, not per window."""
+        if not self.length.size:
+            return PieceColumns(*(np.zeros(0, dtype=np.int64),) * 4)
+        first_window = self.begin // window_bytes
+        last_window = (self.end - 1) // window_bytes
+        parts = np.where(self.length > 0, last_window - first_window + 1, 0)
+        sample = np.repeat(np.arange(parts.size), parts)
+        part_of_sample = np.arange(sample.size) - np.repeat(np.cumsum(parts) - parts, parts)
+        window = first_window[sample] + part_of_sample
+        begin = self.begin[sample]
+        lo = np.maximum(begin, window * window_bytes)
+        hi = np.minimum(self.end[sample], (window + 1) * window_bytes)
+        return PieceColumns(self.extent[sample], self.offset[sample] + (lo - begin), lo, hi - lo)
+
     def _cut(self, start: int, stop: int) -> tuple[np.ndarray, ...]:
         """(extent, file offset, window offset, bytes) of the samples' parts within
         payload bytes [start, stop), in payload order."""

@@ -169,18 +169,20 @@ class DatasetReads:
                            before=before, deadline=deadline)))
 
     def send_mapped(self, dataset: DatasetIndex, pieces, sock, head: bytes, *,
-                    before=None, deadline: float | None = None,
+                    later_heads=(), before=None, deadline: float | None = None,
                     map_missing: bool = True) -> bool:
         """As `send_cached`, for windows of many pieces: sent from read-only mappings of
         their extents when the page cache holds their pages (mapped_sends.py);
         False, with nothing sent, otherwise (an extent not mapped yet is mapped in
-        the background if `map_missing`, else only by `map_soon`)."""
+        the background if `map_missing`, else only by `map_soon`).  `later_heads`
+        (buffer offset, bytes): frame headers sent before the pieces at those
+        offsets, for several windows in one send (ExtentMaps.send)."""
         maps = self.maps
         if maps is None:
             return False
         return self._sent_cached(dataset, pieces, self.metrics.mapped_send_bytes, lambda: (
-            maps.send(sock, dataset.dataset_id, pieces, head, before=before,
-                      deadline=deadline, map_missing=map_missing)))
+            maps.send(sock, dataset.dataset_id, pieces, head, later_heads=later_heads,
+                      before=before, deadline=deadline, map_missing=map_missing)))
 
     def map_soon(self, dataset: DatasetIndex, extents) -> None:
         """Map these extents of `dataset` in the background (see ExtentMaps.map_soon)."""

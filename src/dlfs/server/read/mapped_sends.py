@@ -43,7 +43,7 @@ import os
 import socket
 import threading
 import time
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -52,14 +52,13 @@ from dlfs.server.core.extents import ExtentFiles
 from dlfs.server.read import libc_maps, residency
 from dlfs.server.read.batch_planning import PieceColumns
 from dlfs.server.read.preadv_reads import ShortRead
-from dlfs.sockio import IOV_MAX, send_all, wait_writable
+from dlfs.sockio import IOV_MAX, bound_send_wait, send_all
 
 log = logging.getLogger(__name__)
 
 _sendmsg = ctypes.CDLL(None, use_errno=True).sendmsg
 _sendmsg.restype = ctypes.c_ssize_t
 _sendmsg.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
-_SEND_FLAGS = socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL
 
 
 class _MsgHdr(ctypes.Structure):
@@ -140,16 +139,22 @@ class ExtentMaps:
     # --- sending ------------------------------------------------------------------------
 
     def send(self, sock: socket.socket, dataset_id: int, pieces: PieceColumns, head: bytes, *,
+             later_heads: Sequence[tuple[int, bytes]] = (),
              before: Callable[[], None] | None = None, deadline: float | None = None,
              map_missing: bool = True) -> bool:
         """Send `head`, then `pieces` in buffer-offset order (they must tile the window),
         from the mappings of their extents, if their last scans found every page cached.
 
+        `later_heads`: (buffer offset, bytes) in ascending order, each offset
+        where a piece starts: those bytes go out before that piece (the frame
+        header of the next window of a reply sent in one go).  A head begins
+        a frame; a frame ends where the next head begins.
+
         Returns False, having sent nothing, otherwise; an extent not mapped yet
         is then mapped in the background if `map_missing` (else only by
         `map_soon`).  `before()` runs once
         the window will go this way, before anything is sent.  Raises
-        ShortRead after padding the window when a page cannot be read,
+        ShortRead after padding the frame it was in when a page cannot be read,
         socket.timeout when the peer stops reading for the socket's timeout
         or when `deadline` (time.monotonic()) passes first, OSError.
         """
@@ -157,9 +162,11 @@ class ExtentMaps:
             return False
         if len(pieces) == 1 or (pieces.buffer_offset[1:] > pieces.buffer_offset[:-1]).all():
             extent, offset, size = pieces.extent, pieces.file_offset, pieces.size
+            buffer_offset = pieces.buffer_offset
         else:
             order = np.argsort(pieces.buffer_offset, kind="stable")
             extent, offset, size = pieces.extent[order], pieces.file_offset[order], pieces.size[order]
+            buffer_offset = pieces.buffer_offset[order]
         first = extent[:1]
         numbers = first if (extent == first).all() else np.unique(extent)
         taken: list[_Mapping] = []
@@ -186,24 +193,38 @@ class ExtentMaps:
                 return False  # the read path reads what is missing, all at once
             if before is not None:
                 before()
-            head_bytes = np.frombuffer(head, dtype=np.uint8)
-            iovecs = np.empty(len(size) + 1, dtype=_IOVEC)
-            iovecs[0] = (head_bytes.ctypes.data, len(head))
-            iovecs["base"][1:] = bases + offset.astype(np.uint64)
-            iovecs["len"][1:] = size
+            joined, iovecs, is_head = _iovecs(head, later_heads, buffer_offset,
+                                              bases + offset.astype(np.uint64), size)
+            lengths = iovecs["len"].copy()  # _send_iovecs changes the iovecs it sends
             sent = _send_iovecs(sock, iovecs, deadline)
             if sent is not None:  # a page could not be read: keep the framing whole
-                starts = len(head) + np.concatenate(([0], np.cumsum(size)[:-1]))
-                rest = bytes(len(head) + int(size.sum()) - max(sent, len(head)))
-                send_all(sock, [head[sent:], rest] if sent < len(head) else [rest],
-                         deadline=deadline)
-                k = max(0, int(np.searchsorted(starts, sent, side="right")) - 1)
-                raise ShortRead(int(extent[k]), int(offset[k]), int(size[k]),
-                                max(0, sent - int(starts[k])))
+                _complete_frame(sock, joined, lengths, is_head, sent, deadline)
+                entry = int(np.searchsorted(np.cumsum(lengths), sent, side="right"))
+                # The piece it stopped in; a Unix socket fails a whole call, so the
+                # piece that could not be read may come later.
+                first = entry + int(is_head[entry]) - int(np.count_nonzero(is_head[:entry]))
+                raise self._short_read(dataset_id, extent, offset, size, first)
             return True
         finally:
             for mapping in taken:
                 self._release(mapping)
+
+    def _short_read(self, dataset_id: int, extent: np.ndarray, offset: np.ndarray,
+                    size: np.ndarray, first: int) -> ShortRead:
+        """ShortRead for the first piece from `first` on that reaches past its extent
+        file's end now (what fails a send from a mapping), or for piece `first`
+        when none does (the device failed).  A loop per piece: a failure only."""
+        file_ends: dict[int, int] = {}
+        for k in range(first, len(size)):
+            extent_no = int(extent[k])
+            if extent_no not in file_ends:
+                with self._files.acquire(dataset_id, extent_no) as fd:
+                    file_ends[extent_no] = os.fstat(fd).st_size
+            start, wanted = int(offset[k]), int(size[k])
+            if start + wanted > file_ends[extent_no]:
+                return ShortRead(extent_no, start, wanted,
+                                 min(wanted, max(0, file_ends[extent_no] - start)))
+        return ShortRead(int(extent[first]), int(offset[first]), int(size[first]), 0)
 
     # --- mappings: the serving side -------------------------------------------------
 
@@ -422,11 +443,74 @@ def _covered(resident: np.ndarray | None, first: np.ndarray, last: np.ndarray) -
         bool(((resident[last + 1] - resident[first]) == last - first + 1).all())
 
 
+def _iovecs(head: bytes, later_heads: Sequence[tuple[int, bytes]], buffer_offset: np.ndarray,
+            address: np.ndarray, size: np.ndarray) -> tuple[bytes, np.ndarray, np.ndarray]:
+    """(the heads' bytes joined, the iovecs of a send, which iovecs are heads): `head`,
+    then the pieces at `address` of `size` bytes each (in buffer-offset order), each
+    of `later_heads` (buffer offset, bytes) before the piece at its offset."""
+    is_head = np.zeros(len(size) + 1 + len(later_heads), dtype=bool)
+    iovecs = np.empty(len(is_head), dtype=_IOVEC)
+    if not later_heads:  # one window: the common case, in fewer array operations
+        head_bytes = np.frombuffer(head, dtype=np.uint8)
+        iovecs[0] = (head_bytes.ctypes.data, len(head))
+        iovecs["base"][1:] = address
+        iovecs["len"][1:] = size
+        is_head[0] = True
+        return head, iovecs, is_head
+    heads = [head, *(h for _, h in later_heads)]
+    joined = b"".join(heads)
+    head_lengths = np.fromiter(map(len, heads), dtype=np.uint64, count=len(heads))
+    # Head k sits before the piece at its offset: after k heads and the pieces before it.
+    head_entry = np.arange(len(heads))
+    head_entry[1:] += np.searchsorted(
+        buffer_offset, np.fromiter((at for at, _ in later_heads), dtype=np.int64))
+    is_head[head_entry] = True
+    iovecs["base"][head_entry] = np.frombuffer(joined, dtype=np.uint8).ctypes.data + \
+        np.concatenate(([0], np.cumsum(head_lengths)[:-1])).astype(np.uint64)
+    iovecs["len"][head_entry] = head_lengths
+    iovecs["base"][~is_head] = address
+    iovecs["len"][~is_head] = size
+    return joined, iovecs, is_head
+
+
+def _complete_frame(sock: socket.socket, heads: bytes, lengths: np.ndarray, is_head: np.ndarray,
+                    sent: int, deadline: float | None) -> None:
+    """After `sent` bytes of the iovecs of `lengths` (those where `is_head` are the
+    bytes of `heads`, in order) went out and a piece could not be read: send
+    the rest of the frame they stopped in, a head's bytes as they are and the
+    pieces' as zeros (the client's checks never pass them), so that the next
+    frame the peer reads is whole."""
+    ends = np.cumsum(lengths)
+    entry = int(np.searchsorted(ends, sent, side="right"))
+    later = np.flatnonzero(is_head[entry + 1:])
+    if later.size:  # the frame ends where the next head starts
+        next_head = entry + 1 + int(later[0])
+        frame_end = int(ends[next_head]) - int(lengths[next_head])
+    else:
+        frame_end = int(ends[-1])
+    parts: list[bytes] = []
+    if is_head[entry]:  # stopped inside a head: its own bytes first
+        head_start = int(np.sum(lengths[:entry][is_head[:entry]]))
+        entry_start = int(ends[entry]) - int(lengths[entry])
+        parts.append(heads[head_start + sent - entry_start:head_start + int(lengths[entry])])
+        sent = int(ends[entry])
+    parts.append(bytes(frame_end - sent))
+    send_all(sock, parts, deadline=deadline)
+
+
 def _send_iovecs(sock: socket.socket, iovecs: np.ndarray, deadline: float | None) -> int | None:
     """Send every byte the iovecs name, at most IOV_MAX per `sendmsg`.  Returns None
     when all went out, or the bytes sent before a page could not be read (EFAULT).
     Raises socket.timeout (the socket's timeout per wait, `deadline` for the whole),
-    OSError.  `iovecs` is changed (its first unsent entry is advanced)."""
+    OSError.  `iovecs` is changed (its first unsent entry is advanced).
+
+    The first `sendmsg` does not wait: a reply the socket buffer takes whole (a
+    batch of 4 KiB samples, as a rule) costs that one call.  For the rest the
+    socket blocks, each `sendmsg` bounded by SO_SNDTIMEO, and the kernel waits
+    for room itself: non-blocking, a reply of 28 MB went out in some twenty
+    `sendmsg`s, each after a `poll` and a turn of Python (a third of the
+    daemon's user time at 110 KB); blocking, in one call unless the client
+    stalls.  The listener's `stop` wakes a blocked call (shutdown)."""
     fd = sock.fileno()
     timeout = sock.gettimeout()
     address = iovecs.ctypes.data
@@ -434,31 +518,46 @@ def _send_iovecs(sock: socket.socket, iovecs: np.ndarray, deadline: float | None
     ends = lengths = bases = None  # for a send cut short: made then
     message = _MsgHdr()
     sent = first = 0
-    while sent < total:
-        message.msg_iov = address + first * _IOVEC.itemsize
-        message.msg_iovlen = min(IOV_MAX, len(iovecs) - first)
-        n = _sendmsg(fd, ctypes.byref(message), _SEND_FLAGS)
-        if n < 0:
-            code = ctypes.get_errno()
-            if code in (errno.EAGAIN, errno.EWOULDBLOCK):
-                wait_writable(fd, timeout, deadline)
+    blocking = False
+    try:
+        while sent < total:
+            message.msg_iov = address + first * _IOVEC.itemsize
+            message.msg_iovlen = min(IOV_MAX, len(iovecs) - first)
+            if blocking:
+                bound_send_wait(sock, timeout, deadline)
+                n = _sendmsg(fd, ctypes.byref(message), socket.MSG_NOSIGNAL)
+            else:
+                n = _sendmsg(fd, ctypes.byref(message), socket.MSG_NOSIGNAL | socket.MSG_DONTWAIT)
+            if n < 0:
+                code = ctypes.get_errno()
+                if code == errno.EINTR:
+                    continue
+                if code == errno.EFAULT:
+                    return sent
+                if code not in (errno.EAGAIN, errno.EWOULDBLOCK):
+                    raise OSError(code, os.strerror(code))
+                if blocking:  # SO_SNDTIMEO ran out with nothing taken
+                    if deadline is not None and time.monotonic() >= deadline:
+                        raise socket.timeout("the reply's deadline passed")
+                    raise socket.timeout("the client stopped reading the reply")
+                n = 0
+            sent += n
+            if sent == total:
+                break
+            if not blocking:
+                sock.settimeout(None)
+                blocking = True
+            if n == 0:
                 continue
-            if code == errno.EINTR:
-                continue
-            if code == errno.EFAULT:
-                return sent
-            raise OSError(code, os.strerror(code))
-        if deadline is not None and time.monotonic() > deadline and sent + n < total:
-            raise socket.timeout("the reply's deadline passed")
-        sent += n
-        if sent == total:
-            break
-        if ends is None:  # the iovecs as given, before any is advanced
-            lengths, bases = iovecs["len"].copy(), iovecs["base"].copy()
-            ends = np.cumsum(lengths)
-        first = int(np.searchsorted(ends, sent, side="right"))
-        if first < len(iovecs):
-            done = sent - (int(ends[first - 1]) if first else 0)
-            iovecs["base"][first] = bases[first] + done
-            iovecs["len"][first] = lengths[first] - done
+            if ends is None:  # the iovecs as given, before any is advanced
+                lengths, bases = iovecs["len"].copy(), iovecs["base"].copy()
+                ends = np.cumsum(lengths)
+            first = int(np.searchsorted(ends, sent, side="right"))
+            if first < len(iovecs):
+                done = sent - (int(ends[first - 1]) if first else 0)
+                iovecs["base"][first] = bases[first] + done
+                iovecs["len"][first] = lengths[first] - done
+    finally:
+        if blocking:
+            sock.settimeout(timeout)
     return None
