@@ -105,9 +105,9 @@ def run(prepared: Prepared, daemon_address: str, daemon_pid: int, *, runs: int,
                     if from_cache["sender_cpu_s_per_gb"] else None)}
         log(f"bench: scaling {processes} client process{'es' if processes > 1 else ''}: DLFS "
             f"{dlfs['gb_per_s']:.2f} GB/s (daemon {dlfs['daemon_cpu_utilisation']:.2f} CPUs, "
-            f"{dlfs['daemon_cpu_s_per_gb']:.2f} CPU-s/GB), raw TCP {raw['gb_per_s']:.2f} GB/s "
-            f"({raw['sender_cpu_s_per_gb']:.2f} CPU-s/GB), from the page cache "
-            f"{from_cache['gb_per_s']:.2f} GB/s ({_fmt_cpu(from_cache)} CPU-s/GB)")
+            f"{_per_gb(dlfs['daemon_cpu_s_per_gb'])}), raw TCP {raw['gb_per_s']:.2f} GB/s "
+            f"({_per_gb(raw['sender_cpu_s_per_gb'])}), from the page cache "
+            f"{from_cache['gb_per_s']:.2f} GB/s ({_per_gb(from_cache['sender_cpu_s_per_gb'])})")
         cases.append(case)
     return {"workload": prepared.workload.name, "transport": "tcp", "runs": runs,
             "duration_s": duration_s, "cpus": cpus,
@@ -115,9 +115,9 @@ def run(prepared: Prepared, daemon_address: str, daemon_pid: int, *, runs: int,
             "targets": targets(cases), "explanation": explain(cases, cpus)}
 
 
-def _fmt_cpu(side: dict) -> str:
-    value = side["sender_cpu_s_per_gb"]
-    return "—" if value is None else f"{value:.2f}"
+def _per_gb(cpu_s_per_gb: float | None) -> str:
+    """CPU-s/GB for the progress line ("CPU not measured" when a side has none)."""
+    return "CPU not measured" if cpu_s_per_gb is None else f"{cpu_s_per_gb:.2f} CPU-s/GB"
 
 
 def _with_softirq_ratio(dlfs: dict, raw: dict) -> float | None:

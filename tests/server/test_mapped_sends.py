@@ -88,6 +88,24 @@ def pieces_of(spec: list[tuple[int, int, int]]) -> PieceColumns:
     return PieceColumns(*(np.array(column, dtype=np.int64) for column in zip(*rows)))
 
 
+def map_both_extents(maps: ExtentMaps, here: socket.socket, there: socket.socket) -> None:
+    """Have both extents mapped (sends of a byte of each until one went from them)."""
+    mapped_when_ready(maps, lambda: maps.send(here, 1, pieces_of([(0, 0, 1), (1, 0, 1)]),
+                                              b"H"))
+    receive(there, 3)
+
+
+def received_during(there: socket.socket, size: int, send) -> tuple[object, bytes | None]:
+    """(what `send()` returned, the `size` bytes `there` received meanwhile, None if
+    fewer came): a send over the socket buffer needs a reader at the other end."""
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(receive(there, size)))
+    reader.start()
+    result = send()
+    reader.join(30)
+    return result, got[0] if got else None
+
+
 def test_a_window_of_two_extents_goes_out_in_window_order(extents, wire, make_maps):
     _, files, bodies = extents
     spec = [(1, 5_000, 4096), (0, 200_000, 4096), (0, 7, 1), (1, 0, 10_000), (0, 123, 4096)]
@@ -118,15 +136,10 @@ def test_a_window_over_the_socket_buffer_goes_out_whole_across_partial_sends(
     maps = make_maps(files)
     here, there = wire
     here.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 64 * 1024)
-    mapped_when_ready(maps, lambda: maps.send(here, 1, pieces_of([(0, 0, 1), (1, 0, 1)]),
-                                              b"H"))
-    receive(there, 3)
-    got: list[bytes] = []
-    reader = threading.Thread(target=lambda: got.append(receive(there, len(expected))))
-    reader.start()
-    assert maps.send(here, 1, pieces_of(spec), b"HEAD", deadline=time.monotonic() + 30)
-    reader.join(30)
-    assert len(expected) > 1_000_000 and got == [expected]
+    map_both_extents(maps, here, there)
+    sent, got = received_during(there, len(expected), lambda: maps.send(
+        here, 1, pieces_of(spec), b"HEAD", deadline=time.monotonic() + 30))
+    assert sent and len(expected) > 1_000_000 and got == expected
 
 
 def framed(spec: list[tuple[int, int, int]], window: int, bodies: dict[int, bytes]
@@ -162,16 +175,10 @@ def test_several_windows_go_out_in_one_send_each_after_its_head(extents, wire, m
     here, there = wire
     if socket_buffer:
         here.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, socket_buffer)
-    mapped_when_ready(maps, lambda: maps.send(here, 1, pieces_of([(0, 0, 1), (1, 0, 1)]),
-                                              b"H"))
-    receive(there, 3)
-    got: list[bytes] = []
-    reader = threading.Thread(target=lambda: got.append(receive(there, len(expected))))
-    reader.start()
-    assert maps.send(here, 1, pieces, b"HEAD", later_heads=heads,
-                     deadline=time.monotonic() + 30)
-    reader.join(30)
-    assert got == [expected]
+    map_both_extents(maps, here, there)
+    sent, got = received_during(there, len(expected), lambda: maps.send(
+        here, 1, pieces, b"HEAD", later_heads=heads, deadline=time.monotonic() + 30))
+    assert sent and got == expected
 
 
 def tcp_pair() -> tuple[socket.socket, socket.socket]:
@@ -198,23 +205,19 @@ def test_a_page_that_cannot_be_read_completes_its_own_frame_only(extents, wire, 
     frame_ends = [4 + 80_000]
     for _, head in heads:
         frame_ends.append(frame_ends[-1] + len(head) + 80_000)
-    mapped_when_ready(maps, lambda: maps.send(here, 1, pieces_of([(0, 0, 1), (1, 0, 1)]),
-                                              b"H"))
-    receive(there, 3)
-    got: list[bytes] = []
-    reader = threading.Thread(target=lambda: got.append(receive(there, len(expected))))
-    reader.start()
-    assert maps.send(here, 1, pieces, b"HEAD", later_heads=heads)
-    reader.join(30)
-    assert got == [expected]
+    map_both_extents(maps, here, there)
+    sent, got = received_during(there, len(expected), lambda: maps.send(
+        here, 1, pieces, b"HEAD", later_heads=heads))
+    assert sent and got == expected
     os.truncate(store.extent_path(1, 0), HEADER_BYTES + 30_000)  # past payload 90,000
-    reader = threading.Thread(target=lambda: got.append(receive_all(there)))
+    streams: list[bytes] = []
+    reader = threading.Thread(target=lambda: streams.append(receive_all(there)))
     reader.start()
     with pytest.raises(ShortRead) as raised:
         maps.send(here, 1, pieces, b"HEAD", later_heads=heads)
     here.close()
     reader.join(30)
-    stream = got[-1]
+    stream = streams[0]
     assert len(stream) in frame_ends[:2]
     frame_start = 0 if len(stream) == frame_ends[0] else frame_ends[0] + len(heads[0][1])
     assert stream[:frame_start] == expected[:frame_start]  # earlier frames, heads: whole
