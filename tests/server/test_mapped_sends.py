@@ -127,7 +127,8 @@ def test_a_window_over_the_socket_buffer_goes_out_whole_across_partial_sends(
         extents, wire, make_maps, extent_count):
     """A window the socket cannot take in one call is finished piece by piece from
     where each partial `sendmsg` stopped (mid-piece too), in order: from one extent
-    (the common case's shorter path) and from two."""
+    (the common case's shorter path) and from two.  The rest goes out blocking
+    under SO_SNDTIMEO; the socket's timeout and SO_SNDTIMEO are put back."""
     _, files, bodies = extents
     rng = np.random.default_rng(5)
     spec = [(int(e), int(o), int(n)) for e, o, n in zip(
@@ -136,10 +137,14 @@ def test_a_window_over_the_socket_buffer_goes_out_whole_across_partial_sends(
     maps = make_maps(files)
     here, there = wire
     here.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 64 * 1024)
+    here.settimeout(7.0)
     map_both_extents(maps, here, there)
     sent, got = received_during(there, len(expected), lambda: maps.send(
         here, 1, pieces_of(spec), b"HEAD", deadline=time.monotonic() + 30))
     assert sent and len(expected) > 1_000_000 and got == expected
+    # The send blocked in the kernel for the rest; the socket is left as it was found.
+    assert here.gettimeout() == 7.0
+    assert here.getsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, 16) == bytes(16)
 
 
 def framed(spec: list[tuple[int, int, int]], window: int, bodies: dict[int, bytes]

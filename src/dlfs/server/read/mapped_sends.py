@@ -558,6 +558,7 @@ def _send_iovecs(sock: socket.socket, iovecs: np.ndarray, deadline: float | None
                 iovecs["base"][first] = bases[first] + done
                 iovecs["len"][first] = lengths[first] - done
     finally:
-        if blocking:
+        if blocking:  # as found: SO_SNDTIMEO bounds no later blocking send
+            bound_send_wait(sock, None, None)
             sock.settimeout(timeout)
     return None
