@@ -267,6 +267,50 @@ def test_pages_the_cache_does_not_hold_take_the_read_path(extents, wire, make_ma
     assert not maps.send(here, 1, pieces_of([(0, 150_000, 4096)]), b"HEAD")
 
 
+def mapped_rss_kib(path: str) -> int:
+    """KiB of this process's mappings of `path` resident in its page tables."""
+    rss, in_it = 0, False
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            if "-" in line.split(" ", 1)[0]:  # a mapping's header line
+                in_it = line.rstrip().endswith(path)
+            elif in_it and line.startswith("Rss:"):
+                rss += int(line.split()[1])
+    return rss
+
+
+def test_residency_of_sendfile_windows_comes_from_unpopulated_mappings_scans(extents,
+                                                                             make_maps):
+    """`resident` answers from the last scans of mappings made for that alone (no page
+    table filled): None before an extent is mapped, True while its pages are
+    cached, False once a rescan found some gone, None outside the file."""
+    store, files, _ = extents
+    maps = make_maps(files)
+    extent = np.array([0, 1, 0], dtype=np.int64)
+    offset = np.array([HEADER_BYTES, HEADER_BYTES + 5_000, HEADER_BYTES + 200_000])
+    size = np.array([100_000, 90_000, 50_000])
+    assert maps.resident(1, extent, offset, size) is None  # not mapped: ask the kernel
+    maps.map_soon(1, extent, populate=False)
+    give_up = time.monotonic() + 5
+    while maps.resident(1, extent, offset, size) is None:
+        assert time.monotonic() < give_up, "the extents were never mapped and scanned"
+        time.sleep(0.01)
+    assert maps.resident(1, extent, offset, size) is True
+    path = store.extent_path(1, 0)
+    assert mapped_rss_kib(path) == 0  # mapped for its scans only
+    assert maps.resident(1, extent[:1], np.array([HEADER_BYTES + 299_000]),
+                         np.array([5_000])) is None  # past the end: the kernel knows
+    fd = os.open(path, os.O_RDONLY)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    os.close(fd)
+    assert not cached(path, HEADER_BYTES, 300_000)
+    give_up = time.monotonic() + 5
+    while maps.resident(1, extent, offset, size):  # asks for a rescan once it is stale
+        assert time.monotonic() < give_up, "no rescan found the pages gone"
+        time.sleep(0.05)
+    assert maps.resident(1, extent[1:2], offset[1:2], size[1:2]) is True  # the other extent
+
+
 def test_sends_that_do_not_map_missing_extents_leave_them_to_map_soon(extents, wire,
                                                                       make_maps):
     """Large samples' windows (`map_missing=False`) never map an extent themselves;

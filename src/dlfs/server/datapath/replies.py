@@ -182,8 +182,11 @@ def send_reply(connection, dataset, header: list, order: RequestOrder, count) ->
             sent = sendfiles.worth(pieces) and _send_unbuffered(
                 connection, store.reads.send_cached, dataset, pieces, start, stop, unsent,
                 before, deadline)
-            if sent and large_to_map:
-                store.reads.map_soon(dataset, pieces.extent)
+            if sent:
+                # Mapped, a client on this host gets the next windows from the mapping;
+                # any other, only the mapping's scans (residency without a system
+                # call per piece): no page table filled for it.
+                store.reads.map_soon(dataset, pieces.extent, populate=large_to_map)
         if sent:
             unsent = None
             continue

@@ -12,6 +12,7 @@ Nothing here imports grpc or the daemon's config.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import time
 from typing import Iterator, Sequence
@@ -164,9 +165,11 @@ class DatasetReads:
         anything is sent.  Raises DataCorruption naming the extent when one ends
         early (the window is padded first, so the framing stays whole), OSError
         (socket.timeout: the peer stopped reading, or `deadline` passed)."""
+        maps = self.maps
+        known = None if maps is None else functools.partial(maps.resident, dataset.dataset_id)
         return self._sent_cached(dataset, pieces, self.metrics.sendfile_bytes, lambda: (
             sendfiles.send(sock, self.files, dataset.dataset_id, pieces, head,
-                           before=before, deadline=deadline)))
+                           before=before, deadline=deadline, known=known)))
 
     def send_mapped(self, dataset: DatasetIndex, pieces, sock, head: bytes, *,
                     later_heads=(), before=None, deadline: float | None = None,
@@ -184,10 +187,10 @@ class DatasetReads:
             maps.send(sock, dataset.dataset_id, pieces, head, later_heads=later_heads,
                       before=before, deadline=deadline, map_missing=map_missing)))
 
-    def map_soon(self, dataset: DatasetIndex, extents) -> None:
+    def map_soon(self, dataset: DatasetIndex, extents, *, populate: bool = True) -> None:
         """Map these extents of `dataset` in the background (see ExtentMaps.map_soon)."""
         if self.maps is not None:
-            self.maps.map_soon(dataset.dataset_id, extents)
+            self.maps.map_soon(dataset.dataset_id, extents, populate=populate)
 
     def _sent_cached(self, dataset: DatasetIndex, pieces, counter, send) -> bool:
         """`send()` (True: sent), counted as cached ranges and in `counter`; ShortRead as

@@ -11,8 +11,10 @@ into a buffer and sending it moved 2.2-2.8 GB/s at 0.36-0.45.
 
 Only for windows whose pieces average at least
 `limits.sendfile_piece_bytes_min` (a system call per piece must be worth
-it) and whose pages are all in the page cache (`cachestat(2)` on Linux 6.5+,
-`mincore(2)` on a mapping before; no byte copied; residency.py): a `sendfile` of an uncached range would wait for the
+it) and whose pages are all in the page cache (the last scan of the extents'
+mappings where they are mapped: ExtentMaps.resident; else `cachestat(2)` on
+Linux 6.5+, `mincore(2)` on a mapping before, a call per piece; no byte
+copied; residency.py): a `sendfile` of an uncached range would wait for the
 device a piece at a time, so those windows go the read path, which keeps
 the device queue full.  A piece that ends early (a truncated extent) is
 padded with zeros to the frame's announced length and reported as
@@ -56,11 +58,16 @@ def worth(pieces: PieceColumns) -> bool:
 
 def send(sock: socket.socket, files: ExtentFiles, dataset_id: int, pieces: PieceColumns,
          head: bytes, *, before: Callable[[], None] | None = None,
-         deadline: float | None = None) -> bool:
+         deadline: float | None = None,
+         known: Callable[[np.ndarray, np.ndarray, np.ndarray], bool | None] | None = None
+         ) -> bool:
     """Send `head`, then `pieces` in buffer-offset order (they must tile the window),
     each by `sendfile` from its extent, if the page cache holds all of them.
 
-    Returns False, having sent nothing, when some page is not cached;
+    Whether it does: `known(extent, offset, size)` where it answers (the
+    extents' mapping scans: ExtentMaps.resident), else the kernel, a system
+    call per piece (residency.all_cached).  Returns False, having sent
+    nothing, when some page is not cached;
     `before()` runs once they are known cached, before anything is sent.
     Raises ShortRead after padding the window when an extent ends early,
     socket.timeout when the peer stops reading for the socket's timeout or
@@ -73,9 +80,12 @@ def send(sock: socket.socket, files: ExtentFiles, dataset_id: int, pieces: Piece
         order = np.argsort(pieces.buffer_offset, kind="stable")
         extent, offset, size = pieces.extent[order], pieces.file_offset[order], pieces.size[order]
         numbers, which = np.unique(extent, return_inverse=True)
+    answer = known(extent, offset, size) if known is not None else None
+    if answer is False:
+        return False
     with files.acquire_all(dataset_id, numbers.tolist()) as held:
         fds = np.array(held, dtype=np.int64)[which]
-        if not all_cached(fds, offset, size):
+        if answer is None and not all_cached(fds, offset, size):
             return False
         if before is not None:
             before()
