@@ -209,19 +209,19 @@ def _sent_whole_from_mappings(connection, dataset, header: list, order: RequestO
     kind = order.mapping_kind(0, order.payload_bytes)
     if kind != "small" and not (kind == "large" and connection.same_host_tcp):
         return False
-    heads = [frames.data_frame(stop - start) for start, stop in windows]
-    connection.sock.settimeout(connection.server.stall_timeout_s)
-    return connection.store.reads.send_mapped(
-        dataset, order.in_request_order_by_window(connection.server.buffers.window_bytes),
-        connection.sock, b"".join(header) + heads[0],
-        later_heads=[(start, head) for (start, _stop), head in zip(windows[1:], heads[1:])],
-        before=count, deadline=deadline, map_missing=kind == "small")
+    send = functools.partial(
+        connection.store.reads.send_mapped, map_missing=kind == "small",
+        later_heads=[(start, frames.data_frame(stop - start)) for start, stop in windows[1:]])
+    pieces = order.in_request_order_by_window(connection.server.buffers.window_bytes)
+    return _send_unbuffered(connection, send, dataset, pieces, *windows[0], header, count,
+                            deadline)
 
 
 def _send_unbuffered(connection, send, dataset, pieces, start: int, stop: int,
                      unsent: list | None, before, deadline: float) -> bool:
     """Payload bytes [start, stop) as one DATA frame by `send` (the read engine's
-    `send_mapped` or `send_cached`), preceded by the frames `unsent` if any: True when
+    `send_mapped` or `send_cached`; a `send_mapped` given later heads goes on with
+    the windows after it), preceded by the frames `unsent` if any: True when
     sent, False (nothing sent) when the pages were not all cached."""
     connection.sock.settimeout(connection.server.stall_timeout_s)
     head = frames.data_frame(stop - start)

@@ -168,8 +168,7 @@ class ExtentMaps:
             order = np.argsort(pieces.buffer_offset, kind="stable")
             extent, offset, size = pieces.extent[order], pieces.file_offset[order], pieces.size[order]
             buffer_offset = pieces.buffer_offset[order]
-        first = extent[:1]
-        numbers = first if (extent == first).all() else np.unique(extent)
+        numbers = _extent_numbers(extent)
         taken: list[_Mapping] = []
         try:
             for number in numbers.tolist():
@@ -177,30 +176,21 @@ class ExtentMaps:
                 if mapping is None:
                     return False
                 taken.append(mapping)
-            if len(taken) == 1:  # the common case, in fewer array operations
-                which, mapping = 0, taken[0]
-                bases = np.uint64(mapping.address)
-                if int(offset.min()) < 0 or int((offset + size).max()) > mapping.size:
-                    return False  # past the end of the file when mapped: the read path
-            else:
-                which = np.searchsorted(numbers, extent)
-                bases = np.array([m.address for m in taken], dtype=np.uint64)[which]
-                ends = np.array([m.size for m in taken], dtype=np.int64)[which]
-                if (offset < 0).any() or (offset + size > ends).any():
-                    return False  # past the end of the file when mapped: the read path
-            # An extent whose last scan found every page cached needs no look per piece.
-            if not all(m.whole for m in taken) and \
-                    not _all_resident(taken, which, offset, size):
-                return False  # the read path reads what is missing, all at once
+            which, cached = _scanned_cached(taken, numbers, extent, offset, size)
+            if not cached:  # past a file's end when mapped, or pages missing: the read path
+                return False
             if before is not None:
                 before()
+            bases = np.uint64(taken[0].address) if len(taken) == 1 else \
+                np.array([m.address for m in taken], dtype=np.uint64)[which]
             joined, iovecs, is_head = _iovecs(head, later_heads, buffer_offset,
                                               bases + offset.astype(np.uint64), size)
-            lengths = iovecs["len"].copy()  # _send_iovecs changes the iovecs it sends
             sent = _send_iovecs(sock, iovecs, deadline)
             if sent is not None:  # a page could not be read: keep the framing whole
-                _complete_frame(sock, joined, lengths, is_head, sent, deadline)
-                entry = int(np.searchsorted(np.cumsum(lengths), sent, side="right"))
+                lengths = np.empty(len(is_head), dtype=np.uint64)  # as they were given
+                lengths[is_head] = [len(head), *(len(h) for _, h in later_heads)]
+                lengths[~is_head] = size
+                entry = _complete_frame(sock, joined, lengths, is_head, sent, deadline)
                 # The piece it stopped in; a Unix socket fails a whole call, so the
                 # piece that could not be read may come later.
                 first = entry + int(is_head[entry]) - int(np.count_nonzero(is_head[:entry]))
@@ -255,8 +245,7 @@ class ExtentMaps:
         older): a page evicted since is read while its `sendfile` waits."""
         if not len(size):
             return None
-        first = extent[:1]
-        numbers = first if (extent == first).all() else np.unique(extent)
+        numbers = _extent_numbers(extent)
         now = self._clock()
         found: list[_Mapping] = []
         with self._lock:
@@ -269,16 +258,7 @@ class ExtentMaps:
                     self._want(key)
                 mapping.last_used = now
                 found.append(mapping)
-        if len(found) == 1:
-            which, past_end = 0, int((offset + size).max()) > found[0].size
-        else:
-            which = np.searchsorted(numbers, extent)
-            past_end = bool((offset + size > np.array([m.size for m in found])[which]).any())
-        if past_end or int(offset.min()) < 0:
-            return None  # outside the file as it was mapped: the kernel knows
-        if all(m.whole for m in found):
-            return True
-        return _all_resident(found, which, offset, size)
+        return _scanned_cached(found, numbers, extent, offset, size)[1]
 
     def _take(self, dataset_id: int, extent_no: int, map_missing: bool) -> _Mapping | None:
         """The extent's mapping, held for a send (`_release`), once mapped and scanned;
@@ -473,6 +453,30 @@ def _scan(mapping: _Mapping) -> np.ndarray | None:
     return resident
 
 
+def _extent_numbers(extent: np.ndarray) -> np.ndarray:
+    """The distinct extents of the pieces, sorted (one, as a rule: no sort then)."""
+    first = extent[:1]
+    return first if (extent == first).all() else np.unique(extent)
+
+
+def _scanned_cached(mappings: list[_Mapping], numbers: np.ndarray, extent: np.ndarray,
+                    offset: np.ndarray, size: np.ndarray) -> tuple[np.ndarray | int, bool | None]:
+    """(which of `mappings` (those of `numbers`, in order) each piece lies in, whether
+    their last scans found every page of the pieces cached); None for the latter
+    when a piece lies outside its file as it was mapped (the kernel knows)."""
+    if len(mappings) == 1:  # the common case, in fewer array operations
+        which = 0
+        outside = int(offset.min()) < 0 or int((offset + size).max()) > mappings[0].size
+    else:
+        which = np.searchsorted(numbers, extent)
+        ends = np.array([m.size for m in mappings], dtype=np.int64)[which]
+        outside = bool((offset < 0).any() or (offset + size > ends).any())
+    if outside:
+        return which, None
+    # An extent whose last scan found every page cached needs no look per piece.
+    return which, all(m.whole for m in mappings) or _all_resident(mappings, which, offset, size)
+
+
 def _all_resident(taken: list[_Mapping], which, offset: np.ndarray, size: np.ndarray) -> bool:
     """Whether the last scans found every page of every piece cached (pieces of
     `taken[which[i]]` at `offset[i]`, `size[i]` bytes)."""
@@ -522,12 +526,12 @@ def _iovecs(head: bytes, later_heads: Sequence[tuple[int, bytes]], buffer_offset
 
 
 def _complete_frame(sock: socket.socket, heads: bytes, lengths: np.ndarray, is_head: np.ndarray,
-                    sent: int, deadline: float | None) -> None:
+                    sent: int, deadline: float | None) -> int:
     """After `sent` bytes of the iovecs of `lengths` (those where `is_head` are the
     bytes of `heads`, in order) went out and a piece could not be read: send
     the rest of the frame they stopped in, a head's bytes as they are and the
     pieces' as zeros (the client's checks never pass them), so that the next
-    frame the peer reads is whole."""
+    frame the peer reads is whole.  Returns the iovec it stopped in."""
     ends = np.cumsum(lengths)
     entry = int(np.searchsorted(ends, sent, side="right"))
     later = np.flatnonzero(is_head[entry + 1:])
@@ -537,13 +541,15 @@ def _complete_frame(sock: socket.socket, heads: bytes, lengths: np.ndarray, is_h
     else:
         frame_end = int(ends[-1])
     parts: list[bytes] = []
+    zeros_from = sent
     if is_head[entry]:  # stopped inside a head: its own bytes first
         head_start = int(np.sum(lengths[:entry][is_head[:entry]]))
         entry_start = int(ends[entry]) - int(lengths[entry])
         parts.append(heads[head_start + sent - entry_start:head_start + int(lengths[entry])])
-        sent = int(ends[entry])
-    parts.append(bytes(frame_end - sent))
+        zeros_from = int(ends[entry])
+    parts.append(bytes(frame_end - zeros_from))
     send_all(sock, parts, deadline=deadline)
+    return entry
 
 
 def _send_iovecs(sock: socket.socket, iovecs: np.ndarray, deadline: float | None) -> int | None:
