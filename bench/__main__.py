@@ -23,8 +23,8 @@ import os
 import sys
 import time
 
-from bench import (cluster, datagen, dlio_mount, ingest_bench, memory, processes, report,
-                   runner, scaling)
+from bench import (cluster, datagen, dlio_mount, ingest_bench, memory, paired, processes,
+                   report, runner, scaling)
 from bench.contenders import BenchEnv
 from bench.lineup import all_contenders
 from bench.measure import CacheControl, proc_status_kib
@@ -33,6 +33,9 @@ from dlfs.tools.launch import MountProcess, fuse_unavailable
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DLIO = "dlio"  # the --workloads name of bench.dlio_mount
 CLUSTER = "cluster"  # the --workloads name of bench.cluster
+# The target measured by alternating runs as well (bench.paired): DLFS TCP with 4 batches
+# in flight against LMDB one thread, warm 4 KB.
+PAIRED_WORKLOAD, PAIRED_KEYS = "4k", ("lmdb", "dlfs-tcp-4")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -116,9 +119,9 @@ def main(argv: list[str] | None = None) -> int:
     daemon_args = ["--reader-threads", str(args.reader_threads)] if args.reader_threads else []
     daemon_args += args.daemon_arg
     daemon_info: dict = {}
-    measurements, contenders, scaling_results = [], [], None
+    measurements, contenders, scaling_results, paired_results = [], [], None, None
     if reads:
-        measurements, contenders, scaling_results = run_reads(
+        measurements, contenders, scaling_results, paired_results = run_reads(
             args, prepared, data_dir, daemon_args, daemon_info, settings, caches, cache_control,
             scaling_window_s, progress)
     staging_results = None
@@ -138,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     results = report.build_results(
         prepared=prepared, measurements=measurements, contenders=contenders,
         memory=memory_results, scaling=scaling_results, daemon=daemon_info,
-        ingest=staging_results,
+        ingest=staging_results, paired=paired_results,
         settings={"runs": settings.runs, "cold_budget_s": settings.cold_budget_s,
                   "warm_budget_s": settings.warm_budget_s,
                   "fio_runtime_s": settings.fio_runtime_s, "caches": caches,
@@ -156,9 +159,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_reads(args, prepared, data_dir, daemon_args, daemon_info, settings, caches,
               cache_control, scaling_window_s, progress):
-    """The read rows and the scaling experiment: (measurements, contenders, scaling)."""
+    """The read rows, the paired runs and the scaling experiment: (measurements,
+    contenders, scaling, paired)."""
     measurements = []
-    scaling_results = None
+    scaling_results = paired_results = None
     with processes.daemon(os.path.join(data_dir, "dlfs"), os.path.join(data_dir, "daemon.log"),
                           daemon_args) as daemon:
         daemon_info["rss_start_kib"] = proc_status_kib(daemon.pid, "VmRSS")
@@ -190,6 +194,12 @@ def run_reads(args, prepared, data_dir, daemon_args, daemon_info, settings, cach
             for p in prepared:
                 measurements += runner.run_workload(p, contenders, caches, settings,
                                                     cache_control, progress)
+                by_key = {c.key: c for c in contenders}
+                if p.workload.name == PAIRED_WORKLOAD and "warm" in caches \
+                        and set(PAIRED_KEYS) <= by_key.keys():
+                    paired_results = paired.run_paired(
+                        p, *(by_key[k] for k in PAIRED_KEYS), settings, cache_control,
+                        pairs=3 if args.quick else paired.PAIRS, progress=progress)
                 daemon_info[f"rss_after_{p.workload.name}_kib"] = proc_status_kib(daemon.pid, "VmRSS")
             if not args.no_scaling:
                 scaling_results = run_scaling(prepared, daemon, settings.runs, scaling_window_s,
@@ -199,7 +209,7 @@ def run_reads(args, prepared, data_dir, daemon_args, daemon_info, settings, cach
             cache_control.release_hooks.clear()
             if fuse is not None:
                 fuse.unmount()
-    return measurements, contenders, scaling_results
+    return measurements, contenders, scaling_results, paired_results
 
 
 def _remount_if_mapping(fuse: MountProcess, env: BenchEnv, files: list[str], progress) -> None:

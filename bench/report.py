@@ -166,7 +166,7 @@ def _disk_info(path: str) -> dict:
 
 def build_results(*, prepared: list[Prepared], measurements: list[Measurement],
                   contenders: list[Contender], memory: dict | None, scaling: dict | None,
-                  daemon: dict, ingest: dict | None = None,
+                  daemon: dict, ingest: dict | None = None, paired: dict | None = None,
                   settings: dict, cache_method: str, quick: bool, data_dir: str,
                   repo: str, elapsed_s: float) -> dict:
     labels = {c.key: c.label for c in contenders}
@@ -204,6 +204,7 @@ def build_results(*, prepared: list[Prepared], measurements: list[Measurement],
         "memory": memory,
         "scaling": scaling,
         "ingest": ingest,
+        "paired": paired,
     }
     results["targets"] = check_targets(results)
     return results
@@ -294,6 +295,14 @@ def check_targets(results: dict) -> list[dict]:
         tcp4["samples_per_s"] / lmdb["samples_per_s"] if tcp4 and lmdb else None, 1.0,
         f"{tcp4['samples_per_s']:,.0f}/s vs LMDB {lmdb['samples_per_s']:,.0f}/s"
         if tcp4 and lmdb else "")
+    # The same comparison from alternating runs (bench.paired): the machine's drift
+    # between the two rows, minutes apart, is larger than the margin asked about.
+    pair = results.get("paired") or {}
+    add("warm 4 KB: DLFS TCP, 4 in flight >= LMDB one thread, alternating runs (median pair)",
+        pair.get("ratio_median"), 1.0,
+        f"{len(pair['pairs'])} pairs, {pair['ratio_min']:.2f}-{pair['ratio_max']:.2f}x; "
+        f"medians {pair['second_sps_median']:,.0f}/s vs LMDB {pair['first_sps_median']:,.0f}/s"
+        if pair.get("pairs") else pair.get("skipped", ""))
     # The bound of that comparison: the same sample ranges streamed from the page cache
     # over loopback TCP with nothing but the copies (bench.ceilings.RawTcpMapped).
     from_cache = _row(results, "4k", "warm", "raw-tcp-mapped")
@@ -458,6 +467,7 @@ def markdown(results: dict) -> str:
                     f"{restart['one_process_full_rss_kib'] / 1024:.0f} MiB, "
                     f"{restart['one_process_bytes_per_sample']:.0f} B/sample.")
         lines.append("")
+    lines += paired_markdown(results.get("paired"), results.get("rows") or [])
     lines += scaling_markdown(results.get("scaling"))
     lines += ingest_bench.markdown(results.get("ingest"))
     lines.append("## Targets")
@@ -470,6 +480,28 @@ def markdown(results: dict) -> str:
                      f"{t['status']} | {t['detail']} |")
     lines.append("")
     return "\n".join(lines)
+
+
+def paired_markdown(paired: dict | None, rows: list[dict]) -> list[str]:
+    """The alternating runs of bench/paired.py as markdown lines."""
+    if not paired:
+        return []
+    labels = {r["contender"]: r["label"] for r in rows}
+    first, second = paired["first"], paired["second"]
+    lines = [f"## Alternating runs: {labels.get(second, second)} against "
+             f"{labels.get(first, first)} ({paired['workload']}, warm)", ""]
+    if paired.get("skipped"):
+        return lines + [f"Not run: {paired['skipped']}.", ""]
+    lines += ["Both open at once; their timed runs alternate (A B, then B A), so each pair "
+              "sees the same machine.  Ratio: the second's samples/s over the first's.", "",
+              f"| pair | {first} samples/s | {second} samples/s | ratio |",
+              "| ---: | ---: | ---: | ---: |"]
+    for k, r in enumerate(paired["pairs"], 1):
+        lines.append(f"| {k} | {r['first_sps']:,.0f} | {r['second_sps']:,.0f} | "
+                     f"{r['ratio']:.2f} |")
+    lines += ["", f"Median ratio {paired['ratio_median']:.2f} ({paired['ratio_min']:.2f}–"
+              f"{paired['ratio_max']:.2f}).", ""]
+    return lines
 
 
 def scaling_markdown(scaling: dict | None) -> list[str]:

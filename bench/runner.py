@@ -47,7 +47,7 @@ def run_workload(prepared: Prepared, contenders: list[Contender], caches: list[s
     results: list[Measurement] = []
     for cache in caches:
         if cache == "warm":
-            seconds = _warm_up_files(prepared, batches, cache_control)
+            seconds = warm_up_files(prepared, batches, cache_control)
             progress(f"bench: {prepared.workload.name} page cache filled in {seconds:.1f} s")
         for contender in contenders:
             if cache not in contender.caches:
@@ -107,7 +107,7 @@ def measure(contender: Contender, prepared: Prepared, cache: str, batches: list[
     return m
 
 
-def _warm_up_files(prepared: Prepared, batches: list[np.ndarray],
+def warm_up_files(prepared: Prepared, batches: list[np.ndarray],
                    cache_control: CacheControl) -> float:
     """Fill the page cache with what the warm runs read (sequentially, so it is quick)."""
     ids = np.unique(np.concatenate(batches)).tolist()

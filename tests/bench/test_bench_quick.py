@@ -3,7 +3,7 @@
 Speed is measured in bench/, never asserted here: this only checks that the
 harness runs (tiny data, one timed run per row) and that its JSON has every
 contender with numbers, the CPU figures where they apply, the ratios to
-raw TCP, the targets and the scaling experiment.  Rows that cannot run on
+raw TCP, the targets, the alternating runs and the scaling experiment.  Rows that cannot run on
 this machine (fio not installed, no FUSE) must say so instead of failing.
 """
 
@@ -101,6 +101,18 @@ def test_quick_benchmark_runs_and_writes_results(tmp_path):
         assert any(name.startswith(prefix) for name in targets), prefix
     warm110 = next(t for name, t in targets.items() if name.startswith("warm 110 KB: best of"))
     assert warm110["status"] in ("met", "missed") and warm110["detail"].startswith("dlfs-tcp")
+
+    # The 4 KB target from alternating runs of both rows (bench.paired).
+    assert "## Alternating runs:" in proc.stdout
+    paired = results["paired"]
+    assert (paired["first"], paired["second"]) == ("lmdb", "dlfs-tcp-4")
+    assert len(paired["pairs"]) == 3
+    for pair in paired["pairs"]:
+        assert pair["first_sps"] > 0 and pair["second_sps"] > 0
+        assert pair["ratio"] == pytest.approx(pair["second_sps"] / pair["first_sps"])
+    assert paired["ratio_min"] <= paired["ratio_median"] <= paired["ratio_max"]
+    target = next(t for name, t in targets.items() if "alternating runs" in name)
+    assert target["value"] == paired["ratio_median"] and target["status"] in ("met", "missed")
 
     scaling = results["scaling"]
     cpus = len(os.sched_getaffinity(0))
