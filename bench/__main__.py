@@ -8,7 +8,7 @@
     ./dev bench --workloads cluster  # many daemons in an etcd cluster, the control plane (bench.cluster)
 
 Prints the markdown table and writes results.json, results.md and
-results.png to --out.  Generated data is cached in --data-dir.  Besides the
+results.png to --out (results-quick.* with --quick).  Generated data is cached in --data-dir.  Besides the
 rows: the scaling experiment (1, 2, 4, 8, 12 client processes up to the
 CPUs, beside raw TCP with as many connections, warm 110 KB; --no-scaling
 skips it, --scaling-clients picks the counts), the memory experiment (--no-memory) and the
@@ -36,6 +36,7 @@ CLUSTER = "cluster"  # the --workloads name of bench.cluster
 # The target measured by alternating runs as well (bench.paired): DLFS TCP with 4 batches
 # in flight against LMDB one thread, warm 4 KB.
 PAIRED_WORKLOAD, PAIRED_KEYS = "4k", ("lmdb", "dlfs-tcp-4")
+DATA_DIR, QUICK_DATA_DIR = "/var/tmp/dlfs-bench", "/var/tmp/dlfs-bench-quick"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -43,10 +44,14 @@ def build_parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true",
                         help="tiny workloads, one timed run each (checks that it runs, not speed)")
-    parser.add_argument("--data-dir", default="/var/tmp/dlfs-bench",
-                        help="where generated data, the DLFS data dir and logs live (cached)")
+    parser.add_argument("--data-dir", default=None,
+                        help="where generated data, the DLFS data dir and logs live (cached; "
+                             f"default {DATA_DIR}, with --quick {QUICK_DATA_DIR}: a quick "
+                             "run's datasets never join a full run's daemon)")
     parser.add_argument("--out", default=os.path.join(REPO, "bench", "results"),
-                        help="directory for results.json, results.md, results.png")
+                        help="directory for results.json, results.md, results.png "
+                             "(results-quick.* with --quick: a quick run never replaces a "
+                             "full run's results)")
     parser.add_argument("--workloads", default="4k,110k,140m,ingest",
                         help="comma-separated subset of 4k,110k,140m (read rows), ingest "
                              "(the staging rows: dlfs ingest vs cp -r, tar -x and one file at "
@@ -109,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         fio_runtime_s=1.0 if args.quick else 5.0,
     )
     scaling_window_s = 0.5 if args.quick else 3.0
-    data_dir = os.path.abspath(args.data_dir)
+    data_dir = os.path.abspath(args.data_dir or (QUICK_DATA_DIR if args.quick else DATA_DIR))
     prepared = datagen.prepare_all(workloads, data_dir, log=progress)
     staging_tree = next((p.files_dir for p in prepared if p.workload.name == "110k"), None)
     prepared = [p for p in prepared if p.workload.name in reads]
@@ -149,8 +154,10 @@ def main(argv: list[str] | None = None) -> int:
                   "reader_threads": args.reader_threads, "daemon_args": daemon_args},
         cache_method=cache_control.method, quick=args.quick, data_dir=data_dir, repo=REPO,
         elapsed_s=time.monotonic() - started)
-    # A run of the staging rows alone does not overwrite a full run's results.
-    paths = report.write(results, args.out, "results" if reads else "ingest")
+    # A run of the staging rows alone does not overwrite a full run's results, nor does
+    # a quick run (its files end in -quick, as bench.cluster's do).
+    stem = ("results" if reads else "ingest") + ("-quick" if args.quick else "")
+    paths = report.write(results, args.out, stem)
     print(report.markdown(results))
     progress(f"bench: wrote {', '.join(paths.values())} in {time.monotonic() - started:.0f} s")
     return max(run_dlio(args) if DLIO in wanted else 0,

@@ -51,9 +51,10 @@ def test_quick_benchmark_runs_and_writes_results(tmp_path):
     assert "| contender | samples/s |" in proc.stdout and COLUMNS in proc.stdout
     assert "## Scaling: client processes against one daemon" in proc.stdout
 
-    with open(out / "results.json") as f:
+    with open(out / "results-quick.json") as f:
         results = json.load(f)
-    assert (out / "results.md").exists()
+    assert (out / "results-quick.md").exists()
+    assert not (out / "results.json").exists()  # a quick run leaves a full run's results be
     assert results["quick"] is True
     assert results["machine"]["nproc"] >= 1
     assert results["git"]["commit"]
@@ -158,8 +159,8 @@ def test_quick_staging_rows_run_alone(tmp_path):
         cwd=REPO, capture_output=True, text=True, timeout=110)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "## Staging: `dlfs ingest` against cp, tar and one file at a time" in proc.stdout
-    assert not (out / "results.json").exists()  # a staging run leaves a full run's results be
-    with open(out / "ingest.json") as f:
+    assert not (out / "results-quick.json").exists()  # nor do the staging rows alone
+    with open(out / "ingest-quick.json") as f:
         results = json.load(f)
     assert results["rows"] == []
     staging = results["ingest"]
