@@ -250,13 +250,9 @@ class ExtentMaps:
         found: list[_Mapping] = []
         with self._lock:
             for number in numbers.tolist():
-                key = (dataset_id, number)
-                mapping = self._maps.get(key)
-                if mapping is None or mapping.resident is None:
+                mapping = self._scanned((dataset_id, number), now)
+                if mapping is None:
                     return None
-                if now >= mapping.scanned_at + limits.mapped_recheck_s:
-                    self._want(key)
-                mapping.last_used = now
                 found.append(mapping)
         return _scanned_cached(found, numbers, extent, offset, size)[1]
 
@@ -269,16 +265,24 @@ class ExtentMaps:
         with self._lock:
             if self._closed:
                 return None
-            mapping = self._maps.get(key)
-            if mapping is None or mapping.resident is None:
+            mapping = self._scanned(key, now)
+            if mapping is None:
                 if map_missing and now >= self._retry_at.get(key, 0.0):
                     self._want(key)
                 return None
-            if now >= mapping.scanned_at + limits.mapped_recheck_s:
-                self._want(key)
             mapping.users += 1
-            mapping.last_used = now
             return mapping
+
+    def _scanned(self, key, now: float) -> _Mapping | None:  # caller holds the lock
+        """The extent's mapping, used now, once mapped and scanned (None otherwise); a
+        new scan is asked for when its last is older than `limits.mapped_recheck_s`."""
+        mapping = self._maps.get(key)
+        if mapping is None or mapping.resident is None:
+            return None
+        if now >= mapping.scanned_at + limits.mapped_recheck_s:
+            self._want(key)
+        mapping.last_used = now
+        return mapping
 
     def _release(self, mapping: _Mapping) -> None:
         with self._lock:
