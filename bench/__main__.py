@@ -198,10 +198,10 @@ def run_reads(args, prepared, data_dir, daemon_args, daemon_info, settings, cach
             if args.contenders:
                 keep = set(args.contenders.split(",")) | {report.BASELINE}
                 contenders = [c for c in contenders if c.key in keep]
+            by_key = {c.key: c for c in contenders}
             for p in prepared:
                 measurements += runner.run_workload(p, contenders, caches, settings,
                                                     cache_control, progress)
-                by_key = {c.key: c for c in contenders}
                 if p.workload.name == PAIRED_WORKLOAD and "warm" in caches \
                         and set(PAIRED_KEYS) <= by_key.keys():
                     paired_results = paired.run_paired(

@@ -21,8 +21,8 @@ import numpy as np
 
 from bench.contenders import Contender
 from bench.datagen import Prepared, batch_sequence
-from bench.measure import CacheControl, CpuMeter
-from bench.runner import Settings, warm_up_files
+from bench.measure import CacheControl
+from bench.runner import Settings, warm_pass, warm_up_files
 
 PAIRS = 7  # pairs of alternating runs (odd: the median is one of them)
 
@@ -51,7 +51,10 @@ def run_paired(prepared: Prepared, first: Contender, second: Contender, settings
         for contender in (first, second):
             contender.open(prepared, "warm")
             opened.append(contender)
-            contender.run(batches, expected, 3 * settings.warm_budget_s)  # warm-up
+            # Both time the batches both warmed; each on the path its key names.
+            batches, expected = warm_pass(contender, batches, expected,
+                                          settings.warm_budget_s)
+            contender.check_transport()
         rounds = []
         for k in range(pairs):
             order = (first, second) if k % 2 == 0 else (second, first)
@@ -76,8 +79,6 @@ def run_paired(prepared: Prepared, first: Contender, second: Contender, settings
 
 def _rate(contender: Contender, batches: list[np.ndarray], expected: list[int],
           budget_s: float) -> float:
-    """Samples/s of one timed run (its CPU meter is read so that both sides of a pair
-    pay the same few /proc reads around the run)."""
-    with CpuMeter(contender.server_pids(), contender.helper_pids()):
-        run = contender.run(batches, expected, budget_s)
+    """Samples/s of one timed run."""
+    run = contender.run(batches, expected, budget_s)
     return run.samples / run.elapsed_s

@@ -78,13 +78,10 @@ def measure(contender: Contender, prepared: Prepared, cache: str, batches: list[
             if contender.measure_self(m, settings.runs, budget):
                 return m
             if cache == "warm":
-                warmed = len(contender.run(batches, expected, 3 * budget).batch_latencies_s)
-                if warmed < len(batches):
-                    # Timed runs read only what the warm-up read: a slow row
-                    # (the FUSE mount's first epoch) would otherwise run on
-                    # into batches it never read and time a cold pass.
-                    batches, expected = batches[:warmed], expected[:warmed]
-                    m.extra["warm_batches"] = warmed
+                warmed = len(batches)
+                batches, expected = warm_pass(contender, batches, expected, budget)
+                if len(batches) < warmed:
+                    m.extra["warm_batches"] = len(batches)
             else:
                 contender.run(batches[:2], expected[:2], float("inf"))
             check_samples(contender.read_batch(batches[0]), batches[0], prepared.crcs)
@@ -105,6 +102,18 @@ def measure(contender: Contender, prepared: Prepared, cache: str, batches: list[
         m.runs = []
         m.note = f"failed: {type(exc).__name__}: {exc}"[:300]
     return m
+
+
+def warm_pass(contender: Contender, batches: list[np.ndarray], expected: list[int],
+              budget_s: float) -> tuple[list[np.ndarray], list[int]]:
+    """One untimed pass of `contender` over the batch sequence (within three times a
+    run's `budget_s`); returns the batches (and their byte counts) it read.
+
+    Timed runs read only what the warm-up read: a slow row (the FUSE mount's
+    first epoch) would otherwise run on into batches it never read and time a
+    cold pass."""
+    warmed = len(contender.run(batches, expected, 3 * budget_s).batch_latencies_s)
+    return batches[:warmed], expected[:warmed]
 
 
 def warm_up_files(prepared: Prepared, batches: list[np.ndarray],
