@@ -1,6 +1,8 @@
 """The wheel as a user gets it: built from this checkout, installed without -e into a fresh
 virtualenv, then used: the version, the three commands, a daemon and the CLI talking, the
-extras' messages, py.typed, and mypy checking a small typed user script against it.
+extras' messages, py.typed, mypy checking a small typed user script against it, and
+the C exchange built into it (or, with no C compiler, left out of a wheel that still
+works).
 
 Slow for a unit test (a virtualenv and its packages: about 30 s here) and it needs the
 package index (or pip's cache) for the dependencies, as `./dev setup` does.
@@ -21,7 +23,7 @@ from dlfs.version import DISTRIBUTION
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # What an sdist of the project holds: enough to build the wheel.
-BUILD_INPUTS = ("pyproject.toml", "LICENSE", "README.md", "src")
+BUILD_INPUTS = ("pyproject.toml", "setup.py", "LICENSE", "README.md", "src")
 
 USER_SCRIPT = '''
 from dlfs import Client, Dataset, DatasetInfo, NotFound, request_id
@@ -56,24 +58,40 @@ def run(*argv, check: bool = True, **kwargs) -> subprocess.CompletedProcess:
     return done
 
 
-@pytest.fixture(scope="module")
-def installed(tmp_path_factory):
-    """(virtualenv dir, wheel path): the wheel built from a copy of the checkout and
-    installed, without extras, into a new virtualenv."""
-    root = tmp_path_factory.mktemp("wheel")
+def build_wheel(root, env: dict | None = None) -> str:
+    """The wheel's file name, built under `root` from a copy of the checkout's sources
+    (without what an editable install built in place)."""
     source = root / "source"
     for name in BUILD_INPUTS:
         path = os.path.join(REPO, name)
         if os.path.isdir(path):
             shutil.copytree(path, source / name, ignore=shutil.ignore_patterns(
-                "__pycache__", "*.egg-info"))
+                "__pycache__", "*.egg-info", "*.so"))
         else:
             os.makedirs(source, exist_ok=True)
             shutil.copy(path, source / name)
     run(sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", root / "dist",
-        source)
+        source, env=env)
     [wheel] = os.listdir(root / "dist")
-    assert wheel == f"{DISTRIBUTION.replace('-', '_')}-{dlfs.__version__}-py3-none-any.whl"
+    # A platform wheel: it carries the C exchange (setup.py).
+    tag = f"cp{sys.version_info.major}{sys.version_info.minor}"
+    assert wheel.startswith(f"{DISTRIBUTION.replace('-', '_')}-{dlfs.__version__}-{tag}-{tag}-")
+    return wheel
+
+
+def wheel_files(path) -> list[str]:
+    import zipfile
+
+    with zipfile.ZipFile(path) as archive:
+        return archive.namelist()
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory):
+    """(virtualenv dir, wheel path): the wheel built from a copy of the checkout and
+    installed, without extras, into a new virtualenv."""
+    root = tmp_path_factory.mktemp("wheel")
+    wheel = build_wheel(root)
     venv = root / "venv"
     run(sys.executable, "-m", "venv", venv)
     run(venv / "bin" / "pip", "install", "--quiet", "-c", os.path.join(REPO, "constraints.txt"),
@@ -121,6 +139,36 @@ def test_the_commands_run_from_the_wheel(installed, tmp_path):
     finally:
         server.terminate()
         assert server.wait(60) == 0
+
+
+def test_the_wheel_reads_batches_through_its_c_exchange(installed, tmp_path):
+    venv, wheel = installed
+    assert any(name.startswith("dlfs/client/transport/native_exchange.")
+               and name.endswith(".so") for name in wheel_files(wheel))
+    python = venv / "bin" / "python"
+    probe = "from dlfs.client.transport import datapath_conn; print(datapath_conn.native)"
+    assert "native_exchange" in run(python, "-c", probe, cwd=tmp_path).stdout
+    assert run(python, "-c", probe, cwd=tmp_path,
+               env={**os.environ, "DLFS_NATIVE": "0"}).stdout == "None\n"
+
+
+def test_without_a_c_compiler_the_wheel_is_pure_python_and_works(tmp_path):
+    """The C exchange is optional: a build that cannot compile it still makes a
+    wheel, whose client reads with the Python exchange."""
+    wheel = build_wheel(tmp_path, env={**os.environ, "CC": "/bin/false"})
+    names = wheel_files(tmp_path / "dist" / wheel)
+    assert "dlfs/client/transport/datapath_conn.py" in names
+    assert not [name for name in names if name.endswith(".so")]
+    unpacked = tmp_path / "unpacked"
+    import zipfile
+
+    with zipfile.ZipFile(tmp_path / "dist" / wheel) as archive:
+        archive.extractall(unpacked)
+    probe = ("import dlfs; from dlfs.client.transport import datapath_conn; "
+             "print(dlfs.__file__); print(datapath_conn.native)")
+    done = run(sys.executable, "-c", probe, cwd=tmp_path,
+               env={**os.environ, "PYTHONPATH": str(unpacked)})
+    assert done.stdout == f"{unpacked / 'dlfs' / '__init__.py'}\nNone\n"
 
 
 def test_missing_extras_are_named(installed, tmp_path):

@@ -52,14 +52,20 @@ class ReplyChecker:
         self.next = j
 
     def _mismatch(self, i: int, expected: int, got: int) -> DataCorruption:
-        sample_id = int(self.ids[i])
         block = None
         if self.first_byte is not None:
             hi = self.first_byte + self.ends[i]
             block = (hi - len(self.samples[i]), hi)
-        label = self.label
-        error = checksum_mismatch(block_prefix(block) + f"sample {sample_id} of dataset "
-                                  f"{self.dataset!r}", label, expected, got)
-        # What a transport needs to name the sample's path (`named_checksum_error`).
-        return renamable(error, sample_id, block,
-                         lambda what: checksum_mismatch(what, label, expected, got))
+        return sample_mismatch(int(self.ids[i]), self.dataset, self.label, expected, got,
+                               block)
+
+
+def sample_mismatch(sample_id: int, dataset: str, label: str, expected: int, got: int,
+                    block: tuple[int, int] | None = None) -> DataCorruption:
+    """The error for a sample (or its `block`, a byte range) received from `label` whose
+    CRC32C is `got` where the reply said `expected`."""
+    error = checksum_mismatch(block_prefix(block) + f"sample {sample_id} of dataset "
+                              f"{dataset!r}", label, expected, got)
+    # What a transport needs to name the sample's path (`named_checksum_error`).
+    return renamable(error, sample_id, block,
+                     lambda what: checksum_mismatch(what, label, expected, got))

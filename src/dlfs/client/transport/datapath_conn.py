@@ -11,7 +11,10 @@ Longer than most modules (about 450 lines): it is one state machine, a
 connection and the frames it reads, and every request (batches, ranges,
 block CRCs, descriptors, ingest) goes through the same private frame reader
 and failure rule (`_frame`, `_failed`); split, those would have to be public.
-The reply's checks are in `datapath_checks`.
+The reply's checks are in `datapath_checks`.  A GET_BATCH goes through the C
+exchange (`native_exchange.c`, one call for the common case of a whole
+reply) where it was built and `DLFS_NATIVE` is not 0; whatever it does not
+take it hands back to the Python code here, which stays the reference.
 """
 
 from __future__ import annotations
@@ -28,7 +31,8 @@ import numpy as np
 
 from dlfs import limits, logs
 from dlfs.client.reply_buffers import BufferPool, out_array
-from dlfs.client.transport.datapath_checks import ReplyChecker
+from dlfs.client.transport.datapath_checks import ReplyChecker, sample_mismatch
+from dlfs.crc import crc32c
 from dlfs.formats import datapath_frames as frames
 from dlfs.batch_limits import BatchLimits
 from dlfs.errors import (
@@ -42,6 +46,22 @@ from dlfs.errors import (
 from dlfs.sockio import recv_exactly, recv_waiting, send_all
 
 log = logging.getLogger(__name__)
+
+
+def _native_exchange():
+    """The C exchange of a GET_BATCH (native_exchange.c), or None: not built where
+    this was installed (no C compiler), or turned off with DLFS_NATIVE=0."""
+    if os.environ.get("DLFS_NATIVE", "1") == "0":
+        return None
+    try:
+        from dlfs.client.transport import native_exchange
+    except ImportError:
+        return None
+    return native_exchange
+
+
+# Module state so that a test can run the Python exchange in-process (set it to None).
+native = _native_exchange()
 
 
 class Endpoint(NamedTuple):
@@ -156,7 +176,9 @@ class DataConnection:
     def get_batch(self, request: list, ids: np.ndarray, dataset: str, *, verify: bool,
                   out, pool: BufferPool) -> Received:
         """Send a GET_BATCH frame (`request`, from `frames.get_batch`) and receive its reply."""
-        return self._exchange(request, ids, dataset, verify, out, pool)
+        if native is None or len(request) > native.REQUEST_BUFFERS_MAX:
+            return self._exchange(request, ids, dataset, verify, out, pool)
+        return self._native_exchange(request, ids, dataset, verify, out, pool)
 
     def send_hint(self, request: list) -> None:
         """Send a GET_BATCH of hints alone (`request`) without waiting for its reply.
@@ -365,25 +387,67 @@ class DataConnection:
             kind, body = self._frame(self._reply_header_bytes_max)
             if kind != frames.Kind.BATCH:
                 raise self._unexpected(kind, "BATCH")
-            reply = frames.parse_batch_header(body)
-            blocks = bool(reply.flags & frames.BATCH_BLOCKS)
-            if blocks and (ids.size != 1 or out is not None):
-                raise frames.FrameError("blocks came in reply to a batch")
-            payload = _target(out, reply.payload_bytes, pool)
-            view = memoryview(payload).cast("B")
-            # Samples handed out of a recycled buffer are read-only; `out` is the caller's.
-            source = view if out is not None else view.toreadonly()
-            samples, ends = sample_views(source, reply.lengths)
-            checker = None
-            if verify and reply.flags & frames.BATCH_CRCS:
-                # Blocks are named by the bytes of the sample they hold.
-                first = offset - reply.skip if blocks else None
-                checker = ReplyChecker(samples, ends, reply.crcs,
-                                   np.repeat(ids, len(samples)) if blocks else ids, dataset,
-                                   self.endpoint.label, first)
-            self._receive_payload(payload, checker)
+            return self._reply(body, ids, dataset, verify, out, pool, offset)
         except BaseException as exc:
             raise self._failed(exc) from None
+
+    def _native_exchange(self, request: list, ids: np.ndarray, dataset: str, verify: bool,
+                         out, pool: BufferPool) -> Received:
+        """`_exchange` of a GET_BATCH in one call of the C exchange; where it stops
+        short of a whole reply (what it returns says where), the Python code here
+        goes on from there, so both raise the same errors."""
+        try:
+            self._begin(self.reply_timeout_s)
+            self._settle()
+            result = native.get_batch(
+                self._sock.fileno(), request, self._deadline, self._timeout_s,
+                self._reply_header_bytes_max, lambda size: _target(out, size, pool),
+                crc32c if verify else None, out is None)
+            stop = result[0]
+            if stop == native.SEND_FAILED:
+                code = result[1]
+                raise self._refusal_of(OSError(code, os.strerror(code)) if code
+                                       else socket.timeout("timed out"))
+            if stop == native.NOT_BATCH:
+                kind, body = self._frame_body(result[1], result[2],
+                                              self._reply_header_bytes_max)
+                if kind != frames.Kind.BATCH:
+                    raise self._unexpected(kind, "BATCH")
+                return self._reply(body, ids, dataset, verify, out, pool)
+            if stop == native.BATCH_LEFT:
+                return self._reply(result[1], ids, dataset, verify, out, pool)
+            if stop == native.NOT_DATA:
+                raise self._not_data(result[4], result[5])
+        except BaseException as exc:
+            raise self._failed(exc) from None
+        _, body, generation, flags, samples, bad, got = result
+        if bad >= 0:
+            at = frames.BATCH.size + 8 * len(samples) + 4 * bad  # the reply's CRC of it
+            expected = int.from_bytes(body[at:at + 4], "little")
+            raise sample_mismatch(int(ids[bad]), dataset, self.endpoint.label, expected, got)
+        return Received(generation, samples, bool(flags & frames.BATCH_HINTS_DROPPED))
+
+    def _reply(self, body, ids: np.ndarray, dataset: str, verify: bool, out,
+               pool: BufferPool, offset: int = 0) -> Received:
+        """The rest of a reply whose BATCH frame's `body` was read: its payload,
+        received and checked.  Raises as `_exchange` does before `_failed`."""
+        reply = frames.parse_batch_header(body)
+        blocks = bool(reply.flags & frames.BATCH_BLOCKS)
+        if blocks and (ids.size != 1 or out is not None):
+            raise frames.FrameError("blocks came in reply to a batch")
+        payload = _target(out, reply.payload_bytes, pool)
+        view = memoryview(payload).cast("B")
+        # Samples handed out of a recycled buffer are read-only; `out` is the caller's.
+        source = view if out is not None else view.toreadonly()
+        samples, ends = sample_views(source, reply.lengths)
+        checker = None
+        if verify and reply.flags & frames.BATCH_CRCS:
+            # Blocks are named by the bytes of the sample they hold.
+            first = offset - reply.skip if blocks else None
+            checker = ReplyChecker(samples, ends, reply.crcs,
+                                   np.repeat(ids, len(samples)) if blocks else ids, dataset,
+                                   self.endpoint.label, first)
+        self._receive_payload(payload, checker)
         if checker is not None and checker.failure is not None:
             raise checker.failure
         if blocks:  # the asked range, cut out of its verified blocks
@@ -400,10 +464,8 @@ class DataConnection:
             checker.check_until(0)  # empty samples at the start
         while filled < len(view):
             kind, length = self._frame_header()
-            if kind == frames.Kind.ERROR:
-                raise frames.parse_error(self._body(length), self.endpoint.label)
             if kind != frames.Kind.DATA or length > len(view) - filled:
-                raise self._unexpected(kind, "DATA within the announced payload")
+                raise self._not_data(kind, length)
             recv_waiting(self._sock, view[filled:filled + length], deadline=self._deadline)
             filled += length
             if checker is not None:
@@ -463,13 +525,24 @@ class DataConnection:
 
     def _frame(self, body_bytes_max: int) -> tuple[int, memoryview]:
         """The next frame (kind, body); an ERROR frame is raised as its typed error."""
-        kind, length = self._frame_header()
+        return self._frame_body(*self._frame_header(), body_bytes_max)
+
+    def _frame_body(self, kind: int, length: int, body_bytes_max: int
+                    ) -> tuple[int, memoryview]:
+        """A frame whose header was read: (kind, body); ERROR raised as in `_frame`."""
         if length > max(body_bytes_max, limits.datapath_error_frame_bytes_max):
             raise frames.FrameError(f"a frame of kind {kind} announces {length} bytes")
         body = self._body(length)
         if kind == frames.Kind.ERROR:
             raise frames.parse_error(body, self.endpoint.label)
         return kind, body
+
+    def _not_data(self, kind: int, length: int) -> Exception:
+        """What to raise for a frame (header read) where a DATA frame of the payload was
+        due: the daemon's error when it is an ERROR frame (the reply ends there)."""
+        if kind == frames.Kind.ERROR:
+            return frames.parse_error(self._body(length), self.endpoint.label)
+        return self._unexpected(kind, "DATA within the announced payload")
 
     def _unexpected(self, kind: int, wanted: str) -> Exception:
         self.broken = True
