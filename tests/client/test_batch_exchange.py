@@ -159,6 +159,15 @@ def test_out_receives_the_reply_and_its_views_are_writable(exchange, script):
     assert out[4096] == 7
 
 
+def test_an_out_too_small_is_refused_and_the_unread_reply_closes_the_connection(
+        exchange, script):
+    connection = script([batch_reply(samples_of(8))])
+    with pytest.raises(errors.InvalidArgument,
+                       match="out holds 4096 bytes; the batch needs 32768"):
+        ask(connection, 8, out=bytearray(4096))
+    assert connection.broken
+
+
 def test_an_empty_batch_and_the_hints_dropped_flag(exchange, script):
     connection = script([batch_reply([], flags=frames.BATCH_CRCS | frames.BATCH_HINTS_DROPPED)])
     got = ask(connection, 0)

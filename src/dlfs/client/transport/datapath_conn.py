@@ -401,7 +401,7 @@ class DataConnection:
             self._settle()
             result = native.get_batch(
                 self._sock.fileno(), request, self._deadline, self._timeout_s,
-                self._reply_header_bytes_max, lambda size: _target(out, size, pool),
+                self._reply_header_bytes_max, lambda size: self._payload(out, size, pool),
                 crc32c if verify else None, out is None)
             stop = result[0]
             if stop == native.SEND_FAILED:
@@ -435,7 +435,7 @@ class DataConnection:
         blocks = bool(reply.flags & frames.BATCH_BLOCKS)
         if blocks and (ids.size != 1 or out is not None):
             raise frames.FrameError("blocks came in reply to a batch")
-        payload = _target(out, reply.payload_bytes, pool)
+        payload = self._payload(out, reply.payload_bytes, pool)
         view = memoryview(payload).cast("B")
         # Samples handed out of a recycled buffer are read-only; `out` is the caller's.
         source = view if out is not None else view.toreadonly()
@@ -454,6 +454,17 @@ class DataConnection:
             samples = [source[reply.skip:reply.skip + reply.length]]
         return Received(reply.generation, samples,
                         bool(reply.flags & frames.BATCH_HINTS_DROPPED))
+
+    def _payload(self, out, size: int, pool: BufferPool) -> np.ndarray:
+        """The uint8 array a payload of `size` bytes is received into.  When the
+        caller's `out` cannot hold it (InvalidArgument), the payload stays unread in
+        the socket, so the connection is marked broken: the next request gets a new
+        one instead of those bytes."""
+        try:
+            return _target(out, size, pool)
+        except BaseException:
+            self.broken = True
+            raise
 
     def _receive_payload(self, payload: np.ndarray, checker: "ReplyChecker | None" = None) -> None:
         """Receive the DATA frames of a payload into `payload`; `checker` verifies the
