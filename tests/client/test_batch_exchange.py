@@ -174,11 +174,14 @@ def test_an_empty_batch_and_the_hints_dropped_flag(exchange, script):
     assert got.samples == [] and got.hints_dropped
 
 
-def test_a_damaged_sample_is_named_and_the_connection_stays_usable(exchange, script):
+@pytest.mark.parametrize("window", [1 << 20, 3 * 4096], ids=["one window", "windows"])
+def test_a_damaged_sample_is_named_and_the_connection_stays_usable(exchange, script, window):
     samples = samples_of(10)
     crcs = [crc32c(s) for s in samples]
     crcs[6] ^= 1
-    connection = script([batch_reply(samples, crcs=crcs), batch_reply(samples)])
+    crcs[8] ^= 1  # only the first is named
+    connection = script([batch_reply(samples, crcs=crcs, window=window),
+                         batch_reply(samples, window=window)])
     with pytest.raises(errors.DataCorruption) as caught:
         ask(connection, 10)
     assert "sample 106 of dataset 'ds'" in caught.value.message

@@ -7,7 +7,7 @@ STAT_DATASET / OPEN_DATASET.  Every reply's payload is received with
 from a `BufferPool`; each sample is checked against the CRC32C the reply
 header carries.  No sample byte is copied in Python.
 
-Longer than most modules (about 450 lines): it is one state machine, a
+Longer than most modules (about 600 lines): it is one state machine, a
 connection and the frames it reads, and every request (batches, ranges,
 block CRCs, descriptors, ingest) goes through the same private frame reader
 and failure rule (`_frame`, `_failed`); split, those would have to be public.

@@ -7,7 +7,8 @@
  * reply, and on a host whose cores the daemon shares that decides the batch rate
  * (docs/DESIGN.md, "How the client receives").  This does the common case (a whole
  * BATCH reply of samples) in one call that holds the interpreter lock only to cut
- * the views and to call the CRC32C function; everything else (errors the daemon
+ * the views and to call the CRC32C function (window by window, as the reply arrives);
+ * everything else (errors the daemon
  * sends, replies it does not take, ranges) goes back to the Python code, which
  * stays the reference and the fallback (`DLFS_NATIVE=0`, or no compiler at install).
  *
@@ -89,6 +90,16 @@ static int wait_for(const Conn *c, short events) {
     return errno == EINTR ? IO_INTERRUPTED : IO_ERRNO;
 }
 
+/* After a non-blocking call failed: wait for `events` if it would have blocked (0 once
+ * they came), else why it stopped. */
+static int wait_after_failure(const Conn *c, short events) {
+    if (errno == EINTR)
+        return IO_INTERRUPTED;
+    if (errno != EAGAIN && errno != EWOULDBLOCK)
+        return IO_ERRNO;
+    return wait_for(c, events);
+}
+
 /* Send the iovecs from *at on; *at and the vector advance as bytes go out. */
 static int send_vector(const Conn *c, struct iovec *iov, int count, int *at) {
     while (*at < count) {
@@ -98,11 +109,7 @@ static int send_vector(const Conn *c, struct iovec *iov, int count, int *at) {
         m.msg_iovlen = (size_t)(count - *at);
         ssize_t sent = sendmsg(c->fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
         if (sent < 0) {
-            if (errno == EINTR)
-                return IO_INTERRUPTED;
-            if (errno != EAGAIN && errno != EWOULDBLOCK)
-                return IO_ERRNO;
-            int rc = wait_for(c, POLLOUT);
+            int rc = wait_after_failure(c, POLLOUT);
             if (rc)
                 return rc;
             continue;
@@ -129,11 +136,7 @@ static int recv_exact(const Conn *c, char *buf, size_t n, size_t *got) {
         }
         if (r == 0)
             return IO_CLOSED;
-        if (errno == EINTR)
-            return IO_INTERRUPTED;
-        if (errno != EAGAIN && errno != EWOULDBLOCK)
-            return IO_ERRNO;
-        int rc = wait_for(c, POLLIN);
+        int rc = wait_after_failure(c, POLLIN);
         if (rc)
             return rc;
     }
@@ -227,51 +230,69 @@ static uint32_t le32(const char *p) {
     return v;
 }
 
-/* The views of the payload and the first sample whose CRC32C is not the reply's. */
-static PyObject *cut_and_check(PyObject *target, const char *lengths, const char *crcs,
-                               uint32_t count, PyObject *crc32c, int readonly,
-                               Py_ssize_t *bad, unsigned long *bad_crc) {
-    PyObject *base = PyMemoryView_FromObject(target);
-    if (base == NULL)
-        return NULL;
+/* The reply's samples as they arrive: a view of each (of one memoryview of the whole
+ * payload) and its CRC32C checked once the bytes received cover it, so that a client
+ * with a core to spare checks one window while the next is on its way, as the
+ * Python exchange's ReplyChecker does. */
+typedef struct {
+    PyObject *base;    /* memoryview of the payload (read-only if asked) */
+    PyObject *samples; /* list of `count` views, filled up to `next` */
+    PyObject *crc32c;  /* or Py_None: not checked */
+    const char *lengths, *crcs;
+    uint32_t count, next;
+    Py_ssize_t at;     /* where sample `next` starts */
+    Py_ssize_t bad;    /* the first sample whose CRC32C is not the reply's, or -1 */
+    unsigned long bad_crc;
+} Cutter;
+
+static int cutter_start(Cutter *k, PyObject *target, int readonly) {
+    k->samples = NULL;
+    k->base = PyMemoryView_FromObject(target);
+    if (k->base == NULL)
+        return -1;
     if (readonly) {
-        PyObject *frozen = PyObject_CallMethod(base, "toreadonly", NULL);
-        Py_DECREF(base);
+        PyObject *frozen = PyObject_CallMethod(k->base, "toreadonly", NULL);
+        Py_DECREF(k->base);
+        k->base = frozen;
         if (frozen == NULL)
-            return NULL;
-        base = frozen;
+            return -1;
     }
-    PyObject *samples = PyList_New(count);
-    if (samples == NULL)
-        goto fail;
-    Py_ssize_t at = 0;
-    for (uint32_t i = 0; i < count; i++) {
-        Py_ssize_t end = at + (Py_ssize_t)le64(lengths + 8 * (size_t)i);
-        PyObject *view = PySequence_GetSlice(base, at, end);
+    k->samples = PyList_New(k->count);
+    return k->samples == NULL ? -1 : 0;
+}
+
+static void cutter_end(Cutter *k) {
+    Py_XDECREF(k->base);
+    Py_XDECREF(k->samples);
+}
+
+/* Cut and check the samples the first `filled` payload bytes complete. */
+static int cutter_advance(Cutter *k, size_t filled) {
+    while (k->next < k->count) {
+        Py_ssize_t end = k->at + (Py_ssize_t)le64(k->lengths + 8 * (size_t)k->next);
+        if ((size_t)end > filled)
+            break;
+        PyObject *view = PySequence_GetSlice(k->base, k->at, end);
         if (view == NULL)
-            goto fail;
-        PyList_SET_ITEM(samples, i, view);
-        at = end;
-        if (crc32c == Py_None)
-            continue;
-        PyObject *value = PyObject_CallOneArg(crc32c, view);
-        if (value == NULL)
-            goto fail;
-        unsigned long got = PyLong_AsUnsignedLong(value);
-        Py_DECREF(value);
-        if (got == (unsigned long)-1 && PyErr_Occurred())
-            goto fail;
-        if (*bad < 0 && got != le32(crcs + 4 * (size_t)i)) {
-            *bad = (Py_ssize_t)i;
-            *bad_crc = got;
+            return -1;
+        PyList_SET_ITEM(k->samples, k->next, view);
+        if (k->crc32c != Py_None) {
+            PyObject *value = PyObject_CallOneArg(k->crc32c, view);
+            if (value == NULL)
+                return -1;
+            unsigned long got = PyLong_AsUnsignedLong(value);
+            Py_DECREF(value);
+            if (got == (unsigned long)-1 && PyErr_Occurred())
+                return -1;
+            if (k->bad < 0 && got != le32(k->crcs + 4 * (size_t)k->next)) {
+                k->bad = (Py_ssize_t)k->next;
+                k->bad_crc = got;
+            }
         }
+        k->at = end;
+        k->next++;
     }
-    Py_DECREF(base);
-    return samples;
-fail:
-    Py_XDECREF(samples);
-    Py_DECREF(base);
-    return NULL;
+    return 0;
 }
 
 static PyObject *get_batch(PyObject *module, PyObject *args) {
@@ -372,6 +393,13 @@ static PyObject *get_batch(PyObject *module, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "take(n) gave a buffer shorter than n");
         goto fail;
     }
+    Cutter cut = {NULL, NULL, (flags & BATCH_CRCS) ? crc32c : Py_None, lengths, crcs,
+                  samples, 0, 0, -1, 0};
+    if (cutter_start(&cut, target, readonly) < 0 || cutter_advance(&cut, 0) < 0) {
+        PyBuffer_Release(&into);
+        cutter_end(&cut);
+        goto fail;
+    }
     size_t filled = 0;
     while (filled < payload) {
         got = 0;
@@ -382,6 +410,7 @@ static PyObject *get_batch(PyObject *module, PyObject *args) {
         length = le32(header + 4);
         if (kind != KIND_DATA || length > payload - filled) {
             PyBuffer_Release(&into);
+            cutter_end(&cut);
             return Py_BuildValue("(iNNnII)", NOT_DATA, body, target, (Py_ssize_t)filled,
                                  kind, length);
         }
@@ -390,26 +419,24 @@ static PyObject *get_batch(PyObject *module, PyObject *args) {
         if (rc)
             break;
         filled += length;
+        if (cutter_advance(&cut, filled) < 0) {
+            rc = IO_INTERRUPTED; /* with the exception set */
+            break;
+        }
     }
     PyBuffer_Release(&into);
     if (rc) {
         if (!PyErr_Occurred())
             raise_io(rc);
+        cutter_end(&cut);
         goto fail;
     }
-
-    Py_ssize_t bad = -1;
-    unsigned long bad_crc = 0;
-    PyObject *views = cut_and_check(target, lengths, crcs, samples,
-                                    (flags & BATCH_CRCS) ? crc32c : Py_None, readonly, &bad,
-                                    &bad_crc);
     Py_DECREF(target);
-    if (views == NULL) {
-        Py_DECREF(body);
-        return NULL;
-    }
+    PyObject *views = cut.samples;
+    cut.samples = NULL;
+    cutter_end(&cut);
     return Py_BuildValue("(iNKINnk)", WHOLE, body, (unsigned long long)generation, flags,
-                         views, bad, bad_crc);
+                         views, cut.bad, cut.bad_crc);
 fail:
     Py_DECREF(target);
     Py_DECREF(body);
