@@ -87,6 +87,19 @@ def client(daemon):
         yield c
 
 
+@pytest.fixture(params=["native", "python"])
+def exchange(request, monkeypatch):
+    """Which exchange a client's GET_BATCH takes in this process: the C one (it must
+    have been built here: `./dev setup` installs the compiler) or the Python one."""
+    from dlfs.client.transport import datapath_conn
+
+    if request.param == "native":
+        assert datapath_conn.native is not None, "the C exchange was not built"
+    else:
+        monkeypatch.setattr(datapath_conn, "native", None)
+    return request.param
+
+
 @pytest.fixture(scope="module")
 def shared_daemon(tmp_path_factory):
     """One daemon per test module, for tests that only add uniquely named datasets."""

@@ -19,23 +19,11 @@ import pytest
 
 from dlfs import errors
 from dlfs.client.reply_buffers import BufferPool
-from dlfs.client.transport import datapath_conn
 from dlfs.client.transport.datapath_conn import DataConnection, Endpoint
 from dlfs.crc import crc32c
 from dlfs.formats import datapath_frames as frames
 
 DATASET = "ds"
-
-
-@pytest.fixture(params=["native", "python"])
-def exchange(request, monkeypatch):
-    """Which exchange a GET_BATCH takes; the C one must have been built here (`./dev
-    setup` installs the compiler)."""
-    if request.param == "native":
-        assert datapath_conn.native is not None, "the C exchange was not built"
-    else:
-        monkeypatch.setattr(datapath_conn, "native", None)
-    return request.param
 
 
 def samples_of(count: int, size: int = 4096, seed: int = 0) -> list[bytes]:

@@ -1,4 +1,7 @@
-"""The data path against real daemons: bytes, errors, tokens, hostile and dying clients."""
+"""The data path against real daemons: bytes, errors, tokens, hostile and dying clients.
+
+Reads, errors and damage go through both of the client's exchanges (the C one and
+the Python one: the `exchange` fixture)."""
 
 from __future__ import annotations
 
@@ -49,7 +52,7 @@ def paths_of(files):
 
 
 @pytest.mark.parametrize("mode", ["tcp", "unix"])
-def test_batches_match_the_source_over_each_socket(served, mode):
+def test_batches_match_the_source_over_each_socket(served, mode, exchange):
     daemon, name, files = served
     paths = paths_of(files)
     with Client(daemon.address, data_path=mode) as client:
@@ -66,7 +69,7 @@ def test_batches_match_the_source_over_each_socket(served, mode):
         assert client.status().batches_served > 0
 
 
-def test_out_receives_the_batch_in_request_order(served):
+def test_out_receives_the_batch_in_request_order(served, exchange):
     daemon, name, files = served
     paths = paths_of(files)
     ids = [9, 2, 9]
@@ -95,7 +98,7 @@ def test_ranges_and_their_integrity(served):
         assert bytes(ds.read("big/volume.raw", len(big) + 5, 1)) == b""
 
 
-def test_errors_keep_their_codes(served):
+def test_errors_keep_their_codes(served, exchange):
     daemon, name, _files = served
     with Client(daemon.address) as client:
         ds = client.dataset(name)
@@ -122,7 +125,7 @@ def test_limits_name_themselves(daemon_factory, tree):
             ds.get_batch(["big/volume.raw"])
 
 
-def test_a_corrupted_byte_is_caught_by_the_client(daemon, tmp_path):
+def test_a_corrupted_byte_is_caught_by_the_client(daemon, tmp_path, exchange):
     write_tree(tmp_path / "src", {"a.bin": b"A" * 1000, "b.bin": b"B" * 1000})
     with Client(daemon.address) as client:
         client.ingest(str(tmp_path / "src"), "ds")
