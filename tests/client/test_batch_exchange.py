@@ -126,6 +126,19 @@ def ask(connection: DataConnection, count: int, *, out=None, verify: bool = True
                                 verify=verify, out=out, pool=pool or BufferPool())
 
 
+def test_the_c_exchange_reads_the_frames_this_package_writes():
+    """Its frame layout is its own copy (C cannot import datapath_frames): held to it."""
+    from dlfs.client.transport import datapath_conn
+
+    native = datapath_conn.native
+    assert native is not None, "the C exchange was not built"
+    assert (native.KIND_BATCH, native.KIND_DATA) == (frames.Kind.BATCH, frames.Kind.DATA)
+    assert (native.BATCH_CRCS, native.BATCH_BLOCKS) == (frames.BATCH_CRCS,
+                                                          frames.BATCH_BLOCKS)
+    assert (native.FRAME_BYTES, native.BATCH_FIXED_BYTES) == (frames.FRAME.size,
+                                                               frames.BATCH.size)
+
+
 def test_a_whole_reply_gives_read_only_samples_in_order(exchange, script):
     samples = samples_of(64) + [b""] + samples_of(3, size=110_000, seed=1)
     connection = script([batch_reply(samples, window=70_000)])

@@ -417,13 +417,11 @@ class DataConnection:
             if stop == native.BATCH_LEFT:
                 return self._reply(result[1], ids, dataset, verify, out, pool)
             if stop == native.NOT_DATA:
-                raise self._not_data(result[4], result[5])
+                raise self._not_data(result[1], result[2])
         except BaseException as exc:
             raise self._failed(exc) from None
-        _, body, generation, flags, samples, bad, got = result
+        _, generation, flags, samples, bad, expected, got = result
         if bad >= 0:
-            at = frames.BATCH.size + 8 * len(samples) + 4 * bad  # the reply's CRC of it
-            expected = int.from_bytes(body[at:at + 4], "little")
             raise sample_mismatch(int(ids[bad]), dataset, self.endpoint.label, expected, got)
         return Received(generation, samples, bool(flags & frames.BATCH_HINTS_DROPPED))
 

@@ -5,12 +5,12 @@
  * request and the last sample checked: each frame read, the deadline kept, the
  * reply parsed, a view cut per sample) cost as much CPU as the kernel's copy of the
  * reply, and on a host whose cores the daemon shares that decides the batch rate
- * (docs/DESIGN.md, "How the client receives").  This does the common case (a whole
+ * (docs/DESIGN.md, "Client and transports").  This does the common case (a whole
  * BATCH reply of samples) in one call that holds the interpreter lock only to cut
  * the views and to call the CRC32C function, after the reply's last byte; everything
- * else (errors the daemon
- * sends, replies it does not take, ranges) goes back to the Python code, which
- * stays the reference and the fallback (`DLFS_NATIVE=0`, or no compiler at install).
+ * else (errors the daemon sends, replies it does not take, ranges) goes back to the
+ * Python code, which stays the reference and the fallback (`DLFS_NATIVE=0`, or no
+ * compiler at install).
  *
  * get_batch(fd, request, deadline, wait_s, header_bytes_max, take, crc32c, readonly)
  *   fd: the connected socket (left in the blocking mode it had);
@@ -28,12 +28,13 @@
  *                                     its body is still to be read
  *   (BATCH_LEFT, body)                a BATCH frame this does not take (blocks, or
  *                                     inconsistent): the Python side parses it
- *   (NOT_DATA, body, target, filled, kind, length)
- *                                     a frame other than DATA within the payload came
- *                                     after `filled` bytes; its body is still to be read
- *   (WHOLE, body, generation, flags, samples, bad, crc)
+ *   (NOT_DATA, kind, length)          a frame other than DATA within the payload came;
+ *                                     its body is still to be read
+ *   (WHOLE, generation, flags, samples, bad, expected, crc)
  *                                     the reply; `bad` is the first sample whose CRC32C
- *                                     (`crc`) is not the reply's, or -1
+ *                                     (`crc`) is not the reply's (`expected`), or -1
+ * The frame layout it reads is exported (KIND_BATCH ... BATCH_FIXED_BYTES) so that a
+ * test holds it to dlfs/formats/datapath_frames.py.
  * Raises TimeoutError (a wait, or the deadline, ran out), ConnectionResetError (the
  * daemon closed in the middle), OSError, and what a signal handler raises.
  */
@@ -172,11 +173,11 @@ static int recv_waiting(const Conn *c, char *buf, size_t n, size_t *got) {
         ssize_t r = recv(c->fd, buf + *got, n - *got, MSG_WAITALL);
         if (r > 0) {
             *got += (size_t)r;
-            if (*got < n)
+            if (*got < n) {
                 rc = IO_INTERRUPTED; /* a signal (or SO_RCVTIMEO) cut it short: let the
                                         handler run, then go on */
-            if (rc)
                 break;
+            }
             continue;
         }
         if (r == 0) {
@@ -236,71 +237,60 @@ static uint32_t le32(const char *p) {
     return v;
 }
 
-/* The reply's samples: a view of each (of one memoryview of the whole payload) and
- * its CRC32C checked, once the bytes received cover it.  Called once the whole
- * payload arrived: checking each window while the next is on its way (as the Python
- * exchange's ReplyChecker does) took two cores that the client shares with the
+/* The reply's samples: a view of each (of one memoryview of the whole payload) and,
+ * with `crc32c` (not None), its CRC32C checked against the reply's; `*bad` is the
+ * first that differs (with `*expected` and `*got`), or stays -1.  Called once the
+ * whole payload arrived: checking each window while the next is on its way (as the
+ * Python exchange's ReplyChecker does) took two cores that the client shares with the
  * daemon 5-10% more time at 110 KB with 4 batches in flight (docs/DESIGN.md,
  * "Client and transports"). */
-typedef struct {
-    PyObject *base;    /* memoryview of the payload (read-only if asked) */
-    PyObject *samples; /* list of `count` views, filled up to `next` */
-    PyObject *crc32c;  /* or Py_None: not checked */
-    const char *lengths, *crcs;
-    uint32_t count, next;
-    Py_ssize_t at;     /* where sample `next` starts */
-    Py_ssize_t bad;    /* the first sample whose CRC32C is not the reply's, or -1 */
-    unsigned long bad_crc;
-} Cutter;
-
-static int cutter_start(Cutter *k, PyObject *target, int readonly) {
-    k->samples = NULL;
-    k->base = PyMemoryView_FromObject(target);
-    if (k->base == NULL)
-        return -1;
+static PyObject *cut_and_check(PyObject *target, int readonly, const char *lengths,
+                               const char *crcs, uint32_t count, PyObject *crc32c,
+                               Py_ssize_t *bad, unsigned long *expected,
+                               unsigned long *got) {
+    PyObject *base = PyMemoryView_FromObject(target);
+    if (base == NULL)
+        return NULL;
     if (readonly) {
-        PyObject *frozen = PyObject_CallMethod(k->base, "toreadonly", NULL);
-        Py_DECREF(k->base);
-        k->base = frozen;
+        PyObject *frozen = PyObject_CallMethod(base, "toreadonly", NULL);
+        Py_DECREF(base);
         if (frozen == NULL)
-            return -1;
+            return NULL;
+        base = frozen;
     }
-    k->samples = PyList_New(k->count);
-    return k->samples == NULL ? -1 : 0;
-}
-
-static void cutter_end(Cutter *k) {
-    Py_XDECREF(k->base);
-    Py_XDECREF(k->samples);
-}
-
-/* Cut and check the samples the first `filled` payload bytes complete. */
-static int cutter_advance(Cutter *k, size_t filled) {
-    while (k->next < k->count) {
-        Py_ssize_t end = k->at + (Py_ssize_t)le64(k->lengths + 8 * (size_t)k->next);
-        if ((size_t)end > filled)
-            break;
-        PyObject *view = PySequence_GetSlice(k->base, k->at, end);
+    PyObject *samples = PyList_New(count);
+    if (samples == NULL)
+        goto fail;
+    Py_ssize_t at = 0;
+    for (uint32_t i = 0; i < count; i++) {
+        Py_ssize_t end = at + (Py_ssize_t)le64(lengths + 8 * (size_t)i);
+        PyObject *view = PySequence_GetSlice(base, at, end);
         if (view == NULL)
-            return -1;
-        PyList_SET_ITEM(k->samples, k->next, view);
-        if (k->crc32c != Py_None) {
-            PyObject *value = PyObject_CallOneArg(k->crc32c, view);
-            if (value == NULL)
-                return -1;
-            unsigned long got = PyLong_AsUnsignedLong(value);
-            Py_DECREF(value);
-            if (got == (unsigned long)-1 && PyErr_Occurred())
-                return -1;
-            if (k->bad < 0 && got != le32(k->crcs + 4 * (size_t)k->next)) {
-                k->bad = (Py_ssize_t)k->next;
-                k->bad_crc = got;
-            }
+            goto fail;
+        PyList_SET_ITEM(samples, i, view);
+        at = end;
+        if (crc32c == Py_None)
+            continue;
+        PyObject *value = PyObject_CallOneArg(crc32c, view);
+        if (value == NULL)
+            goto fail;
+        unsigned long crc = PyLong_AsUnsignedLong(value);
+        Py_DECREF(value);
+        if (crc == (unsigned long)-1 && PyErr_Occurred())
+            goto fail;
+        unsigned long wanted = le32(crcs + 4 * (size_t)i);
+        if (*bad < 0 && crc != wanted) {
+            *bad = (Py_ssize_t)i;
+            *expected = wanted;
+            *got = crc;
         }
-        k->at = end;
-        k->next++;
     }
-    return 0;
+    Py_DECREF(base);
+    return samples;
+fail:
+    Py_XDECREF(samples);
+    Py_DECREF(base);
+    return NULL;
 }
 
 static PyObject *get_batch(PyObject *module, PyObject *args) {
@@ -411,8 +401,9 @@ static PyObject *get_batch(PyObject *module, PyObject *args) {
         length = le32(header + 4);
         if (kind != KIND_DATA || length > payload - filled) {
             PyBuffer_Release(&into);
-            return Py_BuildValue("(iNNnII)", NOT_DATA, body, target, (Py_ssize_t)filled,
-                                 kind, length);
+            Py_DECREF(target);
+            Py_DECREF(body);
+            return Py_BuildValue("(iII)", NOT_DATA, kind, length);
         }
         got = 0;
         RUN_IO(rc, recv_waiting(&c, (char *)into.buf + filled, length, &got));
@@ -426,18 +417,17 @@ static PyObject *get_batch(PyObject *module, PyObject *args) {
             raise_io(rc);
         goto fail;
     }
-    Cutter cut = {NULL, NULL, (flags & BATCH_CRCS) ? crc32c : Py_None, lengths, crcs,
-                  samples, 0, 0, -1, 0};
-    if (cutter_start(&cut, target, readonly) < 0 || cutter_advance(&cut, filled) < 0) {
-        cutter_end(&cut);
-        goto fail;
-    }
+    Py_ssize_t bad = -1;
+    unsigned long expected = 0, crc = 0;
+    PyObject *views = cut_and_check(target, readonly, lengths, crcs, samples,
+                                    (flags & BATCH_CRCS) ? crc32c : Py_None, &bad, &expected,
+                                    &crc);
     Py_DECREF(target);
-    PyObject *views = cut.samples;
-    cut.samples = NULL;
-    cutter_end(&cut);
-    return Py_BuildValue("(iNKINnk)", WHOLE, body, (unsigned long long)generation, flags,
-                         views, cut.bad, cut.bad_crc);
+    Py_DECREF(body); /* `lengths` and `crcs` pointed into it */
+    if (views == NULL)
+        return NULL;
+    return Py_BuildValue("(iKINnkk)", WHOLE, (unsigned long long)generation, flags, views,
+                         bad, expected, crc);
 fail:
     Py_DECREF(target);
     Py_DECREF(body);
@@ -465,7 +455,13 @@ PyMODINIT_FUNC PyInit_native_exchange(void) {
         PyModule_AddIntConstant(m, "BATCH_LEFT", BATCH_LEFT) < 0 ||
         PyModule_AddIntConstant(m, "NOT_DATA", NOT_DATA) < 0 ||
         PyModule_AddIntConstant(m, "WHOLE", WHOLE) < 0 ||
-        PyModule_AddIntConstant(m, "REQUEST_BUFFERS_MAX", REQUEST_BUFFERS_MAX) < 0) {
+        PyModule_AddIntConstant(m, "REQUEST_BUFFERS_MAX", REQUEST_BUFFERS_MAX) < 0 ||
+        PyModule_AddIntConstant(m, "KIND_BATCH", KIND_BATCH) < 0 ||
+        PyModule_AddIntConstant(m, "KIND_DATA", KIND_DATA) < 0 ||
+        PyModule_AddIntConstant(m, "BATCH_CRCS", BATCH_CRCS) < 0 ||
+        PyModule_AddIntConstant(m, "BATCH_BLOCKS", BATCH_BLOCKS) < 0 ||
+        PyModule_AddIntConstant(m, "FRAME_BYTES", FRAME_BYTES) < 0 ||
+        PyModule_AddIntConstant(m, "BATCH_FIXED_BYTES", BATCH_FIXED_BYTES) < 0) {
         Py_DECREF(m);
         return NULL;
     }
