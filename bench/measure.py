@@ -218,10 +218,19 @@ def process_cpu_s(pid: int) -> float:
 
 def process_tree_cpu_s(pid: int) -> float:
     """CPU seconds of process `pid` and every process below it: the daemon and its data
-    path workers.  Its own utime + stime + cutime + cstime (children that ended and were
-    reaped, e.g. a worker that died) plus each live descendant's utime + stime.  Raises
-    OSError when `pid` is gone; a descendant that ends meanwhile is skipped."""
-    total = 0.0
+    path workers (`process_tree_cpu_times`, user and system together).  Raises
+    OSError when `pid` is gone."""
+    return sum(process_tree_cpu_times(pid))
+
+
+def process_tree_cpu_times(pid: int) -> tuple[float, float]:
+    """(user, system) CPU seconds of process `pid` and every process below it.  Its own
+    utime and stime plus cutime and cstime (children that ended and were reaped, e.g. a
+    worker that died) plus each live descendant's utime and stime.  User time is what
+    the processes' own code costs (the interpreter, numpy, the C extensions), system
+    time what the kernel does for them (copies, TCP).  Raises OSError when `pid` is
+    gone; a descendant that ends meanwhile is skipped."""
+    user = system = 0
     pending = [pid]
     while pending:
         current = pending.pop()
@@ -237,12 +246,13 @@ def process_tree_cpu_s(pid: int) -> float:
                 raise
             continue
         fields = stat[stat.rindex(")") + 2:].split()
-        ticks = int(fields[11]) + int(fields[12])  # fields 14, 15: utime, stime
+        user += int(fields[11])  # field 14: utime
+        system += int(fields[12])  # field 15: stime
         if current == pid:
-            ticks += int(fields[13]) + int(fields[14])  # cutime, cstime: reaped children
-        total += ticks / CLOCK_TICKS_PER_S
+            user += int(fields[13])  # cutime: reaped children
+            system += int(fields[14])  # cstime
         pending += children
-    return total
+    return user / CLOCK_TICKS_PER_S, system / CLOCK_TICKS_PER_S
 
 
 def softirq_threads_cpu_s() -> float:

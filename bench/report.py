@@ -521,14 +521,18 @@ def scaling_markdown(scaling: dict | None) -> list[str]:
         "processes (`sendall` of one reused buffer of the mean batch size) each into its own "
         "receiver process (`recv_into`), N connections at once; from the page cache: each "
         "sender `sendmsg`s its own random batches from mappings of the extent files.  "
-        f"{scaling['runs']} window(s) "
+        + (f"Clients' exchange: {scaling['client_exchange']}.  " if scaling.get("client_exchange")
+           else "")
+        + f"{scaling['runs']} window(s) "
         f"of {scaling['duration_s']:g} s per side and N, all processes started together; "
         f"{scaling['cpus']} CPUs.  GB/s: median (min–max) of the aggregate.  Daemon CPUs busy: "
         "CPU seconds of the daemon and all its processes per wall second (1.0 = one CPU), "
-        "each data path worker's in brackets.")
+        "each data path worker's in brackets.  Daemon CPU-s/GB: user and system time together; "
+        "in brackets its user time alone, what the daemon's own code costs (the rest is the "
+        "kernel's work for it: the copies, TCP).")
     lines.append("")
     lines.append("| clients N | DLFS GB/s | raw TCP GB/s | DLFS / raw | daemon CPUs busy "
-                 "(workers) | daemon CPU-s/GB | raw senders' CPU-s/GB | daemon / senders | "
+                 "(workers) | daemon CPU-s/GB (user) | raw senders' CPU-s/GB | daemon / senders | "
                  "client CPU-s/GB | raw receivers' CPU-s/GB | machine busy | softirq threads' "
                  "CPU-s/GB (DLFS, raw) | with them: daemon / senders | raw TCP from the page "
                  "cache GB/s | DLFS / it | its senders' CPU-s/GB | daemon / them |")
@@ -543,7 +547,9 @@ def scaling_markdown(scaling: dict | None) -> list[str]:
             f"{raw['gb_per_s_max']:.2f}) | {_fmt(c['ratio_to_raw'], '.2f')} | "
             f"{dlfs['daemon_cpu_utilisation']:.2f}"
             + (f" ({', '.join(f'{u:.2f}' for u in workers)})" if workers else "")
-            + f" | {_fmt(dlfs['daemon_cpu_s_per_gb'], '.2f')} | "
+            + f" | {_fmt(dlfs['daemon_cpu_s_per_gb'], '.2f')}"
+            + (f" ({dlfs['daemon_user_cpu_s_per_gb']:.3f})"
+               if dlfs.get("daemon_user_cpu_s_per_gb") is not None else "") + " | "
             f"{_fmt(raw['sender_cpu_s_per_gb'], '.2f')} | {_fmt(c['cpu_ratio_to_raw'], '.2f')} | "
             f"{_fmt(dlfs['client_cpu_s_per_gb'], '.2f')} | "
             f"{_fmt(raw['receiver_cpu_s_per_gb'], '.2f')} | {dlfs['machine_busy']:.0%} | "

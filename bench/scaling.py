@@ -50,11 +50,12 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 from bench.ceilings import tcp_sender, write_plan
 from bench.datagen import Prepared, Workload, batch_sequence
-from bench.measure import (CacheControl, git_info, process_cpu_s, process_tree_cpu_s,
+from bench.measure import (CacheControl, git_info, process_cpu_s, process_tree_cpu_times,
                            self_cpu_s, softirq_threads_cpu_s)
 
 WORKLOAD = "110k"
@@ -110,9 +111,24 @@ def run(prepared: Prepared, daemon_address: str, daemon_pid: int, *, runs: int,
             f"{from_cache['gb_per_s']:.2f} GB/s ({_per_gb(from_cache['sender_cpu_s_per_gb'])})")
         cases.append(case)
     return {"workload": prepared.workload.name, "transport": "tcp", "runs": runs,
+            "client_exchange": client_exchange(),
             "duration_s": duration_s, "cpus": cpus,
             "batch_size": prepared.workload.batch_size, "cases": cases,
             "targets": targets(cases), "explanation": explain(cases, cpus)}
+
+
+def client_exchange() -> str:
+    """Which exchange the clients receive batches with: "C" (native_exchange.c), or
+    "Python" and why.  The client processes are started from this one's environment
+    and interpreter, so they find what it finds."""
+    from dlfs.client.transport import datapath_conn
+
+    if datapath_conn.native is not None:
+        return "C"
+    if os.environ.get("DLFS_NATIVE", "1") == "0":
+        return "Python (DLFS_NATIVE=0)"
+    return (f"Python (the C exchange is not built for Python "
+            f"{sys.version_info.major}.{sys.version_info.minor} here: bench/native_for.sh)")
 
 
 def _per_gb(cpu_s_per_gb: float | None) -> str:
@@ -207,14 +223,15 @@ def measure_dlfs(prepared: Prepared, daemon_address: str, daemon_pid: int, proce
             for _ in range(runs):
                 _wait(barrier, results)
                 before = _worker_cpu(status_client)
-                daemon0, busy0, wall0 = (process_tree_cpu_s(daemon_pid), _machine_busy(),
+                daemon0, busy0, wall0 = (process_tree_cpu_times(daemon_pid), _machine_busy(),
                                          time.monotonic())
                 got = _collect(results, processes, duration_s)
-                daemon1, busy1, wall1 = (process_tree_cpu_s(daemon_pid), _machine_busy(),
+                daemon1, busy1, wall1 = (process_tree_cpu_times(daemon_pid), _machine_busy(),
                                          time.monotonic())
                 after = _worker_cpu(status_client)
                 window = _window(got, wall1 - wall0, busy0, busy1)
-                window["daemon_cpu_s"] = daemon1 - daemon0
+                window["daemon_cpu_s"] = sum(daemon1) - sum(daemon0)
+                window["daemon_user_cpu_s"] = daemon1[0] - daemon0[0]
                 window["worker_cpu_s"] = [after.get(k, 0.0) - before.get(k, 0.0)
                                           for k in sorted(after)]
                 windows.append(window)
@@ -223,9 +240,12 @@ def measure_dlfs(prepared: Prepared, daemon_address: str, daemon_pid: int, proce
     summary = _summarise(windows)
     wall_s = sum(w["wall_s"] for w in windows)
     daemon_s = sum(w["daemon_cpu_s"] for w in windows)
+    daemon_user_s = sum(w["daemon_user_cpu_s"] for w in windows)
     gb = sum(w["bytes"] for w in windows) / 1e9
     summary.update(
         daemon_cpu_s_per_gb=daemon_s / gb if gb else None,
+        # Of that, the daemon's own code (user time); the rest is the kernel's work for it.
+        daemon_user_cpu_s_per_gb=daemon_user_s / gb if gb else None,
         daemon_cpu_utilisation=daemon_s / wall_s,
         worker_cpu_utilisation=[sum(w["worker_cpu_s"][k] for w in windows) / wall_s
                                 for k in range(len(windows[0]["worker_cpu_s"]))],
@@ -380,7 +400,7 @@ def _receiver(sender_args: list[str], batch_bytes: int, runs: int, duration_s: f
 def _wait(barrier, results) -> None:
     try:
         barrier.wait(WORKER_START_TIMEOUT_S)
-    except multiprocessing.BrokenBarrierError:
+    except threading.BrokenBarrierError:  # what a multiprocessing Barrier raises too
         raise RuntimeError(_worker_error(results) or "a measuring process did not start")
 
 

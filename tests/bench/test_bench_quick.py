@@ -121,7 +121,7 @@ def test_quick_benchmark_runs_and_writes_results(tmp_path):
                                                           if n <= cpus]
     for case in scaling["cases"]:
         for side, fields in (("dlfs", ("gb_per_s", "daemon_cpu_s_per_gb",
-                                       "daemon_cpu_utilisation", "client_cpu_s_per_gb",
+                                       "daemon_user_cpu_s_per_gb", "daemon_cpu_utilisation", "client_cpu_s_per_gb",
                                        "machine_busy")),
                              ("raw", ("gb_per_s", "sender_cpu_s_per_gb",
                                       "receiver_cpu_s_per_gb", "machine_busy"))):
@@ -129,6 +129,8 @@ def test_quick_benchmark_runs_and_writes_results(tmp_path):
                 value = case[side][field]
                 assert isinstance(value, (int, float)) and value >= 0, (case, side, field)
             assert case[side]["gb_per_s"] > 0
+        # The daemon's user time is part of its CPU time.
+        assert case["dlfs"]["daemon_user_cpu_s_per_gb"] <= case["dlfs"]["daemon_cpu_s_per_gb"]
         assert case["ratio_to_raw"] > 0
         # The daemon's workers show in it, each with its CPU share.
         assert len(case["dlfs"]["worker_cpu_utilisation"]) == cpus
@@ -215,6 +217,59 @@ def test_scaling_runs_alone_as_on_the_gpu_machine(tmp_path):
     for case in results["cases"]:
         assert case["dlfs"]["gb_per_s"] > 0 and case["raw"]["gb_per_s"] > 0
         assert case["dlfs"]["daemon_cpu_s_per_gb"] > 0 and case["raw"]["sender_cpu_s_per_gb"] > 0
+        assert 0 <= case["dlfs"]["daemon_user_cpu_s_per_gb"] <= case["dlfs"]["daemon_cpu_s_per_gb"]
+    # Which exchange the clients used, as this interpreter finds it (C where it is built).
+    from dlfs.client.transport import datapath_conn
+
+    exchange = results["client_exchange"]
+    assert (exchange == "C") == (datapath_conn.native is not None)
+    assert exchange == "C" or exchange.startswith("Python (")
     names = [t[0] for t in results["targets"]]
     assert any("never falls" in name for name in names)
     assert "| clients N | DLFS GB/s | raw TCP GB/s |" in (tmp_path / "scaling.md").read_text()
+
+
+def test_scaling_names_the_measuring_process_that_failed():
+    """A client or receiver process that fails before its barrier aborts it; the parent
+    then raises with that process's error, not an error of its own."""
+    import multiprocessing
+
+    from bench import scaling
+
+    context = multiprocessing.get_context("spawn")
+    barrier, results = context.Barrier(2), context.Queue()
+    results.put({"error": "ConnectionRefusedError: no daemon"})
+    barrier.abort()
+    with pytest.raises(RuntimeError, match="a measuring process failed: ConnectionRefusedError"):
+        scaling._wait(barrier, results)
+
+
+@pytest.mark.timeout(300)
+def test_the_device_script_runs_both_exchanges(tmp_path):
+    """bench/device_scaling.sh, the one command for the GPU machine, tried small: the C
+    exchange's table, then the Python exchange's, both under $OUT."""
+    env = {**os.environ, "OUT": str(tmp_path / "out"), "DLFS_BENCH_DATA": str(tmp_path / "data"),
+           # `python3` there is the machine's; here, this interpreter.
+           "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")}
+    proc = subprocess.run(["bash", os.path.join(REPO, "bench", "device_scaling.sh"), "--quick",
+                           "--clients", "1,2"], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=280)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    from dlfs.client.transport import datapath_conn
+
+    for side, exchange in (("c", "C" if datapath_conn.native is not None else None),
+                           ("python", "Python (DLFS_NATIVE=0)")):
+        with open(tmp_path / "out" / side / "scaling.json") as f:
+            results = json.load(f)
+        assert [c["processes"] for c in results["cases"]] == [1, 2]
+        if exchange:
+            assert results["client_exchange"] == exchange
+        assert f"== {side}\n| clients N |" in proc.stdout
+
+
+def test_the_bench_scripts_pass_shellcheck():
+    scripts = [os.path.join(REPO, "bench", name) for name in ("native_for.sh",
+                                                               "device_scaling.sh")]
+    done = subprocess.run(["shellcheck", "--severity=style", *scripts], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stdout
