@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -498,6 +499,37 @@ def test_a_job_joins_the_sites_etcd_and_leaves_it_clean(slurm_cluster, tmp_path)
         etcd = EtcdClient(site.url)
         try:
             assert etcd.get_prefix(f"/dlfs/job-{job.id}/")[0] == []
+        finally:
+            etcd.close()
+    job.assert_torn_down()
+
+
+def test_without_etcdctl_a_job_prints_the_command_that_cleans_the_sites_etcd(slurm_cluster,
+                                                                             tmp_path):
+    """No etcdctl where the job runs (DLFS_ETCDCTL names one that is not there): the job
+    leaves its keys in the site's etcd and says how to remove them; that command, run
+    as printed, removes them."""
+    from dlfs.coord.etcd_grpc import EtcdClient
+    from dlfs.tools.launch import EtcdProcess
+
+    with EtcdProcess(str(tmp_path / "site-etcd"), str(tmp_path / "site-etcd.log")) as site:
+        job = _submit(slurm_cluster, tmp_path, *_train(tmp_path), nodes=2, DLFS_ETCD=site.url,
+                      DLFS_ETCDCTL=str(tmp_path / "no-etcdctl"))
+        output = job.output()
+        assert job.returncode == 0, output
+        prefix = f"/dlfs/job-{job.id}/"
+        advice = re.search(r"not found \(Debian's etcd-client; or set DLFS_ETCDCTL\); "
+                           r"remove them with: (.*)$", output, re.MULTILINE)
+        assert advice, output
+        assert advice.group(1) == (f"ETCDCTL_API=3 etcdctl --endpoints={site.url} del "
+                                   f"--prefix {prefix}")
+        etcd = EtcdClient(site.url)
+        try:
+            assert etcd.get_prefix(prefix)[0], "the job's keys should still be there"
+            done = subprocess.run(["sh", "-c", advice.group(1)], capture_output=True,
+                                  text=True, timeout=60)
+            assert done.returncode == 0, done.stderr
+            assert etcd.get_prefix(prefix)[0] == []
         finally:
             etcd.close()
     job.assert_torn_down()
