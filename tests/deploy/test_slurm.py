@@ -38,6 +38,7 @@ BIN_DIR = os.path.dirname(sys.executable)
 
 NODE_START_TIMEOUT_S = 30.0
 NODE_STOP_TIMEOUT_S = 30.0
+CLUSTER_START_ATTEMPTS = 3
 CLUSTER_START_TIMEOUT_S = 30.0
 JOB_TIMEOUT_S = 90.0            # one sbatch --wait, from submission to the end of teardown
 CANCEL_TIMEOUT_S = 40.0         # scancel until the job has left the queue
@@ -306,25 +307,29 @@ InactiveLimit=0
                                                    stderr=subprocess.STDOUT,
                                                    stdin=subprocess.DEVNULL))
 
-    def start(self) -> None:
+    def start(self) -> str | None:
+        """Start the daemons and wait for every node to be idle; None, or why not (the
+        daemons stopped again, their logs' ends included)."""
         r = self.root
         self._start(["munged", "--foreground", "--force", f"--socket={r}/munge/munge.socket",
                      f"--key-file={r}/munge/munge.key", f"--log-file={r}/log/munged.log",
                      f"--pid-file={r}/munge/munged.pid", f"--seed-file={r}/munge/seed"],
                     "munged.out")
-        self._wait(lambda: os.path.exists(f"{r}/munge/munge.socket"), "munged")
+        failure = self._wait(lambda: os.path.exists(f"{r}/munge/munge.socket"), "munged")
+        if failure:
+            return failure
         self._start(["slurmctld", "-D", "-i", "-f", self.conf], "slurmctld.out")
         for node in self.nodes:
             self._start(["slurmd", "-D", "-f", self.conf, "-N", node], f"slurmd-{node}.out")
-        self._wait(lambda: self.node_states() == ["idle"] * len(self.nodes),
-                   "slurmctld and slurmd (all nodes idle)")
+        return self._wait(lambda: self.node_states() == ["idle"] * len(self.nodes),
+                          "slurmctld and slurmd (all nodes idle)")
 
     def node_states(self) -> list[str]:
         result = subprocess.run(["sinfo", "-h", "-N", "-o", "%t"], env=self.env,
                                 capture_output=True, text=True, timeout=30)
         return result.stdout.split()
 
-    def _wait(self, ready, what: str) -> None:
+    def _wait(self, ready, what: str) -> str | None:
         deadline = time.monotonic() + CLUSTER_START_TIMEOUT_S
         while not ready():
             dead = [p.args[0] for p in self.processes if p.poll() is not None]
@@ -332,9 +337,10 @@ InactiveLimit=0
                 logs = "\n".join(f"--- {name}\n{_tail(os.path.join(self.root, 'log', name))}"
                                  for name in sorted(os.listdir(os.path.join(self.root, "log"))))
                 self.stop()
-                pytest.skip(f"Slurm cannot run here: {what} not ready within "
-                            f"{CLUSTER_START_TIMEOUT_S} s (exited: {dead or 'none'})\n{logs}")
+                return (f"{what} not ready within {CLUSTER_START_TIMEOUT_S} s "
+                        f"(exited: {dead or 'none'})\n{logs}")
             time.sleep(0.2)
+        return None
 
     def queue(self, *args: str) -> list[str]:
         result = subprocess.run(["squeue", "-h", *args], env=self.env, capture_output=True,
@@ -367,9 +373,17 @@ def slurm_cluster(tmp_path_factory):
                     f"apt-get install {SLURM_PACKAGES}")
     if os.geteuid() != 0:
         pytest.skip("a test Slurm cluster needs root: slurmd starts job steps as root")
-    cluster = SlurmCluster(str(tmp_path_factory.mktemp("slurm")))
-    cluster.write_config()
-    cluster.start()
+    # The ports are picked free, then bound by the daemons: another process may take one
+    # in between (a slurmd then exits with "Address already in use"), so a failed start
+    # is tried again on fresh ports before the tests are skipped.
+    for _attempt in range(CLUSTER_START_ATTEMPTS):
+        cluster = SlurmCluster(str(tmp_path_factory.mktemp("slurm")))
+        cluster.write_config()
+        failure = cluster.start()
+        if failure is None:
+            break
+    else:
+        pytest.skip(f"Slurm cannot run here ({CLUSTER_START_ATTEMPTS} tries): {failure}")
     yield cluster
     cluster.stop()
 
