@@ -121,8 +121,8 @@ def test_quick_benchmark_runs_and_writes_results(tmp_path):
                                                           if n <= cpus]
     for case in scaling["cases"]:
         for side, fields in (("dlfs", ("gb_per_s", "daemon_cpu_s_per_gb",
-                                       "daemon_user_cpu_s_per_gb", "daemon_cpu_utilisation", "client_cpu_s_per_gb",
-                                       "machine_busy")),
+                                       "daemon_user_cpu_s_per_gb", "daemon_cpu_utilisation",
+                                       "client_cpu_s_per_gb", "machine_busy")),
                              ("raw", ("gb_per_s", "sender_cpu_s_per_gb",
                                       "receiver_cpu_s_per_gb", "machine_busy"))):
             for field in fields:

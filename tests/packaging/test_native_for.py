@@ -4,6 +4,7 @@ no compiler), placed where that interpreter's client finds it."""
 
 from __future__ import annotations
 
+import ast
 import os
 import shutil
 import subprocess
@@ -35,3 +36,22 @@ def test_it_says_how_to_call_it():
                           capture_output=True, text=True, timeout=30)
     assert done.returncode != 0
     assert "usage: bash bench/native_for.sh PYTHON [OUTDIR]" in done.stderr
+
+
+def test_it_compiles_with_the_flags_setup_py_gives():
+    """The script repeats setup.py's compile flags (the other interpreter may have no
+    setuptools): they must not drift apart."""
+    with open(os.path.join(REPO, "setup.py")) as f:
+        tree = ast.parse(f.read())
+    flags, libraries = (_setup_keyword(tree, name) for name in ("extra_compile_args", "libraries"))
+    with open(os.path.join(REPO, "bench", "native_for.sh")) as f:
+        command = " ".join(line.rstrip("\\\n") for line in f
+                           if not line.startswith("#")).split()
+    assert flags and all(flag in command for flag in flags), (flags, command)
+    assert all(f"-l{library}" in command for library in libraries), (libraries, command)
+
+
+def _setup_keyword(tree: ast.AST, name: str):
+    """The literal value of keyword `name` in setup.py's Extension(...)."""
+    return next(ast.literal_eval(keyword.value) for node in ast.walk(tree)
+                if isinstance(node, ast.Call) for keyword in node.keywords if keyword.arg == name)
