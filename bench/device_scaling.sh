@@ -5,17 +5,18 @@
 #   bash ../shared/device/prepare.sh
 #   bash bench/native_for.sh /root/.pyenv/versions/3.12.1/bin/python   # any python3.12 + headers
 #
-# then `run` with carry [".device", "src/dlfs/client/transport/native_exchange.cpython-312-x86_64-linux-gnu.so"]:
+# then `run` with carry [".device", "src/dlfs/client/transport/native_exchange.cpython-312-x86_64-linux-gnu.so",
+#                         "src/dlfs/server/read/native_send.cpython-312-x86_64-linux-gnu.so"]:
 #
 #   source .device/setup.sh && bash bench/device_scaling.sh
 #
 # 1. `python3 -m bench.scaling`: 1, 2, 4, 8, 12 client processes against one daemon, and raw
-#    TCP with as many connections, the clients on the C exchange (the table says which exchange
-#    they used: without the carried build it is the Python one).
-# 2. The same for 8 and 12 clients with the Python exchange (DLFS_NATIVE=0), two windows each:
-#    it checks each window's CRCs as the next arrives, the C exchange after the last frame
-#    (docs/DESIGN.md, "The C exchange"), and only a machine with cores to spare tells which
-#    pays.
+#    TCP with as many connections, the clients on the C exchange and the daemon on its C send
+#    (the table says which each used: without the carried builds, the Python ones).
+# 2. The same for 8 and 12 clients with both in Python (DLFS_NATIVE=0), two windows each: the
+#    Python exchange checks each window's CRCs as the next arrives, the C one after the last
+#    frame (docs/DESIGN.md, "The C exchange"), and only a machine with cores to spare tells
+#    which pays.
 #
 # Writes c/ and python/ (scaling.md, scaling.json) under $OUT (the device machine's folder
 # that comes back), else bench/results/device.  Extra arguments go to both runs (to try it

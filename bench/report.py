@@ -523,6 +523,8 @@ def scaling_markdown(scaling: dict | None) -> list[str]:
         "sender `sendmsg`s its own random batches from mappings of the extent files.  "
         + (f"Clients' exchange: {scaling['client_exchange']}.  " if scaling.get("client_exchange")
            else "")
+        + (f"Daemon's send from mappings: {scaling['daemon_send']}.  "
+           if scaling.get("daemon_send") else "")
         + f"{scaling['runs']} window(s) "
         f"of {scaling['duration_s']:g} s per side and N, all processes started together; "
         f"{scaling['cpus']} CPUs.  GB/s: median (min–max) of the aggregate.  Daemon CPUs busy: "

@@ -111,7 +111,7 @@ def run(prepared: Prepared, daemon_address: str, daemon_pid: int, *, runs: int,
             f"{from_cache['gb_per_s']:.2f} GB/s ({_per_gb(from_cache['sender_cpu_s_per_gb'])})")
         cases.append(case)
     return {"workload": prepared.workload.name, "transport": "tcp", "runs": runs,
-            "client_exchange": client_exchange(),
+            "client_exchange": client_exchange(), "daemon_send": daemon_send(),
             "duration_s": duration_s, "cpus": cpus,
             "batch_size": prepared.workload.batch_size, "cases": cases,
             "targets": targets(cases), "explanation": explain(cases, cpus)}
@@ -123,11 +123,26 @@ def client_exchange() -> str:
     and interpreter, so they find what it finds."""
     from dlfs.client.transport import datapath_conn
 
-    if datapath_conn.native is not None:
+    return _native_or_why(datapath_conn.native, "exchange")
+
+
+def daemon_send() -> str:
+    """How the daemon sends whole replies from mappings: "C" (native_send.c), or
+    "Python" and why.  The daemon is started from this one's environment and
+    interpreter, so it finds what this finds."""
+    from dlfs.server.read import mapped_sends
+
+    return _native_or_why(mapped_sends.native, "send")
+
+
+def _native_or_why(module, what: str) -> str:
+    if module is not None:
         return "C"
-    if os.environ.get("DLFS_NATIVE", "1") == "0":
+    from dlfs import native
+
+    if native.disabled():
         return "Python (DLFS_NATIVE=0)"
-    return (f"Python (the C exchange is not built for Python "
+    return (f"Python (the C {what} is not built for Python "
             f"{sys.version_info.major}.{sys.version_info.minor} here: bench/native_for.sh)")
 
 

@@ -100,6 +100,20 @@ def exchange(request, monkeypatch):
     return request.param
 
 
+@pytest.fixture(params=["native", "python"])
+def daemon_send(request, monkeypatch):
+    """Which send daemons started in this test use for whole replies from mappings: the C
+    one (it must have been built here) or the Python one (DLFS_NATIVE=0 in their
+    environment; this process's client keeps the exchange it imported)."""
+    from dlfs.server.read import mapped_sends
+
+    if request.param == "native":
+        assert mapped_sends.native is not None, "the daemon's C send was not built"
+    else:
+        monkeypatch.setenv("DLFS_NATIVE", "0")
+    return request.param
+
+
 @pytest.fixture(scope="module")
 def shared_daemon(tmp_path_factory):
     """One daemon per test module, for tests that only add uniquely named datasets."""

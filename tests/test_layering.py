@@ -42,7 +42,8 @@ PACKAGE = "dlfs"
 NETWORK_PACKAGES = ("grpc", "grpc_health", "google.protobuf", "dlfs.proto")
 
 VOCABULARY = {"dlfs", "dlfs.errors", "dlfs.limits", "dlfs.batch_limits", "dlfs.types",
-              "dlfs.paths", "dlfs.logs", "dlfs.crc", "dlfs.sockio", "dlfs.version", "dlfs.units"}
+              "dlfs.paths", "dlfs.logs", "dlfs.crc", "dlfs.sockio", "dlfs.version", "dlfs.units",
+              "dlfs.native"}
 # Floors, bottom first: (floor, module-name prefixes on it).
 FLOORS = [
     ("vocabulary", tuple(VOCABULARY) + ("dlfs.proto",)),

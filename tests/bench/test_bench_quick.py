@@ -221,9 +221,12 @@ def test_scaling_runs_alone_as_on_the_gpu_machine(tmp_path):
     # Which exchange the clients used, as this interpreter finds it (C where it is built).
     from dlfs.client.transport import datapath_conn
 
-    exchange = results["client_exchange"]
+    from dlfs.server.read import mapped_sends
+
+    exchange, send = results["client_exchange"], results["daemon_send"]
     assert (exchange == "C") == (datapath_conn.native is not None)
-    assert exchange == "C" or exchange.startswith("Python (")
+    assert (send == "C") == (mapped_sends.native is not None)
+    assert all(side == "C" or side.startswith("Python (") for side in (exchange, send))
     names = [t[0] for t in results["targets"]]
     assert any("never falls" in name for name in names)
     assert "| clients N | DLFS GB/s | raw TCP GB/s |" in (tmp_path / "scaling.md").read_text()
@@ -246,8 +249,8 @@ def test_scaling_names_the_measuring_process_that_failed():
 
 @pytest.mark.timeout(300)
 def test_the_device_script_runs_both_exchanges(tmp_path):
-    """bench/device_scaling.sh, the one command for the GPU machine, tried small: the C
-    exchange's table, then the Python exchange's, both under $OUT."""
+    """bench/device_scaling.sh, the one command for the GPU machine, tried small: the
+    table with the C exchange and send, then with the Python ones, both under $OUT."""
     env = {**os.environ, "OUT": str(tmp_path / "out"), "DLFS_BENCH_DATA": str(tmp_path / "data"),
            # `python3` there is the machine's; here, this interpreter.
            "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")}
@@ -257,13 +260,19 @@ def test_the_device_script_runs_both_exchanges(tmp_path):
     assert proc.returncode == 0, proc.stderr[-4000:]
     from dlfs.client.transport import datapath_conn
 
-    for side, exchange in (("c", "C" if datapath_conn.native is not None else None),
-                           ("python", "Python (DLFS_NATIVE=0)")):
+    from dlfs.server.read import mapped_sends
+
+    for side, exchange, send in (
+            ("c", "C" if datapath_conn.native is not None else None,
+             "C" if mapped_sends.native is not None else None),
+            ("python", "Python (DLFS_NATIVE=0)", "Python (DLFS_NATIVE=0)")):
         with open(tmp_path / "out" / side / "scaling.json") as f:
             results = json.load(f)
         assert [c["processes"] for c in results["cases"]] == [1, 2]
         if exchange:
             assert results["client_exchange"] == exchange
+        if send:
+            assert results["daemon_send"] == send
         assert f"== {side}\n| clients N |" in proc.stdout
 
 

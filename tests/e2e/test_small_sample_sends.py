@@ -116,7 +116,8 @@ def raw_batch(port: int, ids) -> tuple[bytes, list[int]]:
     return bytes(payload), sizes
 
 
-def test_a_reply_of_many_windows_goes_from_mappings_a_frame_per_window(daemon_factory, tmp_path):
+def test_a_reply_of_many_windows_goes_from_mappings_a_frame_per_window(daemon_factory, tmp_path,
+                                                                       daemon_send):
     """A reply of some thirty windows (64 KiB windows, 2 MB of small samples) goes out
     from the mappings whole, still as DATA frames of at most a window each: read
     through the protocol itself, and by a client.  Its last window holds too few
@@ -165,7 +166,7 @@ def test_the_switch_keeps_the_read_path(daemon_factory, tmp_path):
 
 
 def test_a_replace_while_clients_read_from_mappings_never_mixes_versions(daemon_factory,
-                                                                          tmp_path):
+                                                                          tmp_path, daemon_send):
     """Four clients read the mapped version while it is replaced: every batch is wholly
     one version, and the old version's extents are freed once the reads let go."""
     old = small_tree(tmp_path / "old", salt=1)

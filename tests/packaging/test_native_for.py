@@ -1,6 +1,6 @@
-"""bench/native_for.sh: the C exchange built for an interpreter the venv's setup did not
-build it for (the GPU machine runs the project from src/ with its own python3.12 and
-no compiler), placed where that interpreter's client finds it."""
+"""bench/native_for.sh: the C extensions built for an interpreter the venv's setup did not
+build them for (the GPU machine runs the project from src/ with its own python3.12 and
+no compiler), placed where that interpreter's client and daemon find them."""
 
 from __future__ import annotations
 
@@ -13,29 +13,32 @@ import sys
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def test_the_built_extension_is_the_one_the_client_uses(tmp_path):
+def test_the_built_extensions_are_the_ones_the_client_and_daemon_use(tmp_path):
     # The package as src/ has it, minus any build: only the script's may be found.
     shutil.copytree(os.path.join(REPO, "src", "dlfs"), tmp_path / "dlfs",
                     ignore=shutil.ignore_patterns("*.so", "__pycache__"))
-    transport = tmp_path / "dlfs" / "client" / "transport"
     done = subprocess.run(["bash", os.path.join(REPO, "bench", "native_for.sh"), sys.executable,
-                           str(transport)], capture_output=True, text=True, timeout=120)
+                           str(tmp_path)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    built = done.stdout.strip()
-    assert os.path.dirname(built) == str(transport) and os.path.isfile(built)
-    probe = "from dlfs.client.transport import datapath_conn; print(datapath_conn.native.__file__)"
+    built = done.stdout.split()
+    assert [os.path.dirname(path) for path in built] == [
+        str(tmp_path / "dlfs" / "client" / "transport"), str(tmp_path / "dlfs" / "server" / "read")]
+    assert all(os.path.isfile(path) for path in built)
+    probe = ("from dlfs.client.transport import datapath_conn; "
+             "from dlfs.server.read import mapped_sends; "
+             "print(datapath_conn.native.__file__, mapped_sends.native.__file__)")
     used = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": str(tmp_path)}, cwd=tmp_path,
                           timeout=60)
     assert used.returncode == 0, used.stderr
-    assert used.stdout.strip() == built
+    assert used.stdout.split() == built
 
 
 def test_it_says_how_to_call_it():
     done = subprocess.run(["bash", os.path.join(REPO, "bench", "native_for.sh")],
                           capture_output=True, text=True, timeout=30)
     assert done.returncode != 0
-    assert "usage: bash bench/native_for.sh PYTHON [OUTDIR]" in done.stderr
+    assert "usage: bash bench/native_for.sh PYTHON [SRCDIR]" in done.stderr
 
 
 def test_it_compiles_with_the_flags_setup_py_gives():
@@ -52,6 +55,10 @@ def test_it_compiles_with_the_flags_setup_py_gives():
 
 
 def _setup_keyword(tree: ast.AST, name: str):
-    """The literal value of keyword `name` in setup.py's Extension(...)."""
-    return next(ast.literal_eval(keyword.value) for node in ast.walk(tree)
-                if isinstance(node, ast.Call) for keyword in node.keywords if keyword.arg == name)
+    """The literal value of keyword `name` in setup.py's first Extension(...) (a name
+    bound to a literal list is looked up: both extensions share their flags)."""
+    lists = {node.targets[0].id: ast.literal_eval(node.value) for node in ast.walk(tree)
+             if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name)}
+    value = next(keyword.value for node in ast.walk(tree) if isinstance(node, ast.Call)
+                 for keyword in node.keywords if keyword.arg == name)
+    return lists[value.id] if isinstance(value, ast.Name) else ast.literal_eval(value)

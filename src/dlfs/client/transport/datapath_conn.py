@@ -30,6 +30,7 @@ from typing import NamedTuple
 import numpy as np
 
 from dlfs import limits, logs
+from dlfs import native as native_extensions
 from dlfs.client.reply_buffers import BufferPool, out_array
 from dlfs.client.transport.datapath_checks import ReplyChecker, sample_mismatch
 from dlfs.crc import crc32c
@@ -48,20 +49,9 @@ from dlfs.sockio import recv_exactly, recv_waiting, send_all
 log = logging.getLogger(__name__)
 
 
-def _native_exchange():
-    """The C exchange of a GET_BATCH (native_exchange.c), or None: not built where
-    this was installed (no C compiler), or turned off with DLFS_NATIVE=0."""
-    if os.environ.get("DLFS_NATIVE", "1") == "0":
-        return None
-    try:
-        from dlfs.client.transport import native_exchange
-    except ImportError:
-        return None
-    return native_exchange
-
-
+# The C exchange of a GET_BATCH (native_exchange.c), or None (dlfs.native.extension).
 # Module state so that a test can run the Python exchange in-process (set it to None).
-native = _native_exchange()
+native = native_extensions.extension("dlfs.client.transport.native_exchange")
 
 
 class Endpoint(NamedTuple):

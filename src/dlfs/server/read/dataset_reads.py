@@ -187,6 +187,35 @@ class DatasetReads:
             maps.send(sock, dataset.dataset_id, pieces, head, later_heads=later_heads,
                       before=before, deadline=deadline, map_missing=map_missing)))
 
+    def send_batch(self, dataset: DatasetIndex, ids: np.ndarray, sock, flags: int, *,
+                   window_bytes: int, large_ok: bool, stall_s: float, before) -> bool:
+        """A whole GET_BATCH reply of samples `ids` (int64, request order) from mappings of
+        the extents in one call (ExtentMaps.send_batch): True when sent; False, with
+        nothing sent, when the reply does not qualify, and the caller's Python path
+        then serves the request (and raises what a bad one deserves).  `flags` go
+        in the BATCH frame; `before(payload bytes)` runs before anything is sent.
+        Raises DataCorruption naming the extent when one ends early (the frame is
+        completed first), OSError (socket.timeout: the peer stopped reading, or the
+        reply's deadline passed)."""
+        maps = self.maps
+        if maps is None:
+            return False
+        try:
+            payload = maps.send_batch(
+                sock, dataset.dataset_id, ids,
+                (dataset.extent, dataset.offset, dataset.length, dataset.crc),
+                dataset.generation, flags, window_bytes=window_bytes, large_ok=large_ok,
+                payload_max=self.batch_limits.bytes_max, stall_s=stall_s, before=before)
+        except ShortRead as short:
+            raise _corruption(dataset, short) from None
+        if payload < 0:
+            return False
+        # Cached ranges, as the read engine counts the ones it copies: one per sample.
+        self.metrics.ranges_read.inc(ids.size)
+        self.metrics.cache_hits.inc(ids.size)
+        self.metrics.mapped_send_bytes.inc(payload)
+        return True
+
     def map_soon(self, dataset: DatasetIndex, extents, *, populate: bool = True) -> None:
         """Map these extents of `dataset` in the background (see ExtentMaps.map_soon)."""
         if self.maps is not None:
@@ -199,10 +228,7 @@ class DatasetReads:
             if not send():
                 return False
         except ShortRead as short:
-            raise DataCorruption(
-                f"{dataset.describe_extent(short.extent_no)} could not be read whole: "
-                f"{short.wanted} bytes at offset {short.file_offset}, got {short.got} (the "
-                "file is truncated, or its device failed); re-ingest the dataset") from None
+            raise _corruption(dataset, short) from None
         # Cached ranges, as the read engine counts the ones it copies.
         self.metrics.ranges_read.inc(len(pieces))
         self.metrics.cache_hits.inc(len(pieces))
@@ -282,6 +308,14 @@ class DatasetReads:
         """Count one data path request served since `started` (time.perf_counter)."""
         self.metrics.count_served(method, samples, payload_bytes,
                                   time.perf_counter() - started)
+
+
+def _corruption(dataset: DatasetIndex, short: ShortRead) -> DataCorruption:
+    """What a send from the page cache that found an extent cut short raises."""
+    return DataCorruption(
+        f"{dataset.describe_extent(short.extent_no)} could not be read whole: "
+        f"{short.wanted} bytes at offset {short.file_offset}, got {short.got} (the "
+        "file is truncated, or its device failed); re-ingest the dataset")
 
 
 def mapped_sends_state(enabled: bool) -> str:

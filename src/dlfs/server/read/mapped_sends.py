@@ -25,6 +25,16 @@ window is then padded with zeros to its announced length and ShortRead
 raised, as sendfiles.py does, and the client's CRC32C checks never hand out
 the zeros.
 
+A whole GET_BATCH reply goes out in one call of the C extension native_send.c
+(`ExtentMaps.send_batch`) when every sample's pages were cached at its
+extent's last scan: it checks the ids, writes the BATCH and DATA frame
+headers and sends, reading a table per dataset of the mappings (address,
+bytes, the last scan) that the background thread keeps.  A send holds no
+mapping: a mapping retired while sends that began before are in flight
+is unmapped only once they ended (an epoch per retirement).  Where the
+extension is missing (no compiler at install) or `DLFS_NATIVE=0`, or a
+reply does not qualify, the Python send below serves it.
+
 Mappings: read-only, MADV_RANDOM, one per extent per process, made from the
 ExtentFiles' descriptor (no descriptor of their own; page tables filled at
 once when the page cache holds nearly all of the extent), and unmapped when
@@ -48,13 +58,23 @@ from typing import Callable, Sequence
 import numpy as np
 
 from dlfs import limits
+from dlfs import native as native_extensions
 from dlfs.server.core.extents import ExtentFiles
 from dlfs.server.read import libc_maps, residency
-from dlfs.server.read.batch_planning import PieceColumns
+from dlfs.server.read.batch_planning import PieceColumns, RequestOrder
 from dlfs.server.read.preadv_reads import ShortRead
 from dlfs.sockio import IOV_MAX, bound_send_wait, send_all
 
 log = logging.getLogger(__name__)
+
+
+# The C send of whole replies (native_send.c), or None (dlfs.native.extension).
+# Module state so that a test can run the Python send in-process (set it to None).
+native = native_extensions.extension("dlfs.server.read.native_send")
+
+# A table row per extent: the columns native_send.c reads (its T_* constants).
+TABLE_BASE, TABLE_SIZE, TABLE_RESIDENT, TABLE_WHOLE, TABLE_USED = range(5)
+TABLE_COLUMNS = 5
 
 _sendmsg = ctypes.CDLL(None, use_errno=True).sendmsg
 _sendmsg.restype = ctypes.c_ssize_t
@@ -75,13 +95,15 @@ _IOVEC = np.dtype([("base", np.uint64), ("len", np.uint64)])
 class _Mapping:
     """One extent mapped read-only; unmapped once retired and no send uses it."""
 
-    __slots__ = ("address", "size", "users", "last_used", "retired", "resident", "scanned_at")
+    __slots__ = ("address", "size", "users", "last_used", "retired", "retired_at", "resident",
+                 "scanned_at")
 
     def __init__(self, address: int, size: int, now: float):
         self.address, self.size = address, size
         self.users = 0
         self.last_used = now
         self.retired = False
+        self.retired_at = 0  # the epoch it was retired in (ExtentMaps._retire)
         # Cached pages before page i, for every i (the last scan's `mincore`), or None.
         self.resident: np.ndarray | None = None
         self.scanned_at = 0.0
@@ -110,7 +132,9 @@ class ExtentMaps:
     mapping.  At most `mapped_bytes_max` bytes are mapped
     at once (page tables cost about 2 MiB per GiB mapped, per process).
 
-    Thread-safe: a mapping is unmapped only when no send holds it.
+    Thread-safe: a mapping is unmapped only when no send holds it and no C send
+    (`send_batch`, which reads the tables and holds none) that began before it
+    was retired is in flight.
     `close()` stops the thread and unmaps everything (a send running then
     keeps its mapping until it ends).
     """
@@ -136,8 +160,70 @@ class ExtentMaps:
         self._budget_at = clock()
         self._thread: threading.Thread | None = None
         self._closed = False
+        # What the C sends read: per dataset id, a table row per extent (TABLE_* columns)
+        # for each mapping scanned, zeros for the rest; grown as extents are mapped.
+        self._tables: dict[int, np.ndarray] = {}
+        # A retired mapping is unmapped once no send holds it (`users`) and no C send
+        # that began before it was retired is in flight: those read its address from a
+        # table, and hold no mapping themselves.
+        self._epoch = 0  # retirements so far
+        self._in_flight: dict[int, int] = {}  # epoch a C send began in -> sends
+        self._graveyard: list[_Mapping] = []  # retired, not unmapped yet
 
     # --- sending ------------------------------------------------------------------------
+
+    def send_batch(self, sock: socket.socket, dataset_id: int, ids: np.ndarray, columns,
+                   generation: int, flags: int, *, window_bytes: int, large_ok: bool,
+                   payload_max: int, stall_s: float, before: Callable[[int], None]) -> int:
+        """Send a whole GET_BATCH reply in one call of the C extension (native_send.c):
+        the BATCH frame (`generation`, `flags`, the samples' lengths and CRC32Cs),
+        then samples `ids` (int64, request order) in DATA frames of at most
+        `window_bytes`, from the mappings of their extents.
+
+        Returns the payload bytes sent, or -1 with nothing sent when the C send
+        is not here, or the reply does not qualify: an id out of range, a sample
+        stored elsewhere or outside its mapping, an extent not mapped and scanned
+        or a page its last scan did not find cached, fewer than
+        `limits.mapped_pieces_min` samples, samples averaging
+        `limits.sendfile_piece_bytes_min` or more unless `large_ok`, more than
+        `payload_max` bytes.  The Python path then serves it (and raises
+        what the request deserves).  `columns`: the dataset's (extent, offset,
+        length, crc) arrays.  `before(payload)` runs once the reply will go
+        this way, before anything is sent.  Each wait for the client is
+        bounded by `stall_s`, the whole reply by `stall_s` plus its payload at
+        `limits.datapath_reply_bytes_per_s_min`.  Raises ShortRead after
+        completing the frame it was in when a page cannot be read,
+        socket.timeout, OSError.
+        """
+        if native is None:
+            return -1
+        with self._lock:
+            rows = self._tables.get(dataset_id)
+            if rows is None or self._closed:
+                return -1
+            epoch = self._epoch  # mappings retired from now on outlive this send
+            self._in_flight[epoch] = self._in_flight.get(epoch, 0) + 1
+        extent, offset, length, crc = columns
+        try:
+            return native.send_batch(
+                sock.fileno(), ids, extent, offset, length, crc, rows, generation, flags,
+                window_bytes, large_ok, limits.mapped_pieces_min,
+                limits.sendfile_piece_bytes_min, payload_max, residency.PAGE_BYTES, stall_s,
+                limits.datapath_reply_bytes_per_s_min, before)
+        except native.PageUnreadable as fault:
+            # The pieces as the C send cut them: samples in request order, cut where
+            # windows end, empty ones left out.
+            pieces = RequestOrder(extent[ids], offset[ids], length[ids]) \
+                .in_request_order_by_window(window_bytes)
+            raise self._short_read(dataset_id, pieces.extent, pieces.file_offset, pieces.size,
+                                   int(fault.args[0])) from None
+        finally:
+            with self._lock:
+                left = self._in_flight.pop(epoch) - 1
+                if left:
+                    self._in_flight[epoch] = left
+                elif self._graveyard:
+                    self._sweep()
 
     def send(self, sock: socket.socket, dataset_id: int, pieces: PieceColumns, head: bytes, *,
              later_heads: Sequence[tuple[int, bytes]] = (),
@@ -191,9 +277,10 @@ class ExtentMaps:
                 lengths[is_head] = [len(head), *(len(h) for _, h in later_heads)]
                 lengths[~is_head] = size
                 entry = _complete_frame(sock, joined, lengths, is_head, sent, deadline)
-                # The piece it stopped in; a Unix socket fails a whole call, so the
-                # piece that could not be read may come later.
-                first = entry + int(is_head[entry]) - int(np.count_nonzero(is_head[:entry]))
+                # The piece it stopped in (the one after, when in a head); a Unix
+                # socket fails a whole call, so the piece that could not be read may
+                # come later.
+                first = entry - int(np.count_nonzero(is_head[:entry]))
                 raise self._short_read(dataset_id, extent, offset, size, first)
             return True
         finally:
@@ -287,9 +374,8 @@ class ExtentMaps:
     def _release(self, mapping: _Mapping) -> None:
         with self._lock:
             mapping.users -= 1
-            unmap = mapping.retired and mapping.users == 0
-        if unmap:
-            mapping.unmap()
+            if mapping.retired and mapping.users == 0:
+                self._sweep()
 
     def _want(self, key, whole_only: bool = False,
               populate: bool = True) -> None:  # caller holds the lock
@@ -311,10 +397,62 @@ class ExtentMaps:
     def _retire(self, key) -> None:  # caller holds the lock
         mapping = self._maps.pop(key, None)
         if mapping is not None:
+            self._publish(key, None)  # before the epoch moves: no C send begins with it
             mapping.retired = True
+            mapping.retired_at = self._epoch
+            self._epoch += 1
             self.mapped_bytes -= mapping.size
-            if mapping.users == 0:
+            self._graveyard.append(mapping)
+            self._sweep()
+
+    def _sweep(self) -> None:  # caller holds the lock
+        """Unmap the retired mappings no send can be using any more."""
+        oldest = min(self._in_flight) if self._in_flight else self._epoch
+        kept = []
+        for mapping in self._graveyard:
+            if mapping.users == 0 and mapping.retired_at < oldest:
                 mapping.unmap()
+            else:
+                kept.append(mapping)
+        self._graveyard = kept
+
+    def _publish(self, key, mapping: _Mapping | None,
+                 resident: np.ndarray | None = None) -> None:  # caller holds the lock
+        """Write the extent's row of its dataset's table: `mapping` with `resident` (its
+        newest scan), or zeros (no mapping, or no scan: the C send leaves it alone).
+        The row is written before the mapping drops its old scan, so a row never
+        names a freed array (the C send reads rows holding the interpreter lock)."""
+        dataset_id, extent_no = key
+        rows = self._tables.get(dataset_id)
+        if mapping is None or resident is None:
+            if rows is not None and extent_no < len(rows):
+                rows[extent_no] = 0
+            return
+        if rows is None or extent_no >= len(rows):
+            grown = np.zeros((max(extent_no + 1, 2 * (0 if rows is None else len(rows)), 8),
+                              TABLE_COLUMNS), dtype=np.uint64)
+            if rows is not None:
+                grown[:len(rows)] = rows
+            self._tables[dataset_id] = rows = grown
+        rows[extent_no, :TABLE_USED] = (mapping.address, mapping.size, resident.ctypes.data,
+                                        int(resident[-1]) == len(resident) - 1)
+
+    def _harvest(self, now: float) -> None:  # caller holds the lock
+        """Take the marks C sends left in the tables: each extent they sent from was used
+        now, and is scanned again when its last scan is older than
+        `limits.mapped_recheck_s`."""
+        for dataset_id, rows in self._tables.items():
+            used = np.flatnonzero(rows[:, TABLE_USED])
+            if not used.size:
+                continue
+            rows[used, TABLE_USED] = 0
+            for extent_no in used.tolist():
+                key = (dataset_id, extent_no)
+                mapping = self._maps.get(key)
+                if mapping is not None:
+                    mapping.last_used = now
+                    if now >= mapping.scanned_at + limits.mapped_recheck_s:
+                        self._wanted.add(key)
 
     # --- mappings: the background thread ---------------------------------------------
 
@@ -322,8 +460,11 @@ class ExtentMaps:
         """Map and scan what sends asked for; unmap idle mappings (every idle_s / 2)."""
         with self._lock:
             while not self._closed:
+                self._harvest(self._clock())
                 if not self._wanted:
-                    self._wake.wait(self._idle_s / 2)
+                    # Woken at least as often as scans of extents in use fall due.
+                    self._wake.wait(min(self._idle_s / 2, limits.mapped_recheck_s))
+                    self._harvest(self._clock())
                 wanted, self._wanted = list(self._wanted), set()
                 whole_only, self._whole_only = self._whole_only, set()
                 unpopulated, self._unpopulated = self._unpopulated, set()
@@ -374,6 +515,8 @@ class ExtentMaps:
             self._release(mapping)
         with self._lock:
             self._budget -= took
+            if not mapping.retired:
+                self._publish(key, mapping, resident)
             mapping.resident = resident
             mapping.scanned_at = now
 
@@ -417,6 +560,7 @@ class ExtentMaps:
             for key in [k for k in self._retry_at if k[0] == dataset_id]:
                 del self._retry_at[key]
             self._wanted = {k for k in self._wanted if k[0] != dataset_id}
+            self._tables.pop(dataset_id, None)
 
     def mapped_count(self) -> int:
         with self._lock:
@@ -427,6 +571,7 @@ class ExtentMaps:
             self._closed = True
             for key in list(self._maps):
                 self._retire(key)
+            self._tables.clear()
             self._retry_at.clear()
             self._wake.notify_all()
             thread = self._thread
