@@ -7,8 +7,8 @@ kernel still runs 256 reads for 256 x 4 KiB).  Here the extents are mapped
 read-only, and a window whose pages are all cached goes out as `sendmsg`s
 whose iovecs point into the mappings: the kernel copies each piece once, from the
 page cache into the socket.  No Python object is made per piece: the iovec
-array is built by numpy and handed to libc's `sendmsg` through ctypes (which
-releases the GIL while the kernel copies).
+array is built by numpy and handed to libc's `sendmsg` through ctypes
+(iovec_sends.py; ctypes releases the GIL while the kernel copies).
 
 When: every page of every piece was cached at the mapping's last scan (one
 `mincore` over the whole mapping, kept as a prefix sum so that a window is
@@ -47,7 +47,6 @@ Nothing here imports grpc.
 from __future__ import annotations
 
 import ctypes
-import errno
 import logging
 import os
 import socket
@@ -60,10 +59,9 @@ import numpy as np
 from dlfs import limits
 from dlfs import native as native_extensions
 from dlfs.server.core.extents import ExtentFiles
-from dlfs.server.read import libc_maps, residency
+from dlfs.server.read import iovec_sends, libc_maps, residency
 from dlfs.server.read.batch_planning import PieceColumns, RequestOrder
 from dlfs.server.read.preadv_reads import ShortRead
-from dlfs.sockio import IOV_MAX, bound_send_wait, send_all
 
 log = logging.getLogger(__name__)
 
@@ -75,22 +73,6 @@ native = native_extensions.extension("dlfs.server.read.native_send")
 # A table row per extent: the columns native_send.c reads (its T_* constants).
 TABLE_BASE, TABLE_SIZE, TABLE_RESIDENT, TABLE_WHOLE, TABLE_USED = range(5)
 TABLE_COLUMNS = 5
-
-_sendmsg = ctypes.CDLL(None, use_errno=True).sendmsg
-_sendmsg.restype = ctypes.c_ssize_t
-_sendmsg.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
-
-
-class _MsgHdr(ctypes.Structure):
-    _fields_ = [("msg_name", ctypes.c_void_p), ("msg_namelen", ctypes.c_uint32),
-                ("msg_iov", ctypes.c_void_p), ("msg_iovlen", ctypes.c_size_t),
-                ("msg_control", ctypes.c_void_p), ("msg_controllen", ctypes.c_size_t),
-                ("msg_flags", ctypes.c_int)]
-
-
-# struct iovec.
-_IOVEC = np.dtype([("base", np.uint64), ("len", np.uint64)])
-
 
 class _Mapping:
     """One extent mapped read-only; unmapped once retired and no send uses it."""
@@ -269,14 +251,14 @@ class ExtentMaps:
                 before()
             bases = np.uint64(taken[0].address) if len(taken) == 1 else \
                 np.array([m.address for m in taken], dtype=np.uint64)[which]
-            joined, iovecs, is_head = _iovecs(head, later_heads, buffer_offset,
-                                              bases + offset.astype(np.uint64), size)
-            sent = _send_iovecs(sock, iovecs, deadline)
+            joined, iovecs, is_head = iovec_sends.build_iovecs(
+                head, later_heads, buffer_offset, bases + offset.astype(np.uint64), size)
+            sent = iovec_sends.send_iovecs(sock, iovecs, deadline)
             if sent is not None:  # a page could not be read: keep the framing whole
                 lengths = np.empty(len(is_head), dtype=np.uint64)  # as they were given
                 lengths[is_head] = [len(head), *(len(h) for _, h in later_heads)]
                 lengths[~is_head] = size
-                entry = _complete_frame(sock, joined, lengths, is_head, sent, deadline)
+                entry = iovec_sends.complete_frame(sock, joined, lengths, is_head, sent, deadline)
                 # The piece it stopped in (the one after, when in a head); a Unix
                 # socket fails a whole call, so the piece that could not be read may
                 # come later.
@@ -642,126 +624,3 @@ def _covered(resident: np.ndarray | None, first: np.ndarray, last: np.ndarray) -
     scan's prefix sum)."""
     return resident is not None and \
         bool(((resident[last + 1] - resident[first]) == last - first + 1).all())
-
-
-def _iovecs(head: bytes, later_heads: Sequence[tuple[int, bytes]], buffer_offset: np.ndarray,
-            address: np.ndarray, size: np.ndarray) -> tuple[bytes, np.ndarray, np.ndarray]:
-    """(the heads' bytes joined, the iovecs of a send, which iovecs are heads): `head`,
-    then the pieces at `address` of `size` bytes each (in buffer-offset order), each
-    of `later_heads` (buffer offset, bytes) before the piece at its offset."""
-    is_head = np.zeros(len(size) + 1 + len(later_heads), dtype=bool)
-    iovecs = np.empty(len(is_head), dtype=_IOVEC)
-    if not later_heads:  # one window: the common case, in fewer array operations
-        head_bytes = np.frombuffer(head, dtype=np.uint8)
-        iovecs[0] = (head_bytes.ctypes.data, len(head))
-        iovecs["base"][1:] = address
-        iovecs["len"][1:] = size
-        is_head[0] = True
-        return head, iovecs, is_head
-    heads = [head, *(h for _, h in later_heads)]
-    joined = b"".join(heads)
-    head_lengths = np.fromiter(map(len, heads), dtype=np.uint64, count=len(heads))
-    # Head k sits before the piece at its offset: after k heads and the pieces before it.
-    head_entry = np.arange(len(heads))
-    head_entry[1:] += np.searchsorted(
-        buffer_offset, np.fromiter((at for at, _ in later_heads), dtype=np.int64))
-    is_head[head_entry] = True
-    iovecs["base"][head_entry] = np.frombuffer(joined, dtype=np.uint8).ctypes.data + \
-        np.concatenate(([0], np.cumsum(head_lengths)[:-1])).astype(np.uint64)
-    iovecs["len"][head_entry] = head_lengths
-    iovecs["base"][~is_head] = address
-    iovecs["len"][~is_head] = size
-    return joined, iovecs, is_head
-
-
-def _complete_frame(sock: socket.socket, heads: bytes, lengths: np.ndarray, is_head: np.ndarray,
-                    sent: int, deadline: float | None) -> int:
-    """After `sent` bytes of the iovecs of `lengths` (those where `is_head` are the
-    bytes of `heads`, in order) went out and a piece could not be read: send
-    the rest of the frame they stopped in, a head's bytes as they are and the
-    pieces' as zeros (the client's checks never pass them), so that the next
-    frame the peer reads is whole.  Returns the iovec it stopped in."""
-    ends = np.cumsum(lengths)
-    entry = int(np.searchsorted(ends, sent, side="right"))
-    later = np.flatnonzero(is_head[entry + 1:])
-    if later.size:  # the frame ends where the next head starts
-        next_head = entry + 1 + int(later[0])
-        frame_end = int(ends[next_head]) - int(lengths[next_head])
-    else:
-        frame_end = int(ends[-1])
-    parts: list[bytes] = []
-    zeros_from = sent
-    if is_head[entry]:  # stopped inside a head: its own bytes first
-        head_start = int(np.sum(lengths[:entry][is_head[:entry]]))
-        entry_start = int(ends[entry]) - int(lengths[entry])
-        parts.append(heads[head_start + sent - entry_start:head_start + int(lengths[entry])])
-        zeros_from = int(ends[entry])
-    parts.append(bytes(frame_end - zeros_from))
-    send_all(sock, parts, deadline=deadline)
-    return entry
-
-
-def _send_iovecs(sock: socket.socket, iovecs: np.ndarray, deadline: float | None) -> int | None:
-    """Send every byte the iovecs name, at most IOV_MAX per `sendmsg`.  Returns None
-    when all went out, or the bytes sent before a page could not be read (EFAULT).
-    Raises socket.timeout (the socket's timeout per wait, `deadline` for the whole),
-    OSError.  `iovecs` is changed (its first unsent entry is advanced).
-
-    The first `sendmsg` does not wait: a reply the socket buffer takes whole (a
-    batch of 4 KiB samples, as a rule) costs that one call.  For the rest the
-    socket blocks, each `sendmsg` bounded by SO_SNDTIMEO, and the kernel waits
-    for room itself: non-blocking, a reply of 28 MB went out in some twenty
-    `sendmsg`s, each after a `poll` and a turn of Python (a third of the
-    daemon's user time at 110 KB); blocking, in one call unless the client
-    stalls.  The listener's `stop` wakes a blocked call (shutdown)."""
-    fd = sock.fileno()
-    timeout = sock.gettimeout()
-    address = iovecs.ctypes.data
-    total = int(iovecs["len"].sum())
-    ends = lengths = bases = None  # for a send cut short: made then
-    message = _MsgHdr()
-    sent = first = 0
-    blocking = False
-    try:
-        while sent < total:
-            message.msg_iov = address + first * _IOVEC.itemsize
-            message.msg_iovlen = min(IOV_MAX, len(iovecs) - first)
-            if blocking:
-                bound_send_wait(sock, timeout, deadline)
-                n = _sendmsg(fd, ctypes.byref(message), socket.MSG_NOSIGNAL)
-            else:
-                n = _sendmsg(fd, ctypes.byref(message), socket.MSG_NOSIGNAL | socket.MSG_DONTWAIT)
-            if n < 0:
-                code = ctypes.get_errno()
-                if code == errno.EINTR:
-                    continue
-                if code == errno.EFAULT:
-                    return sent
-                if code not in (errno.EAGAIN, errno.EWOULDBLOCK):
-                    raise OSError(code, os.strerror(code))
-                if blocking:  # SO_SNDTIMEO ran out with nothing taken
-                    if deadline is not None and time.monotonic() >= deadline:
-                        raise socket.timeout("the reply's deadline passed")
-                    raise socket.timeout("the client stopped reading the reply")
-                n = 0
-            sent += n
-            if sent == total:
-                break
-            if not blocking:
-                sock.settimeout(None)
-                blocking = True
-            if n == 0:
-                continue
-            if ends is None:  # the iovecs as given, before any is advanced
-                lengths, bases = iovecs["len"].copy(), iovecs["base"].copy()
-                ends = np.cumsum(lengths)
-            first = int(np.searchsorted(ends, sent, side="right"))
-            if first < len(iovecs):
-                done = sent - (int(ends[first - 1]) if first else 0)
-                iovecs["base"][first] = bases[first] + done
-                iovecs["len"][first] = lengths[first] - done
-    finally:
-        if blocking:  # as found: SO_SNDTIMEO bounds no later blocking send
-            bound_send_wait(sock, None, None)
-            sock.settimeout(timeout)
-    return None
