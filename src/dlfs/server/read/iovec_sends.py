@@ -69,7 +69,7 @@ def build_iovecs(head: bytes, later_heads: Sequence[tuple[int, bytes]],
 
 
 def complete_frame(sock: socket.socket, heads: bytes, lengths: np.ndarray, is_head: np.ndarray,
-                    sent: int, deadline: float | None) -> int:
+                   sent: int, deadline: float | None) -> int:
     """After `sent` bytes of the iovecs of `lengths` (those where `is_head` are the
     bytes of `heads`, in order) went out and a piece could not be read: send
     the rest of the frame they stopped in, a head's bytes as they are and the

@@ -74,6 +74,7 @@ native = native_extensions.extension("dlfs.server.read.native_send")
 TABLE_BASE, TABLE_SIZE, TABLE_RESIDENT, TABLE_WHOLE, TABLE_USED = range(5)
 TABLE_COLUMNS = 5
 
+
 class _Mapping:
     """One extent mapped read-only; unmapped once retired and no send uses it."""
 
@@ -93,8 +94,7 @@ class _Mapping:
     @property
     def whole(self) -> bool:
         """Whether the last scan found every page cached."""
-        resident = self.resident
-        return resident is not None and int(resident[-1]) == len(resident) - 1
+        return self.resident is not None and _every_page(self.resident)
 
     def unmap(self) -> None:
         libc_maps.munmap(self.address, self.size)
@@ -417,7 +417,7 @@ class ExtentMaps:
                 grown[:len(rows)] = rows
             self._tables[dataset_id] = rows = grown
         rows[extent_no, :TABLE_USED] = (mapping.address, mapping.size, resident.ctypes.data,
-                                        int(resident[-1]) == len(resident) - 1)
+                                        _every_page(resident))
 
     def _harvest(self, now: float) -> None:  # caller holds the lock
         """Take the marks C sends left in the tables: each extent they sent from was used
@@ -439,14 +439,14 @@ class ExtentMaps:
     # --- mappings: the background thread ---------------------------------------------
 
     def _run(self) -> None:
-        """Map and scan what sends asked for; unmap idle mappings (every idle_s / 2)."""
+        """Map and scan what sends asked for; unmap idle mappings (every idle_s / 2, or
+        mapped_recheck_s if sooner)."""
         with self._lock:
             while not self._closed:
-                self._harvest(self._clock())
                 if not self._wanted:
                     # Woken at least as often as scans of extents in use fall due.
                     self._wake.wait(min(self._idle_s / 2, limits.mapped_recheck_s))
-                    self._harvest(self._clock())
+                self._harvest(self._clock())  # before the idle check below
                 wanted, self._wanted = list(self._wanted), set()
                 whole_only, self._whole_only = self._whole_only, set()
                 unpopulated, self._unpopulated = self._unpopulated, set()
@@ -582,6 +582,11 @@ def _scan(mapping: _Mapping) -> np.ndarray | None:
     resident = np.zeros(len(vector) + 1, dtype=np.int32)
     np.cumsum(vector & 1, dtype=np.int32, out=resident[1:])
     return resident
+
+
+def _every_page(resident: np.ndarray) -> bool:
+    """Whether a scan's prefix sum counts every page cached."""
+    return int(resident[-1]) == len(resident) - 1
 
 
 def _extent_numbers(extent: np.ndarray) -> np.ndarray:
