@@ -57,6 +57,7 @@ from bench.ceilings import tcp_sender, write_plan
 from bench.datagen import Prepared, Workload, batch_sequence
 from bench.measure import (CacheControl, git_info, process_cpu_s, process_tree_cpu_times,
                            self_cpu_s, softirq_threads_cpu_s)
+from dlfs import native
 
 WORKLOAD = "110k"
 CLIENT_PROCESSES = (1, 2, 4, 8, 12)
@@ -123,7 +124,7 @@ def client_exchange() -> str:
     and interpreter, so they find what it finds."""
     from dlfs.client.transport import datapath_conn
 
-    return _native_or_why(datapath_conn.native, "exchange")
+    return native.describe(datapath_conn.native, "exchange", _BUILD_HINT)
 
 
 def daemon_send() -> str:
@@ -132,18 +133,11 @@ def daemon_send() -> str:
     interpreter, so it finds what this finds."""
     from dlfs.server.read import mapped_sends
 
-    return _native_or_why(mapped_sends.native, "send")
+    return native.describe(mapped_sends.native, "send", _BUILD_HINT)
 
 
-def _native_or_why(module, what: str) -> str:
-    if module is not None:
-        return "C"
-    from dlfs import native
-
-    if native.disabled():
-        return "Python (DLFS_NATIVE=0)"
-    return (f"Python (the C {what} is not built for Python "
-            f"{sys.version_info.major}.{sys.version_info.minor} here: bench/native_for.sh)")
+# How to build the C extensions for another interpreter (the device machine's).
+_BUILD_HINT = "bench/native_for.sh"
 
 
 def _per_gb(cpu_s_per_gb: float | None) -> str:

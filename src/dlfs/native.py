@@ -9,7 +9,12 @@ from __future__ import annotations
 
 import importlib
 import os
+import sys
 from types import ModuleType
+
+# How an installation gets the C extensions: setup.py builds them where it finds a C
+# compiler (and leaves them out, quietly, where it finds none).
+BUILD_HINT = "reinstall DLFS where a C compiler is found"
 
 
 def disabled() -> bool:
@@ -27,3 +32,15 @@ def extension(name: str) -> ModuleType | None:
         return importlib.import_module(name)
     except ImportError:
         return None
+
+
+def describe(module: ModuleType | None, what: str, build_hint: str = BUILD_HINT) -> str:
+    """Which code does `what` in this process, as status lines and benchmark tables say
+    it: "C" where the extension `module` loaded, else "Python" and why: DLFS_NATIVE=0,
+    or not built for this interpreter (then `build_hint`: how to build it)."""
+    if module is not None:
+        return "C"
+    if disabled():
+        return "Python (DLFS_NATIVE=0)"
+    return (f"Python (the C {what} is not built for Python {sys.version_info.major}."
+            f"{sys.version_info.minor} here: {build_hint})")

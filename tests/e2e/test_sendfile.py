@@ -90,7 +90,7 @@ def test_cached_large_samples_go_by_sendfile_on_either_socket(daemon_factory, tr
             sum(len(b) for b in expected)
         status = client.status()
         assert (status.sendfile, status.sendfile_bytes) == (state, sent_by_sendfile(client))
-        assert status.mapped_sends == state
+        assert status.mapped_sends == f"{state}; whole replies sent by C"
     # `dlfs status` says how much, in a whole sentence (it once ended "... sent so").
     out = subprocess.run([sys.executable, "-m", "dlfs.cli", "--server", daemon.address,
                           "status"], capture_output=True, text=True, timeout=60).stdout

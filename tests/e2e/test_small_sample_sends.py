@@ -90,11 +90,11 @@ def test_small_cached_samples_go_from_mappings_on_either_socket(daemon_factory, 
             assert [bytes(s) for s in ds.get_batch(twice)] == [files[paths[i]] for i in twice]
     with Client(daemon.address, data_path="tcp") as client:
         status = client.status()
-        assert status.mapped_sends == state
+        assert status.mapped_sends == f"{state}; whole replies sent by C"
         assert status.mapped_send_bytes == mapped(client) > 0
     out = subprocess.run([sys.executable, "-m", "dlfs.cli", "--server", daemon.address,
                           "status"], capture_output=True, text=True, timeout=60).stdout
-    assert f"  cached samples sent from mapped extents: {state}; " \
+    assert f"  cached samples sent from mapped extents: {state}; whole replies sent by C; " \
            f"{human_bytes(status.mapped_send_bytes)} sent so far\n" in out
 
 
@@ -147,6 +147,11 @@ def test_a_reply_of_many_windows_goes_from_mappings_a_frame_per_window(daemon_fa
             assert time.monotonic() < give_up, "no reply ever went out whole from mappings"
             time.sleep(0.05)
         assert [bytes(s) for s in client.dataset("ds").get_batch(ids)] == expected
+        # Status says which send that was; so does the daemon's log.
+        sender = "C" if daemon_send == "native" else "Python (DLFS_NATIVE=0)"
+        assert client.status().mapped_sends == f"on; whole replies sent by {sender}"
+    assert f"cached samples sent from mapped extents: on; whole replies sent by {sender}" in \
+        open(daemon.log_path).read()
 
 
 def test_the_switch_keeps_the_read_path(daemon_factory, tmp_path):

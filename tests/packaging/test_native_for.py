@@ -34,6 +34,29 @@ def test_the_built_extensions_are_the_ones_the_client_and_daemon_use(tmp_path):
     assert used.stdout.split() == built
 
 
+def test_a_daemon_without_the_builds_says_it_sends_from_python_and_why(tmp_path):
+    """Installed where no C compiler was found, the daemon works from its Python send and
+    says so: in `dlfs status`, and as a warning in its log that says what to do."""
+    shutil.copytree(os.path.join(REPO, "src", "dlfs"), tmp_path / "pkg" / "dlfs",
+                    ignore=shutil.ignore_patterns("*.so", "__pycache__"))
+    from dlfs import Client
+    from dlfs.tools.launch import DaemonProcess
+
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    why = (f"Python (the C send is not built for Python {version} here: reinstall DLFS "
+           "where a C compiler is found)")
+    daemon = DaemonProcess(str(tmp_path / "data"), str(tmp_path / "daemon.log"),
+                           ["--datapath-workers", "1"],
+                           extra_env={"PYTHONPATH": str(tmp_path / "pkg")})
+    with daemon, Client(daemon.address) as client:
+        assert client.status().mapped_sends.endswith(f"; whole replies sent by {why}")
+    with open(daemon.log_path) as f:
+        log = f.read()
+    assert f"cached samples sent from mapped extents: on; whole replies sent by {why}" in log
+    assert "the daemon's C send is not built for this Python" in log
+    assert "reinstall DLFS where a C compiler is found" in log
+
+
 def test_it_says_how_to_call_it():
     done = subprocess.run(["bash", os.path.join(REPO, "bench", "native_for.sh")],
                           capture_output=True, text=True, timeout=30)

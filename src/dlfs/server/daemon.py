@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from dlfs import limits, logs
+from dlfs import limits, logs, native
 from dlfs.errors import DlfsError
 from dlfs.formats import datapath_frames as frames
 from dlfs.proto import dlfs_pb2_grpc
@@ -29,6 +29,7 @@ from dlfs.server.datapath.worker_store import WorkerSettings
 from dlfs.server.datapath.workers import WorkerSupervisor, worker_shares
 from dlfs.server.grpc.interceptor import ErrorInterceptor, tolerant
 from dlfs.server.grpc.service import DlfsServicer
+from dlfs.server.read import mapped_sends
 from dlfs.server.store import Store
 
 log = logging.getLogger(__name__)
@@ -202,8 +203,14 @@ class Daemon:
         self.store.attach_mirror(self.workers)
         self.store.metrics.registry.register(self.workers)
         self.workers.start()
-        log.info("data path: %d worker processes on port %d and %s", count, port,
-                 unix_socket or "no Unix socket")
+        log.info("data path: %d worker processes on port %d and %s; cached samples sent from "
+                 "mapped extents: %s", count, port, unix_socket or "no Unix socket",
+                 self.store.reads.mapped_sends_state)
+        if self.store.reads.maps is not None and mapped_sends.native is None \
+                and not native.disabled():
+            log.warning("the daemon's C send is not built for this Python: whole replies from "
+                        "mapped extents go out from Python, which costs the workers about 3x "
+                        "the user time per reply; %s", native.BUILD_HINT)
 
     def _stop_data_path(self) -> None:
         """Stop the workers (their connections break), then close the listeners (a

@@ -19,12 +19,12 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from dlfs import limits
+from dlfs import limits, native
 from dlfs.errors import DataCorruption, Overloaded
 from dlfs.formats import disk_layout as layout
 from dlfs.server.core.directory import DatasetIndex
 from dlfs.server.core.extents import ExtentFiles
-from dlfs.server.read import batch_planning, range_planning, residency, sendfiles
+from dlfs.server.read import batch_planning, mapped_sends, range_planning, residency, sendfiles
 from dlfs.server.read.mapped_sends import ExtentMaps
 from dlfs.batch_limits import BatchLimits
 from dlfs.server.read.batch_planning import BatchPlan
@@ -320,7 +320,10 @@ def _corruption(dataset: DatasetIndex, short: ShortRead) -> DataCorruption:
 
 def mapped_sends_state(enabled: bool) -> str:
     """What `dlfs status` says of sends from mappings: "on" (and how residency is
-    asked where cachestat is missing), or "off" and why."""
+    asked where cachestat is missing) and which code sends whole replies, or "off"
+    and why.  The data path's workers run this process's interpreter in its
+    environment, so they load what it loads."""
     if not enabled:
         return "off (--mapped-sends off)"
-    return residency.noted("on")
+    sender = native.describe(mapped_sends.native, "send")
+    return f"{residency.noted('on')}; whole replies sent by {sender}"
