@@ -80,6 +80,10 @@ class Overloaded(DlfsError):
     """A resource limit was hit: too many RPCs, ingests, or a full disk."""
 
     status_code_name = "RESOURCE_EXHAUSTED"
+    # A data path connection refused at its HELLO by one of a daemon's serving
+    # processes, each of which holds its own share of the limit that refused: how
+    # many there are (another may have room; 0 when the limit is not split).
+    split = 0
 
 
 class StorageFull(Overloaded):

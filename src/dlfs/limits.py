@@ -414,6 +414,11 @@ data_connections_max = 64
 # (its connection limit, its share for this client, out of descriptors)
 # reads through gRPC and tries the data path again after this long.
 data_overloaded_retry_s = 1.0
+# Connections a client tries in a row when one of a daemon's serving processes
+# refused it for its own share of a split limit (Overloaded.split): the kernel hands
+# each new connection to the next process waiting, and another may have room.
+# The processes the refusal names plus one, and at most this many.
+data_split_refusal_tries_max = 64
 # Prefetch hints a client sends on one data connection without reading their
 # replies yet (`Dataset.prefetch` returns at once); each reply is one small
 # BATCH frame, read before the connection's next request.

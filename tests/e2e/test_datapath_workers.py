@@ -367,3 +367,47 @@ def test_reads_of_a_dataset_being_published_never_hold_the_publish_up(daemon_fac
     with Client(daemon.address) as client:
         assert all(w.restarts == 0 for w in client.status().data_workers)
 
+
+
+def test_a_worker_at_its_share_of_a_split_limit_does_not_refuse_a_client_the_daemon_has_room_for(
+        daemon_factory, tmp_path):
+    """The client's share (4 connections) is split between the 2 workers, and the
+    kernel hands each connection to the next worker waiting, not to one with room.
+    With both of worker A's connections closed and worker B's two still open, a new
+    connection B takes is refused (its share is full) while the daemon has room on
+    A: the client tries again, and gets A.  Where every worker is full, the refusal
+    comes after those tries, saying the limit is split."""
+    write_tree(tmp_path / "src", {"a": b"alpha"})
+    daemon = daemon_factory(extra_args=WORKERS + ["--datapath-connections-per-peer-max", "4"])
+    with Client(daemon.address, data_path=False) as control, \
+            Client(daemon.address, data_path="tcp") as client:
+        control.ingest(str(tmp_path / "src"), "ds")
+        data = client.transport.data_path()
+        held: list[tuple[object, int]] = []  # (connection, the worker that took it)
+        while len(held) < 4:  # until each worker holds its share, 2
+            before = [w.connections for w in workers_of(control)]
+            try:
+                connection = data.dedicated()
+            except dlfs.Overloaded:
+                raise AssertionError("a connection the daemon had room for was refused")
+            wait_until(lambda: sum(w.connections for w in workers_of(control)) > sum(before),
+                       "the new connection is counted", 30)
+            after = [w.connections for w in workers_of(control)]
+            held.append((connection, next(k for k in (0, 1) if after[k] > before[k])))
+        assert sorted(index for _, index in held) == [0, 0, 1, 1]
+        with pytest.raises(dlfs.Overloaded) as refused:  # the daemon's share for this host
+            data.dedicated()
+        assert refused.value.split == 2 and "2 serving processes" in refused.value.message
+        a = 0
+        for connection, index in held:
+            if index == a:
+                connection.close()
+        wait_until(lambda: workers_of(control)[a].connections == 0,
+                   "worker A's connections are closed", 30)
+        # The kernel hands these two to the workers in turn: one of them to B first.
+        again = [data.dedicated(), data.dedicated()]
+        wait_until(lambda: [w.connections for w in workers_of(control)] == [2, 2],
+                   "both workers hold their share again", 30)
+        assert all(c.stat_dataset("ds")[1] == 1 for c in again)
+        for connection in again + [c for c, index in held if index != a]:
+            connection.close()

@@ -34,7 +34,7 @@ STAT_DATASET = struct.Struct("<HBB")  # name bytes, request id bytes, reserved
 OPEN_DATASET = struct.Struct("<QHBB")  # generation, name bytes, request id bytes, reserved
 BATCH = struct.Struct("<QQII")  # generation, payload bytes, samples, flags
 ERROR = struct.Struct("<HHIHH")  # status code, class name bytes, message bytes,
-#                                  request id bytes, reserved
+#                                  request id bytes, split (Overloaded.split; was reserved)
 DATASET = struct.Struct("<QQQ")  # generation, samples, bytes
 INDEX = struct.Struct("<QQII")  # generation, samples, extents, reserved
 BLOCK_CRCS = struct.Struct("<QqHBB")  # generation, sample id, name bytes, request id bytes,
@@ -538,13 +538,15 @@ def fds_frame(count: int) -> bytes:
 
 
 def error(exc: errors.DlfsError, request_id: str = "") -> bytes:
-    """An ERROR frame carrying `exc`'s status code, class name and message, and the
-    request id the daemon logged the failure under."""
+    """An ERROR frame carrying `exc`'s status code, class name and message, the
+    request id the daemon logged the failure under, and for an Overloaded refusal
+    by one of several serving processes how many share the limit (`split`)."""
     code = STATUS_CODES.get(exc.status_code_name, STATUS_CODES["UNKNOWN"])
     name = type(exc).__name__.encode()
     message = exc.message.encode(errors="replace")[:limits.datapath_error_bytes_max]
     rid = request_id.encode()
-    body = ERROR.pack(code, len(name), len(message), len(rid), 0) + name + message + rid
+    split = min(getattr(exc, "split", 0), 0xFFFF)
+    body = ERROR.pack(code, len(name), len(message), len(rid), split) + name + message + rid
     return frame(Kind.ERROR, len(body)) + body
 
 
@@ -552,7 +554,7 @@ def parse_error(body, address: str) -> errors.DlfsError:
     """The DlfsError an ERROR body carries (its exact class when known here)."""
     if len(body) < ERROR.size:
         raise FrameError("an ERROR frame is shorter than its fixed part")
-    code, name_bytes, message_bytes, rid_bytes, _ = ERROR.unpack_from(body)
+    code, name_bytes, message_bytes, rid_bytes, split = ERROR.unpack_from(body)
     at = ERROR.size
     name = bytes(body[at:at + name_bytes]).decode(errors="replace")
     at += name_bytes
@@ -568,6 +570,8 @@ def parse_error(body, address: str) -> errors.DlfsError:
         message = f"DLFS daemon at {address}: {message}"
     exc = cls(message)
     exc.request_id = request_id or None
+    if split and isinstance(exc, errors.Overloaded):
+        exc.split = split
     return exc
 
 

@@ -27,7 +27,7 @@ from dlfs import limits, logs
 from dlfs.formats import datapath_frames as frames
 from dlfs.client.reply_buffers import BufferPool
 from dlfs.client.transport.datapath_conn import DataConnection, Endpoint, OpenedDataset, Received
-from dlfs.errors import DlfsError, FailedPrecondition, Unavailable
+from dlfs.errors import DlfsError, FailedPrecondition, Overloaded, Unavailable
 from dlfs.sockio import unix_address
 
 
@@ -191,14 +191,16 @@ class DataPath:
 
     def _connect(self) -> DataConnection:
         """A new connection, to the first endpoint that answers.  An Overloaded refusal
-        at HELLO (`refused_at_connect`) is raised at once: the daemon's limits are
-        the same on each of its sockets."""
+        at HELLO (`refused_at_connect`) is raised, not tried on the next endpoint:
+        the daemon's limits are the same on each of its sockets.  One from a serving
+        process that holds its own share of a split limit (`Overloaded.split`) is
+        first tried again on the same endpoint, where the next connection goes to
+        the next of the daemon's processes waiting: as many tries as it has, and one
+        more for a process that went back to waiting in between."""
         last: Exception | None = None
         for index, endpoint in enumerate(self._endpoints):
             try:
-                connection = DataConnection(endpoint, self._token, self._instance,
-                                            connect_timeout_s=self._connect_timeout_s,
-                                            reply_timeout_s=self._reply_timeout_s)
+                connection = self._connect_to(endpoint)
             except (Unavailable, FailedPrecondition) as exc:
                 last = exc
                 continue
@@ -211,6 +213,19 @@ class DataPath:
         self.unreachable = True
         assert last is not None
         raise last if isinstance(last, Unavailable) else Unavailable(str(last))
+
+    def _connect_to(self, endpoint: Endpoint) -> DataConnection:
+        tried = 0
+        while True:
+            try:
+                return DataConnection(endpoint, self._token, self._instance,
+                                      connect_timeout_s=self._connect_timeout_s,
+                                      reply_timeout_s=self._reply_timeout_s)
+            except Overloaded as refused:
+                tried += 1
+                if tried >= min(refused.split + 1, limits.data_split_refusal_tries_max) \
+                        or not refused.split:
+                    raise
 
     def _give_back(self, connection: DataConnection) -> None:
         with self._lock:

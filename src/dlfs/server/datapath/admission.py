@@ -134,12 +134,12 @@ class Admission:
                 raise _refusal("connections", Overloaded(
                     f"the daemon serves its limit of {self.daemon_connections_max} data "
                     f"connections (--datapath-connections-max{split}); read through gRPC, "
-                    "or retry later"))
+                    "or retry later"), self.processes)
             if self._served_by_peer[entry.peer] >= self.per_peer_max:
                 raise _refusal("peer_share", Overloaded(
                     f"{entry.peer} already holds {self.daemon_per_peer_max} of the daemon's "
                     f"data connections, its share (--datapath-connections-per-peer-max{split}); "
-                    "close idle clients, or retry later"))
+                    "close idle clients, or retry later"), self.processes)
             self._forget_pending(entry)
             entry.served = True
             self._served.add(entry)
@@ -175,9 +175,13 @@ class Admission:
                 del self._pending_by_peer[entry.peer]
 
 
-def _refusal(reason: str, error: Overloaded) -> Overloaded:
-    """`error`, labelled with why (the dlfs_data_refused_connections reason)."""
+def _refusal(reason: str, error: Overloaded, split: int = 0) -> Overloaded:
+    """`error`, labelled with why (the dlfs_data_refused_connections reason) and, for a
+    limit split among several serving processes, how many (`Overloaded.split`: the
+    client then tries the daemon's other processes before it gives up)."""
     error.refusal = reason
+    if split > 1:
+        error.split = split
     return error
 
 
