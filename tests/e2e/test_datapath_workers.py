@@ -411,3 +411,41 @@ def test_a_worker_at_its_share_of_a_split_limit_does_not_refuse_a_client_the_dae
         assert all(c.stat_dataset("ds")[1] == 1 for c in again)
         for connection in again + [c for c, index in held if index != a]:
             connection.close()
+
+
+def test_a_burst_of_connections_from_one_host_is_served_whole(daemon_factory, tmp_path):
+    """The handshake budget is split too: 16 workers leave one host 2 connections
+    waiting for their HELLO per worker.  64 connections at once from one host (a
+    training job's loader workers starting) overrun some worker's 2, which evicts
+    the oldest; the evicted client is told the budget is split, connects again at
+    once, and every connection is served."""
+    write_tree(tmp_path / "src", {"a": b"alpha"})
+    daemon = daemon_factory(extra_args=["--datapath-workers", "16"])
+    with Client(daemon.address, data_path=False) as control:
+        control.ingest(str(tmp_path / "src"), "ds")
+        wait_until(lambda: all(w.state == "serving" for w in workers_of(control)),
+                   "every worker serves", 120)
+    with Client(daemon.address, data_path="tcp") as client:
+        data = client.transport.data_path()
+        start = threading.Barrier(64)
+        connected, failed = [], []
+
+        def connect_one():
+            start.wait()
+            try:
+                connected.append(data.dedicated())
+            except dlfs.DlfsError as exc:
+                failed.append(exc)
+
+        threads = [threading.Thread(target=connect_one) for _ in range(64)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        try:
+            assert not failed, failed[0]
+            assert len(connected) == 64
+            assert all(c.stat_dataset("ds")[1] == 1 for c in connected)
+        finally:
+            for connection in connected:
+                connection.close()

@@ -128,18 +128,25 @@ class Admission:
         with self._lock:
             if entry.evicted:
                 raise self.eviction_error()
-            split = (f", {self.processes} serving processes each holding its share"
-                     if self.processes > 1 else "")
             if len(self._served) >= self.connections_max:
                 raise _refusal("connections", Overloaded(
                     f"the daemon serves its limit of {self.daemon_connections_max} data "
-                    f"connections (--datapath-connections-max{split}); read through gRPC, "
-                    "or retry later"), self.processes)
+                    f"connections (--datapath-connections-max); read through gRPC, or retry "
+                    "later" if self.processes == 1 else
+                    f"this serving process serves its share ({self.connections_max}) of the "
+                    f"daemon's {self.daemon_connections_max} data connections "
+                    f"(--datapath-connections-max, split among {self.processes} serving "
+                    f"processes{_TRIED}); read through gRPC, or retry later"), self.processes)
             if self._served_by_peer[entry.peer] >= self.per_peer_max:
                 raise _refusal("peer_share", Overloaded(
                     f"{entry.peer} already holds {self.daemon_per_peer_max} of the daemon's "
-                    f"data connections, its share (--datapath-connections-per-peer-max{split}); "
-                    "close idle clients, or retry later"), self.processes)
+                    f"data connections, its share (--datapath-connections-per-peer-max); "
+                    "close idle clients, or retry later" if self.processes == 1 else
+                    f"{entry.peer} holds this serving process's share ({self.per_peer_max}) "
+                    f"of the {self.daemon_per_peer_max} data connections it may hold "
+                    f"(--datapath-connections-per-peer-max, split among {self.processes} "
+                    f"serving processes{_TRIED}); close idle clients, or retry later"),
+                    self.processes)
             self._forget_pending(entry)
             entry.served = True
             self._served.add(entry)
@@ -164,7 +171,7 @@ class Admission:
             f"this connection had not finished its HELLO when the daemon's "
             f"{self.handshakes_max} connections waiting for one (or the "
             f"{self.handshakes_per_peer_max} of one client) were all taken, and it had "
-            "waited longest; connect again and send HELLO at once"))
+            "waited longest; connect again and send HELLO at once"), self.processes)
 
     def _forget_pending(self, entry: Entry) -> None:
         self._pending.pop(entry, None)
@@ -173,6 +180,10 @@ class Admission:
             mine.pop(entry, None)
             if not mine:
                 del self._pending_by_peer[entry.peer]
+
+
+# How a refusal of a split limit ends its account of the limit: the client's side of it.
+_TRIED = ", which a DLFS client tries in turn before it gives up"
 
 
 def _refusal(reason: str, error: Overloaded, split: int = 0) -> Overloaded:
