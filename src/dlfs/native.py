@@ -34,6 +34,12 @@ def extension(name: str) -> ModuleType | None:
         return None
 
 
+def unbuilt(module: ModuleType | None) -> bool:
+    """Whether the extension `module` (as `extension` gave it) is missing because it was
+    not built for this interpreter, not because DLFS_NATIVE=0 turned it off."""
+    return module is None and not disabled()
+
+
 def describe(module: ModuleType | None, what: str, build_hint: str = BUILD_HINT) -> str:
     """Which code does `what` in this process, as status lines and benchmark tables say
     it: "C" where the extension `module` loaded, else "Python" and why: DLFS_NATIVE=0,

@@ -206,8 +206,7 @@ class Daemon:
         log.info("data path: %d worker processes on port %d and %s; cached samples sent from "
                  "mapped extents: %s", count, port, unix_socket or "no Unix socket",
                  self.store.reads.mapped_sends_state)
-        if self.store.reads.maps is not None and mapped_sends.native is None \
-                and not native.disabled():
+        if self.store.reads.maps is not None and native.unbuilt(mapped_sends.native):
             log.warning("the daemon's C send is not built for this Python: whole replies from "
                         "mapped extents go out from Python, which costs the workers about 3x "
                         "the user time per reply; %s", native.BUILD_HINT)

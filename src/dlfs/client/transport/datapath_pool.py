@@ -223,8 +223,8 @@ class DataPath:
                                       reply_timeout_s=self._reply_timeout_s)
             except Overloaded as refused:
                 tried += 1
-                if tried >= min(refused.split + 1, limits.data_split_refusal_tries_max) \
-                        or not refused.split:
+                # split 0 (the daemon's own limit): one try
+                if tried >= min(refused.split + 1, limits.data_split_refusal_tries_max):
                     raise
 
     def _give_back(self, connection: DataConnection) -> None:

@@ -129,24 +129,9 @@ class Admission:
             if entry.evicted:
                 raise self.eviction_error()
             if len(self._served) >= self.connections_max:
-                raise _refusal("connections", Overloaded(
-                    f"the daemon serves its limit of {self.daemon_connections_max} data "
-                    f"connections (--datapath-connections-max); read through gRPC, or retry "
-                    "later" if self.processes == 1 else
-                    f"this serving process serves its share ({self.connections_max}) of the "
-                    f"daemon's {self.daemon_connections_max} data connections "
-                    f"(--datapath-connections-max, split among {self.processes} serving "
-                    f"processes{_TRIED}); read through gRPC, or retry later"), self.processes)
+                raise self._connections_refusal()
             if self._served_by_peer[entry.peer] >= self.per_peer_max:
-                raise _refusal("peer_share", Overloaded(
-                    f"{entry.peer} already holds {self.daemon_per_peer_max} of the daemon's "
-                    f"data connections, its share (--datapath-connections-per-peer-max); "
-                    "close idle clients, or retry later" if self.processes == 1 else
-                    f"{entry.peer} holds this serving process's share ({self.per_peer_max}) "
-                    f"of the {self.daemon_per_peer_max} data connections it may hold "
-                    f"(--datapath-connections-per-peer-max, split among {self.processes} "
-                    f"serving processes{_TRIED}); close idle clients, or retry later"),
-                    self.processes)
+                raise self._peer_share_refusal(entry.peer)
             self._forget_pending(entry)
             entry.served = True
             self._served.add(entry)
@@ -165,6 +150,30 @@ class Admission:
                     del self._served_by_peer[entry.peer]
             elif not entry.evicted:
                 self._forget_pending(entry)
+
+    def _connections_refusal(self) -> Overloaded:
+        if self.processes == 1:
+            message = (f"the daemon serves its limit of {self.daemon_connections_max} data "
+                       "connections (--datapath-connections-max); read through gRPC, or retry "
+                       "later")
+        else:
+            message = (f"this serving process serves its share ({self.connections_max}) of "
+                       f"the daemon's {self.daemon_connections_max} data connections "
+                       f"(--datapath-connections-max, split among {self.processes} serving "
+                       f"processes{_TRIED}); read through gRPC, or retry later")
+        return _refusal("connections", Overloaded(message), self.processes)
+
+    def _peer_share_refusal(self, peer: str) -> Overloaded:
+        if self.processes == 1:
+            message = (f"{peer} already holds {self.daemon_per_peer_max} of the daemon's data "
+                       "connections, its share (--datapath-connections-per-peer-max); close "
+                       "idle clients, or retry later")
+        else:
+            message = (f"{peer} holds this serving process's share ({self.per_peer_max}) of "
+                       f"the {self.daemon_per_peer_max} data connections it may hold "
+                       f"(--datapath-connections-per-peer-max, split among {self.processes} "
+                       f"serving processes{_TRIED}); close idle clients, or retry later")
+        return _refusal("peer_share", Overloaded(message), self.processes)
 
     def eviction_error(self) -> Overloaded:
         return _refusal("handshake_evicted", Overloaded(
