@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import dlfs
 from dlfs import errors
 from dlfs.formats import datapath_frames as frames
 
@@ -18,10 +19,21 @@ def split(frame: bytes) -> tuple[int, bytes]:
     return kind, body
 
 
-def test_hello_round_trip():
+def test_hello_round_trip_carries_the_clients_release():
     kind, body = split(frames.hello("s3cr3t-token-0123"))
     assert kind == frames.Kind.HELLO
-    assert frames.parse_hello(body) == (frames.VERSION, "s3cr3t-token-0123")
+    assert frames.parse_hello(body) == (frames.VERSION, dlfs.__version__, "s3cr3t-token-0123")
+    other = split(frames.hello("", release="0.2.0"))[1]
+    assert frames.parse_hello(other).release == "0.2.0"
+
+
+def test_a_hello_of_another_layout_is_read_as_far_as_its_version():
+    """A client of another layout (a release before HELLO carried releases): its version
+    is read, the rest is not, so the daemon can say why it refuses."""
+    older = frames.HELLO_MAGIC + (1).to_bytes(2, "little") + (5).to_bytes(2, "little") + b"token"
+    assert frames.parse_hello(older) == (1, "", "")
+    with pytest.raises(frames.FrameError, match="bad HELLO magic"):
+        frames.parse_hello(b"DLFSDAT")
 
 
 def test_get_batch_round_trip():
@@ -42,30 +54,21 @@ def test_read_range_and_stat_round_trip():
     assert frames.parse_stat_dataset(body) == ("ds", "id-1")
 
 
-def test_welcome_carries_the_daemons_features():
-    kind, body = split(frames.welcome(1, 4 << 20, b"i" * 16))
-    assert kind == frames.Kind.WELCOME
-    assert frames.parse_welcome(body) == (1, 4 << 20, b"i" * 16, frames.WELCOME_BLOCK_CRCS)
-    older = frames.welcome(1, 4 << 20, b"i" * 16, features=0)  # as daemons before them
-    assert frames.parse_welcome(split(older)[1])[3] == 0
-
-
-def test_welcome_carries_the_daemons_limits_only_when_asked():
-    asked = frames.hello("t", ask_limits=True)
-    assert frames.parse_frame(asked[:frames.FRAME.size])[1] == frames.HELLO_ASK_LIMITS
-    assert frames.parse_hello(split(asked)[1]) == frames.parse_hello(split(frames.hello("t"))[1])
+def test_welcome_carries_the_daemons_release_and_limits():
     told = frames.DaemonLimits(1000, 2 << 30, frames.request_bytes_max(1000))
-    body = split(frames.welcome(1, 4 << 20, b"i" * 16, daemon_limits=told))[1]
-    assert frames.parse_welcome(body) == (1, 4 << 20, b"i" * 16, frames.WELCOME_BLOCK_CRCS)
-    assert frames.parse_welcome_limits(body) == told
-    plain = split(frames.welcome(1, 4 << 20, b"i" * 16))[1]
-    assert len(plain) == frames.WELCOME.size  # what clients before the limits check
-    assert frames.parse_welcome_limits(plain) is None
+    kind, body = split(frames.welcome(4 << 20, b"i" * 16, told))
+    assert kind == frames.Kind.WELCOME
+    assert frames.parse_welcome(body) == (frames.VERSION, 4 << 20, b"i" * 16,
+                                          dlfs.__version__, told)
+    assert frames.parse_welcome(split(frames.welcome(
+        4 << 20, b"i" * 16, told, release="0.2.0"))[1]).release == "0.2.0"
+    # Another layout: its version alone, so the client can say why it stops.
+    assert frames.parse_welcome((1).to_bytes(2, "little") + bytes(22)) == (1, 0, b"", "", None)
     with pytest.raises(frames.FrameError):
-        frames.parse_welcome_limits(frames.WELCOME.pack(1, 0, 4 << 20, b"i" * 16)
-                                    + frames.LIMITS.pack(0, 0, 0))
+        frames.parse_welcome(frames.WELCOME.pack(frames.VERSION, 0, 4 << 20, b"i" * 16, b"")
+                             + frames.LIMITS.pack(0, 0, 0))
     with pytest.raises(frames.FrameError):
-        frames.parse_welcome(plain + b"x")
+        frames.parse_welcome(body + b"x")
 
 
 def test_a_get_batch_tells_its_ids_from_its_fixed_part():

@@ -25,6 +25,7 @@ from dlfs.errors import (
     FailedPrecondition,
     Internal,
     InvalidArgument,
+    InvalidReply,
     NotFound,
     Overloaded,
     PermissionDenied,
@@ -34,6 +35,7 @@ from dlfs.errors import (
     StorageFull,
     Unauthenticated,
     Unavailable,
+    VersionMismatch,
 )
 from dlfs.version import __version__
 
@@ -46,9 +48,9 @@ __all__ = [
     "AlreadyExists", "Cancelled", "Client", "DataCorruption", "Dataset", "DatasetInfo",
     "DatasetTicket",
     "DeadlineExceeded", "DlfsError", "Entry", "FailedPrecondition", "Internal",
-    "InvalidArgument", "NotFound", "Overloaded", "PermissionDenied", "ResumeConflict",
+    "InvalidArgument", "InvalidReply", "NotFound", "Overloaded", "PermissionDenied", "ResumeConflict",
     "StaleGeneration", "StorageFailed", "StorageFull",
-    "Unauthenticated", "Unavailable", "request_id",
+    "Unauthenticated", "Unavailable", "VersionMismatch", "request_id",
 ]
 
 

@@ -15,6 +15,7 @@ from dlfs.errors import (
     FailedPrecondition as FailedPrecondition,
     Internal as Internal,
     InvalidArgument as InvalidArgument,
+    InvalidReply as InvalidReply,
     NotFound as NotFound,
     Overloaded as Overloaded,
     PermissionDenied as PermissionDenied,
@@ -24,6 +25,7 @@ from dlfs.errors import (
     StorageFull as StorageFull,
     Unauthenticated as Unauthenticated,
     Unavailable as Unavailable,
+    VersionMismatch as VersionMismatch,
 )
 from dlfs.logs import request_id as request_id
 from dlfs.types import DatasetInfo as DatasetInfo

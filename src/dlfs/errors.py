@@ -12,6 +12,8 @@ names of `grpc.StatusCode` members.
 
 from __future__ import annotations
 
+from typing import Callable
+
 
 class DlfsError(Exception):
     """Base of every error DLFS raises on purpose."""
@@ -20,6 +22,10 @@ class DlfsError(Exception):
     # The id the daemon logged the failed call under (`x-request-id`), when
     # the error came back from a daemon; quote it when reporting a problem.
     request_id: str | None = None
+    # What the client's call policy tried before it gave up with this error, each
+    # attempt's error message (target and outcome), this one last; () after one try
+    # (dlfs.client.transport.call_policy).
+    tried: tuple[str, ...] = ()
 
     def __init__(self, message: str):
         super().__init__(message)
@@ -66,6 +72,17 @@ class ResumeConflict(FailedPrecondition):
     source no longer starts with the files the daemon holds."""
 
 
+class VersionMismatch(FailedPrecondition):
+    """The client and the daemon are of different minor releases, which do not work
+    together (`dlfs.version`'s policy); the message names both and what to install."""
+
+
+class StoredElsewhere(FailedPrecondition):
+    """A co-located reader was asked for a sample of a striped dataset that other
+    daemons store, not the one whose extents it mapped: read it through the cluster
+    (the mount then asks the daemons instead)."""
+
+
 class ReplyTooLarge(FailedPrecondition):
     """A GetSmallBatch reply would not fit in one message; GetBatch streams it."""
 
@@ -74,6 +91,12 @@ class DataCorruption(DlfsError):
     """Stored bytes do not match their checksum, or a file is truncated."""
 
     status_code_name = "DATA_LOSS"
+    # A checksum mismatch found on the client's side names the sample by id and, for
+    # a part of one, the block (start, end) of it; `renamed(what)` is the same error
+    # naming `what` (its path) instead (dlfs.client.transport.checksum_errors).
+    sample_id: int | None = None
+    block: tuple[int, int] | None = None
+    renamed: "Callable[[str], DataCorruption] | None" = None
 
 
 class Overloaded(DlfsError):
@@ -84,6 +107,13 @@ class Overloaded(DlfsError):
     # processes, each of which holds its own share of the limit that refused: how
     # many there are (another may have room; 0 when the limit is not split).
     split = 0
+    # The data path refused the connection itself at its HELLO (the daemon's connection
+    # limit, the peer's share, no descriptors left), not a request on it: the client's
+    # read policy reads through gRPC meanwhile (dlfs.client.transport.read_policy).
+    refused_at_connect = False
+    # On the daemon's side: which budget refused (the dlfs_data_refused_connections
+    # reason), "connections" unless set.
+    refusal = "connections"
 
 
 class StorageFull(Overloaded):
@@ -94,6 +124,12 @@ class Unavailable(DlfsError):
     """The daemon cannot be reached or is shutting down."""
 
     status_code_name = "UNAVAILABLE"
+    # The daemon was reached, and then the connection broke, was reset or stopped
+    # answering (a data path worker that died or hung), rather than not reached at
+    # all: the client's call policy tries again at once, on a new connection.
+    connection_lost = False
+    # ... by staying silent for the stall bound while a reply was due (1), not broken.
+    stalled = 0
 
 
 class DeadlineExceeded(DlfsError, TimeoutError):
@@ -124,6 +160,14 @@ class Internal(DlfsError):
     """A bug in DLFS; the message carries an error id found in the daemon log."""
 
     status_code_name = "INTERNAL"
+
+
+class InvalidReply(Internal):
+    """A daemon's reply does not match its request: another number of samples than
+    asked for, another version than named, lengths that disagree with the dataset's
+    directory or the reply's own payload, a payload over what the caller can take.
+    Never retried (the daemon that sent it is broken; its connection is closed).
+    INTERNAL: a bug in DLFS, on the daemon's side."""
 
 
 class StorageFailed(Internal):

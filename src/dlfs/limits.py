@@ -407,6 +407,12 @@ datapath_fds_per_frame_max = 250
 # Samples whose block CRCs a co-located reader (Client(direct=True)) keeps, to check
 # parts of large samples it reads from the mapped extents (4 bytes per MiB each).
 direct_block_crc_samples_max = 65536
+# A data connection that stays silent this long while a reply is due (or a
+# handshake) is taken for a hung worker: the call goes on at once on a new
+# connection, which the daemon's kernel hands to a worker that accepts.  Each
+# stall of the call doubles the bound, so a daemon that is only slow gets longer.
+# A live worker sends a reply's header before it reads a byte of the samples.
+data_reply_stall_s = 5.0
 # Data connections one client process keeps to one daemon (one request in
 # flight on each); callers beyond that wait for a free one.
 data_connections_max = 64

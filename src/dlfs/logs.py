@@ -35,6 +35,7 @@ from typing import Iterator, TextIO
 from pythonjsonlogger.json import JsonFormatter
 
 from dlfs import limits
+from dlfs.version import VERSION_METADATA, __version__
 
 REQUEST_ID_METADATA = "x-request-id"
 NO_REQUEST = "-"
@@ -108,10 +109,15 @@ def request_id(value: str):
         unbind_request_id(token)
 
 
-def outgoing_metadata() -> tuple | None:
-    """Call metadata naming the bound request id, or None outside `request_id`."""
+_RELEASE_METADATA = ((VERSION_METADATA, __version__),)
+
+
+def outgoing_metadata() -> tuple:
+    """Call metadata of a DLFS client's gRPC call: its release (`dlfs.version`'s policy,
+    checked by the daemon) and the bound request id, if any."""
     value = _current_request.get()
-    return None if value == NO_REQUEST else ((REQUEST_ID_METADATA, value),)
+    return _RELEASE_METADATA if value == NO_REQUEST else \
+        _RELEASE_METADATA + ((REQUEST_ID_METADATA, value),)
 
 
 class RequestIdFilter(logging.Filter):

@@ -22,7 +22,7 @@ import dlfs
 from conftest import wait_until, write_tree
 from dlfs import Client, limits
 from dlfs.cli import main
-from dlfs.client.transport.retry import call_with_retry
+from dlfs.client.transport.call_policy import call_with_retry
 from dlfs.tools.launch import DaemonProcess
 
 

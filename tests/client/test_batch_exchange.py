@@ -64,7 +64,8 @@ class ScriptedDaemon(threading.Thread):
         conn, _ = self.listener.accept()
         with conn:
             self._frame(conn)  # HELLO
-            conn.sendall(frames.welcome(frames.VERSION, 4 << 20, b"i" * 16))
+            conn.sendall(frames.welcome(4 << 20, b"i" * 16, frames.DaemonLimits(
+                1024, 1 << 30, frames.request_bytes_max(1024))))
             for reply in self.replies:
                 request = self._frame(conn)
                 if request is None:

@@ -93,18 +93,6 @@ def test_a_direct_range_is_a_view_of_the_extent_checked_by_its_blocks(damaged):
             data.block_crcs("ds", 2)
         with pytest.raises(dlfs.StaleGeneration):
             data.block_crcs("ds", 0, generation + 1)
-    # A daemon that predates BLOCK_CRCS (no such feature in its WELCOME) cannot tell block
-    # CRCs: parts are then read through it (verified there by blocks), as before.
-    with Client(daemon.address, direct=True) as client:
-        ds = client.dataset("ds")
-        assert bytes(ds.get_batch([1])[0]) == files["small.bin"]  # the extents are mapped
-        data = client.transport.data_path()
-        with data._connection() as connection:
-            connection.features = 0
-        assert bytes(ds.read("big.bin", 2 * MiB, 10)) == good[2 * MiB:2 * MiB + 10]
-        assert client.transport._reader("ds")._block_crcs == {}
-        with pytest.raises(dlfs.DataCorruption, match=BLOCK_ERROR):
-            ds.read("big.bin", BAD_BLOCK * MiB, 10)
 
 
 def test_a_partial_read_costs_at_most_a_block_on_each_side(damaged):
@@ -157,7 +145,7 @@ def test_datasets_from_before_block_crcs_still_read(daemon, tmp_path):
 
     with open(os.path.join(daemon.data_dir, "catalog.log"), "rb") as f:
         assert cat.scan(f.name).version == 2  # upgraded on open: older daemons refuse it
-    assert "predates block CRCs" in daemon.log()
+    assert "has no block CRCs" in daemon.log()
     flip_byte(daemon, "ds", 0, BAD_BLOCK * MiB + 777)
     for data_path in (True, False):
         with Client(daemon.address, data_path=data_path) as client:

@@ -347,24 +347,20 @@ def _send_ignoring_errors(sock: socket.socket, buffers: list) -> None:
         pass  # the daemon stopped reading and closed
 
 
-def test_welcome_tells_the_limits_only_to_clients_that_ask(daemon_factory):
+def test_welcome_tells_the_daemons_release_and_limits(daemon_factory):
     daemon = daemon_factory(extra_args=["--batch-ids-max", "1000"])
     with Client(daemon.address) as client:
         client.status()
         tcp, _unix = endpoints_of(client)
-    # A client from before the limits: its WELCOME is the fixed 24-byte body it checks.
     with connect(tcp) as sock:
         sock.sendall(frames.hello(""))
         kind, body = read_frame(sock)
-        assert kind == frames.Kind.WELCOME and len(body) == frames.WELCOME.size
-    with connect(tcp) as sock:
-        sock.sendall(frames.hello("", ask_limits=True))
-        kind, body = read_frame(sock)
         assert kind == frames.Kind.WELCOME
-        welcome = frames.parse_welcome_limits(body)
-        assert welcome.batch_ids_max == 1000
-        assert welcome.batch_bytes_max == limits.batch_bytes_max_default
-        assert welcome.request_bytes_max >= 16 * 1000
+        welcome = frames.parse_welcome(body)
+        assert welcome.release == dlfs.__version__
+        assert welcome.limits.batch_ids_max == 1000
+        assert welcome.limits.batch_bytes_max == limits.batch_bytes_max_default
+        assert welcome.limits.request_bytes_max >= 16 * 1000
         readable, _, _ = select.select([sock], [], [], 0)
         assert not readable  # nothing else came
 

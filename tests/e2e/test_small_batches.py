@@ -69,17 +69,3 @@ def test_a_reply_larger_than_one_message_falls_back_to_the_stream(loaded):
             dataset="ds", paths=["small/03", "small/04"]), timeout=10))
         assert header.payload_bytes == len(payload) == 1003 + 1004
         assert bytes(payload) == files["small/03"] + files["small/04"]
-
-
-def test_a_daemon_without_get_small_batch_is_served_by_the_stream(loaded):
-    daemon, files = loaded
-    with Client(daemon.address, data_path=False) as client:  # the gRPC read methods
-        # What a daemon older than GetSmallBatch answers: the real UNIMPLEMENTED of a method
-        # it does not have.
-        client.transport._raw_reads["GetSmallBatch"] = client.transport._channel.unary_unary(
-            "/dlfs.v1.Dlfs/NoSuchMethod", request_serializer=pb.GetBatchRequest.SerializeToString,
-            response_deserializer=None)
-        ds = client.dataset("ds")
-        assert bytes(ds.get("small/01")) == files["small/01"]
-        assert bytes(ds.get("small/02")) == files["small/02"]  # streams at once from now on
-        assert served_by_method(client) == {"GetBatch": 2}

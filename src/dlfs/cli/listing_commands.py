@@ -229,9 +229,8 @@ def print_status(st: DaemonStatus) -> None:
         print(f"  data path worker {w.index}: {w.state}, pid {w.pid}, {w.connections} "
               f"connections, {w.requests} requests, {human_bytes(w.bytes_served)}, "
               f"{w.cpu_s:.1f} CPU-s{f', restarted {w.restarts}x' if w.restarts else ''}")
-    if st.sendfile:  # an older daemon does not say
-        sent = f"; {human_bytes(st.sendfile_bytes)} sent so far" if st.sendfile_bytes else ""
-        print(f"  sendfile from the page cache: {st.sendfile}{sent}")
+    sent = f"; {human_bytes(st.sendfile_bytes)} sent so far" if st.sendfile_bytes else ""
+    print(f"  sendfile from the page cache: {st.sendfile}{sent}")
     if st.mapped_sends:
         sent = f"; {human_bytes(st.mapped_send_bytes)} sent so far" if st.mapped_send_bytes else ""
         print(f"  cached samples sent from mapped extents: {st.mapped_sends}{sent}")

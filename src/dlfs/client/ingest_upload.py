@@ -90,7 +90,7 @@ def upload(transport: Daemon, name: str, source, *, replace: bool = False,
     with pool_for(sources, skip, readers) as pool:
         try:
             info = _stream(transport, data_path, start, ordered_files(pool, meter, duplicates, pace),
-                           sources.dirs, via)
+                           sources.dirs)
         finally:
             elapsed = meter.close()
     if stats is not None:
@@ -101,30 +101,15 @@ def upload(transport: Daemon, name: str, source, *, replace: bool = False,
     return info
 
 
-def _stream(transport: Daemon, data_path, start: IngestStart, chunks, dirs, via: str
-            ) -> DatasetInfo:
+def _stream(transport: Daemon, data_path, start: IngestStart, chunks, dirs) -> DatasetInfo:
     """Send the staged `chunks` after the empty directories `dirs`: over `data_path`
-    when there is one (and the daemon knows ingest there), else over gRPC."""
+    when there is one, else over gRPC."""
     if data_path is not None:
-        info = _guarded(lambda: _over_data_path(data_path, start, chunks, dirs), transport,
-                        start)
-        if info is not None:
-            return info
-        if via == "datapath":
-            raise FailedPrecondition(f"the daemon at {transport.address} cannot ingest over "
-                                     "its data path (older version)")
+        return _guarded(lambda: datapath_upload.send(
+            data_path, start.dataset, chunks, replace=start.replace, resumable=start.resumable,
+            resume_from=start.resume_from, dirs=dirs), transport, start)
     pieces = _chained(dir_pieces(dirs), file_pieces(chunks))  # directories first, resumed too
     return _guarded(lambda: transport.control.ingest(start, pieces), transport, start)
-
-
-def _over_data_path(data_path, start: IngestStart, chunks, dirs) -> DatasetInfo | None:
-    """`datapath_upload.send`; None when the daemon's data path knows no ingest (older)."""
-    try:
-        return datapath_upload.send(data_path, start.dataset, chunks, replace=start.replace,
-                                    resumable=start.resumable, resume_from=start.resume_from,
-                                    dirs=dirs)
-    except datapath_upload.UnsupportedDaemon:
-        return None
 
 
 def _guarded(send, transport: Daemon, start: IngestStart):

@@ -19,13 +19,17 @@ from typing import NamedTuple
 import numpy as np
 
 from dlfs import errors, limits
+from dlfs.version import RELEASE_BYTES_MAX, __version__
 
-VERSION = 1
+# The layout of HELLO and WELCOME, which carry the two ends' releases: who talks to
+# whom is `dlfs.version`'s policy (one minor release), checked at the handshake.
+VERSION = 2
 HELLO_MAGIC = b"DLFSDATA"
 
 FRAME = struct.Struct("<BBHI")  # kind, flags, reserved (0), body bytes
-HELLO = struct.Struct("<8sHH")  # magic, highest version the client speaks, token bytes
-WELCOME = struct.Struct("<HHI16s")  # version spoken, features, window bytes, daemon instance
+HELLO = struct.Struct("<8sHH16s")  # magic, layout version, token bytes, client release
+WELCOME = struct.Struct("<HHI16s16s")  # layout version, reserved, window bytes, daemon
+#                                        instance, daemon release; then LIMITS
 GET_BATCH = struct.Struct("<QIIIHBB")  # generation, flags, ids, hint ids, name bytes,
 #                                        request id bytes, reserved
 READ_RANGE = struct.Struct("<QqQQIHBB")  # generation, sample id, offset, length, flags,
@@ -66,21 +70,11 @@ BATCH_CRCS = 0x1
 BATCH_BLOCKS = 0x2
 RANGE_TAIL = struct.Struct("<QQ")  # payload bytes before the range, range bytes
 # BATCH flag: the request's hint ids were dropped (the daemon's prefetch queue
-# was full); only speed is lost.  Clients that predate it ignore it.
+# was full); only speed is lost.
 BATCH_HINTS_DROPPED = 0x4
 # READ_RANGE flag: the client verifies block by block; widen a part of a sample
-# with block CRCs to whole blocks and answer with BATCH_BLOCKS.  A daemon that
-# predates it ignores it (and answers as without it).
+# with block CRCs to whole blocks and answer with BATCH_BLOCKS.
 RANGE_BLOCKS = 0x1
-# WELCOME features (the u16 that daemons before them send as 0; clients before them
-# ignore it): the daemon answers BLOCK_CRCS.  A feature bit, not a new version, so
-# that clients and daemons of either age keep the data path between them.
-WELCOME_BLOCK_CRCS = 0x1
-WELCOME_FEATURES = WELCOME_BLOCK_CRCS  # what this daemon offers
-# HELLO frame flag (in the frame header, which daemons before it ignore): send
-# the daemon's limits after WELCOME's fixed part (LIMITS).  Only a client that
-# asks gets the longer WELCOME, so clients before it keep theirs.
-HELLO_ASK_LIMITS = 0x1
 LIMITS = struct.Struct("<IIQ")  # batch ids max, request frame body bytes max, batch bytes max
 
 
@@ -133,26 +127,52 @@ def parse_frame(header) -> tuple[int, int, int]:
 
 # --- client -> daemon -------------------------------------------------------------------
 
-def hello(token: str, *, ask_limits: bool = False) -> bytes:
-    """A HELLO frame; `ask_limits`: WELCOME is to carry the daemon's limits."""
+class Hello(NamedTuple):
+    """A HELLO: its layout version, the client's release and its token (both "" when the
+    layout is another one: nothing after the version can be read then)."""
+
+    version: int
+    release: str
+    token: str
+
+
+def hello(token: str, *, release: str = __version__) -> bytes:
+    """A HELLO frame from a client of `release`."""
     raw = token.encode()
     if len(raw) > limits.datapath_token_bytes_max:
         raise errors.InvalidArgument(f"a token of {len(raw)} bytes is over the limit of "
                                      f"{limits.datapath_token_bytes_max}")
-    body = HELLO.pack(HELLO_MAGIC, VERSION, len(raw)) + raw
-    return frame(Kind.HELLO, len(body), HELLO_ASK_LIMITS if ask_limits else 0) + body
+    body = HELLO.pack(HELLO_MAGIC, VERSION, len(raw), _release_field(release)) + raw
+    return frame(Kind.HELLO, len(body)) + body
 
 
-def parse_hello(body) -> tuple[int, str]:
-    """(version, token) of a HELLO body.  Raises FrameError."""
+def parse_hello(body) -> Hello:
+    """The HELLO of `body`.  Raises FrameError."""
+    if len(body) < len(HELLO_MAGIC) + _LAYOUT.size or bytes(body[:len(HELLO_MAGIC)]) != HELLO_MAGIC:
+        raise FrameError("not a DLFS data path client (bad HELLO magic)")
+    (version,) = _LAYOUT.unpack_from(body, len(HELLO_MAGIC))
+    if version != VERSION:
+        return Hello(version, "", "")
     if len(body) < HELLO.size:
         raise FrameError("a HELLO frame is shorter than its fixed part")
-    magic, version, token_bytes = HELLO.unpack_from(body)
-    if magic != HELLO_MAGIC:
-        raise FrameError("not a DLFS data path client (bad HELLO magic)")
+    _magic, _version, token_bytes, release = HELLO.unpack_from(body)
     if len(body) != HELLO.size + token_bytes:
         raise FrameError("a HELLO frame's token length does not match its body")
-    return version, _text(body[HELLO.size:], "token")
+    return Hello(version, _release_text(release), _text(body[HELLO.size:], "token"))
+
+
+# The version that starts HELLO (after its magic) and WELCOME in every layout.
+_LAYOUT = struct.Struct("<H")
+
+
+def _release_field(release: str) -> bytes:
+    raw = release.encode()
+    assert len(raw) <= RELEASE_BYTES_MAX, release
+    return raw
+
+
+def _release_text(field: bytes) -> str:
+    return _text(field.rstrip(b"\0"), "release")
 
 
 class BatchRequest(NamedTuple):
@@ -382,35 +402,41 @@ def reply_header_bytes_max(batch_ids_max: int) -> int:
     return 12 * batch_ids_max + limits.datapath_reply_fixed_bytes_max
 
 
-def welcome(version: int, window_bytes: int, instance: bytes,
-            features: int = WELCOME_FEATURES, daemon_limits: DaemonLimits | None = None) -> bytes:
-    """A WELCOME frame; with `daemon_limits` (to a HELLO with HELLO_ASK_LIMITS only),
-    LIMITS follows its fixed part."""
-    body = WELCOME.pack(version, features, window_bytes, instance)
-    if daemon_limits is not None:
-        body += LIMITS.pack(daemon_limits.batch_ids_max, daemon_limits.request_bytes_max,
-                            daemon_limits.batch_bytes_max)
+class Welcome(NamedTuple):
+    """A WELCOME: its layout version, the daemon's window bytes, instance id, release and
+    limits (release "" and the rest empty when the layout is another one)."""
+
+    version: int
+    window_bytes: int
+    instance: bytes
+    release: str
+    limits: DaemonLimits | None
+
+
+def welcome(window_bytes: int, instance: bytes, daemon_limits: DaemonLimits, *,
+            release: str = __version__) -> bytes:
+    """A WELCOME frame from a daemon of `release`; its LIMITS follow the fixed part."""
+    body = WELCOME.pack(VERSION, 0, window_bytes, instance, _release_field(release)) + \
+        LIMITS.pack(daemon_limits.batch_ids_max, daemon_limits.request_bytes_max,
+                    daemon_limits.batch_bytes_max)
     return frame(Kind.WELCOME, len(body)) + body
 
 
-def parse_welcome(body) -> tuple[int, int, bytes, int]:
-    """(version, window bytes, daemon instance id, features) of a WELCOME body, with or
-    without the LIMITS that follow when the HELLO asked for them."""
-    if len(body) not in (WELCOME.size, WELCOME.size + LIMITS.size):
+def parse_welcome(body) -> Welcome:
+    """The WELCOME of `body`.  Raises FrameError."""
+    if len(body) < _LAYOUT.size:
         raise FrameError("a WELCOME frame has the wrong size")
-    version, features, window_bytes, instance = WELCOME.unpack_from(body)
-    return version, window_bytes, instance, features
-
-
-def parse_welcome_limits(body) -> DaemonLimits | None:
-    """The daemon's limits a WELCOME body carries; None from a daemon that predates
-    them (it ignored HELLO_ASK_LIMITS)."""
+    (version,) = _LAYOUT.unpack_from(body)
+    if version != VERSION:
+        return Welcome(version, 0, b"", "", None)
     if len(body) != WELCOME.size + LIMITS.size:
-        return None
+        raise FrameError("a WELCOME frame has the wrong size")
+    _version, _reserved, window_bytes, instance, release = WELCOME.unpack_from(body)
     ids_max, request_max, bytes_max = LIMITS.unpack_from(body, WELCOME.size)
     if not ids_max or not bytes_max or request_max < request_bytes_max(0):
         raise FrameError("a WELCOME frame's limits are not limits")
-    return DaemonLimits(ids_max, bytes_max, request_max)
+    return Welcome(version, window_bytes, instance, _release_text(release),
+                   DaemonLimits(ids_max, bytes_max, request_max))
 
 
 def batch_header(generation: int, lengths: np.ndarray, crcs: np.ndarray, flags: int,

@@ -155,18 +155,14 @@ class ExtentReaders:
 def _checked(read, nodes: list[Node]):
     """`read()`, whose DataCorruption names its file's path (one of `nodes`), as reads
     through the daemon do; None when the daemon must serve it: a sample stored on
-    other daemons (striped), a part of one when the daemon has no block CRCs."""
+    other daemons (striped)."""
     try:
         return read()
     except errors.DataCorruption as exc:
-        damaged = next((n for n in nodes if n.sample_id == getattr(exc, "sample_id", -1)), None)
+        damaged = next((n for n in nodes if n.sample_id == exc.sample_id), None)
         raise (exc if damaged is None else _named(exc, damaged)) from None
-    except errors.FailedPrecondition as exc:
-        # Striped, and stored by other daemons; or a daemon without block CRCs.
-        if getattr(exc, "stored_elsewhere", False) or getattr(exc, "predates_block_crcs",
-                                                                  False):
-            return None
-        raise
+    except errors.StoredElsewhere:  # striped, and stored by other daemons
+        return None
 
 
 def _named(exc: errors.DataCorruption, node: Node) -> errors.DataCorruption:

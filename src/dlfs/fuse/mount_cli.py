@@ -57,6 +57,8 @@ ERROR_PREFIX = b"error "
 class MountError(Exception):
     """The mount cannot be set up; the message says why and what to do."""
 
+    reported = False  # said once already (`_report`), to the parent or standard error
+
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
@@ -177,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
 def _report(args: argparse.Namespace, exc: MountError) -> None:
     """Say why the mount failed, once: to the waiting parent (which prints it), else on
     standard error."""
-    if getattr(exc, "reported", False):
+    if exc.reported:
         return
     exc.reported = True
     if args.ready_fd is not None:

@@ -42,8 +42,8 @@ def renamable(error: DataCorruption, sample_id: int, block: tuple[int, int] | No
 def named_checksum_error(exc: DataCorruption, describe: Callable[[int], str]) -> DataCorruption:
     """`exc` naming its sample as `describe(sample_id)` does (a path, say) when it is a
     checksum mismatch made `renamable`, logged; any other DataCorruption as it is."""
-    sample_id = getattr(exc, "sample_id", None)
-    if sample_id is None:
+    sample_id = exc.sample_id
+    if sample_id is None or exc.renamed is None:
         return exc
     error = exc.renamed(block_prefix(exc.block) + describe(sample_id))
     log.error("%s", error.message)

@@ -16,8 +16,10 @@ Three protocols, one line of contract each method (units, errors, cost):
 
 Every call has a deadline (the client's `timeout_s` for control calls,
 `batch_timeout_s` for reads) and raises the typed errors of `dlfs.errors`;
-calls that only read wait out Unavailable for up to `reconnect_timeout_s`
-(`retry.call_with_retry`), calls that change state are made once.  Requests
+calls that only read are retried as the client's one call policy says
+(`call_policy`: a lost connection at once, an unreachable daemon for up to
+`reconnect_timeout_s`, all within the call's deadline), calls that change
+state are made once.  Requests
 and answers are plain values: `read_requests`, `ingest_requests`,
 `control_replies` and `dlfs.types`; protobuf stops inside the gRPC modules.
 """
@@ -99,8 +101,8 @@ class DaemonControl(Protocol):
         """The unsealed ingest of `dataset` held there.  NotFound when there is none.
         Deadline `timeout_s` (default the client's); retried unless not `retry`."""
 
-    def data_path_offer(self) -> DataPathOffer | None:
-        """Where the daemon's data path listens (None: the daemon predates it).  Retried."""
+    def data_path_offer(self) -> DataPathOffer:
+        """Where the daemon's data path listens, or why it offers none.  Retried."""
 
 
 class Transport(Protocol):

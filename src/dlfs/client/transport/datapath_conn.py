@@ -36,15 +36,19 @@ from dlfs.client.transport.datapath_checks import ReplyChecker, sample_mismatch
 from dlfs.crc import crc32c
 from dlfs.formats import datapath_frames as frames
 from dlfs.batch_limits import BatchLimits
+from dlfs.client.transport.call_policy import stall_s, time_left
 from dlfs.errors import (
     DeadlineExceeded,
     DlfsError,
     FailedPrecondition,
     InvalidArgument,
+    InvalidReply,
     Overloaded,
     Unavailable,
+    VersionMismatch,
 )
 from dlfs.sockio import recv_exactly, recv_waiting, send_all
+from dlfs.version import interoperates, mismatch_message
 
 log = logging.getLogger(__name__)
 
@@ -87,14 +91,20 @@ class DataConnection:
 
     Deadlines are for whole operations: connecting and the handshake take at
     most `connect_timeout_s` together, a request and its whole reply at most
-    `reply_timeout_s`, however the bytes trickle.  Raises Unavailable when the
-    daemon cannot be reached or the connection breaks, DeadlineExceeded when
-    a reply is not whole in time, and the daemon's typed errors: an
-    Overloaded that refused the connection at HELLO has `refused_at_connect`
-    set (the transport reads through gRPC then).  After any exception but a
-    typed error from the daemon, `broken` is set and the connection must be
-    closed.  `batch_limits`: the daemon's, as its WELCOME told them (None
-    from a daemon that predates telling them).
+    `reply_timeout_s`, however the bytes trickle; both cut to what is left of
+    the call in progress (`call_policy.time_left`).  While a reply (or the
+    handshake) is due, a silence of `call_policy.stall_s()` is taken for a hung
+    daemon process.  Raises Unavailable when the daemon cannot be reached, and
+    Unavailable with `connection_lost` set (`stalled` for a silence) when a
+    connection that reached it breaks or stops answering; DeadlineExceeded when
+    a reply is not whole in time; VersionMismatch for a daemon of another minor
+    release (`dlfs.version`); InvalidReply for a reply that does not match its
+    request; and the daemon's typed errors: an Overloaded that refused the
+    connection at HELLO has `refused_at_connect` set.  After any exception but
+    a typed error from the daemon, `broken` is set and the connection must be
+    closed.  `batch_limits`: the daemon's, as its WELCOME told them.
+    `watch_stalls` False (a long one-way ingest, whose daemon may think for
+    long before it answers) leaves only the deadlines.
     """
 
     def __init__(self, endpoint: Endpoint, token: str, instance: bytes, *,
@@ -102,6 +112,8 @@ class DataConnection:
         self.endpoint = endpoint
         self.reply_timeout_s = reply_timeout_s
         self.broken = False
+        self.watch_stalls = True
+        self._reached = False  # the connect went through: failures after it are losses
         self.hints_dropped = 0  # hints sent without waiting that the daemon's queue dropped
         self._unanswered_hints = 0  # replies of hints sent without waiting, still to be read
         self._header = bytearray(frames.FRAME.size)
@@ -109,17 +121,18 @@ class DataConnection:
         self._begin(connect_timeout_s)
         try:
             self._sock.connect(endpoint.address)
+            self._reached = True
             if endpoint.family != socket.AF_UNIX:
                 self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            send_all(self._sock, [frames.hello(token, ask_limits=True)], deadline=self._deadline)
+            send_all(self._sock, [frames.hello(token)], deadline=self._deadline)
             kind, body = self._frame(limits.datapath_reply_header_bytes_max)
             if kind != frames.Kind.WELCOME:
                 raise self._unexpected(kind, "WELCOME")
-            version, self.window_bytes, got_instance, self.features = \
-                frames.parse_welcome(body)
-            told = frames.parse_welcome_limits(body)
+            welcome = frames.parse_welcome(body)
         except OSError as exc:
             self._sock.close()
+            if self._reached:
+                raise self._failed(exc) from None
             raise Unavailable(f"DLFS daemon's data path at {endpoint.label} cannot be reached "
                               f"({exc.strerror or exc}); is dlfs-server running there?") from None
         except frames.FrameError as exc:
@@ -133,24 +146,28 @@ class DataConnection:
         except BaseException:
             self._sock.close()
             raise
-        if instance and got_instance != instance:
+        if welcome.version != frames.VERSION or not interoperates(welcome.release):
+            self._sock.close()
+            raise VersionMismatch(mismatch_message("daemon", welcome.release, this="client")
+                                  + f" (the daemon's data path at {endpoint.label})")
+        if instance and welcome.instance != instance:
             self._sock.close()
             raise FailedPrecondition(f"{endpoint.label} is another daemon's data path")
-        self.version = version
-        self.batch_limits = None if told is None else \
-            BatchLimits(told.batch_ids_max, told.batch_bytes_max)
-        self._request_bytes_max = limits.datapath_request_bytes_max if told is None \
-            else told.request_bytes_max
-        self._reply_header_bytes_max = limits.datapath_reply_header_bytes_max if told is None \
-            else max(limits.datapath_reply_header_bytes_max,
-                     frames.reply_header_bytes_max(told.batch_ids_max))
+        self.window_bytes = welcome.window_bytes
+        told = welcome.limits
+        assert told is not None
+        self.batch_limits = BatchLimits(told.batch_ids_max, told.batch_bytes_max)
+        self._request_bytes_max = told.request_bytes_max
+        self._reply_header_bytes_max = max(limits.datapath_reply_header_bytes_max,
+                                           frames.reply_header_bytes_max(told.batch_ids_max))
+        # The largest payload a reply may announce: a batch at the daemon's limit, or a
+        # range at it widened to the whole blocks around it (a block more each side).
+        self.payload_bytes_max = told.batch_bytes_max + 2 * limits.crc_block_bytes
 
     def check_batch(self, samples: int, request_bytes: int) -> None:
         """Refuse a batch of `samples` whose GET_BATCH body is `request_bytes` long before a
         byte of it is sent, when the daemon told limits it is over: the daemon's own
         InvalidArgument (`dlfs.batch_limits`), word for word.  The connection stays usable."""
-        if self.batch_limits is None:
-            return  # the daemon refuses it, and says why before it closes
         self.batch_limits.check_count(samples)
         if request_bytes > self._request_bytes_max:
             raise InvalidArgument(
@@ -161,14 +178,33 @@ class DataConnection:
     def close(self) -> None:
         self._sock.close()
 
+    def looks_alive(self) -> bool:
+        """Whether an idle connection may take a request: nothing arrived on it since its
+        last reply (one non-blocking peek).  A daemon process that went away left an
+        end of file or a reset; one that closed an idle connection, an ERROR before
+        it.  Replies of hints sent without waiting may be waiting: then it is taken
+        as alive (the request reads them first and finds out)."""
+        if self._unanswered_hints:
+            return True
+        try:
+            self._sock.settimeout(0)  # with a timeout, Python would poll for it first
+            waiting = self._sock.recv(1, socket.MSG_PEEK)
+        except (BlockingIOError, InterruptedError):
+            return True
+        except OSError:
+            return False
+        return False  # an end of file, or bytes nobody asked for
+
     # --- requests ---------------------------------------------------------------------
 
     def get_batch(self, request: list, ids: np.ndarray, dataset: str, *, verify: bool,
-                  out, pool: BufferPool) -> Received:
-        """Send a GET_BATCH frame (`request`, from `frames.get_batch`) and receive its reply."""
+                  out, pool: BufferPool, generation: int = 0) -> Received:
+        """Send a GET_BATCH frame (`request`, from `frames.get_batch`, naming `generation`)
+        and receive its reply, checked against the request (`ReplyShape`)."""
+        shape = ReplyShape(ids.size, generation, self.endpoint.label)
         if native is None or len(request) > native.REQUEST_BUFFERS_MAX:
-            return self._exchange(request, ids, dataset, verify, out, pool)
-        return self._native_exchange(request, ids, dataset, verify, out, pool)
+            return self._exchange(request, ids, dataset, verify, out, pool, shape)
+        return self._native_exchange(request, ids, dataset, verify, out, pool, shape)
 
     def send_hint(self, request: list) -> None:
         """Send a GET_BATCH of hints alone (`request`) without waiting for its reply.
@@ -192,11 +228,14 @@ class DataConnection:
         self._unanswered_hints += 1
 
     def read_range(self, request: bytes, sample_id: int, offset: int, dataset: str, *,
-                   verify: bool, pool: BufferPool) -> Received:
-        """Send a READ_RANGE frame (`request`, asking for bytes from `offset`) and receive
-        its reply: one item, the range, verified whole or block by block."""
+                   verify: bool, pool: BufferPool, generation: int = 0,
+                   length: int = 0) -> Received:
+        """Send a READ_RANGE frame (`request`, asking for `length` bytes from `offset` of
+        version `generation`) and receive its reply: one item, the range, verified
+        whole or block by block."""
+        shape = ReplyShape(1, generation, self.endpoint.label, range_bytes=length)
         return self._exchange([request], np.array([sample_id]), dataset, verify, None, pool,
-                              offset)
+                              shape, offset)
 
     def stat_dataset(self, dataset: str) -> tuple[int, int, int]:
         """(generation, samples, bytes) of the dataset's current version."""
@@ -214,15 +253,7 @@ class DataConnection:
     def block_crcs(self, dataset: str, sample_id: int, generation: int = 0
                    ) -> tuple[int, int, np.ndarray | None]:
         """(generation, block bytes, CRC32C of each block or None) of one sample, for a
-        reader of the extents that checks parts of it.  Raises FailedPrecondition when
-        the daemon predates BLOCK_CRCS (its WELCOME lacks the feature; the error's
-        `predates_block_crcs` is set), and the daemon's errors."""
-        if not self.features & frames.WELCOME_BLOCK_CRCS:
-            error = FailedPrecondition(
-                f"DLFS daemon's data path at {self.endpoint.label} predates block CRC "
-                "requests; upgrade the daemon")
-            error.predates_block_crcs = True
-            raise error
+        reader of the extents that checks parts of it.  Raises the daemon's errors."""
         try:
             self._begin(self.reply_timeout_s)
             self._settle()
@@ -253,6 +284,9 @@ class DataConnection:
             if kind != frames.Kind.INDEX:
                 raise self._unexpected(kind, "INDEX")
             generation, samples, extent_nos = frames.parse_index_header(body)
+            if samples > limits.dataset_samples_max:
+                raise self._invalid(f"an index of {samples} samples, over the limit of "
+                                    f"{limits.dataset_samples_max}")
             while len(fds) < len(extent_nos):
                 fds.extend(self._receive_fds())
             if len(fds) != len(extent_nos):
@@ -272,7 +306,9 @@ class DataConnection:
     # --- ingest (dlfs.client.transport.datapath_upload) -------------------------------------
 
     def start_ingest(self, start: bytes, timeout_s: float) -> int:
-        """Send INGEST_START; return the files the daemon already holds (INGEST_READY)."""
+        """Send INGEST_START; return the files the daemon already holds (INGEST_READY).
+        From here on only deadlines bound the connection's waits (`watch_stalls`)."""
+        self.watch_stalls = False
         try:
             self._begin(timeout_s)
             send_all(self._sock, [start], deadline=self._deadline)
@@ -366,7 +402,7 @@ class DataConnection:
         return fds
 
     def _exchange(self, request: list, ids: np.ndarray, dataset: str, verify: bool, out,
-                  pool: BufferPool, offset: int = 0) -> Received:
+                  pool: BufferPool, shape: "ReplyShape", offset: int = 0) -> Received:
         try:
             self._begin(self.reply_timeout_s)
             self._settle()
@@ -377,12 +413,12 @@ class DataConnection:
             kind, body = self._frame(self._reply_header_bytes_max)
             if kind != frames.Kind.BATCH:
                 raise self._unexpected(kind, "BATCH")
-            return self._reply(body, ids, dataset, verify, out, pool, offset)
+            return self._reply(body, ids, dataset, verify, out, pool, shape, offset)
         except BaseException as exc:
             raise self._failed(exc) from None
 
     def _native_exchange(self, request: list, ids: np.ndarray, dataset: str, verify: bool,
-                         out, pool: BufferPool) -> Received:
+                         out, pool: BufferPool, shape: "ReplyShape") -> Received:
         """`_exchange` of a GET_BATCH in one call of the C exchange; where it stops
         short of a whole reply (what it returns says where), the Python code here
         goes on from there, so both raise the same errors."""
@@ -390,7 +426,7 @@ class DataConnection:
             self._begin(self.reply_timeout_s)
             self._settle()
             result = native.get_batch(
-                self._sock.fileno(), request, self._deadline, self._timeout_s,
+                self._sock.fileno(), request, self._deadline, self._wait_s,
                 self._reply_header_bytes_max, lambda size: self._payload(out, size, pool),
                 crc32c if verify else None, out is None)
             stop = result[0]
@@ -403,26 +439,30 @@ class DataConnection:
                                               self._reply_header_bytes_max)
                 if kind != frames.Kind.BATCH:
                     raise self._unexpected(kind, "BATCH")
-                return self._reply(body, ids, dataset, verify, out, pool)
+                return self._reply(body, ids, dataset, verify, out, pool, shape)
             if stop == native.BATCH_LEFT:
-                return self._reply(result[1], ids, dataset, verify, out, pool)
+                return self._reply(result[1], ids, dataset, verify, out, pool, shape)
             if stop == native.NOT_DATA:
                 raise self._not_data(result[1], result[2])
+            _, generation, flags, samples, bad, expected, got = result
+            shape.check(len(samples), generation, blocks=False)
         except BaseException as exc:
             raise self._failed(exc) from None
-        _, generation, flags, samples, bad, expected, got = result
         if bad >= 0:
             raise sample_mismatch(int(ids[bad]), dataset, self.endpoint.label, expected, got)
         return Received(generation, samples, bool(flags & frames.BATCH_HINTS_DROPPED))
 
     def _reply(self, body, ids: np.ndarray, dataset: str, verify: bool, out,
-               pool: BufferPool, offset: int = 0) -> Received:
-        """The rest of a reply whose BATCH frame's `body` was read: its payload,
-        received and checked.  Raises as `_exchange` does before `_failed`."""
+               pool: BufferPool, shape: "ReplyShape", offset: int = 0) -> Received:
+        """The rest of a reply whose BATCH frame's `body` was read: its shape checked
+        against the request's, its payload received and checked.  Raises as
+        `_exchange` does before `_failed`."""
         reply = frames.parse_batch_header(body)
         blocks = bool(reply.flags & frames.BATCH_BLOCKS)
         if blocks and (ids.size != 1 or out is not None):
             raise frames.FrameError("blocks came in reply to a batch")
+        shape.check(len(reply.lengths), reply.generation, blocks=blocks,
+                    range_bytes=reply.length if blocks else int(reply.payload_bytes))
         payload = self._payload(out, reply.payload_bytes, pool)
         view = memoryview(payload).cast("B")
         # Samples handed out of a recycled buffer are read-only; `out` is the caller's.
@@ -444,11 +484,15 @@ class DataConnection:
                         bool(reply.flags & frames.BATCH_HINTS_DROPPED))
 
     def _payload(self, out, size: int, pool: BufferPool) -> np.ndarray:
-        """The uint8 array a payload of `size` bytes is received into.  When the
-        caller's `out` cannot hold it (InvalidArgument), the payload stays unread in
-        the socket, so the connection is marked broken: the next request gets a new
-        one instead of those bytes."""
+        """The uint8 array a payload of `size` bytes is received into, once `size` was
+        checked against the most a reply may carry (InvalidReply, nothing allocated).
+        When the caller's `out` cannot hold it (InvalidArgument), the payload stays
+        unread in the socket, so the connection is marked broken: the next request
+        gets a new one instead of those bytes."""
         try:
+            if size > self.payload_bytes_max:
+                raise self._invalid(f"a payload of {size} bytes, over the most a reply of "
+                                    f"this daemon carries ({self.payload_bytes_max})")
             return _target(out, size, pool)
         except BaseException:
             self.broken = True
@@ -463,6 +507,9 @@ class DataConnection:
             checker.check_until(0)  # empty samples at the start
         while filled < len(view):
             kind, length = self._frame_header()
+            if kind == frames.Kind.DATA and length > self.window_bytes:
+                raise self._invalid(f"a DATA frame of {length} bytes, over its window of "
+                                    f"{self.window_bytes}")
             if kind != frames.Kind.DATA or length > len(view) - filled:
                 raise self._not_data(kind, length)
             recv_waiting(self._sock, view[filled:filled + length], deadline=self._deadline)
@@ -493,10 +540,14 @@ class DataConnection:
     # --- frames -------------------------------------------------------------------------
 
     def _begin(self, timeout_s: float) -> None:
-        """Start an operation that must be whole within `timeout_s` (each wait, too)."""
+        """Start an operation that must be whole within `timeout_s` (cut to what is left
+        of the call in progress); each wait is bounded by the stall bound too, unless
+        stalls are not watched."""
+        timeout_s = time_left(timeout_s)
         self._timeout_s = timeout_s
         self._deadline = time.monotonic() + timeout_s
-        self._sock.settimeout(timeout_s)
+        self._wait_s = min(stall_s(), timeout_s) if self.watch_stalls else timeout_s
+        self._sock.settimeout(self._wait_s)
 
     def _refusal_of(self, exc: OSError) -> BaseException:
         """Why a send failed: the daemon's ERROR frame when it refused the request and
@@ -545,30 +596,77 @@ class DataConnection:
 
     def _unexpected(self, kind: int, wanted: str) -> Exception:
         self.broken = True
-        return Unavailable(f"DLFS daemon's data path at {self.endpoint.label} sent frame kind "
-                           f"{kind} where {wanted} was due; the connection was closed")
+        return _lost(f"DLFS daemon's data path at {self.endpoint.label} sent frame kind "
+                     f"{kind} where {wanted} was due; the connection was closed")
 
     def _failed(self, exc: BaseException) -> BaseException:
         """The error to raise for `exc`; marks the connection broken unless the daemon
         answered with a typed error at a frame boundary."""
-        if isinstance(exc, DlfsError) and not isinstance(exc, (Unavailable, DeadlineExceeded)) \
-                and not self.broken:
+        if isinstance(exc, DlfsError) and not isinstance(
+                exc, (Unavailable, DeadlineExceeded, InvalidReply)) and not self.broken:
             return exc
         self.broken = True
+        label = self.endpoint.label
         if isinstance(exc, socket.timeout):
-            return DeadlineExceeded(f"DLFS daemon's data path at {self.endpoint.label} did "
+            if time.monotonic() < self._deadline:  # one wait ran out: a silence
+                return _lost(f"DLFS daemon's data path at {label} sent nothing for "
+                             f"{self._wait_s:g} s while an answer was due (a hung daemon "
+                             "process?); the connection was closed", stalled=True)
+            return DeadlineExceeded(f"DLFS daemon's data path at {label} did "
                                     f"not answer in full within {self._timeout_s:g} s")
         if isinstance(exc, frames.FrameError):
-            return Unavailable(f"DLFS daemon's data path at {self.endpoint.label} broke the "
-                               f"protocol ({exc}); the connection was closed")
+            return _lost(f"DLFS daemon's data path at {label} broke the "
+                         f"protocol ({exc}); the connection was closed")
         if isinstance(exc, OSError):
-            return Unavailable(f"DLFS daemon's data path at {self.endpoint.label} dropped the "
-                               f"connection ({exc.strerror or exc})")
+            return _lost(f"DLFS daemon's data path at {label} dropped the "
+                         f"connection ({exc.strerror or exc})")
         return exc
+
+    def _invalid(self, what: str) -> InvalidReply:
+        """The error for a reply that does not fit its request; the connection is closed."""
+        self.broken = True
+        return InvalidReply(f"DLFS daemon's data path at {self.endpoint.label} sent {what}; "
+                            "the connection was closed (a bug in the daemon: report it)")
 
 
 # How long a client whose send failed waits for the ERROR frame that says why.
 _REFUSAL_WAIT_S = 1.0
+
+
+def _lost(message: str, *, stalled: bool = False) -> Unavailable:
+    """Unavailable for a connection that reached the daemon and then broke or went
+    silent: the call policy goes on at once on a new connection."""
+    error = Unavailable(message)
+    error.connection_lost = True
+    error.stalled = int(stalled)
+    return error
+
+
+class ReplyShape:
+    """What a reply must look like to answer its request: `samples` items (ids asked
+    for), of version `generation` (0: any), and for a range at most `range_bytes`
+    (0: to the sample's end).  `check` raises InvalidReply otherwise, before the
+    payload is received (after it, for the C exchange's whole replies)."""
+
+    __slots__ = ("samples", "generation", "label", "range_bytes")
+
+    def __init__(self, samples: int, generation: int, label: str, range_bytes: int = 0):
+        self.samples, self.generation = samples, generation
+        self.label, self.range_bytes = label, range_bytes
+
+    def check(self, samples: int, generation: int, *, blocks: bool, range_bytes: int = 0) -> None:
+        if not blocks and samples != self.samples:
+            raise self._invalid(f"{samples} samples in reply to a request for {self.samples}")
+        if self.generation and generation != self.generation:
+            raise self._invalid(f"version {generation} of the dataset in reply to a request "
+                                f"for version {self.generation}")
+        if self.range_bytes and range_bytes > self.range_bytes:
+            raise self._invalid(f"a range of {range_bytes} bytes in reply to a request for "
+                                f"{self.range_bytes}")
+
+    def _invalid(self, what: str) -> InvalidReply:
+        return InvalidReply(f"DLFS daemon's data path at {self.label} sent {what}; the "
+                            "connection was closed (a bug in the daemon: report it)")
 
 
 def _descriptors_cut_off(received: int) -> Exception:

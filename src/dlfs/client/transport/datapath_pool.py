@@ -10,8 +10,11 @@ the CRC32C the reply header carries (default on), so damage anywhere
 between the daemon's disk and this process is caught here.
 
 Connections are per process: after `os.fork` the child opens its own (a
-DataLoader worker needs no gRPC to read).  A connection that breaks is
-dropped; UNAVAILABLE is retried by the caller (`dlfs.client.transport.retry`).
+DataLoader worker needs no gRPC to read; `process_state.data_paths`).  A
+connection that breaks is dropped, and an idle one is looked at before it is
+lent (`DataConnection.looks_alive`), so one whose daemon process went away is
+never handed out; what follows a failure is the caller's call policy
+(`dlfs.client.transport.call_policy`).
 """
 
 from __future__ import annotations
@@ -19,15 +22,16 @@ from __future__ import annotations
 import os
 import socket
 import threading
-import weakref
 
 import numpy as np
 
 from dlfs import limits, logs
+from dlfs.client import process_state
 from dlfs.formats import datapath_frames as frames
 from dlfs.client.reply_buffers import BufferPool
+from dlfs.client.transport.call_policy import Call
 from dlfs.client.transport.datapath_conn import DataConnection, Endpoint, OpenedDataset, Received
-from dlfs.errors import DlfsError, FailedPrecondition, Overloaded, Unavailable
+from dlfs.errors import DlfsError, FailedPrecondition, Unavailable, VersionMismatch
 from dlfs.sockio import unix_address
 
 
@@ -80,10 +84,9 @@ class DataPath:
         # The last connect failed on every endpoint: the daemon is down, or
         # restarted with another data port or instance.
         self.unreachable = False
-        # The daemon's batch limits, as the last WELCOME told them (None: not yet, or
-        # a daemon that predates telling them).
+        # The daemon's batch limits, as the last WELCOME told them (None: not yet).
         self.batch_limits = None
-        _AFTER_FORK.add(self)
+        process_state.data_paths.add(self)
 
     @property
     def tcp_port(self) -> int:
@@ -117,7 +120,7 @@ class DataPath:
         with self._connection() as connection:
             connection.check_batch(len(ids), sum(map(len, request)) - frames.FRAME.size)
             return connection.get_batch(request, ids, dataset, verify=verify, out=out,
-                                        pool=self.pool)
+                                        pool=self.pool, generation=generation)
 
     def send_hints(self, dataset: str, hints: np.ndarray, *, request_id: str = "") -> None:
         """Ask the daemon to read samples `hints` of `dataset` into its page cache, without
@@ -142,7 +145,7 @@ class DataPath:
                                       flags=frames.RANGE_BLOCKS if verify else 0)
         with self._connection() as connection:
             return connection.read_range(request, sample_id, offset, dataset, verify=verify,
-                                         pool=self.pool)
+                                         pool=self.pool, generation=generation, length=length)
 
     def stat_dataset(self, dataset: str) -> tuple[int, int, int]:
         """(generation, samples, bytes) of `dataset`'s current version, over the data path."""
@@ -162,8 +165,11 @@ class DataPath:
 
     def dedicated(self) -> DataConnection:
         """A new connection outside the pool, for a long conversation (an ingest); the
-        caller closes it."""
-        return self._connect()
+        caller closes it.  Connected as the call policy says (a refusal by one
+        serving process's share of a split limit tried on the next one; an
+        unreachable daemon not waited for)."""
+        return Call("", timeout_s=self._reply_timeout_s, reconnect_timeout_s=0.0).run(
+            self._connect)
 
     def _connection(self) -> "_Borrowed":
         return _Borrowed(self)
@@ -171,12 +177,16 @@ class DataPath:
     def _take(self) -> DataConnection:
         with self._lock:
             if self._pid != os.getpid():
-                self._forget_inherited()
+                self.forget_inherited()
             while True:
                 if self._closed:
                     raise Unavailable("the client was closed")
-                if self._idle:
-                    return self._idle.pop()
+                while self._idle:
+                    connection = self._idle.pop()
+                    if connection.looks_alive():
+                        return connection
+                    self._open -= 1  # its daemon process went away meanwhile
+                    connection.close()
                 if self._open < limits.data_connections_max:
                     self._open += 1
                     break
@@ -192,16 +202,24 @@ class DataPath:
     def _connect(self) -> DataConnection:
         """A new connection, to the first endpoint that answers.  An Overloaded refusal
         at HELLO (`refused_at_connect`) is raised, not tried on the next endpoint:
-        the daemon's limits are the same on each of its sockets.  One from a serving
-        process that holds its own share of a split limit (`Overloaded.split`) is
-        first tried again on the same endpoint, where the next connection goes to
-        the next of the daemon's processes waiting: as many tries as it has, and one
-        more for a process that went back to waiting in between."""
+        the daemon's limits are the same on each of its sockets (the call policy
+        decides what follows it); so is a connection lost after its connect went
+        through (another endpoint reaches the same daemon processes) and
+        VersionMismatch."""
         last: Exception | None = None
         for index, endpoint in enumerate(self._endpoints):
             try:
-                connection = self._connect_to(endpoint)
-            except (Unavailable, FailedPrecondition) as exc:
+                connection = DataConnection(endpoint, self._token, self._instance,
+                                            connect_timeout_s=self._connect_timeout_s,
+                                            reply_timeout_s=self._reply_timeout_s)
+            except VersionMismatch:
+                raise
+            except Unavailable as exc:
+                if exc.connection_lost:
+                    raise
+                last = exc
+                continue
+            except FailedPrecondition as exc:
                 last = exc
                 continue
             if index:  # an earlier endpoint failed: prefer this one from now on
@@ -214,19 +232,6 @@ class DataPath:
         assert last is not None
         raise last if isinstance(last, Unavailable) else Unavailable(str(last))
 
-    def _connect_to(self, endpoint: Endpoint) -> DataConnection:
-        tried = 0
-        while True:
-            try:
-                return DataConnection(endpoint, self._token, self._instance,
-                                      connect_timeout_s=self._connect_timeout_s,
-                                      reply_timeout_s=self._reply_timeout_s)
-            except Overloaded as refused:
-                tried += 1
-                # split 0 (the daemon's own limit): one try
-                if tried >= min(refused.split + 1, limits.data_split_refusal_tries_max):
-                    raise
-
     def _give_back(self, connection: DataConnection) -> None:
         with self._lock:
             self.hints_dropped += connection.hints_dropped
@@ -238,7 +243,7 @@ class DataPath:
                 self._idle.append(connection)
             self._lock.notify()
 
-    def _forget_inherited(self) -> None:
+    def forget_inherited(self) -> None:
         """In a forked child: the parent's connections are not ours to use or close."""
         self._pid = os.getpid()
         self._idle = []
@@ -263,13 +268,3 @@ class _Borrowed:
             self._connection.broken = True  # interrupted mid-reply: state unknown
         self._path._give_back(self._connection)
 
-
-_AFTER_FORK: "weakref.WeakSet[DataPath]" = weakref.WeakSet()
-
-
-def _reset_after_fork() -> None:
-    for path in list(_AFTER_FORK):
-        path._forget_inherited()
-
-
-os.register_at_fork(after_in_child=_reset_after_fork)

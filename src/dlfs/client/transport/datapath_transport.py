@@ -8,9 +8,11 @@ received straight into the caller's `out` or a recycled buffer, each
 sample checked against its CRC32C here.  In a forked worker, where gRPC
 cannot be used, hints and the dataset's current version go over the data
 path too.  The data path is asked for once (GetDataPath); a daemon that
-offers none (it serves TLS, or predates the data path) or whose data port
+offers none (it serves TLS, or was started without one) or whose data port
 cannot be reached on the first try is read through gRPC instead, with one
-log line saying why.
+log line saying why.  What follows a failed read (again at once on a new
+connection, after a pause, through gRPC, or raised) is the client's one call
+policy (`call_policy`); this module only carries out its steps.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import NamedTuple
 import numpy as np
 
 from dlfs import limits, logs
+from dlfs.client import process_state
 from dlfs.client.reply_buffers import BufferPool
 from dlfs.client.transport.checksum_errors import with_sample_path
 from dlfs.client.transport.datapath_pool import DataPath, endpoints
@@ -37,20 +40,14 @@ from dlfs.client.transport.read_requests import (
     range_id,
     request_ids,
 )
-from dlfs.client.transport.retry import call_with_retry
-from dlfs.errors import DataCorruption, InvalidArgument, Overloaded, Unavailable
-from dlfs.formats import datapath_frames as frames
+from dlfs.client.transport.call_policy import Call, Step
+from dlfs.errors import DataCorruption, InvalidArgument
 from dlfs.types import DatasetInfo
 
 log = logging.getLogger(__name__)
 
 # The data path of a transport, before it was asked for.
 _UNKNOWN = object()
-
-# Where each daemon's data path listens, as this process (or the one it was
-# forked from) learnt it: a client made from scratch in a forked worker, where
-# gRPC cannot be used, finds its daemon's data path here instead of asking.
-_LEARNT: dict[str, "DataPathHint"] = {}
 
 
 class DataPathHint(NamedTuple):
@@ -63,7 +60,8 @@ class DataPathHint(NamedTuple):
 
 
 class _NoDataPath(Exception):
-    """The daemon offers no data path (any more): read through gRPC."""
+    """The daemon offers no data path (any more), or the policy said gRPC for a
+    while: read through gRPC."""
 
 
 # Which of the data path's sockets a client uses.
@@ -100,12 +98,12 @@ class DataPathTransport(OneDaemon):
         self._lock = threading.Lock()
         self._data = _UNKNOWN
         if hint is None and not grpc_usable():
-            hint = _LEARNT.get(address)
+            hint = process_state.learnt_data_paths.get(address)
         self._hint = hint
         self.no_data_path_reason = ""  # why data_path() is None
         self._worked = False  # some data connection of this transport got a WELCOME
         # The data path refused a connection (Overloaded) since then, and until then
-        # reads go through gRPC (time.monotonic()).
+        # reads go through gRPC (time.monotonic()): the policy's "refused" step.
         self._busy_since: float | None = None
         self._busy_until = 0.0
 
@@ -212,18 +210,16 @@ class DataPathTransport(OneDaemon):
         yield 0, self.read_range(request)
 
     def _on_data_path(self, dataset: str, read, fallback):
-        """`read(data_path)`, retried on Unavailable like every read.
+        """`read(data_path)` as one call of the policy (`call_policy.Call`), deadline
+        `batch_timeout_s`, with `fallback()` (the read through gRPC) as its other way.
 
-        A daemon restarted since the data path was asked for listens on
-        another port: when connecting fails, the data path is asked for
-        again before the next attempt.  If it never answered at all (a
-        blocked port), reads give it up for gRPC (`fallback()`).  A data
-        path that refuses a new connection with Overloaded (the daemon's
-        connection limit, this client's share of it, no descriptors left) is
-        read around through gRPC, said once in the log, and tried again
-        after `limits.data_overloaded_retry_s`; where gRPC cannot be used (a
-        forked worker) the read waits that long and tries again instead,
-        within the reconnect bound.  A checksum mismatch is raised naming
+        The steps carried out here: an attempt finds the data path (asked for
+        again when the last connect failed on every endpoint: a daemon
+        restarted since listens on another port) or, while the policy's
+        "refused" step holds (`limits.data_overloaded_retry_s`) or where there
+        is none, reads through gRPC; the other way is taken for a while on a
+        refusal (logged once per episode), for good when the data path never
+        worked (a blocked port, logged).  A checksum mismatch is raised naming
         the sample's path too (one Lookup, on that error only).
         """
         def attempt():
@@ -234,68 +230,45 @@ class DataPathTransport(OneDaemon):
                 raise _NoDataPath()
             try:
                 result = read(data)
-            except Unavailable:
+            finally:
+                if data.ever_connected:
+                    self._worked = True
                 if data.unreachable:
                     self._forget(data)
-                raise
-            except Overloaded as exc:
-                if not getattr(exc, "refused_at_connect", False):
-                    raise
-                return self._refused(exc, fallback, lambda: read(data))
             if self._busy_since is not None:
                 log.info("the data path of the DLFS daemon at %s serves this client again",
                          self.address)
                 self._busy_since = None
             return result
 
+        def other_way(step: Step):
+            if step.rule == "refused":
+                self._refused(call.tried[-1])
+            else:
+                log.warning("the data path of the DLFS daemon at %s cannot be reached (%s); "
+                            "reading through gRPC instead", self.address, call.tried[-1])
+                self._forget(None)
+            return fallback()
+
+        call = self.control.call(self.batch_timeout_s)
         try:
-            return call_with_retry(attempt, address=self.address,
-                                   timeout_s=self.reconnect_timeout_s if self._worked else 0.0)
+            return call.run(attempt, other_way if grpc_usable() else None,
+                            fall_back_unreached=not self._worked)
         except _NoDataPath:
             return fallback()
         except DataCorruption as exc:
             raise with_sample_path(exc, dataset, self.control.lookup) from None
-        except Unavailable as exc:
-            if self._worked:
-                raise
-            log.warning("the data path of the DLFS daemon at %s cannot be reached (%s); reading "
-                        "through gRPC instead", self.address, exc)
-            self._forget(None)
-            return fallback()
-        finally:
-            data = self._data
-            if isinstance(data, DataPath) and data.ever_connected:
-                self._worked = True
 
-    def _refused(self, exc: Overloaded, fallback, again):
-        """The data path refused a connection with Overloaded (`exc`): the read through
-        gRPC (`fallback()`), or, where gRPC cannot be used (a forked worker), `again()`
-        after a pause, for up to the reconnect bound."""
+    def _refused(self, why: str) -> None:
+        """The policy's "refused" step (`why`: the refusal): gRPC for
+        `limits.data_overloaded_retry_s`, said once per episode."""
         now = time.monotonic()
         self._busy_until = now + limits.data_overloaded_retry_s
-        first = self._busy_since is None
-        if first:
+        if self._busy_since is None:
             self._busy_since = now
-        if grpc_usable():
-            if first:
-                log.warning("the data path of the DLFS daemon at %s refused a connection "
-                            "(Overloaded: %s); reading through gRPC until it has room",
-                            self.address, exc.message)
-            return fallback()
-        if first:
             log.warning("the data path of the DLFS daemon at %s refused a connection "
-                        "(Overloaded: %s); this process cannot use gRPC, so it tries again "
-                        "every %g s", self.address, exc.message, limits.data_overloaded_retry_s)
-        give_up = now + self.reconnect_timeout_s
-        while time.monotonic() + limits.data_overloaded_retry_s <= give_up:
-            time.sleep(limits.data_overloaded_retry_s)
-            try:
-                return again()
-            except Overloaded as refused:
-                if not getattr(refused, "refused_at_connect", False):
-                    raise
-                exc = refused
-        raise exc
+                        "(Overloaded: %s); reading through gRPC until it has room",
+                        self.address, why)
 
     def _forget(self, data: DataPath | None) -> None:
         """Drop the data path `data` (ask again at the next read), or with None give the
@@ -316,7 +289,7 @@ class DataPathTransport(OneDaemon):
         return self._data_path(found, hint)
 
     def _data_path(self, found, hint: DataPathHint) -> DataPath:
-        _LEARNT[self.address] = hint
+        process_state.learnt_data_paths[self.address] = hint
         return DataPath(found, hint=hint, token=self.settings.token,
                         connect_timeout_s=min(self.timeout_s, limits.data_connect_timeout_s),
                         reply_timeout_s=self.batch_timeout_s, pool=self.pool)
@@ -327,12 +300,8 @@ class DataPathTransport(OneDaemon):
             self.no_data_path_reason = "this client uses TLS, which the data path does not carry"
             return None
         offer = self.control.data_path_offer()
-        if offer is None or not offer.enabled:
-            self.no_data_path_reason = (f"it offers none ({offer.reason})" if offer is not None
-                                        else "it predates the data path")
-        elif offer.version != frames.VERSION:
-            self.no_data_path_reason = (f"it speaks data path version {offer.version}, this "
-                                        f"client {frames.VERSION}")
+        if not offer.enabled:
+            self.no_data_path_reason = f"it offers none ({offer.reason})"
         else:
             found = endpoints(self.address, offer.port if self._socket != "unix" else 0,
                               offer.unix_socket if self._socket != "tcp" else "")

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from dlfs import limits, logs
 from dlfs.formats import datapath_frames as frames
-from dlfs.errors import InvalidArgument
 from dlfs.types import DatasetInfo
 
 # Bytes of frames handed to one sendmsg, and how often to look for an ERROR.
@@ -22,31 +21,21 @@ _BUFFERS_MAX = 512
 _SOCKET_BUFFER_BYTES = 4 * 1024 * 1024
 
 
-class UnsupportedDaemon(Exception):
-    """The daemon's data path does not know INGEST_START (an older daemon): use gRPC."""
-
-
 def send(data_path, name: str, chunks, *, replace: bool, resumable: bool,
          resume_from: int | None, dirs=()) -> DatasetInfo:
     """Ingest `chunks` ((file, data, last, crc) from `ingest.ordered_files`) as `name`,
     after the dataset's empty directories `dirs` (paths).
 
     Raises the daemon's typed errors, Unavailable when the connection breaks,
-    UnsupportedDaemon, and whatever `chunks` raises (the daemon then sees the
+    and whatever `chunks` raises (the daemon then sees the
     stream break off).
     """
     connection = data_path.dedicated()
     try:
-        try:
-            connection.start_ingest(
-                frames.ingest_start(name, replace=replace, resumable=resumable,
-                                      resume_from=resume_from,
-                                      request_id=logs.current_request_id()),
-                limits.metadata_timeout_s_default)
-        except InvalidArgument as exc:
-            if "unknown request kind" in exc.message:
-                raise UnsupportedDaemon() from None
-            raise
+        connection.start_ingest(
+            frames.ingest_start(name, replace=replace, resumable=resumable,
+                                resume_from=resume_from, request_id=logs.current_request_id()),
+            limits.metadata_timeout_s_default)
         # With the default 208 KiB, a 1 MiB send waits for the daemon several times: on
         # a loaded 2-core VM that capped an ingest at 150 MB/s.
         connection.widen_send_buffer(_SOCKET_BUFFER_BYTES)

@@ -30,6 +30,7 @@ from dlfs.errors import (
     FailedPrecondition,
     InvalidArgument,
     StaleGeneration,
+    StoredElsewhere,
     Unavailable,
 )
 from dlfs.formats import block_crcs, disk_layout as layout
@@ -166,14 +167,12 @@ class DirectReader:
             f"dataset {self._dataset!r} was replaced: version {generation} is no longer "
             f"served (the current one is {index.generation}); open it again")
 
-    def _elsewhere(self, sample_id: int) -> FailedPrecondition:
-        """The error for a sample of a striped dataset that other daemons store; it says
-        so (`stored_elsewhere`) for readers that can ask the daemons instead."""
-        error = FailedPrecondition(
+    def _elsewhere(self, sample_id: int) -> StoredElsewhere:
+        """The error for a sample of a striped dataset that other daemons store (readers
+        that can ask the daemons instead catch its class)."""
+        return StoredElsewhere(
             f"sample {sample_id} of dataset {self._dataset!r} is stored on other daemons, "
             "not on this one; read the striped dataset through its cluster: Client(etcd=URL)")
-        error.stored_elsewhere = True
-        return error
 
     def _replaced(self) -> bool:
         """Whether the daemon unlinked this version's extents (one fstat)."""
@@ -233,8 +232,8 @@ class DirectReader:
         the blocks around it were checked, for a reader that hands the extent's pages
         on without reading them itself (the mount's splice READs).  The descriptor is
         the caller's to close (a duplicate: a reload cannot close it under it).  None
-        when the part is empty or cannot be checked by blocks (a dataset from before
-        block CRCs; a daemon without BLOCK_CRCS), or the dataset was reloaded
+        when the part is empty or cannot be checked by blocks (a dataset stored
+        without block CRCs), or the dataset was reloaded
         meanwhile: read it another way.  Raises what read_range does."""
         # A part of a named version needs no fstat: the mapped version serves it or
         # is reloaded (then the new one serves it, or StaleGeneration).
@@ -245,12 +244,7 @@ class DirectReader:
         stop = min(size, start + max(length, 0))
         if start >= stop:
             return None
-        try:
-            block_bytes, crcs = self._crcs_of(index, sample_id)
-        except FailedPrecondition as exc:
-            if getattr(exc, "predates_block_crcs", False):
-                return None
-            raise
+        block_bytes, crcs = self._crcs_of(index, sample_id)
         if crcs is None:
             return None
         self._advise_blocks(index, extents, sample_id, start, stop, block_bytes)

@@ -95,9 +95,7 @@ class DirectTransport(OneDaemon):
         if not request.size:
             return []
         reader = self._reader(request.dataset)
-        told = self._local().batch_limits
-        if told is not None:
-            told.check_count(request.size)
+        self._local().batch_limits.check_count(request.size)
         if request.prefetch_ids.size:
             reader.prefetch(request.prefetch_ids)
         try:
@@ -112,8 +110,7 @@ class DirectTransport(OneDaemon):
         return self.data.prefetch(request, wait)
 
     def read_range(self, request: RangeRequest) -> memoryview:
-        """A view of the mapped extent, verified by blocks (DirectReader.read_range); from
-        a daemon too old to tell a sample's block CRCs, read through it instead."""
+        """A view of the mapped extent, verified by blocks (DirectReader.read_range)."""
         sample_id = range_id(request, self.lookup)
         try:
             return self._reader(request.dataset).read_range(
@@ -121,10 +118,6 @@ class DirectTransport(OneDaemon):
                 generation=request.generation)
         except DataCorruption as exc:
             raise with_sample_path(exc, request.dataset, self.control.lookup) from None
-        except FailedPrecondition as exc:
-            if not getattr(exc, "predates_block_crcs", False):
-                raise
-            return self.data.read_range(request)  # the daemon checks the blocks, then sends
 
     def read_chunks(self, request: RangeRequest) -> Iterator[tuple[int, memoryview]]:
         """As the other transports: (position, piece) pairs, each at most

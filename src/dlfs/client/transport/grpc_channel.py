@@ -16,27 +16,22 @@ import threading
 import grpc
 
 from dlfs import limits
+from dlfs.client import process_state
 from dlfs.errors import FailedPrecondition, InvalidArgument
 from dlfs.proto import dlfs_pb2 as pb
 from dlfs.proto import dlfs_pb2_grpc
 
 FORK_SUPPORT_ENV = "GRPC_ENABLE_FORK_SUPPORT"
 
-# The process that opened this process's first gRPC channel (0: none yet).  A
-# forked child inherits the value, so "nonzero and not my pid" means gRPC's
-# core ran in an ancestor and its threads did not come along.
-_grpc_pid = 0
-
-# Channels opened to hold gRPC's core up, one per process that opened a channel
-# (never used, never closed).  gRPC shuts its core down, on a thread of its own,
-# when the last of its objects goes; a fork() meanwhile can deadlock inside gRPC's
-# fork handlers, which take the lock that shutdown holds.  That is the common
-# order in training code: DLFSDataset closes the client it listed the dataset
-# with, then a DataLoader forks its workers at once.  Seen once in CI: the test
-# process stuck in os.fork(), with a "grpc_shutdown" thread waiting.  A process
-# that used gRPC keeps the core up until it exits.
-_core_holders: list[grpc.Channel] = []
-_core_holder_pid = 0
+# Which process opened gRPC's core, and the channels that hold it up
+# (`process_state.grpc`): channels opened to hold gRPC's core up, one per process
+# that opened a channel (never used, never closed).  gRPC shuts its core down, on a
+# thread of its own, when the last of its objects goes; a fork() meanwhile can
+# deadlock inside gRPC's fork handlers, which take the lock that shutdown holds.
+# That is the common order in training code: DLFSDataset closes the client it
+# listed the dataset with, then a DataLoader forks its workers at once.  Seen once
+# in CI: the test process stuck in os.fork(), with a "grpc_shutdown" thread
+# waiting.  A process that used gRPC keeps the core up until it exits.
 # Where a core-holding channel would connect: nowhere (it makes no call, so it
 # never resolves or connects).
 _CORE_HOLDER_ADDRESS = "unix-abstract:dlfs-grpc-core-holder"
@@ -77,7 +72,8 @@ def fork_support_enabled() -> bool:
 
 def grpc_usable() -> bool:
     """False in a forked child where opening a gRPC channel would hang (`check_grpc_usable`)."""
-    return not (_grpc_pid and _grpc_pid != os.getpid()) or fork_support_enabled()
+    opened_by = process_state.grpc.opened_by_pid
+    return not (opened_by and opened_by != os.getpid()) or fork_support_enabled()
 
 
 def check_grpc_usable() -> None:
@@ -109,12 +105,12 @@ def open_channel(address: str, settings: ChannelSettings) -> grpc.Channel:
 
     Raises FailedPrecondition where gRPC cannot be used (`check_grpc_usable`).
     """
-    global _grpc_pid, _core_holder_pid
     check_grpc_usable()
-    _grpc_pid = os.getpid()
-    if _core_holder_pid != _grpc_pid:
-        _core_holders.append(grpc.insecure_channel(_CORE_HOLDER_ADDRESS))
-        _core_holder_pid = _grpc_pid
+    core = process_state.grpc
+    core.opened_by_pid = os.getpid()
+    if core.holder_pid != core.opened_by_pid:
+        core.holders.append(grpc.insecure_channel(_CORE_HOLDER_ADDRESS))
+        core.holder_pid = core.opened_by_pid
     backoff_ms = int(limits.reconnect_backoff_max_s * 1000)
     options = [
         ("grpc.max_send_message_length", limits.message_bytes_max),
@@ -191,8 +187,8 @@ class _OpenChannel:
 
 
 def grpc_core_held() -> bool:
-    """Whether this process holds gRPC's core up (it opened a channel; see `_core_holders`)."""
-    return _core_holder_pid == os.getpid()
+    """Whether this process holds gRPC's core up (it opened a channel; see above)."""
+    return process_state.grpc.holder_pid == os.getpid()
 
 
 def _read(path: str, what: str) -> bytes:

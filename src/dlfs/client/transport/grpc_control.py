@@ -4,8 +4,8 @@ The `contract.DaemonControl` of every one-daemon transport: metadata,
 datasets, status, warm-ups, scrubs, the index, ingest streams and the
 two-phase commit's calls.  Each call carries the metadata deadline and the
 request id, converts gRPC's failures into typed errors inside its attempt
-(`grpc_errors.typed`) and is retried on Unavailable by `retry` where the
-contract says so.  Requests and answers are converted in `grpc_messages`.
+(`grpc_errors.typed`) and runs under the client's call policy (`call_policy`:
+retried where the contract says so, one deadline as a whole).  Requests and answers are converted in `grpc_messages`.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from dlfs.client.transport.grpc_channel import DaemonChannel
 from dlfs.client.transport.grpc_errors import from_rpc_error, typed
 from dlfs.client.transport.ingest_requests import IngestPiece, IngestStart
 from dlfs.client.transport.control_replies import DataPathOffer, DatasetIndex, IngestState, ScrubUpdate
-from dlfs.client.transport.retry import call_with_retry
+from dlfs.client.transport.call_policy import Call, time_left
 from dlfs.proto import dlfs_pb2 as pb
 from dlfs.types import DaemonStatus, DatasetInfo, Entry, WarmInfo
 
@@ -47,13 +47,18 @@ class GrpcControl:
               retry: bool = True):
         """Unary call `method`: one round trip, the typed error of its failure."""
         stub_method = getattr(self.channel.stub, method)
+        timeout_s = timeout_s or self.timeout_s
 
         def attempt():
-            return typed(lambda: stub_method(request, timeout=timeout_s or self.timeout_s,
+            return typed(lambda: stub_method(request, timeout=time_left(timeout_s),
                                              metadata=logs.outgoing_metadata()), self.address)
 
-        return call_with_retry(attempt, address=self.address,
-                               timeout_s=self.reconnect_timeout_s if retry else 0.0)
+        return self.call(timeout_s, retry=retry).run(attempt)
+
+    def call(self, timeout_s: float, *, retry: bool = True) -> Call:
+        """A call to this daemon under the policy: deadline `timeout_s` as a whole."""
+        return Call(self.address, timeout_s=timeout_s,
+                    reconnect_timeout_s=self.reconnect_timeout_s, retry=retry)
 
     # --- datasets and metadata ----------------------------------------------------------
 
@@ -90,11 +95,10 @@ class GrpcControl:
     def index(self, dataset: str) -> DatasetIndex:
         def attempt():
             return typed(lambda: list(self.channel.stub.GetIndex(
-                pb.GetIndexRequest(dataset=dataset), timeout=self.timeout_s,
+                pb.GetIndexRequest(dataset=dataset), timeout=time_left(self.timeout_s),
                 metadata=logs.outgoing_metadata())), self.address)
 
-        return convert.dataset_index(call_with_retry(attempt, address=self.address,
-                                                     timeout_s=self.reconnect_timeout_s))
+        return convert.dataset_index(self.call(self.timeout_s).run(attempt))
 
     # --- the daemon ---------------------------------------------------------------------
 
@@ -115,20 +119,8 @@ class GrpcControl:
         except grpc.RpcError as exc:
             raise from_rpc_error(exc, self.address) from None
 
-    def data_path_offer(self) -> DataPathOffer | None:
-        def attempt():
-            try:
-                return self.channel.stub.GetDataPath(pb.GetDataPathRequest(),
-                                                     timeout=self.timeout_s,
-                                                     metadata=logs.outgoing_metadata())
-            except grpc.RpcError as exc:
-                if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
-                    return None
-                raise from_rpc_error(exc, self.address) from None
-
-        offer = call_with_retry(attempt, address=self.address,
-                                timeout_s=self.reconnect_timeout_s)
-        return None if offer is None else convert.data_path_offer(offer)
+    def data_path_offer(self) -> DataPathOffer:
+        return convert.data_path_offer(self._call("GetDataPath", pb.GetDataPathRequest()))
 
     # --- ingest ---------------------------------------------------------------------------
 

@@ -22,14 +22,10 @@ from dlfs.client.transport.grpc_control import GrpcControl
 from dlfs.client.transport.grpc_errors import from_rpc_error, typed
 from dlfs.client.transport.one_daemon import OneDaemon
 from dlfs.client.transport.read_requests import BatchRequest, PrefetchRequest, RangeRequest
-from dlfs.client.transport.retry import call_with_retry
+from dlfs.client.transport.call_policy import time_left
 from dlfs.errors import Overloaded, ReplyTooLarge, Unavailable
 from dlfs.formats import grpc_chunks
 from dlfs.types import DatasetInfo
-
-
-class _NoUnaryReads(Exception):
-    """The daemon predates GetSmallBatch (it answered UNIMPLEMENTED)."""
 
 
 class GrpcTransport(OneDaemon):
@@ -37,8 +33,8 @@ class GrpcTransport(OneDaemon):
     `os.fork` make a new one.
 
     Timeouts: `timeout_s` is the deadline of control calls,
-    `batch_timeout_s` of reads; `reconnect_timeout_s` bounds how long a call
-    waits out Unavailable (see `dlfs.client.transport.retry`).
+    `batch_timeout_s` of reads, each as a whole; `reconnect_timeout_s` bounds how
+    long a call waits out an unreachable daemon (see `call_policy`).
     """
 
     def __init__(self, address: str, *, timeout_s: float, batch_timeout_s: float,
@@ -55,8 +51,6 @@ class GrpcTransport(OneDaemon):
         self.channel = DaemonChannel(address, self.settings)
         self.control = GrpcControl(self.channel, timeout_s=timeout_s,
                                    reconnect_timeout_s=reconnect_timeout_s)
-        # False once the daemon answered UNIMPLEMENTED (older than GetSmallBatch).
-        self.small_batches = True
 
     def close(self) -> None:
         self.channel.close()
@@ -99,22 +93,19 @@ class GrpcTransport(OneDaemon):
 
         With `out` the samples are copied into it (`reply_buffers.copy_into`).
         Batches of up to `limits.small_batch_samples_max` samples first try
-        the unary GetSmallBatch (fewer thread hand-offs: ~0.5 ms less per
-        call on loopback) and stream only if the daemon says the reply does
-        not fit one message, or has no unary read.
+        the unary GetSmallBatch (fewer thread hand-offs) and stream only if
+        the daemon says the reply does not fit one message.
         """
         if out is not None:
             return copy_into(out, self.get_batch(request))
         if not request.size:
             return []
         message = convert.batch_message(request)
-        if self.small_batches and request.size <= limits.small_batch_samples_max:
+        if request.size <= limits.small_batch_samples_max:
             try:
                 return self._read("GetSmallBatch", message)
             except ReplyTooLarge:
                 pass  # large samples: the stream carries them
-            except _NoUnaryReads:
-                self.small_batches = False
         return self._read("GetBatch", message)
 
     def read_range(self, request: RangeRequest) -> memoryview:
@@ -125,14 +116,14 @@ class GrpcTransport(OneDaemon):
 
         def first_piece():
             def call():
-                stream = self._raw_reads["ReadRange"](message, timeout=self.batch_timeout_s,
-                                                      metadata=logs.outgoing_metadata())
+                stream = self._raw_reads["ReadRange"](
+                    message, timeout=time_left(self.batch_timeout_s),
+                    metadata=logs.outgoing_metadata())
                 return stream, next(stream, None)
 
             return typed(call, self.address)
 
-        stream, raw = call_with_retry(first_piece, address=self.address,
-                                      timeout_s=self.reconnect_timeout_s)
+        stream, raw = self.control.call(self.batch_timeout_s).run(first_piece)
         received = 0
         expected = None
         try:
@@ -165,23 +156,20 @@ class GrpcTransport(OneDaemon):
         return True
 
     def _read(self, method: str, message) -> list[memoryview]:
-        """One read call (a BatchChunk stream, or one chunk for GetSmallBatch), retried on
-        Unavailable; the samples as views into the assembled payload."""
+        """One read call (a BatchChunk stream, or one chunk for GetSmallBatch) under the
+        call policy; the samples as views into the assembled payload."""
         unary = method == "GetSmallBatch"
         stub_method = self._raw_reads[method]
 
         def attempt() -> list[memoryview]:
             try:
-                reply = stub_method(message, timeout=self.batch_timeout_s,
+                reply = stub_method(message, timeout=time_left(self.batch_timeout_s),
                                     metadata=logs.outgoing_metadata())
                 return assemble(iter((reply,)) if unary else reply)
             except grpc.RpcError as exc:
-                if unary and exc.code() == grpc.StatusCode.UNIMPLEMENTED:
-                    raise _NoUnaryReads() from None
                 raise from_rpc_error(exc, self.address) from None
 
-        return call_with_retry(attempt, address=self.address,
-                               timeout_s=self.reconnect_timeout_s)
+        return self.control.call(self.batch_timeout_s).run(attempt)
 
 
 def assemble(chunks) -> list[memoryview]:

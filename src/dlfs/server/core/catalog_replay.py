@@ -116,7 +116,7 @@ def restore(catalog: cat.Catalog, logged, extents: ExtentStore,
             continue
         block = records.SampleBlock.concat(entry.blocks)
         if block.block_crc is None:
-            log.info("dataset %r predates block CRCs: parts of its samples over %d bytes are "
+            log.info("dataset %r has no block CRCs: parts of its samples over %d bytes are "
                      "not verified, whole samples are (ingest it again to verify every read)",
                      entry.name, block.block_bytes)
         index = DatasetIndex(entry.name, dataset_id, entry.created_ns, block, entry.cluster,

@@ -32,15 +32,16 @@ from dlfs import limits, logs
 from dlfs.errors import (
     DeadlineExceeded,
     DlfsError,
-    FailedPrecondition,
     InvalidArgument,
     Overloaded,
     Unauthenticated,
+    VersionMismatch,
 )
 from dlfs.formats import datapath_frames as frames
 from dlfs.server.datapath import replies, uploads
 from dlfs.server.metrics import OPERATOR_CODES
 from dlfs.sockio import recv_exactly, send_all
+from dlfs.version import interoperates, mismatch_message
 
 log = logging.getLogger("dlfs.server.datapath.listener")
 
@@ -75,13 +76,13 @@ class DataConnection:
         or the connection evicted by newer ones while it had not finished its HELLO."""
         entry = self.entry
         try:
-            kind, flags, body = self._frame(frames.HELLO.size + limits.datapath_token_bytes_max,
-                                            deadline=entry.deadline)
+            kind, _flags, body = self._frame(frames.HELLO.size + limits.datapath_token_bytes_max,
+                                             deadline=entry.deadline)
             if entry.evicted or not kind:
                 raise ConnectionResetError(0, "closed before its HELLO")
             if kind != frames.Kind.HELLO:
                 raise frames.FrameError(f"the first frame must be HELLO, not kind {kind}")
-            version, token = frames.parse_hello(body)
+            hello = frames.parse_hello(body)
         except frames.FrameError as exc:
             self._refuse(InvalidArgument(str(exc)), "malformed")
             return False
@@ -94,28 +95,26 @@ class DataConnection:
                     f"{limits.datapath_hello_timeout_s:g} s of the connect; send it at once"),
                     "handshake_deadline")
             return False
+        if hello.version != frames.VERSION or not interoperates(hello.release):
+            self._refuse(VersionMismatch(mismatch_message("client", hello.release,
+                                                          this="daemon")), "version")
+            return False
         authorizer = self.server.authorizer
         if authorizer is not None:
-            self.role = authorizer.role(token)
+            self.role = authorizer.role(hello.token)
         if authorizer is not None and self.role is None:
             self._refuse(Unauthenticated(
                 "this daemon requires a token: pass --token (or set DLFS_TOKEN) with a token "
                 "from its tokens file"), "unauthenticated")
             return False
-        if version < 1:
-            self._refuse(FailedPrecondition(
-                f"data path version {version} is not supported; this daemon speaks 1 to "
-                f"{frames.VERSION}"), "version")
-            return False
         try:
             self.server.admission.admit(entry)
         except Overloaded as exc:
-            self._refuse(exc, getattr(exc, "refusal", "connections"))
+            self._refuse(exc, exc.refusal)
             return False
         self.server.count_connections()
-        self.send([frames.welcome(
-            min(version, frames.VERSION), self.server.buffers.window_bytes, self.server.instance,
-            daemon_limits=self.server.limits if flags & frames.HELLO_ASK_LIMITS else None)])
+        self.send([frames.welcome(self.server.buffers.window_bytes, self.server.instance,
+                                  self.server.limits)])
         return True
 
     def serve(self, first: tuple[int, bytes] | None = None) -> None:

@@ -22,9 +22,16 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from dlfs import limits, logs
-from dlfs.errors import ERROR_CLASS_METADATA, DlfsError, Internal, InvalidArgument
+from dlfs.errors import (
+    ERROR_CLASS_METADATA,
+    DlfsError,
+    Internal,
+    InvalidArgument,
+    VersionMismatch,
+)
 from dlfs.server.grpc.call_guard import LONG_METHODS
 from dlfs.server.metrics import OPERATOR_CODES
+from dlfs.version import VERSION_METADATA, interoperates, mismatch_message
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +73,10 @@ class ErrorInterceptor(grpc.ServerInterceptor):
             return None
         method = handler_call_details.method
         guard = self.guard if method in LONG_METHODS else None
-        if self.authorizer is not None:
+        mismatch = _version_mismatch(handler_call_details.invocation_metadata)
+        if mismatch is not None:
+            handler, guard = _refusing(handler, mismatch), None
+        elif self.authorizer is not None:
             try:
                 self.authorizer.check(method, handler_call_details.invocation_metadata)
             except DlfsError as denial:
@@ -83,6 +93,15 @@ class ErrorInterceptor(grpc.ServerInterceptor):
         if handler.stream_stream:
             return handler._replace(stream_stream=_wrap_stream(handler.stream_stream, call, True))
         return handler
+
+
+def _version_mismatch(metadata) -> VersionMismatch | None:
+    """The refusal of a call whose `dlfs-version` names a release of another minor
+    (`dlfs.version`'s policy); None for one of this minor, or one that names none."""
+    release = next((value for key, value in metadata or () if key == VERSION_METADATA), None)
+    if release is None or interoperates(release):
+        return None
+    return VersionMismatch(mismatch_message("client", release, this="daemon"))
 
 
 def _refusing(handler, denial: Exception):
