@@ -91,7 +91,10 @@ class ScriptedDaemon(threading.Thread):
 
     @staticmethod
     def _frame(conn: socket.socket) -> bytes | None:
-        header = conn.recv(frames.FRAME.size, socket.MSG_WAITALL)
+        try:
+            header = conn.recv(frames.FRAME.size, socket.MSG_WAITALL)
+        except ConnectionResetError:  # a client that closed with a reply unread
+            return None
         if len(header) < frames.FRAME.size:
             return None
         _kind, _flags, length = frames.parse_frame(header)
@@ -121,10 +124,11 @@ def script():
 
 
 def ask(connection: DataConnection, count: int, *, out=None, verify: bool = True,
-        pool: BufferPool | None = None):
+        pool: BufferPool | None = None, generation: int = 0):
     ids = np.arange(100, 100 + count, dtype=np.int64)
-    return connection.get_batch(frames.get_batch(DATASET, ids, generation=3), ids, DATASET,
-                                verify=verify, out=out, pool=pool or BufferPool())
+    return connection.get_batch(frames.get_batch(DATASET, ids, generation=generation or 3),
+                                ids, DATASET, verify=verify, out=out, pool=pool or BufferPool(),
+                                generation=generation)
 
 
 def test_the_c_exchange_reads_the_frames_this_package_writes():
@@ -280,3 +284,56 @@ def test_a_signal_handler_runs_while_the_exchange_waits(exchange, script):
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
     assert time.monotonic() - started < 5.0
+
+
+@pytest.mark.parametrize("sent", [7, 9], ids=["one too few", "one too many"])
+def test_a_reply_of_another_number_of_samples_is_refused(exchange, script, sent):
+    """8 ids asked, `sent` samples answered: a caller pairing ids with samples would get
+    the wrong ones, so nothing is handed out."""
+    connection = script([batch_reply(samples_of(sent))])
+    with pytest.raises(errors.InvalidReply, match=f"{sent} samples in reply to a request "
+                                                  "for 8"):
+        ask(connection, 8)
+    assert connection.broken
+
+
+def test_a_reply_of_another_generation_than_named_is_refused(exchange, script):
+    connection = script([batch_reply(samples_of(2), generation=4)])
+    with pytest.raises(errors.InvalidReply, match="version 4 of the dataset in reply to a "
+                                                  "request for version 3"):
+        ask(connection, 2, generation=3)
+    assert connection.broken
+    # Not naming one, the current version is whatever the daemon serves.
+    assert ask(script([batch_reply(samples_of(2), generation=4)]), 2).generation == 4
+
+
+def test_a_payload_over_what_a_reply_may_carry_is_refused_before_any_allocation(
+        exchange, script):
+    """A header announcing 2**62 bytes (its lengths adding up): InvalidReply, not a
+    MemoryError, and no buffer asked of the pool."""
+    lengths = np.array([1 << 62], dtype=np.uint64)
+    header = b"".join(bytes(b) for b in frames.batch_header(
+        3, lengths, np.zeros(1, np.uint32), frames.BATCH_CRCS))
+    pool = BufferPool()
+    taken = []
+    take = pool.take
+    pool.take = lambda size: taken.append(size) or take(size)
+    connection = script([("hang", header)])
+    with pytest.raises(errors.InvalidReply, match=r"a payload of 4611686018427387904 bytes, "
+                                                  r"over the most a reply of this daemon "
+                                                  r"carries \(1075838976\)"):
+        ask(connection, 1, pool=pool)
+    assert taken == [] and connection.broken
+
+
+def test_a_range_reply_longer_than_the_range_asked_for_is_refused(script):
+    connection = script([batch_reply([b"x" * 200], flags=0)])
+    request = frames.read_range(DATASET, 5, 10, 100)
+    with pytest.raises(errors.InvalidReply, match="a range of 200 bytes in reply to a "
+                                                  "request for 100"):
+        connection.read_range(request, 5, 10, DATASET, verify=False, pool=BufferPool(),
+                              length=100)
+    assert connection.broken
+    answered = script([batch_reply([b"x" * 60], flags=0)])  # clipped at the sample's end
+    assert bytes(answered.read_range(request, 5, 10, DATASET, verify=False, pool=BufferPool(),
+                                     length=100).samples[0]) == b"x" * 60

@@ -507,9 +507,6 @@ class DataConnection:
             checker.check_until(0)  # empty samples at the start
         while filled < len(view):
             kind, length = self._frame_header()
-            if kind == frames.Kind.DATA and length > self.window_bytes:
-                raise self._invalid(f"a DATA frame of {length} bytes, over its window of "
-                                    f"{self.window_bytes}")
             if kind != frames.Kind.DATA or length > len(view) - filled:
                 raise self._not_data(kind, length)
             recv_waiting(self._sock, view[filled:filled + length], deadline=self._deadline)
