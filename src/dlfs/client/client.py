@@ -1,9 +1,12 @@
 """The thin client: `Client` talks to DLFS daemons, `Dataset` is one dataset.
 
-Every call carries a deadline.  Failures raise the typed errors of
-`dlfs.errors`; calls that only read are retried on UNAVAILABLE for up to
-`reconnect_timeout_s` (a restarting daemon is waited for, a dead one is
-reported with its address).
+Every call carries one deadline as a whole (`timeout_s` for metadata,
+`batch_timeout_s` for reads).  Failures raise the typed errors of
+`dlfs.errors`; what calls that only read do after a failure is the one call
+policy (`transport.call_policy`): a lost connection (a data path worker that
+died or hung) goes on at once on a new one, an unreachable daemon is waited
+for up to `reconnect_timeout_s` (a restarting daemon is waited for, a dead
+one is reported with its address and what was tried).
 
 Samples come back as read-only `memoryview`s into the reply's payload: no
 client-side copy, buffer protocol (``np.frombuffer``, ``io.BytesIO``,

@@ -23,6 +23,7 @@ import array
 import logging
 import os
 import resource
+import select
 import socket
 import time
 from typing import NamedTuple
@@ -180,13 +181,15 @@ class DataConnection:
 
     def looks_alive(self) -> bool:
         """Whether an idle connection may take a request: nothing arrived on it since its
-        last reply (one non-blocking peek).  A daemon process that went away left an
-        end of file or a reset; one that closed an idle connection, an ERROR before
+        last reply (one `select`, and a peek when something came).  A daemon process
+        that went away left an end of file or a reset; one that closed an idle connection, an ERROR before
         it.  Replies of hints sent without waiting may be waiting: then it is taken
         as alive (the request reads them first and finds out)."""
         if self._unanswered_hints:
             return True
         try:
+            if not select.select([self._sock], [], [], 0)[0]:
+                return True  # the common case: one system call
             self._sock.settimeout(0)  # with a timeout, Python would poll for it first
             waiting = self._sock.recv(1, socket.MSG_PEEK)
         except (BlockingIOError, InterruptedError):
