@@ -249,6 +249,10 @@ etcd_value_bytes_max = 512 * KiB
 # after its last keepalive, and readers route around it at once then.  Its
 # keepalives go every third of it (daemon setting --member-lease-ttl-s).
 member_lease_ttl_s_default = 5
+# A striped ingest or replace that finds a member silent waits at most its lease's
+# TTL and this long for it to leave the member list (etcd's expiry runs late by
+# about a keepalive's round trip) or answer again.
+silent_member_wait_margin_s = 2.0
 # etcd grants no lease shorter than this (its minimum TTL with default timings).
 member_lease_ttl_s_min = 2
 # The lease of a client that coordinates a striped ingest, replace, rebalance
