@@ -103,7 +103,8 @@ class GrpcDoor:
         self.handshake_timeout_s = handshake_timeout_s
         self._refused = refused
         self._clock = clock
-        self._listener: socket.socket | None = None
+        self._listener = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET,
+                                       socket.SOCK_STREAM)
         self._selector = selectors.DefaultSelector()
         self._pending: dict[Door, None] = {}  # the door thread's, oldest first
         self._wake_r, self._wake_w = socket.socketpair()
@@ -118,8 +119,7 @@ class GrpcDoor:
     def bind(self) -> int:
         """Bind and listen (connections wait in the kernel until `start`); the port
         bound.  Raises OSError."""
-        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
-        listener = socket.socket(family, socket.SOCK_STREAM)
+        listener = self._listener
         try:
             listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             listener.bind((self.host.strip("[]"), self.port))
@@ -128,7 +128,6 @@ class GrpcDoor:
         except OSError:
             listener.close()
             raise
-        self._listener = listener
         self.port = listener.getsockname()[1]
         return self.port
 
@@ -154,8 +153,7 @@ class GrpcDoor:
             _close(door.held)
         self._pending.clear()
         self._selector.close()
-        if self._listener is not None:
-            self._listener.close()
+        self._listener.close()
         self._wake_r.close()
         self._wake_w.close()
 
@@ -214,12 +212,11 @@ class GrpcDoor:
 
     def _out_of_room(self, exc: OSError) -> None:
         """Out of descriptors or kernel memory: stop accepting for a while (the kernel
-        queues new connections meanwhile), say so once an episode."""
-        log.warning("cannot accept gRPC connections: %s (%s); trying again in %g s",
-                    exc.strerror, errno.errorcode.get(exc.errno, exc.errno),
-                    limits.datapath_accept_backoff_s_max)
+        queues new connections meanwhile), counted and logged as refusals are."""
         self._short_since = self._clock()
-        self._count("descriptors", "?")
+        self._count("descriptors", "?", f"cannot accept gRPC connections: {exc.strerror} "
+                    f"({errno.errorcode.get(exc.errno or 0, exc.errno)}); trying again in "
+                    f"{limits.datapath_accept_backoff_s_max:g} s")
         self._selector.unregister(self._listener)
 
     def _read(self, door: Door) -> None:
@@ -384,6 +381,7 @@ class _Relay:
 
     def outward(self) -> None:
         """gRPC's bytes to the client."""
+        assert self.upstream is not None  # started by `inward` once connected
         try:
             self._pump(self.upstream, self.client, None)
         except OSError:
@@ -403,6 +401,7 @@ class _Relay:
             sink.sendall(view[:got])
 
     def _follow(self, chunk) -> None:
+        assert self.watch is not None
         if self.watch.feed(chunk):
             self.server.admission.called(self.door)
 
