@@ -206,17 +206,30 @@ stream_stall_timeout_s_default = 60.0
 # bytes it sent at this rate (a client that reads a message now and then
 # must not keep its thread and ticket for ever).
 stream_bytes_per_s_min = 1 * MiB
-# A gRPC connection's handshake (TCP to HTTP/2 settings, TLS included) must
-# be done this soon (gRPC's own default is 120 s).
+# A gRPC connection's handshake must be done this soon from its accept: the
+# client's HTTP/2 preface and SETTINGS at the daemon's door (server/grpc/door.py),
+# and the TLS handshake too, where gRPC does it (gRPC's own default is 120 s).
 grpc_handshake_timeout_s = 10.0
-# gRPC connections (HTTP/2 over TCP, a descriptor each) the daemon holds at once;
-# one over it is closed as it is accepted (gRPC's max_allowed_incoming_connections),
-# so a flood of them cannot take the descriptors the extents and the data path
-# need.  One not past its handshake goes after grpc_handshake_timeout_s, one with
-# no call for grpc_connection_idle_s is closed (clients reconnect at their next
-# call).  gRPC has no per-peer share of them; the data path does.
+# Connections at the gRPC door whose preface and SETTINGS have not arrived (a
+# descriptor each, nothing else) have a budget of their own, in all and per client
+# host; a new one over either evicts the oldest (of its host, else of all), so an
+# idle flood costs itself its slots and never takes one a client needs.
+grpc_handshakes_max = 128
+grpc_handshakes_per_peer_max = 32
+# A client's first SETTINGS frame at most (gRPC's send 6 to 8 settings, 6 bytes each).
+grpc_settings_bytes_max = 1 * KiB
+# gRPC connections past their handshake (three descriptors and two relay threads
+# each) the daemon holds at once; one client host holds at most its share of them
+# (--grpc-connections-per-peer-max; datapath_peer_share of them by default).  A new
+# one at either bound evicts the oldest that has made no call yet (of its host,
+# else of all), else it is refused; one with no call for grpc_connection_idle_s is
+# closed by gRPC (clients reconnect at their next call).
 grpc_connections_max_default = 1024
 grpc_connection_idle_s = 300.0
+# A relay thread's buffer (HTTP/2 frames are 16 KiB unless a peer allows more).
+grpc_relay_buffer_bytes = 64 * KiB
+# The debug text of the GOAWAY that tells a refused client why, at most.
+grpc_refusal_text_bytes_max = 512
 # How often the watchdog looks for such calls.
 call_watchdog_interval_s = 1.0
 # Concurrent ingest sessions (each holds one open extent and buffers entries).
@@ -236,6 +249,10 @@ etcd_value_bytes_max = 512 * KiB
 # after its last keepalive, and readers route around it at once then.  Its
 # keepalives go every third of it (daemon setting --member-lease-ttl-s).
 member_lease_ttl_s_default = 5
+# A striped ingest or replace that finds a member silent waits at most its lease's
+# TTL and this long for it to leave the member list (etcd's expiry runs late by
+# about a keepalive's round trip) or answer again.
+silent_member_wait_margin_s = 2.0
 # etcd grants no lease shorter than this (its minimum TTL with default timings).
 member_lease_ttl_s_min = 2
 # The lease of a client that coordinates a striped ingest, replace, rebalance
@@ -715,6 +732,7 @@ assert pipeline_hint_ids_max <= batch_ids_max_default
 assert datapath_error_frame_bytes_max <= datapath_reply_header_bytes_max
 assert 0 < datapath_peer_share <= 1
 assert 1 <= datapath_handshakes_per_peer_max <= datapath_handshakes_max
+assert 1 <= grpc_handshakes_per_peer_max <= grpc_handshakes_max
 assert 0 < datapath_buffer_hold_s < datapath_stall_timeout_s_default
 assert 0 < datapath_accept_backoff_s_min <= datapath_accept_backoff_s_max
 assert dataset_name_bytes_max + request_id_chars_max * 4 + 64 <= datapath_request_fixed_bytes_max

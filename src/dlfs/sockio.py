@@ -1,4 +1,5 @@
-"""Whole-buffer socket I/O shared by both ends of the data path.
+"""Whole-buffer socket I/O shared by both ends of the data path, and which accept
+errors mean what (for both front doors' accept loops).
 
 Blocking sockets with a timeout may send or receive fewer bytes than
 asked; these loops finish the job without copying: `send_all` hands the
@@ -14,12 +15,21 @@ one, the socket's timeout alone bounds each wait.
 
 from __future__ import annotations
 
+import errno
 import os
 import select
 import socket
 import struct
 import time
 
+
+# Accept errors that mean "no room now" (descriptors, kernel memory), not "no listener".
+RESOURCE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+# Accept errors of one connection that went away (or a firewall's verdict on it).
+TRANSIENT_ERRNOS = frozenset({errno.ECONNABORTED, errno.EPROTO, errno.EINTR, errno.EAGAIN,
+                               errno.EPERM, errno.ENETDOWN, errno.ENOPROTOOPT, errno.EHOSTDOWN,
+                               errno.ENONET, errno.EHOSTUNREACH, errno.EOPNOTSUPP,
+                               errno.ENETUNREACH})
 
 # Buffers one sendmsg takes at most (the kernel's UIO_MAXIOV).
 IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024

@@ -143,13 +143,18 @@ def test_without_replicas_a_lost_daemon_is_named(cluster, three, tree):
 
 def test_a_failed_striped_ingest_keeps_nothing_anywhere(cluster, three, tree):
     source, _files = tree
-    three[2].kill()  # its lease lives on: it is still a member, and does not answer
+    # A member whose disk fails mid-ingest (a killed one is left out instead:
+    # tests/e2e/test_cluster_silent_member.py).
+    three[2].stop()
+    three[2].extra_env = {"DLFS_FAULT": "write:20:EIO"}
+    three[2].start_again()
     with cluster.client(reconnect_timeout_s=1) as client:
-        with pytest.raises(dlfs.Unavailable, match="nothing was kept"):
+        with pytest.raises(dlfs.StorageFailed, match="nothing was kept"):
             client.ingest(str(source), "ds", replicas=2)
+    assert "fault injected" in three[2].log()
     # A member notices the cancelled stream on its own thread, unlists the ingest, then
     # removes its extents: allow it a moment for both.
-    for daemon in three[:2]:
+    for daemon in three:
         extents = os.path.join(daemon.data_dir, "extents")
         deadline = time.monotonic() + 10
         with Client(daemon.address) as single:

@@ -66,6 +66,9 @@ class MemberRecord:
     version: str  # dlfs version
     state: str = "serving"
     started_unix_ns: int = 0
+    # Its lease's TTL (--member-lease-ttl-s): killed without a goodbye, it leaves the
+    # member list at most this long after its last keepalive.
+    lease_ttl_s: int = 0
 
 
 @dataclasses.dataclass(frozen=True)

@@ -397,6 +397,29 @@ def request_bytes_max(batch_ids_max: int) -> int:
     return 16 * batch_ids_max + limits.datapath_request_fixed_bytes_max
 
 
+# The request kinds a served connection may send; all but GET_BATCH are a fixed
+# part, a name and a request id (`limits.datapath_request_fixed_bytes_max` at most).
+REQUEST_KINDS = frozenset((Kind.GET_BATCH, Kind.READ_RANGE, Kind.STAT_DATASET,
+                           Kind.OPEN_DATASET, Kind.INGEST_START, Kind.BLOCK_CRCS))
+
+
+def request_body_bytes_max(kind: int, batch_ids_max: int) -> int | None:
+    """The largest body a request frame of `kind` may announce to a daemon of
+    `batch_ids_max` (checked on its header, before any of the body is read); None
+    when `kind` is not a request."""
+    if kind == Kind.GET_BATCH:
+        return request_bytes_max(batch_ids_max)
+    return limits.datapath_request_fixed_bytes_max if kind in REQUEST_KINDS else None
+
+
+def kind_name(kind: int) -> str:
+    """A frame kind as messages name it: its name ("PIECE"), or its number ("99")."""
+    try:
+        return Kind(kind).name
+    except ValueError:
+        return str(kind)
+
+
 def reply_header_bytes_max(batch_ids_max: int) -> int:
     """The largest BATCH frame body a daemon of `batch_ids_max` sends (12 bytes a sample)."""
     return 12 * batch_ids_max + limits.datapath_reply_fixed_bytes_max

@@ -154,7 +154,7 @@ class ClusterMember:
         record = keys.MemberRecord(
             address=self.address, data_port=self.data_port,
             capacity_bytes=disk.f_blocks * disk.f_frsize, free_bytes=disk.f_bavail * disk.f_frsize,
-            version=__version__, started_unix_ns=time.time_ns())
+            version=__version__, started_unix_ns=time.time_ns(), lease_ttl_s=int(ttl))
         self.etcd.put(keys.member_key(self.prefix, self.address), keys.encode(record), lease)
         self._keeper = LeaseKeeper(self.etcd, lease, ttl, on_lost=self._wake.set)
 

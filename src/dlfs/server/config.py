@@ -25,7 +25,7 @@ def default_datapath_workers() -> int:
 
 
 def peer_share(total: int, setting: int = 0) -> int:
-    """How many of `total` (data connections, window buffers) one peer may hold:
+    """How many of `total` (data or gRPC connections, window buffers) one peer may hold:
     `setting` when given, else `limits.datapath_peer_share` of them (at least 1)."""
     return setting or max(1, int(total * limits.datapath_peer_share))
 
@@ -50,6 +50,8 @@ class ServerConfig:
     rpcs_concurrent_max: int = limits.rpcs_concurrent_max_default
     streams_per_connection_max: int = limits.streams_per_connection_max_default
     grpc_connections_max: int = limits.grpc_connections_max_default
+    # gRPC connections one client host may hold; 0: limits.datapath_peer_share of the above.
+    grpc_connections_per_peer_max: int = 0
     streams_per_client_max: int = limits.streams_per_client_max_default
     stream_stall_timeout_s: float = limits.stream_stall_timeout_s_default
     inflight_bytes_max: int = limits.inflight_bytes_max_default
@@ -135,6 +137,9 @@ class ServerConfig:
              "the ingest checkpoint bytes and interval must be positive"),
             (1 <= self.streams_per_connection_max, "streams_per_connection_max must be at least 1"),
             (1 <= self.grpc_connections_max, "grpc_connections_max must be at least 1"),
+            (0 <= self.grpc_connections_per_peer_max <= self.grpc_connections_max,
+             "grpc_connections_per_peer_max must be in 0..grpc_connections_max "
+             "(0: a share of it)"),
             (1 <= self.streams_per_client_max, "streams_per_client_max must be at least 1"),
             (0 < self.stream_stall_timeout_s, "stream_stall_timeout_s must be positive"),
             (not self.etcd or (0 < len(self.cluster) <= 64 and "/" not in self.cluster),
@@ -194,8 +199,12 @@ SETTINGS_HELP = {
                                "checkpoint) after this many bytes",
     "ingest_checkpoint_interval_s": "... and at least this often (seconds) while it receives",
     "streams_per_connection_max": "concurrent calls one client connection may open",
-    "grpc_connections_max": "gRPC connections held at once; one over it is closed as it is "
-                            "accepted (each holds a descriptor)",
+    "grpc_connections_max": "gRPC connections held past their HTTP/2 handshake at once; at "
+                            "it, a new one takes the place of the oldest that made no call, "
+                            "else it is refused",
+    "grpc_connections_per_peer_max": "gRPC connections one client host may hold; 0: "
+                                     f"{limits.datapath_peer_share:g} of "
+                                     "--grpc-connections-max",
     "streams_per_client_max": "streamed reads and ingests one client host may run at once",
     "stream_stall_timeout_s": "a streamed read or ingest idle this long is cancelled",
     "inflight_bytes_max": "bytes of reads the daemon holds at once; more reads wait",

@@ -1,15 +1,20 @@
 """Wire a Store into a running gRPC server and its data path (the `dlfs-server` process core).
 
-The data path is served by worker processes (datapath/workers.py) unless
+gRPC serves a Unix socket in a private directory; the --listen port is the
+door's (grpc/door.py), which admits each connection and relays it there.  The
+data path is served by worker processes (datapath/workers.py) unless
 --datapath-workers is 0, when the main process's threads serve it.
 """
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import logging
 import os
+import shutil
 import socket
+import tempfile
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
@@ -27,6 +32,8 @@ from dlfs.server.datapath.listen_sockets import bind_listeners, close_listeners
 from dlfs.server.datapath.listener import DataPathInfo, DataPathServer
 from dlfs.server.datapath.worker_store import WorkerSettings
 from dlfs.server.datapath.workers import WorkerSupervisor, worker_shares
+from dlfs.server.grpc.door import GrpcDoor
+from dlfs.server.grpc.door_admission import DoorAdmission
 from dlfs.server.grpc.interceptor import ErrorInterceptor, tolerant
 from dlfs.server.grpc.service import DlfsServicer
 from dlfs.server.read import mapped_sends
@@ -63,10 +70,12 @@ class Daemon:
                 ("grpc.max_receive_message_length", config.message_bytes_max),
                 ("grpc.so_reuseport", 0),
                 ("grpc.max_concurrent_streams", config.streams_per_connection_max),
-                # A whole handshake (TCP to HTTP/2 settings, TLS included) has a deadline.
+                # The door (grpc/door.py) holds a connection until its HTTP/2 preface and
+                # SETTINGS came; over TLS, gRPC's own deadline covers the TLS handshake.
                 ("grpc.server_handshake_timeout_ms", int(limits.grpc_handshake_timeout_s * 1e3)),
-                # A bound on the connections (descriptors) a flood of clients can hold.
-                ("grpc.max_allowed_incoming_connections", config.grpc_connections_max),
+                # The door bounds what it relays; this backstop only covers the moments an
+                # evicted relay takes to close on gRPC's side.
+                ("grpc.max_allowed_incoming_connections", 2 * config.grpc_connections_max),
                 ("grpc.max_connection_idle_ms", int(limits.grpc_connection_idle_s * 1e3)),
             ],
         )
@@ -81,6 +90,8 @@ class Daemon:
         self.health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         self.address = ""
+        self.door: GrpcDoor | None = None
+        self._upstream_dir = ""  # where gRPC's Unix socket is, behind the door
 
     def start(self) -> str:
         """Bind `config.listen` (port 0 picks one), start serving, return HOST:PORT."""
@@ -89,26 +100,13 @@ class Daemon:
         if not host or not port.isdigit():
             raise ValueError(f"--listen {listen!r} must be HOST:PORT (PORT 0 picks a free port)")
         config = self.store.config
-        # gRPC's C core reports a failed bind on stderr in its own format before
-        # Python hears of it; that line is held back and the failure said once, here.
-        with logs.held_stderr() as held:
-            try:
-                if config.tls_cert:
-                    bound = self.server.add_secure_port(listen, _server_credentials(config))
-                else:
-                    bound = self.server.add_insecure_port(listen)
-            except RuntimeError:
-                bound = 0
-            if bound == 0:
-                held.drop_grpc_lines = True
-        if bound == 0:
-            raise RuntimeError(f"cannot listen on {listen}: {_bind_failure(held.text)}")
+        bound = self._bind_door(host, int(port))
         exposed = not _is_loopback(host) and not (config.tls_cert and config.tokens_file)
         if exposed:
             missing = " and ".join(x for x, on in (("TLS (--tls-cert, --tls-key)", config.tls_cert),
                                                   ("--tokens-file", config.tokens_file)) if not on)
             if not config.insecure:
-                self.server.stop(None)
+                self._stop_front_door()
                 raise ValueError(
                     f"--listen {listen} can be reached from other hosts, but the daemon has no "
                     f"{missing}: anyone who reaches it could read"
@@ -129,7 +127,7 @@ class Daemon:
                 try:
                     self._start_workers(host, unix_socket)
                 except BaseException:
-                    self.server.stop(None)
+                    self._stop_front_door()
                     self._stop_data_path()
                     raise
             else:
@@ -143,12 +141,67 @@ class Daemon:
                     buffer_bytes_max=config.datapath_buffer_bytes_max)
                 self.data_path.start()
         self.server.start()
+        self.door.start()
         self.address = f"{host}:{bound}"
         if config.etcd:
             self._join_cluster()
         for service in ("", SERVICE_NAME):
             self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
         return self.address
+
+    def _bind_door(self, host: str, port: int) -> int:
+        """Serve gRPC on a Unix socket in a private directory and bind its door on
+        `host`:`port` (grpc/door.py); the port bound.  Raises RuntimeError saying why
+        the address cannot be bound."""
+        config = self.store.config
+        self._upstream_dir = tempfile.mkdtemp(prefix="dlfs-grpc-")  # 0700: ours alone
+        upstream = os.path.join(self._upstream_dir, "grpc.sock")
+        # gRPC's C core reports a failed bind on stderr in its own format before
+        # Python hears of it; that line is held back and the failure said once, here.
+        with logs.held_stderr() as held:
+            try:
+                if config.tls_cert:
+                    added = self.server.add_secure_port(f"unix:{upstream}",
+                                                        _server_credentials(config))
+                else:
+                    added = self.server.add_insecure_port(f"unix:{upstream}")
+            except RuntimeError:
+                added = 0
+            if added == 0:
+                held.drop_grpc_lines = True
+        if added == 0:
+            self._stop_front_door()
+            raise RuntimeError(f"cannot serve gRPC on its Unix socket {upstream}: "
+                               f"{held.text.strip() or 'gRPC did not say why'}")
+        metrics = self.store.metrics
+        admission = DoorAdmission(
+            connections_max=config.grpc_connections_max,
+            per_peer_max=min(config.grpc_connections_max, peer_share(
+                config.grpc_connections_max, config.grpc_connections_per_peer_max)),
+            handshakes_max=limits.grpc_handshakes_max,
+            handshakes_per_peer_max=limits.grpc_handshakes_per_peer_max)
+        self.door = GrpcDoor(host, port, upstream, admission=admission,
+                             tls=bool(config.tls_cert),
+                             send_timeout_s=config.stream_stall_timeout_s,
+                             refused=lambda reason: metrics.grpc_refused.labels(reason).inc())
+        for state in admission.counts():
+            metrics.grpc_connections.labels(state).set_function(
+                lambda state=state: admission.counts()[state])
+        try:
+            return self.door.bind()
+        except OSError as exc:
+            self._stop_front_door()
+            raise RuntimeError(f"cannot listen on {host}:{port}: {_bind_failure(exc)}") \
+                from None
+
+    def _stop_front_door(self) -> None:
+        """Stop gRPC at once, then its door (what is relayed breaks), and free its socket."""
+        self.server.stop(None)
+        if self.door is not None:
+            self.door.stop()
+        if self._upstream_dir:
+            shutil.rmtree(self._upstream_dir, ignore_errors=True)
+            self._upstream_dir = ""
 
     def _start_workers(self, host: str, unix_socket: str) -> None:
         """Bind the data path's sockets here and start its worker processes on them.
@@ -233,7 +286,7 @@ class Daemon:
             member.join()
         except DlfsError as exc:
             member.leave()
-            self.server.stop(None)
+            self._stop_front_door()
             self._stop_data_path()
             raise RuntimeError(f"cannot join the cluster in etcd: {exc.message}") from None
         self.cluster_member = member
@@ -259,6 +312,7 @@ class Daemon:
             self.cluster_member.leave()
         self._stop_data_path()
         self.server.stop(grace_s).wait()
+        self._stop_front_door()
         self.guard.close()
         self._executor.shutdown(wait=True, cancel_futures=True)
         self.store.close()
@@ -312,16 +366,16 @@ def _unix_socket(setting: str, grpc_port: int) -> str:
     return setting or f"@dlfs-{grpc_port}"
 
 
-def _bind_failure(grpc_said: str) -> str:
-    """Why binding failed, in words, from what gRPC's C core wrote."""
-    if "Address already in use" in grpc_said:
+def _bind_failure(exc: OSError) -> str:
+    """Why binding the --listen address failed, in words."""
+    if exc.errno == errno.EADDRINUSE:
         return ("the address is in use (another dlfs-server?); stop that process or choose "
                 "another --listen port")
-    if "Cannot assign requested address" in grpc_said:
+    if exc.errno == errno.EADDRNOTAVAIL:
         return "no interface of this host has that address"
-    if "Permission denied" in grpc_said:
+    if exc.errno == errno.EACCES:
         return "permission denied (ports below 1024 need root or CAP_NET_BIND_SERVICE)"
-    return "the address is in use or not available here"
+    return f"{exc.strerror or exc}"
 
 
 def _reachable(address: str) -> str:

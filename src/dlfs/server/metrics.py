@@ -168,6 +168,14 @@ class Metrics:
         self.data_handshakes = Gauge("dlfs_data_handshakes",
                                      "Data path connections accepted and not yet past HELLO",
                                      registry=r)
+        self.grpc_connections = Gauge(
+            "dlfs_grpc_connections", "gRPC connections at the daemon's door, by state "
+            "(pending: before their HTTP/2 preface and SETTINGS; open: relayed to gRPC, no "
+            "call yet; calling)", ["state"], registry=r)
+        self.grpc_refused = Counter(
+            "dlfs_grpc_refused_connections", "gRPC connections the door turned away or broke "
+            "off, by reason (handshake_evicted, handshake_deadline, not_http2, idle_evicted, "
+            "connections, peer_share, descriptors, threads)", ["reason"], registry=r)
         self.data_accept_errors = Counter(
             "dlfs_data_accept_errors", "Failed accepts on the data path's listeners, by errno "
             "(EMFILE, ENFILE: out of descriptors; ENOBUFS, ENOMEM: of kernel memory)",

@@ -16,7 +16,10 @@ different number of files) and sends each member the files after its own.
 
 from __future__ import annotations
 
+import logging
+
 from dlfs.client.cluster.placement import member_hashes, place, place_one
+from dlfs.client.cluster.silent_members import members_for_change, silent
 from dlfs.client.cluster.two_phase import check_streams, run_two_phase
 from dlfs.client.ingest_resume import check_prefix, check_resumable, held_ingest, resume_hint
 from dlfs.client.transport.ingest_requests import IngestPiece, dir_pieces
@@ -29,6 +32,8 @@ from dlfs.staging.read_pool import READERS_DEFAULT
 from dlfs.staging.resume_prefix import resume_prefix
 from dlfs.staging.source_set import as_source_set
 from dlfs.types import DatasetInfo
+
+log = logging.getLogger(__name__)
 
 
 def ingest_striped(router, source, name: str, *, replace: bool, replicas: int,
@@ -46,14 +51,43 @@ def ingest_striped(router, source, name: str, *, replace: bool, replicas: int,
     and nothing is kept, unless `resumable`: then each member that was
     receiving parks what it holds durably, and `resume=True` continues them
     (with the same members and replicas).  Members are fed over gRPC
-    whatever `via` says.  Raises Unavailable when the cluster has no live
-    member, AlreadyExists (the name exists and not `replace`, or another
-    change of it is in flight).
+    whatever `via` says.  A member that does not answer (killed; the cluster
+    drops it once its lease expires) is left out, or waited for, before the
+    streams open (not when resuming: the parked parts name their members), and
+    a non-resumable ingest that a member's death broke off starts once more
+    without it (`silent_members`: a warning says which).
+    Raises Unavailable when the cluster has no live member, AlreadyExists
+    (the name exists and not `replace`, or another change of it is in
+    flight).
     """
-    pace = pace_for(max_rate)  # the whole stream's bytes, all members together
-    members = list(router.addresses)
-    if not members:
+    if not router.addresses:
         raise Unavailable(f"no live member in {router.address}: start the daemons with --etcd")
+    what = f"{'replace' if replace else 'ingest'} of {name!r}"
+    options = dict(replace=replace, replicas=replicas, progress=progress, readers=readers,
+                   resumable=resumable, resume=resume, stats=stats, max_rate=max_rate)
+    if resume:  # parked parts belong to the members that hold them
+        return _stripe(router, source, name, list(router.addresses), **options)
+    members = members_for_change(router, replicas, what)
+    try:
+        return _stripe(router, source, name, members, **options)
+    except Unavailable:
+        if resumable:
+            raise  # the members park their parts: the error says how to resume
+        gone = silent(router, members)
+        if not gone:
+            raise
+        # A member died during it: the cluster is about to drop it; once more without.
+        log.warning("the %s broke off: %s stopped answering; starting it again", what,
+                    ", ".join(gone))
+        return _stripe(router, source, name, members_for_change(router, replicas, what),
+                       **options)
+
+
+def _stripe(router, source, name: str, members: list[str], *, replace: bool, replicas: int,
+            progress, readers: int, resumable: bool, resume: bool,
+            stats: IngestStats | None, max_rate: int | None) -> DatasetInfo:
+    """`ingest_striped` over `members`, once."""
+    pace = pace_for(max_rate)  # the whole stream's bytes, all members together
     sources = as_source_set(source)
     duplicates = Duplicates() if sources.needs_duplicate_check else None
     resumable = resumable or resume

@@ -79,8 +79,9 @@ class DaemonControl(Protocol):
         """Where every sample lies (one stream, 24 bytes a sample, plus holders when
         striped).  NotFound.  Retried."""
 
-    def status(self) -> DaemonStatus:
-        """The daemon's health and counters, `address` filled in.  Retried."""
+    def status(self, *, retry: bool = True) -> DaemonStatus:
+        """The daemon's health and counters, `address` filled in.  Retried unless not
+        `retry` (one try: whether the daemon answers now)."""
 
     def warm(self, dataset: str, *, status_only: bool = False) -> WarmInfo:
         """Start reading the dataset into the page cache (or, `status_only`, report the

@@ -102,8 +102,9 @@ class GrpcControl:
 
     # --- the daemon ---------------------------------------------------------------------
 
-    def status(self) -> DaemonStatus:
-        return convert.daemon_status(self.address, self._call("Status", pb.StatusRequest()))
+    def status(self, *, retry: bool = True) -> DaemonStatus:
+        return convert.daemon_status(self.address, self._call("Status", pb.StatusRequest(),
+                                                              retry=retry))
 
     def warm(self, dataset: str, *, status_only: bool = False) -> WarmInfo:
         reply = self._call("Warm", pb.WarmRequest(dataset=dataset, status_only=status_only),

@@ -1,7 +1,6 @@
-"""Accepts that fail for want of room (descriptors, kernel memory): which errors mean
-that, which mean one connection went away, and the episodes of such failures that
-the log reports (once when one starts, once when it ends).  Nothing here imports
-grpc."""
+"""Accepts that fail for want of room (descriptors, kernel memory): the episodes of
+such failures that the log reports (once when one starts, once when it ends); which
+errors mean what is `dlfs.sockio`'s.  Nothing here imports grpc."""
 
 from __future__ import annotations
 
@@ -61,12 +60,3 @@ class AcceptEpisodes:
             failures, since = self._failures, self._since
         log.warning("accepting data path connections again (on the %s) after %d failed "
                     "accepts in %.1f s", label, failures, self._clock() - since)
-
-
-# Accept errors that mean "no room now" (descriptors, kernel memory), not "no listener".
-RESOURCE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
-# Accept errors of one connection that went away (or a firewall's verdict on it).
-TRANSIENT_ERRNOS = frozenset({errno.ECONNABORTED, errno.EPROTO, errno.EINTR, errno.EAGAIN,
-                               errno.EPERM, errno.ENETDOWN, errno.ENOPROTOOPT, errno.EHOSTDOWN,
-                               errno.ENONET, errno.EHOSTUNREACH, errno.EOPNOTSUPP,
-                               errno.ENETUNREACH})

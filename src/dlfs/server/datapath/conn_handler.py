@@ -27,6 +27,7 @@ import select
 import socket
 import struct
 import time
+from typing import Callable
 
 from dlfs import limits, logs
 from dlfs.errors import (
@@ -76,8 +77,7 @@ class DataConnection:
         or the connection evicted by newer ones while it had not finished its HELLO."""
         entry = self.entry
         try:
-            kind, _flags, body = self._frame(frames.HELLO.size + limits.datapath_token_bytes_max,
-                                             deadline=entry.deadline)
+            kind, _flags, body = self._frame(_hello_bytes_max, deadline=entry.deadline)
             if entry.evicted or not kind:
                 raise ConnectionResetError(0, "closed before its HELLO")
             if kind != frames.Kind.HELLO:
@@ -121,7 +121,11 @@ class DataConnection:
         """Answer requests until the client leaves, idles out, stalls or breaks the protocol.
         `first`: a request frame (kind, body) another process read on this connection
         (listener.DataPathServer.adopt), answered before the next one is read."""
-        body_bytes_max = self.server.limits.request_bytes_max
+        ids_max = self.store.batch_limits.ids_max
+
+        def body_bytes_max(kind: int) -> int | None:
+            return frames.request_body_bytes_max(kind, ids_max)
+
         while True:
             # A wait for anything that is not deadline-bound (FDS frames of OPEN_DATASET).
             self.sock.settimeout(self.server.stall_timeout_s)
@@ -224,14 +228,17 @@ class DataConnection:
 
     # --- frames -----------------------------------------------------------------------------
 
-    def _frame(self, body_bytes_max: int, *, deadline: float | None = None,
+    def _frame(self, body_bytes_max: Callable[[int], int | None], *,
+               deadline: float | None = None,
                idle_s: float | None = None) -> tuple[int, int, memoryview]:
         """(kind, flags, body) of the next frame; kind 0 when the client closed the
-        connection between frames.  The whole frame must arrive by `deadline`, or,
-        with `idle_s`, within `limits.datapath_request_timeout_s` of its first byte,
-        which may take `idle_s`.  Raises socket.timeout, FrameError, and (with
-        `idle_s`: serving requests) InvalidArgument for a GET_BATCH over the
-        daemon's batch limits."""
+        connection between frames.  The header is checked against its kind's largest
+        body (`body_bytes_max(kind)`; None: no such frame is due here) before any of
+        the body is read or a buffer grown for it.  The whole frame must arrive by
+        `deadline`, or, with `idle_s`, within `limits.datapath_request_timeout_s` of
+        its first byte, which may take `idle_s`.  Raises socket.timeout, FrameError,
+        and (with `idle_s`: serving requests) InvalidArgument for a GET_BATCH over
+        the daemon's batch limits."""
         view = memoryview(self.header)
         self._started = False
         if idle_s is not None:
@@ -245,26 +252,38 @@ class DataConnection:
         elif not recv_exactly(self.sock, view, eof_ok=True, deadline=deadline):
             return 0, 0, memoryview(b"")
         kind, flags, length = frames.parse_frame(self.header)
-        if length > body_bytes_max:
-            self._oversized(kind, length, body_bytes_max, deadline, requests=idle_s is not None)
+        limit = body_bytes_max(kind)
+        if limit is None:
+            raise frames.FrameError(f"frame kind {frames.kind_name(kind)} is not a request")
+        if length > limit:
+            self._oversized(kind, length, limit, requests=idle_s is not None)
         if len(self.body) < length:
             self.body = bytearray(length)
         body = memoryview(self.body)[:length]
         recv_exactly(self.sock, body, deadline=deadline)
         return kind, flags, body
 
-    def _oversized(self, kind: int, length: int, body_bytes_max: int, deadline, *,
+    def _oversized(self, kind: int, length: int, body_bytes_max: int, *,
                    requests: bool) -> None:
         """Raise why a frame of `length` bytes is refused: a GET_BATCH (a request, past
         the handshake) of more ids than the daemon's limit gets the batch limit's own
-        error (the one gRPC gives, and the client gives when it knows the limit), any
-        other frame the frame's size (FrameError)."""
+        error (the one gRPC gives, and the client gives when it knows the limit) when
+        its fixed part came with its header, any other frame its size (FrameError).
+        Nothing is waited for: the fixed part is only peeked at, if it is there."""
         if requests and kind == frames.Kind.GET_BATCH and length >= frames.GET_BATCH.size:
-            fixed = memoryview(bytearray(frames.GET_BATCH.size))
-            recv_exactly(self.sock, fixed, deadline=deadline)
-            self.store.batch_limits.check_count(frames.get_batch_ids(fixed))
-        raise frames.FrameError(f"a frame of {length} bytes is over the limit of "
-                                f"{body_bytes_max}")
+            fixed = bytearray(frames.GET_BATCH.size)
+            timeout_s = self.sock.gettimeout()
+            self.sock.settimeout(0)  # a socket with a timeout would wait for it in poll()
+            try:
+                got = self.sock.recv_into(fixed, len(fixed), socket.MSG_PEEK)
+            except OSError:
+                got = 0  # none there yet: refused by its size
+            finally:
+                self.sock.settimeout(timeout_s)
+            if got == len(fixed):
+                self.store.batch_limits.check_count(frames.get_batch_ids(fixed))
+        raise frames.FrameError(f"a frame of kind {frames.kind_name(kind)} announces {length} "
+                                f"bytes, over the limit of {body_bytes_max} for its kind")
 
     def send(self, buffers: list, deadline: float | None = None) -> None:
         """Send frames, by `deadline` (default: the stall timeout from now)."""
@@ -283,6 +302,11 @@ class DataConnection:
         with contextlib.suppress(OSError):
             self.send([frames.error(error)],
                       deadline=time.monotonic() + limits.datapath_error_send_s)
+
+
+def _hello_bytes_max(_kind: int) -> int:
+    """The largest first frame (due: a HELLO) a connection may announce."""
+    return frames.HELLO.size + limits.datapath_token_bytes_max
 
 
 # Requests by kind, named as in logs and in the dlfs_batches_total "method" label.

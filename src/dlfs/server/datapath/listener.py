@@ -52,13 +52,13 @@ from dlfs.errors import DlfsError, Overloaded, Unavailable
 from dlfs.formats import datapath_frames as frames
 from dlfs.server.config import peer_share
 from dlfs.server.datapath import uploads
-from dlfs.server.datapath.accept_episodes import (RESOURCE_ERRNOS, TRANSIENT_ERRNOS,
-                                                  AcceptEpisodes)
+from dlfs.server.datapath.accept_episodes import AcceptEpisodes
 from dlfs.server.datapath.admission import Admission, Entry
 from dlfs.server.datapath.conn_handler import DataConnection
 from dlfs.server.datapath.listen_sockets import LISTEN_BACKLOG, bind_listeners, close_listeners
 from dlfs.server.datapath.refusals import close_connection, refuse
 from dlfs.server.datapath.window_buffers import WindowBuffers
+from dlfs.sockio import RESOURCE_ERRNOS, TRANSIENT_ERRNOS
 
 log = logging.getLogger(__name__)
 

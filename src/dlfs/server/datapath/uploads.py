@@ -26,6 +26,7 @@ import contextlib
 import logging
 import socket
 import time
+from typing import Callable
 
 from dlfs import limits
 from dlfs.formats import datapath_frames as frames
@@ -42,6 +43,14 @@ _BUFFER_BYTES = 8 * limits.MiB
 # A PIECE frame's body at most: its data (the client sends at most
 # ingest_message_bytes per piece) and a path.
 PIECE_BYTES_MAX = limits.ingest_message_bytes + 8 * 1024
+
+
+def ingest_frame_bytes_max(kind: int) -> int | None:
+    """The largest body a frame of `kind` may announce in the middle of an ingest;
+    None: no such frame belongs there."""
+    if kind == frames.Kind.PIECE:
+        return PIECE_BYTES_MAX
+    return frames.INGEST_END.size if kind == frames.Kind.INGEST_END else None
 
 
 class FrameReader:
@@ -61,8 +70,10 @@ class FrameReader:
         self._view = memoryview(self._buffer)
         self._start = self._end = 0
 
-    def next(self, body_bytes_max: int) -> tuple[int, memoryview]:
+    def next(self, body_bytes_max: Callable[[int], int | None]) -> tuple[int, memoryview]:
         """(kind, body) of the next frame; kind 0 when the peer closed between frames.
+        Its header is checked against its kind's largest body (`body_bytes_max(kind)`;
+        None: no such frame belongs here) before any of its body is waited for.
         Raises FrameError, ConnectionResetError (closed mid-frame), socket.timeout (no
         first byte within the socket's timeout), FrameTimedOut."""
         if not self._fill(1, eof_ok=True):
@@ -72,9 +83,14 @@ class FrameReader:
             self._fill(frames.FRAME.size, deadline=deadline)
             kind, _flags, length = frames.parse_frame(
                 self._view[self._start:self._start + frames.FRAME.size])
-            if length > body_bytes_max:
-                raise frames.FrameError(f"a frame of kind {kind} announces {length} bytes, "
-                                          f"over the limit of {body_bytes_max}")
+            limit = body_bytes_max(kind)
+            if limit is None:
+                raise frames.FrameError(f"a frame of kind {frames.kind_name(kind)} in the "
+                                        "middle of an ingest")
+            if length > limit:
+                raise frames.FrameError(f"a frame of kind {frames.kind_name(kind)} announces "
+                                        f"{length} bytes, over the limit of {limit} for its "
+                                        "kind")
             self._fill(frames.FRAME.size + length, deadline=deadline)
         finally:
             self._sock.settimeout(self._idle_s)  # what the deadline's waits shortened
@@ -158,7 +174,14 @@ def ingest(connection, request: frames.IngestStartRequest) -> None:
                     f"{exc.timeout_s:g} s of its first byte (the client or its network "
                     "stalled mid-frame)"), note))
             raise _Closed() from None
-        if isinstance(exc, (_PeerGone, frames.FrameError)):
+        if isinstance(exc, frames.FrameError):  # told why, then closed: no frame boundary
+            log.warning("ingest of dataset %r over the data path from %s broke off: %s; %s",
+                        request.dataset, connection.peer, exc, note or "it had ended")
+            with contextlib.suppress(OSError):
+                connection.fail(frames.Kind.INGEST_START,
+                                with_outcome(InvalidArgument(str(exc)), note))
+            raise _Closed() from None
+        if isinstance(exc, _PeerGone):
             log.warning("ingest of dataset %r over the data path from %s broke off: %s; %s",
                         request.dataset, connection.peer, exc, note or "it had ended")
             raise _Closed() from None
@@ -179,17 +202,15 @@ class _Closed(Exception):
 
 
 class _PeerGone(Exception):
-    """The client's socket failed or sent a malformed frame (its cause): the ingest
-    broke off and no reply can reach it.  Only `_next_frame` raises it, so that an
-    OSError from the disk (raised by the session) is never taken for the socket's."""
+    """The client's socket failed (its cause): the ingest broke off and no reply can
+    reach it.  Only `_next_frame` raises it, so that an OSError from the disk (raised
+    by the session) is never taken for the socket's."""
 
 
 def _next_frame(reader: FrameReader) -> tuple[int, memoryview]:
     try:
-        return reader.next(PIECE_BYTES_MAX)
-    except FrameTimedOut:
-        raise
-    except (OSError, frames.FrameError) as exc:
+        return reader.next(ingest_frame_bytes_max)
+    except OSError as exc:
         raise _PeerGone(str(exc)) from exc
 
 
@@ -233,7 +254,7 @@ def _drain(reader: FrameReader) -> None:
     """After an ERROR: drop frames until the client's INGEST_END or close."""
     try:
         while True:
-            kind, _ = reader.next(PIECE_BYTES_MAX)
+            kind, _ = reader.next(ingest_frame_bytes_max)
             if kind in (0, frames.Kind.INGEST_END):
                 return
     except (OSError, frames.FrameError, FrameTimedOut):

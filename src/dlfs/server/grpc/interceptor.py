@@ -30,6 +30,7 @@ from dlfs.errors import (
     VersionMismatch,
 )
 from dlfs.server.grpc.call_guard import LONG_METHODS
+from dlfs.server.grpc.door import client_peer
 from dlfs.server.metrics import OPERATOR_CODES
 from dlfs.version import VERSION_METADATA, interoperates, mismatch_message
 
@@ -145,7 +146,7 @@ class _Call:
     def admit(self, context: grpc.ServicerContext) -> None:
         """Take a ticket for a long call (see call_guard).  Raises Overloaded."""
         if self.guard is not None:
-            self.ticket = self.guard.admit(self.method, context.peer(), context)
+            self.ticket = self.guard.admit(self.method, client_peer(context.peer()), context)
 
     def progress(self, message) -> None:
         """`message` (a request or a reply, bytes when pre-encoded) went in or out."""
@@ -160,7 +161,7 @@ class _Call:
         elapsed = time.monotonic() - self.started
         level = logging.WARNING if elapsed >= limits.slow_rpc_log_s else logging.DEBUG
         if log.isEnabledFor(level):
-            peer = context.peer()
+            peer = client_peer(context.peer())
             log.log(level, "%s %s in %.1f ms from %s%s", self.method, self.code, elapsed * 1e3,
                     peer, " (slow)" if level == logging.WARNING else "",
                     extra={"method": self.method, "code": self.code,
