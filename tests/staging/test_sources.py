@@ -64,7 +64,8 @@ def test_links_hidden_and_special_members_follow_the_rules(tmp_path):
     ])
     plain = TarSource(path)
     assert entries(plain) == [("dir/real.bin", 5), ("dir/hard.bin", 5)]  # links come last
-    assert plain.skipped.counts == {"hidden": 1, "symlink": 2, "special": 1, "loop": 0}
+    assert plain.skipped.counts == {"hidden": 1, "symlink": 2, "special": 1, "loop": 0,
+                                    "unreadable": 0}
     following = TarSource(path, follow_symlinks=True, include_hidden=True)
     assert entries(following) == [("dir/real.bin", 5), ("dir/.hidden", 1), ("dir/hard.bin", 5),
                                   ("dir/soft.bin", 5)]

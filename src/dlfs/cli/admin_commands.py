@@ -10,6 +10,7 @@ from dlfs.cli.target import target_options
 from dlfs.client import Client
 from dlfs.errors import DlfsError
 from dlfs.staging.progress import human_bytes
+from dlfs.units import counted
 
 
 def add_commands(command) -> None:
@@ -98,11 +99,12 @@ def run_rm(client: Client, args) -> int:
             failed += 1
             _print_error(exc)
             continue
-        print(f"removed {info.name}: {info.samples} samples, {human_bytes(info.bytes)} freed")
+        print(f"removed {info.name}: {counted(info.samples, 'sample')}, "
+              f"{human_bytes(info.bytes)} freed")
         left = _listed(client, name)
         if left is not None and left.ingest_state == "parked":  # rm never touches it
             discard = shlex.join(["dlfs", *target_options(args), "discard", name])
-            print(f"an ingest of {name} is still parked ({left.samples:,} files, "
+            print(f"an ingest of {name} is still parked ({counted(left.samples, 'file')}, "
                   f"{human_bytes(left.bytes)}): `{discard}` ends it")
     return 1 if failed else 0
 
@@ -116,11 +118,11 @@ def run_discard(client: Client, args) -> int:
             failed += 1
             _print_error(exc)
             continue
-        print(f"discarded the parked ingest of {info.name}: {info.samples:,} files, "
+        print(f"discarded the parked ingest of {info.name}: {counted(info.samples, 'file')}, "
               f"{human_bytes(info.bytes)} freed")
         left = _listed(client, name)
         if left is not None and left.sealed:  # discard never touches it
-            print(f"dataset {name} is untouched: {left.samples:,} samples, "
+            print(f"dataset {name} is untouched: {counted(left.samples, 'sample')}, "
                   f"{human_bytes(left.bytes)}")
     return 1 if failed else 0
 

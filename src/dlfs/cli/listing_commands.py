@@ -21,6 +21,7 @@ from dlfs.errors import DlfsError, InvalidArgument
 from dlfs.paths import split_dataset_path
 from dlfs.staging.progress import human_bytes
 from dlfs.types import DaemonStatus, DatasetInfo, Entry
+from dlfs.units import counted
 
 
 def add_commands(command) -> None:
@@ -31,7 +32,8 @@ def add_commands(command) -> None:
                 description="List NAME's root or a directory DIR in it (a file: that file).")
     p.add_argument("target", metavar="NAME[/DIR]")
     p.add_argument("-l", dest="long", action="store_true",
-                   help="long format: mode, size (entries for a directory), mtime")
+                   help="long format: mode, size, mtime, as `ls -l` shows them through the "
+                        "mount (a directory's entries: `dlfs stat` or --json)")
     p = command("stat", "show a file's or directory's metadata", run_stat, json_output=True,
                 description="Show the metadata of NAME/PATH: type, size, sample id, CRC32C, "
                 "mode, mtime.")
@@ -60,7 +62,7 @@ def run_datasets(client: Client, args) -> int:
     for info in infos:
         state = _warm_text(warm.get(info.name)) if info.sealed else \
             _unsealed_text(args, info)
-        print(f"{info.name}\t{info.samples} samples\t{human_bytes(info.bytes)}{state}")
+        print(f"{info.name}\t{counted(info.samples, 'sample')}\t{human_bytes(info.bytes)}{state}")
         if info.disagreement:
             print(f"  warning: {info.disagreement}")
     return 0
@@ -133,8 +135,7 @@ def run_ls(client: Client, args) -> int:
     for e in entries:
         name = e.name + ("/" if e.is_dir else "")
         if args.long:
-            size = e.children if e.is_dir else e.size
-            print(f"{e.permissions} {size:>12} {_mtime(e.mtime_ns)} {name}")
+            print(f"{e.permissions} {e.size:>12} {_mtime(e.mtime_ns)} {name}")
         else:
             print(name)
     return 0

@@ -20,7 +20,7 @@ import tarfile
 from typing import Iterator, Sequence
 
 from dlfs.errors import InvalidArgument, NotFound
-from dlfs.staging.source_files import Counters, SourceFile, Unit
+from dlfs.staging.source_files import Counters, SourceFile, Unit, source_error
 from dlfs.staging.tar_archive import ARCHIVE_SUFFIXES, TarSource, is_archive_name
 from dlfs.staging.tree_walk import WALK_THREADS_DEFAULT, TreeSource, WalkReport
 
@@ -92,17 +92,19 @@ class SourceSet:
 
 
 def open_sources(paths: Sequence[str], *, archives: bool = False, include_hidden: bool = False,
-                 follow_symlinks: bool = False, walk_threads: int = WALK_THREADS_DEFAULT
-                 ) -> SourceSet:
+                 follow_symlinks: bool = False, skip_unreadable: bool = False,
+                 walk_threads: int = WALK_THREADS_DEFAULT) -> SourceSet:
     """The sources `paths` name, in order.
 
     A directory is a tree, or with `archives` every archive directly in it
     (names ending in ARCHIVE_SUFFIXES, sorted); a file is an archive; a path
     that does not exist but holds glob characters is expanded (sorted).
-    Raises NotFound (nothing there, an empty glob or directory of archives)
-    and InvalidArgument (a file that is not an archive).
+    `skip_unreadable`: trees leave out what cannot be read (`dlfs.staging.tree_walk`).
+    Raises NotFound (nothing there, an empty glob or directory of archives),
+    InvalidArgument (a file that is not an archive) and PermissionDenied.
     """
     options = dict(include_hidden=include_hidden, follow_symlinks=follow_symlinks)
+    tree_options = dict(options, skip_unreadable=skip_unreadable)
     sources = []
     for path in paths:
         if not os.path.exists(path) and glob.has_magic(path):
@@ -112,14 +114,19 @@ def open_sources(paths: Sequence[str], *, archives: bool = False, include_hidden
         else:
             matches = [path]
         for match in matches:
-            sources.extend(_sources_of(match, archives, options, walk_threads))
+            try:
+                sources.extend(_sources_of(match, archives, options, tree_options,
+                                           walk_threads))
+            except OSError as exc:
+                raise source_error(exc, f"cannot read {match!r}") from None
     return SourceSet(sources)
 
 
-def _sources_of(path: str, archives: bool, options: dict, walk_threads: int) -> list:
+def _sources_of(path: str, archives: bool, options: dict, tree_options: dict,
+                walk_threads: int) -> list:
     if os.path.isdir(path):
         if not archives:
-            return [TreeSource(path, threads=walk_threads, **options)]
+            return [TreeSource(path, threads=walk_threads, **tree_options)]
         found = sorted(entry.path for entry in os.scandir(path)
                        if entry.is_file() and is_archive_name(entry.name))
         if not found:

@@ -1,0 +1,72 @@
+"""What a newcomer types in the first hour, run as typed, with what it prints checked
+line by line: counts in words ("1 sample"), the ingest's usage line, a NAME that
+defaults to the source's base name, a warning for a source that gave nothing,
+`ls -l`'s size column."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from cli_advice import run_dlfs
+from conftest import write_tree
+from dlfs import Client
+
+
+def test_one_of_each_reads_as_one(daemon, tmp_path):
+    write_tree(tmp_path / "one", {"x.bin": b"abcdef"})
+    os.symlink("x.bin", tmp_path / "one" / "link")
+    done = run_dlfs(daemon.address, ["ingest", str(tmp_path / "one"), "one"])
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == "ingested one: 1 sample, 6 bytes"
+    assert lines[1].startswith("sent 1 file, 6 B in ")
+    assert lines[2] == "skipped: 1 symlink"
+    assert run_dlfs(daemon.address, ["datasets"]).stdout.startswith("one\t1 sample\t6 B")
+    dry = run_dlfs(daemon.address, ["ingest", "--dry-run", str(tmp_path / "one"), "again"])
+    assert dry.stdout.splitlines()[-1] == (
+        "would ingest again: 1 file, 6 bytes from 1 tree; skipped: 0 hidden, 1 symlink, "
+        "0 special files, 0 symlink loops, 0 unreadable")
+
+
+def test_the_usage_line_makes_one_dataset():
+    done = subprocess.run([sys.executable, "-m", "dlfs.cli", "ingest", "--help"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.stdout.splitlines()[0] == "usage: dlfs ingest [options] SOURCE... [NAME]"
+
+
+def test_one_source_alone_names_the_dataset_by_its_base_name(daemon, tmp_path):
+    write_tree(tmp_path / "flowers", {"a.jpg": b"1", "b.jpg": b"22"})
+    done = run_dlfs(daemon.address, ["ingest", str(tmp_path / "flowers") + "/"])
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[0] == "ingested flowers: 2 samples, 3 bytes"
+    with Client(daemon.address) as client:
+        assert client.datasets() == ["flowers"]
+
+
+def test_a_source_alone_without_a_usable_name_asks_for_one(daemon, tmp_path):
+    done = run_dlfs(daemon.address, ["ingest", str(tmp_path / "shards") + "/*.tar"])
+    assert done.returncode == 1
+    assert done.stderr.startswith(
+        f"dlfs: InvalidArgument: name the dataset: dlfs ingest '{tmp_path}/shards/*.tar' NAME ")
+    assert len(done.stderr.splitlines()) == 1
+
+
+def test_a_source_that_gives_no_file_is_ingested_with_a_warning(daemon, tmp_path):
+    write_tree(tmp_path / "src", {".hidden": b"h"})
+    done = run_dlfs(daemon.address, ["ingest", str(tmp_path / "src"), "nothing"])
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[0] == "ingested nothing: 0 samples, 0 bytes"
+    assert done.stderr.splitlines() == [
+        f"dlfs: warning: nothing has no file: {tmp_path}/src held none to ingest "
+        "(skipped: 1 hidden)"]
+
+
+def test_ls_long_shows_a_directory_size_not_its_entries(daemon, tmp_path):
+    write_tree(tmp_path / "src", {f"d/{i}.bin": b"x" for i in range(7)})
+    run_dlfs(daemon.address, ["ingest", str(tmp_path / "src"), "ds"])
+    with Client(daemon.address) as client:
+        size = client.stat("ds", "d").size
+    line = run_dlfs(daemon.address, ["ls", "-l", "ds"]).stdout.splitlines()[0]
+    assert line.split()[1] == str(size) != "7" and line.endswith(" d/")
