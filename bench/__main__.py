@@ -191,9 +191,6 @@ def run_reads(args, prepared, data_dir, daemon_args, daemon_info, settings, cach
                            fio_runtime_s=settings.fio_runtime_s,
                            fuse_mountpoint=mountpoint if fuse else None, fuse_reason=fuse_reason,
                            fuse_pid=fuse.pid if fuse else 0)
-            if fuse is not None:
-                cache_control.release_hooks.append(
-                    lambda files: _remount_if_mapping(fuse, env, files, progress))
             contenders = all_contenders(env)
             if args.contenders:
                 keep = set(args.contenders.split(",")) | {report.BASELINE}
@@ -213,28 +210,9 @@ def run_reads(args, prepared, data_dir, daemon_args, daemon_info, settings, cach
                                               progress, args.scaling_clients)
             daemon_info["hwm_end_kib"] = proc_status_kib(daemon.pid, "VmHWM")
         finally:
-            cache_control.release_hooks.clear()
             if fuse is not None:
                 fuse.unmount()
     return measurements, contenders, scaling_results, paired_results
-
-
-def _remount_if_mapping(fuse: MountProcess, env: BenchEnv, files: list[str], progress) -> None:
-    """Mount again if the mount maps any of `files`: its co-located reads map the
-    extents, and mapped pages stay cached through drop_caches, which would make
-    the cold rows after a read through the mount partly warm."""
-    try:
-        with open(f"/proc/{fuse.pid}/maps") as f:
-            mapped = f.read()
-    except OSError:
-        return
-    if not any(path in mapped for path in files):
-        return
-    fuse.unmount()
-    fuse.start()
-    env.fuse_pid = fuse.pid
-    progress("bench: remounted the FUSE mount, which mapped extents a cold run must not "
-             "find cached")
 
 
 def run_dlio(args: argparse.Namespace) -> int:

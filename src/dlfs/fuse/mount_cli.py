@@ -40,7 +40,7 @@ from dlfs import limits as fuse_limits
 from dlfs.fuse import lowlevel, splicereads
 from dlfs.fuse.backend import Backend
 from dlfs.fuse.attributes import DIR_MODE, dataset_attrs, dataset_key
-from dlfs.fuse.extentreads import ExtentReaders
+from dlfs.fuse.extentreads import ExtentReaders, PagesRelease
 from dlfs.fuse.fs import DlfsOperations
 from dlfs.fuse.inodes import ROOT_KEY, Attrs
 from dlfs.fuse.mount_metrics import serve_metrics
@@ -126,9 +126,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--extent-pages-release", type=float, metavar="S",
                         default=fuse_limits.mount_extent_pages_release_s_default,
                         help="with extent reads, let go of the extent pages this process "
-                             "mapped every S seconds (default %(default)s; 0: never): they "
-                             "stay in the page cache, and the mount's RSS and drop_caches "
-                             "see what it read since, not all it ever read")
+                             "mapped once it read none for S seconds, and every "
+                             f"{fuse_limits.mount_extent_pages_release_busy_s:.0f} s while "
+                             "it reads (default %(default)s; 0: never): they stay in the "
+                             "page cache, and drop_caches evicts them, so a cold epoch "
+                             "after it reads cold")
     parser.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     # An ADDR given wins over $DLFS_ETCD; --etcd given with an ADDR is a mistake.  An
@@ -438,11 +440,15 @@ def _write_ready_file(path: str) -> None:
     os.replace(tmp, path)  # waiters never see a half-written pid
 
 
-async def _release_extent_pages(extents: ExtentReaders, every_s: float) -> None:
-    """Every `every_s`, let go of the extent pages this process mapped (in a thread: a
-    `madvise` over many mapped pages takes milliseconds)."""
+async def _release_extent_pages(extents: ExtentReaders, idle_s: float) -> None:
+    """Let go of the extent pages this process mapped when `PagesRelease` says so (in a
+    thread: a `madvise` over many mapped pages takes milliseconds)."""
+    busy_s = max(idle_s, fuse_limits.mount_extent_pages_release_busy_s)
+    schedule = PagesRelease(idle_s, busy_s)
     while True:
-        await trio.sleep(every_s)
+        await trio.sleep(idle_s / 2)
+        if not schedule.due(trio.current_time(), extents.uses):
+            continue
         try:
             released = await trio.to_thread.run_sync(extents.release_mapped_pages)
         except (OSError, ValueError) as exc:  # madvise refused: the pages stay mapped
