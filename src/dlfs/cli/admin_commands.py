@@ -6,6 +6,7 @@ from __future__ import annotations
 import shlex
 import sys
 
+from dlfs.cli.listing_commands import cached_text
 from dlfs.cli.target import target_options
 from dlfs.client import Client
 from dlfs.errors import DlfsError
@@ -55,9 +56,10 @@ def run_warm(client: Client, args) -> int:
         infos = client.warm(args.name, wait=not args.no_wait)
     for info in infos:
         where = f" on {info.address}" if len(infos) > 1 else ""
+        cached = cached_text(info.bytes_resident, info.bytes_total)
         print(f"{info.dataset}{where}: {info.state}, {human_bytes(info.bytes_warmed)} of "
               f"{human_bytes(info.bytes_total)} read into the page cache (budget "
-              f"{human_bytes(info.budget_bytes)})")
+              f"{human_bytes(info.budget_bytes)}); {cached}")
         if info.message:
             print(f"  {info.message}")
     return 0 if all(info.state in ("warm", "queued", "warming", "none") for info in infos) \

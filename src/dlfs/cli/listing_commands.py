@@ -79,8 +79,9 @@ def _unsealed_text(args, info: DatasetInfo) -> str:
 
 
 def _warm_summary(client: Client, name: str) -> dict | None:
-    """The daemons' latest warm-up of `name` as {states, bytes_warmed, bytes_total}; None
-    when there was none (or the daemons do not warm)."""
+    """The daemons' latest warm-up of `name` as {states, bytes_warmed, bytes_total,
+    bytes_resident (in their page caches now)}; None when there was none (or the
+    daemons do not warm)."""
     try:
         infos = [i for i in client.warm_status(name) if i.state != "none"]
     except DlfsError:  # a daemon without warm-ups: nothing to show
@@ -89,16 +90,26 @@ def _warm_summary(client: Client, name: str) -> dict | None:
         return None
     return {"states": sorted({i.state for i in infos}),
             "bytes_warmed": sum(i.bytes_warmed for i in infos),
-            "bytes_total": sum(i.bytes_total for i in infos)}
+            "bytes_total": sum(i.bytes_total for i in infos),
+            "bytes_resident": sum(i.bytes_resident for i in infos)}
 
 
 def _warm_text(warm: dict | None) -> str:
-    """"  (warm)", "  (warming 40%)", ... from `_warm_summary`; "" if none."""
+    """"  (warm, 100% cached now)", "  (warming 40%, 38% cached now)", ... from
+    `_warm_summary`: the warm-up's state, and what the page cache holds now (the kernel
+    may have evicted what was warmed); "" if none."""
     if warm is None:
         return ""
-    share = (f" {100 * warm['bytes_warmed'] // max(warm['bytes_total'], 1)}%"
-             if warm["states"] != ["warm"] else "")
-    return f"  ({'/'.join(warm['states'])}{share})"
+    total = max(warm["bytes_total"], 1)
+    share = (f" {100 * warm['bytes_warmed'] // total}%" if warm["states"] != ["warm"] else "")
+    return (f"  ({'/'.join(warm['states'])}{share}, "
+            f"{100 * warm['bytes_resident'] // total}% cached now)")
+
+
+def cached_text(resident: int, total: int) -> str:
+    """"0 B (0%) of it cached now": what of a dataset's `total` bytes the page cache
+    holds now."""
+    return f"{human_bytes(resident)} ({100 * resident // max(total, 1)}%) of it cached now"
 
 
 def _dataset_json(info: DatasetInfo, warm: dict | None) -> dict:
