@@ -70,3 +70,18 @@ def test_ls_long_shows_a_directory_size_not_its_entries(daemon, tmp_path):
         size = client.stat("ds", "d").size
     line = run_dlfs(daemon.address, ["ls", "-l", "ds"]).stdout.splitlines()[0]
     assert line.split()[1] == str(size) != "7" and line.endswith(" d/")
+
+
+def test_a_single_file_that_is_no_archive_is_a_one_sample_dataset(daemon, tmp_path):
+    data = os.urandom(70_000)
+    (tmp_path / "train.h5").write_bytes(data)
+    done = run_dlfs(daemon.address, ["ingest", str(tmp_path / "train.h5")])
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[0] == "ingested train.h5: 1 sample, 70000 bytes (68.4 KiB)"
+    cat = subprocess.run([sys.executable, "-m", "dlfs.cli", "--server", daemon.address, "cat",
+                          "train.h5/train.h5"], capture_output=True, timeout=60)
+    assert cat.returncode == 0 and cat.stdout == data
+    with Client(daemon.address) as client:  # the Python API takes it too, with other files
+        write_tree(tmp_path / "more", {"labels.csv": b"a,b\n"})
+        client.ingest([str(tmp_path / "train.h5"), str(tmp_path / "more")], "both")
+        assert sorted(e.name for e in client.listdir("both", "")) == ["labels.csv", "train.h5"]

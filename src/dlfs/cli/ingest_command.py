@@ -39,7 +39,9 @@ def add_commands(command) -> None:
         description="Upload SOURCEs as dataset NAME.  A SOURCE is a directory tree (its "
         "regular files become samples), a tar archive (plain, .gz, .bz2, .xz; its members "
         "become samples, named by their paths in the archive: WebDataset shards work as they "
-        "are), or a glob of archives in quotes ('shards/*.tar').  Several SOURCEs make one "
+        "are), a glob of archives in quotes ('shards/*.tar'), or any other file (one "
+        "sample named by its base name: one big HDF5, Parquet or NPZ file).  Several "
+        "SOURCEs make one "
         "dataset, named by the last word (one SOURCE alone: its base name, without an "
         "archive's suffix).  Ctrl-C stops it: what the daemon holds durably stays parked, "
         "and the command to continue it is printed.")
