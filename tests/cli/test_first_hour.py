@@ -1,7 +1,7 @@
 """What a newcomer types in the first hour, run as typed, with what it prints checked
 line by line: counts in words ("1 sample"), the ingest's usage line, a NAME that
 defaults to the source's base name, a warning for a source that gave nothing,
-`ls -l`'s size column."""
+`ls -l`'s size column, a single file that is no archive, a malformed address."""
 
 from __future__ import annotations
 
@@ -9,9 +9,11 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from cli_advice import run_dlfs
 from conftest import write_tree
-from dlfs import Client
+from dlfs import Client, InvalidArgument
 
 
 def test_one_of_each_reads_as_one(daemon, tmp_path):
@@ -85,3 +87,16 @@ def test_a_single_file_that_is_no_archive_is_a_one_sample_dataset(daemon, tmp_pa
         write_tree(tmp_path / "more", {"labels.csv": b"a,b\n"})
         client.ingest([str(tmp_path / "train.h5"), str(tmp_path / "more")], "both")
         assert sorted(e.name for e in client.listdir("both", "")) == ["labels.csv", "train.h5"]
+
+
+def test_a_malformed_address_is_a_usage_error_before_any_connection():
+    for wrong, why in (("127.0.0.1:notaport", "the port 'notaport' is not a number from 1 "
+                        "to 65535"), (":7010", "names no host"),
+                       ("127.0.0.1:70100", "the port '70100' is not a number")):
+        done = subprocess.run([sys.executable, "-m", "dlfs.cli", "--server", wrong, "datasets"],
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2, done.stderr
+        last = done.stderr.splitlines()[-1]
+        assert last.startswith(f"dlfs: error: --server: daemon address {wrong!r}") and why in last
+        with pytest.raises(InvalidArgument, match=why):
+            Client(wrong)

@@ -4,7 +4,10 @@
 Without ``--foreground`` the command starts the file system in a background
 process (this module again, with ``--foreground`` and a readiness pipe) and
 returns 0 only once the mount answers, or 1 with the reason.  It re-executes
-rather than forks because gRPC must not be initialised before a fork.
+rather than forks because gRPC must not be initialised before a fork.  The
+background process logs to ``--log-file``, by default `default_log_file()`
+(``$XDG_STATE_HOME/dlfs/mount.log``): once detached it never writes into
+the terminal that started it, as sshfs keeps quiet.
 
 The mount point must be an empty directory: a mount over files hides them
 until it is unmounted, so that needs ``--nonempty``.  ``--metrics-listen``
@@ -105,7 +108,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         default=fuse_limits.mount_read_timeout_s_default,
                         help="deadline of one sample or window read (default %(default)s)")
     parser.add_argument("--log-file", metavar="PATH",
-                        help="append log lines here (default: standard error)")
+                        help="append log lines here (default: standard error with "
+                             "--foreground, else $XDG_STATE_HOME/dlfs/mount.log, i.e. "
+                             "~/.local/state/dlfs/mount.log)")
     parser.add_argument("--debug", action="store_true", help="log every request (slow)")
     parser.add_argument("--log-format", default="text", choices=logs.FORMATS,
                         help="text lines, or one JSON object per line")
@@ -241,10 +246,28 @@ def check_ready_file(path: str | None) -> None:
 
 # --- background: start the foreground process and wait for it ------------------------------
 
+def default_log_file() -> str:
+    """Where a background mount without --log-file logs: $XDG_STATE_HOME/dlfs/mount.log
+    (~/.local/state/dlfs/mount.log), every mount of this user one after the other
+    (each line names its process)."""
+    state = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
+    return os.path.join(state, "dlfs", "mount.log")
+
+
 def run_background(argv: list[str], args: argparse.Namespace) -> int:
-    """Start `--foreground` in a new session; 0 once it serves, 1 if it failed."""
+    """Start `--foreground` in a new session, logging to --log-file (`default_log_file`
+    unless given, its standard error too: gRPC's own lines); 0 once it serves, 1 if it
+    failed."""
+    if not args.log_file:
+        args.log_file = default_log_file()
+        argv = [*argv, "--log-file", args.log_file]
+    try:
+        os.makedirs(os.path.dirname(os.path.abspath(args.log_file)), exist_ok=True)
+        stderr = open(args.log_file, "ab")
+    except OSError as exc:
+        raise MountError(f"--log-file {args.log_file}: cannot append to it "
+                         f"({exc.strerror or exc})") from None
     read_end, write_end = os.pipe()
-    stderr = open(args.log_file, "ab") if args.log_file else None
     try:
         child = subprocess.Popen(
             [sys.executable, "-m", "dlfs.fuse.mount_cli", *argv, "--foreground",
@@ -253,8 +276,7 @@ def run_background(argv: list[str], args: argparse.Namespace) -> int:
             stderr=stderr, start_new_session=True)
     finally:
         os.close(write_end)
-        if stderr is not None:
-            stderr.close()
+        stderr.close()
     message = _receive(read_end, fuse_limits.mount_ready_timeout_s)
     os.close(read_end)
     if message == READY:
@@ -273,10 +295,10 @@ def run_background(argv: list[str], args: argparse.Namespace) -> int:
         child.terminate()
         child.wait()
         raise MountError(f"the mount did not become usable within "
-                         f"{fuse_limits.mount_ready_timeout_s:.0f} s; stopped it"
-                         + (f" (see {args.log_file})" if args.log_file else ""))
+                         f"{fuse_limits.mount_ready_timeout_s:.0f} s; stopped it (see "
+                         f"{args.log_file})")
     raise MountError(f"the mount process exited with status {status} before the mount was "
-                     "usable" + (f" (see {args.log_file})" if args.log_file else ""))
+                     f"usable (see {args.log_file})")
 
 
 def _receive(fd: int, timeout_s: float) -> bytes:
@@ -537,15 +559,9 @@ def _keep_freed_memory() -> None:
 
 
 def _setup_logging(args: argparse.Namespace) -> None:
-    """Log to --log-file, else to standard error.  A background mount without
-    --log-file logs warnings and errors only: it still writes to the terminal
-    it was started from."""
-    if args.debug:
-        level = logging.DEBUG
-    elif args.background_child and not args.log_file:
-        level = logging.WARNING
-    else:
-        level = logging.INFO
+    """Log to --log-file, else to standard error (a --foreground mount: systemd's
+    journal, Slurm's job log)."""
+    level = logging.DEBUG if args.debug else logging.INFO
     logs.configure(level, args.log_format, program="dlfs-mount", path=args.log_file)
 
 
