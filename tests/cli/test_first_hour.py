@@ -1,11 +1,14 @@
 """What a newcomer types in the first hour, run as typed, with what it prints checked
 line by line: counts in words ("1 sample"), the ingest's usage line, a NAME that
 defaults to the source's base name, a warning for a source that gave nothing,
-`ls -l`'s size column, a single file that is no archive, a malformed address."""
+`ls -l`'s size column, a single file that is no archive, a malformed address, and
+`./dev demo`'s ready line."""
 
 from __future__ import annotations
 
 import os
+import re
+import signal
 import subprocess
 import sys
 
@@ -100,3 +103,35 @@ def test_a_malformed_address_is_a_usage_error_before_any_connection():
         assert last.startswith(f"dlfs: error: --server: daemon address {wrong!r}") and why in last
         with pytest.raises(InvalidArgument, match=why):
             Client(wrong)
+
+
+def test_dev_demo_says_ready_with_the_address_and_ctrl_c_stops_it(tmp_path):
+    """`./dev demo` as typed (its options passed on to dlfs-server: a data dir and port of
+    this test's, so a demo the user runs is left alone; the ready file is the checkout's
+    .dlfs-demo/address)."""
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    demo = subprocess.Popen(["./dev", "demo", "--data-dir", str(tmp_path / "data"),
+                             "--listen", "127.0.0.1:0"], cwd=repo, stderr=subprocess.PIPE,
+                            stdout=subprocess.DEVNULL, text=True, start_new_session=True)
+    try:
+        ready = None
+        for line in demo.stderr:
+            if line.startswith("dev: ready: "):
+                ready = line.rstrip("\n")
+                break
+        assert ready is not None, "./dev demo ended without a ready line"
+        address = ready.split("dlfs-server serves ", 1)[1].split(";", 1)[0]
+        assert re.fullmatch(r"127\.0\.0\.1:\d+", address), ready
+        hint = ready.split("in another shell try: ", 1)[1]
+        tried = subprocess.run(hint.split(), cwd=repo, capture_output=True, text=True,
+                               timeout=60, env={**os.environ, "DLFS_SERVER": address})
+        assert tried.returncode == 0 and tried.stdout.split() == ["bird/", "cat/", "dog/"], \
+            tried
+        os.killpg(demo.pid, signal.SIGINT)  # Ctrl-C in its terminal
+        rest = demo.stderr.read()
+        assert demo.wait(60) == 0, rest
+        assert "stopped; catalog flushed" in rest
+    finally:
+        if demo.poll() is None:
+            os.killpg(demo.pid, signal.SIGKILL)
+            demo.wait()
