@@ -17,23 +17,11 @@ import sys
 
 import pytest
 
-from doc_blocks import REPO, marked_blocks
+from doc_blocks import DEMO_ADDRESS, REPO, demo, marked_blocks  # noqa: F401 (fixture)
 from dlfs.tools.launch import fuse_unavailable
 
 DOC = "README.md"
 TEST = "tests/e2e/test_readme.py"
-DEMO_ADDRESS = "127.0.0.1:7010"
-
-
-@pytest.fixture(scope="module")
-def demo(tmp_path_factory):
-    from dlfs.tools.launch import DaemonProcess
-
-    root = tmp_path_factory.mktemp("demo")
-    daemon = DaemonProcess(str(root / "data"), str(root / "daemon.log"), ["--demo"])
-    daemon.start()
-    yield daemon.address
-    daemon.kill()
 
 
 def blocks() -> list[str]:

@@ -13,23 +13,11 @@ import pytest
 
 pytest.importorskip("torch")
 
-from doc_blocks import marked_blocks  # noqa: E402
+from doc_blocks import DEMO_ADDRESS, demo, marked_blocks  # noqa: E402, F401 (fixture)
 
 TEST = "tests/training/test_first_examples.py"
-DEMO_ADDRESS = "127.0.0.1:7010"
 # The demo's train/ samples: 3 classes, .npy files of 3,200 bytes.
 DEMO_TRAIN_SAMPLES = 300
-
-
-@pytest.fixture(scope="module")
-def demo(tmp_path_factory):
-    from dlfs.tools.launch import DaemonProcess
-
-    root = tmp_path_factory.mktemp("demo")
-    daemon = DaemonProcess(str(root / "data"), str(root / "daemon.log"), ["--demo"])
-    daemon.start()
-    yield daemon.address
-    daemon.kill()
 
 
 def run(doc: str, number: int, address: str, namespace: dict) -> dict:
