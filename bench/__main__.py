@@ -236,6 +236,7 @@ def run_dlio(args: argparse.Namespace) -> int:
 def run_dataloader(args: argparse.Namespace) -> int:
     """The README's DataLoader against ext4 (bench.train_bench --first-example) into
     --out's dataloader.{md,json} (dataloader-quick.* with --quick)."""
+    os.makedirs(args.out, exist_ok=True)
     stem = os.path.join(args.out, "dataloader" + ("-quick" if args.quick else ""))
     data_dir = os.path.abspath(args.data_dir or (QUICK_DATA_DIR if args.quick else DATA_DIR))
     status = train_bench.main(["--first-example", "--out", f"{stem}.json", "--data-dir",
