@@ -6,25 +6,29 @@
     ./dev bench --workloads ingest   # only the staging rows (dlfs ingest vs cp -r, tar -x, ...)
     ./dev bench --workloads dlio     # the real DLIO benchmark through the mount (bench.dlio_mount)
     ./dev bench --workloads cluster  # many daemons in an etcd cluster, the control plane (bench.cluster)
+    ./dev bench --workloads dataloader  # the README's DataLoader against ext4 (bench.train_bench)
 
 Prints the markdown table and writes results.json, results.md and
 results.png to --out (results-quick.* with --quick).  Generated data is cached in --data-dir.  Besides the
 rows: the scaling experiment (1, 2, 4, 8, 12 client processes up to the
 CPUs, beside raw TCP with as many connections, warm 110 KB; --no-scaling
-skips it, --scaling-clients picks the counts), the memory experiment (--no-memory) and the
-staging rows (workload "ingest": bench/ingest_bench.py).
+skips it, --scaling-clients picks the counts), the memory experiment (--no-memory), the
+staging rows (workload "ingest": bench/ingest_bench.py) and the README's first DataLoader
+against the same loop over ext4 files (workload "dataloader": `python -m bench.train_bench
+--first-example`, into dataloader.{md,json}).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
 import time
 
 from bench import (cluster, datagen, dlio_mount, ingest_bench, memory, paired, processes,
-                   report, runner, scaling)
+                   report, runner, scaling, train_bench)
 from bench.contenders import BenchEnv
 from bench.lineup import all_contenders
 from bench.measure import CacheControl, proc_status_kib
@@ -33,6 +37,7 @@ from dlfs.tools.launch import MountProcess, fuse_unavailable
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DLIO = "dlio"  # the --workloads name of bench.dlio_mount
 CLUSTER = "cluster"  # the --workloads name of bench.cluster
+DATALOADER = "dataloader"  # the --workloads name of bench.train_bench --first-example
 # The target measured by alternating runs as well (bench.paired): DLFS TCP with 4 batches
 # in flight against LMDB one thread, warm 4 KB.
 PAIRED_WORKLOAD, PAIRED_KEYS = "4k", ("lmdb", "dlfs-tcp-4")
@@ -52,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="directory for results.json, results.md, results.png "
                              "(results-quick.* with --quick: a quick run never replaces a "
                              "full run's results)")
-    parser.add_argument("--workloads", default="4k,110k,140m,ingest",
+    parser.add_argument("--workloads", default="4k,110k,140m,ingest,dataloader",
                         help="comma-separated subset of 4k,110k,140m (read rows), ingest "
                              "(the staging rows: dlfs ingest vs cp -r, tar -x and one file at "
                              "a time; they use the 110k workload's files), and dlio: the real "
@@ -60,7 +65,10 @@ def build_parser() -> argparse.ArgumentParser:
                              "bench.dlio_mount; not in the default, about 6 minutes), and "
                              "cluster: 1, 2 and 4 daemons in a cluster on a real etcd, etcd "
                              "call latencies, the placement model at 1,000 nodes (python -m "
-                             "bench.cluster; not in the default, about 2 minutes)")
+                             "bench.cluster; not in the default, about 2 minutes), and "
+                             "dataloader: the README's DataLoader example against the same "
+                             "loop over ext4 files, cold and warm (python -m bench.train_bench "
+                             "--first-example; about 2 minutes, plus its files once)")
     parser.add_argument("--caches", default="warm,cold", help="comma-separated: warm,cold")
     parser.add_argument("--contenders", default="",
                         help="comma-separated subset of contender keys (default: all; ext4-1 is "
@@ -92,16 +100,15 @@ def main(argv: list[str] | None = None) -> int:
         print(message, file=sys.stderr, flush=True)
 
     wanted = set(args.workloads.split(","))
-    unknown = wanted - {"4k", "110k", "140m", "ingest", DLIO, CLUSTER}
+    unknown = wanted - {"4k", "110k", "140m", "ingest", DLIO, CLUSTER, DATALOADER}
     if unknown:
         parser_error = f"unknown workloads: {', '.join(sorted(unknown))}"
         print(f"python -m bench: {parser_error}", file=sys.stderr)
         return 2
-    if wanted <= {DLIO, CLUSTER}:  # only these: none of the rows, scaling or memory
-        return max(run_dlio(args) if DLIO in wanted else 0,
-                   run_cluster(args) if CLUSTER in wanted else 0)
+    if wanted <= {DLIO, CLUSTER, DATALOADER}:  # only these: none of the rows, scaling or memory
+        return _separate(args, wanted)
     staging = "ingest" in wanted
-    reads = wanted - {"ingest", DLIO, CLUSTER}
+    reads = wanted - {"ingest", DLIO, CLUSTER, DATALOADER}
     if staging:
         wanted.add("110k")  # the staging rows ingest its tree
     workloads = [w for w in (datagen.quick_workloads() if args.quick else datagen.full_workloads())
@@ -160,8 +167,14 @@ def main(argv: list[str] | None = None) -> int:
     paths = report.write(results, args.out, stem)
     print(report.markdown(results))
     progress(f"bench: wrote {', '.join(paths.values())} in {time.monotonic() - started:.0f} s")
+    return _separate(args, wanted)
+
+
+def _separate(args: argparse.Namespace, wanted: set[str]) -> int:
+    """The benchmarks with results files of their own that `wanted` names."""
     return max(run_dlio(args) if DLIO in wanted else 0,
-               run_cluster(args) if CLUSTER in wanted else 0)
+               run_cluster(args) if CLUSTER in wanted else 0,
+               run_dataloader(args) if DATALOADER in wanted else 0)
 
 
 def run_reads(args, prepared, data_dir, daemon_args, daemon_info, settings, caches,
@@ -191,9 +204,6 @@ def run_reads(args, prepared, data_dir, daemon_args, daemon_info, settings, cach
                            fio_runtime_s=settings.fio_runtime_s,
                            fuse_mountpoint=mountpoint if fuse else None, fuse_reason=fuse_reason,
                            fuse_pid=fuse.pid if fuse else 0)
-            if fuse is not None:
-                cache_control.release_hooks.append(
-                    lambda files: _remount_if_mapping(fuse, env, files, progress))
             contenders = all_contenders(env)
             if args.contenders:
                 keep = set(args.contenders.split(",")) | {report.BASELINE}
@@ -213,33 +223,31 @@ def run_reads(args, prepared, data_dir, daemon_args, daemon_info, settings, cach
                                               progress, args.scaling_clients)
             daemon_info["hwm_end_kib"] = proc_status_kib(daemon.pid, "VmHWM")
         finally:
-            cache_control.release_hooks.clear()
             if fuse is not None:
                 fuse.unmount()
     return measurements, contenders, scaling_results, paired_results
 
 
-def _remount_if_mapping(fuse: MountProcess, env: BenchEnv, files: list[str], progress) -> None:
-    """Mount again if the mount maps any of `files`: its co-located reads map the
-    extents, and mapped pages stay cached through drop_caches, which would make
-    the cold rows after a read through the mount partly warm."""
-    try:
-        with open(f"/proc/{fuse.pid}/maps") as f:
-            mapped = f.read()
-    except OSError:
-        return
-    if not any(path in mapped for path in files):
-        return
-    fuse.unmount()
-    fuse.start()
-    env.fuse_pid = fuse.pid
-    progress("bench: remounted the FUSE mount, which mapped extents a cold run must not "
-             "find cached")
-
-
 def run_dlio(args: argparse.Namespace) -> int:
     """The DLIO benchmark (bench.dlio_mount) with this run's --quick and --out."""
     return dlio_mount.main((["--quick"] if args.quick else []) + ["--out", args.out])
+
+
+def run_dataloader(args: argparse.Namespace) -> int:
+    """The README's DataLoader against ext4 (bench.train_bench --first-example) into
+    --out's dataloader.{md,json} (dataloader-quick.* with --quick)."""
+    os.makedirs(args.out, exist_ok=True)
+    stem = os.path.join(args.out, "dataloader" + ("-quick" if args.quick else ""))
+    data_dir = os.path.abspath(args.data_dir or (QUICK_DATA_DIR if args.quick else DATA_DIR))
+    status = train_bench.main(["--first-example", "--out", f"{stem}.json", "--data-dir",
+                               os.path.join(data_dir, DATALOADER)]
+                              + (["--quick"] if args.quick else []))
+    if status == 0:
+        with open(f"{stem}.json") as f:
+            text = json.load(f)["markdown"]
+        with open(f"{stem}.md", "w") as f:
+            f.write(text + "\n")
+    return status
 
 
 def run_cluster(args: argparse.Namespace) -> int:

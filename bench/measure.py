@@ -14,8 +14,9 @@ Cold runs start from an empty page cache: as root, `sync` then
 daemon's extent pages and cached inodes and dentries too).  Without root,
 the data files of the contender get `posix_fadvise(DONTNEED)` and the ext4
 contenders read with O_DIRECT (inodes stay cached then; the table says so).
-Neither drops pages a process maps: `CacheControl.make_cold` checks that the
-files left the cache and makes their mappers let go (`release_hooks`).
+Neither drops pages a process maps: `CacheControl.make_cold` evicts again until
+the files left the cache (the daemon and a co-located mount let go of theirs
+about a second after their last read) and fails the run if they do not.
 """
 
 from __future__ import annotations
@@ -359,10 +360,6 @@ class CacheControl:
 
     def __init__(self) -> None:
         self.root = is_root()
-        # Called with the files that stayed cached after an eviction: each lets go of
-        # the mappings it holds of them (the benchmark's FUSE mount maps extents;
-        # mapped pages survive drop_caches and DONTNEED).
-        self.release_hooks: list[Callable[[list[str]], None]] = []
         self.method = ("drop_caches (sync; echo 3 > /proc/sys/vm/drop_caches)" if self.root
                        else "posix_fadvise(DONTNEED) on the data files; ext4 rows use O_DIRECT")
 
@@ -370,27 +367,24 @@ class CacheControl:
         """Evict `files` (all of the page cache as root).  Pages a process has mapped
         stay cached through both ways of evicting: a daemon unmaps the extents it
         sends small samples from within `limits.extent_map_idle_s` and a sweep of
-        its last read, and the release hooks let go of other mappings (the
-        mount's), so this evicts again until none of `files` is cached (at most
-        a few seconds).  `mappable`: the files checked (default: `files`, when
-        at most a few hundred).  Raises RuntimeError if some page of them stays
-        cached: a cold run would not be cold."""
+        its last read, and a co-located mount lets go of the extent pages it
+        mapped `--extent-pages-release` (1 s) after its last read, so this evicts
+        again until none of `files` is cached (at most a few seconds): a
+        long-running mount's cold rows read cold, proven here.  `mappable`: the
+        files checked (default: `files`, when at most a few hundred).  Raises
+        RuntimeError if some page of them stays cached: a cold run would not be
+        cold."""
         files = list(files)
         if mappable is None:
             mappable = files if len(files) <= _CHECKED_FILES_MAX else []
         checked = list(mappable)
-        give_up = time.monotonic() + 2 * limits.extent_map_idle_s + 5
-        released = False
+        give_up = time.monotonic() + 2 * max(limits.extent_map_idle_s,
+                                             limits.mount_extent_pages_release_s_default) + 5
         while True:
             self._evict(files)
             left = [f for f in checked if _still_cached(f)]
             if not left:
                 return
-            if not released:
-                for hook in self.release_hooks:
-                    hook(left)
-                released = True
-                continue
             if time.monotonic() > give_up:
                 raise RuntimeError(f"{len(left)} files stayed in the page cache after "
                                    f"eviction (first: {left[0]}, mapped by "

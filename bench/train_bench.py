@@ -2,6 +2,7 @@
 
     python -m bench.train_bench            # full sweep, about 9 minutes on 2 cores (+ data once)
     python -m bench.train_bench --quick    # small, under a minute: checks that it all runs
+    python -m bench.train_bench --first-example   # README's DataLoader vs ext4 (./dev bench)
 
 A training step is a fixed sleep per batch (the accelerator's compute
 time); the main process sleeps, so the loader's workers get the CPUs.  Per
@@ -32,6 +33,10 @@ with `dlfs.torch.ShuffleShardSampler` (same order for all):
   per batch.
 - ``dlfs-direct``: the same with ``direct=True`` (co-located: the worker
   maps the extent files the daemon passed it; metadata from the daemon).
+- ``dlfs-first``: the README's first DataLoader example as written,
+  ``DLFSDataset(address, name, transform=to_tensor)`` with no client
+  options: what a user gets without knowing them (on the daemon's host,
+  its extents: `DLFSDataset.reads`).
 - ``dlfs-batches``: `DLFSDataset` without a transform, whole batches as
   items: ``DataLoader(ds, batch_size=None, sampler=BatchSampler(sampler,
   B), num_workers=W)``.  Each worker receives a batch straight into one
@@ -51,6 +56,13 @@ and, without a DataLoader, DLFS's own in-process loader:
   batch received straight into a ``[B, L]`` array that ``torch.from_numpy``
   makes the batch tensor, with its labels, same order; no worker
   processes, so no batch crosses a process boundary.
+
+``--first-example`` runs only ``ext4-folder`` and ``dlfs-first``, the way
+issue 59 measured them: 20,000 samples, ``DataLoader(num_workers=2,
+batch_size=256)``, a true shuffle, no compute (samples/s of the loader
+alone), a cold then a warm epoch each; the table gives DLFS over ext4
+against the target of 1.2x.  `python -m bench` runs it as its
+``dataloader`` workload (bench/results/dataloader.md).
 
 Reported per epoch: accelerator utilisation = compute time / wall time
 (wall from ``iter(loader)``, so worker start-up counts, as in DLIO) and
@@ -96,19 +108,26 @@ class Plan:
     pipeline_prefetch: int = 4
     loaders: tuple[str, ...] = ("no-io", "ext4-folder", "dlfs", "dlfs-direct", "dlfs-batches",
                                 "dlfs-readahead", "dlfs-readahead-direct", "dlfs-pipeline",
-                                "dlfs-pipeline-direct")
+                                "dlfs-pipeline-direct", "dlfs-first")
 
 
 FULL = Plan(samples=16384, batch_size=64, workers=4, compute_ms=(6.0, 8.0, 10.0, 15.0, 30.0),
             hint_compute_ms=4.0, hint_ahead_batches=16)
 QUICK = Plan(samples=1536, batch_size=64, workers=4, compute_ms=(8.0, 30.0),
              hint_compute_ms=4.0, hint_ahead_batches=8)
+# The README's first DataLoader example against the same loop over ext4 files.
+FIRST_EXAMPLE = Plan(samples=20_000, batch_size=256, workers=2, compute_ms=(0.0,),
+                     hint_compute_ms=0.0, hint_ahead_batches=0,
+                     loaders=("ext4-folder", "dlfs-first"))
+FIRST_EXAMPLE_QUICK = dataclasses.replace(FIRST_EXAMPLE, samples=1536)
+# What the README's DataLoader over DLFS must reach, warm and cold, over ext4 (issue 59).
+FIRST_EXAMPLE_TARGET = 1.2
 # The loaders named without "direct" read as a remote node would: the data path over
 # loopback TCP (not the Unix socket a client on the daemon's host would pick).
 NETWORK = {"data_path": "tcp"}
 
 DATALOADER_KINDS = ("no-io", "ext4-folder", "dlfs", "dlfs-direct", "dlfs-batches", "dlfs-readahead",
-                    "dlfs-readahead-direct")
+                    "dlfs-readahead-direct", "dlfs-first")
 
 
 # --- data ---------------------------------------------------------------------------
@@ -225,6 +244,8 @@ def make_dataset(kind: str, tree: str, address: str, name: str):
         return DLFSDataset(address, name, transform=to_tensor, client_options=NETWORK)
     if kind == "dlfs-direct":
         return DLFSDataset(address, name, transform=to_tensor, client_options={"direct": True})
+    if kind == "dlfs-first":
+        return DLFSDataset(address, name, transform=to_tensor)
     if kind in ("dlfs-readahead", "dlfs-batches"):
         return DLFSDataset(address, name, client_options=NETWORK)
     if kind == "dlfs-readahead-direct":
@@ -282,6 +303,8 @@ def dataloader_epochs(kind: str, plan: Plan, compute_ms: float, epoch0: int, env
     from dlfs.torch import PrefetchHints, ReadAhead, ShuffleShardSampler
 
     dataset = make_dataset(kind, env["tree"], env["address"], env["name"])
+    if kind == "dlfs-first":
+        env["reads"] = dataset.reads  # what the default chose, for the report
     sampler = ShuffleShardSampler(len(dataset), seed=17)
     order_source = sampler
     if hints:
@@ -404,6 +427,7 @@ LOADER_TITLES = {
     "dlfs-readahead-direct": "DLFSDataset direct, ReadAhead",
     "dlfs-pipeline": "iter_rows (network)",
     "dlfs-pipeline-direct": "iter_rows direct",
+    "dlfs-first": "README's DLFSDataset, DataLoader",
 }
 
 
@@ -452,6 +476,29 @@ def markdown(results: list[EpochResult], plan: Plan, env: dict) -> str:
     return "\n".join(lines)
 
 
+def first_example_markdown(results: list[EpochResult], plan: Plan, env: dict) -> str:
+    """The README's DataLoader over DLFS against ext4: samples/s per epoch, and the
+    ratio against `FIRST_EXAMPLE_TARGET`."""
+    by = {(r.loader, r.cache): r for r in results}
+    lines = [f"The README's first DataLoader example (`DLFSDataset(address, name, "
+             f"transform=to_tensor)`, reads: {env.get('reads', '?')}) against an "
+             f"ImageFolder-like reader of the same files on ext4: {plan.samples:,} samples "
+             f"of {SAMPLE_BYTES // 1024} KiB, DataLoader(num_workers={plan.workers}, "
+             f"batch_size={plan.batch_size}), a true shuffle, no compute; cold = "
+             f"{env['dropper'].method}.", *_reclaim_note(), "",
+             "| epoch | ext4 samples/s | DLFS samples/s | DLFS / ext4 | target |",
+             "| --- | ---: | ---: | ---: | --- |"]
+    for cache in ("cold", "warm"):
+        ext4, dlfs = by.get(("ext4-folder", cache)), by.get(("dlfs-first", cache))
+        if ext4 is None or dlfs is None:
+            continue
+        ratio = dlfs.samples_per_s / ext4.samples_per_s
+        verdict = "met" if ratio >= FIRST_EXAMPLE_TARGET else "missed"
+        lines.append(f"| {cache} | {ext4.samples_per_s:,.0f} | {dlfs.samples_per_s:,.0f} | "
+                     f"{ratio:.2f}x | >= {FIRST_EXAMPLE_TARGET}x: {verdict} |")
+    return "\n".join(lines)
+
+
 def machine() -> dict:
     try:
         revision = subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"],
@@ -482,8 +529,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--samples", type=int, help="number of samples (default 16384 / 1536)")
     parser.add_argument("--loaders", default="",
                         help="comma-separated subset of " + ",".join(FULL.loaders))
+    parser.add_argument("--first-example", action="store_true",
+                        help="only the README's DataLoader against ext4 (see above)")
     args = parser.parse_args(argv)
-    plan = QUICK if args.quick else FULL
+    if args.first_example:
+        plan = FIRST_EXAMPLE_QUICK if args.quick else FIRST_EXAMPLE
+    else:
+        plan = QUICK if args.quick else FULL
     if args.compute_ms:
         plan = dataclasses.replace(plan, compute_ms=tuple(
             float(x) for x in args.compute_ms.split(",")))
@@ -516,15 +568,17 @@ def main(argv: list[str] | None = None) -> int:
             for kind in plan.loaders:
                 run = dataloader_epochs if kind in DATALOADER_KINDS else pipeline_epochs
                 results += run(kind, plan, compute_ms, 0, env, ["cold", "warm"])
-        # Clairvoyant prefetch on cold epochs where I/O matters (short compute, few batches
-        # in flight), each with and without hints on the same epoch order.
-        c, ahead = plan.hint_compute_ms, plan.hint_ahead_batches
-        for kind in ("dlfs-pipeline", "dlfs-pipeline-direct"):
-            for hint_ahead in (0, ahead):
-                results += pipeline_epochs(kind, plan, c, 0, env, ["cold"], hint_ahead, prefetch=2)
-        for hints in (False, True):
-            results += dataloader_epochs("dlfs", plan, c, 0, env, ["cold"], hints=hints)
-    report = markdown(results, plan, env)
+        if not args.first_example:
+            # Clairvoyant prefetch on cold epochs where I/O matters (short compute, few
+            # batches in flight), each with and without hints on the same epoch order.
+            c, ahead = plan.hint_compute_ms, plan.hint_ahead_batches
+            for kind in ("dlfs-pipeline", "dlfs-pipeline-direct"):
+                for hint_ahead in (0, ahead):
+                    results += pipeline_epochs(kind, plan, c, 0, env, ["cold"], hint_ahead,
+                                               prefetch=2)
+            for hints in (False, True):
+                results += dataloader_epochs("dlfs", plan, c, 0, env, ["cold"], hints=hints)
+    report = (first_example_markdown if args.first_example else markdown)(results, plan, env)
     print(report)
     elapsed = time.monotonic() - started
     progress(f"train_bench: done in {elapsed:.0f} s")

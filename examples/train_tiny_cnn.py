@@ -4,7 +4,7 @@
     .venv/bin/python examples/train_tiny_cnn.py  # in a second shell
     .venv/bin/python examples/train_tiny_cnn.py --epochs 3 --workers 2 --trace /tmp/trace.json
 
-Needs the torch extra (``pip install 'dlfs-storage[torch]'``: torch and Pillow).
+Needs the torch extra (``pip install '.[torch]'`` in a checkout: torch and Pillow).
 
 What it does:
 1. draws a small ImageFolder-style dataset with Pillow: 32x32 JPEGs of

@@ -623,11 +623,16 @@ mount_dataset_entry_timeout_s = 5.0
 # READ requests (16, 16 and 32 KiB), with 64 KiB one of 128 KiB.
 mount_block_bytes = 64 * KiB
 
-# How often a mount lets go of the extent pages it mapped to read files from the
-# extents (`--extent-pages-release`; 0: never).  Mapped pages count in its RSS and
-# drop_caches skips them; released, they stay in the page cache and the next read
-# of one maps it again (a minor fault per page).
-mount_extent_pages_release_s_default = 30.0
+# A mount lets go of the extent pages it mapped to read files from the extents once
+# it read none for this long (`--extent-pages-release`; 0: never), as the daemon
+# unmaps its idle mappings (`extent_map_idle_s`): mapped pages count in its RSS and
+# drop_caches skips them, so a "cold" epoch after drop_caches would read warm.
+# Released, they stay in the page cache and the next read of one maps it again (a
+# minor fault per page).  While it reads on, it lets go every
+# `mount_extent_pages_release_busy_s`, so its RSS holds what it read since.
+mount_extent_pages_release_s_default = 1.0
+mount_extent_pages_release_busy_s = 30.0
+assert mount_extent_pages_release_s_default <= mount_extent_pages_release_busy_s
 
 # --- FUSE mount: daemon connection -------------------------------------------
 # How long a call waits for an unreachable daemon (retrying) before the FUSE

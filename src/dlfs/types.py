@@ -113,6 +113,9 @@ class WarmInfo:
     budget_bytes: int
     fits: bool
     message: str = ""
+    # Of bytes_total, in the daemon's page cache when asked (what was warmed may have
+    # been evicted since).
+    bytes_resident: int = 0
 
     @property
     def done(self) -> bool:

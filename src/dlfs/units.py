@@ -1,5 +1,6 @@
-"""Byte sizes as people write them: `size_text` for help and messages, `parse_size` for
-command-line flags.  Binary units (KiB = 1024 B), as everywhere in DLFS."""
+"""Byte sizes and counts as people write them: `size_text` for help and messages,
+`parse_size` for command-line flags, `counted` for "1 file" and "2 files".  Binary
+units (KiB = 1024 B), as everywhere in DLFS."""
 
 from __future__ import annotations
 
@@ -18,6 +19,12 @@ def size_text(n: int) -> str:
         if n and n % factor == 0:
             return f"{n // factor} {name}"
     return f"{n} B"
+
+
+def counted(n: int, noun: str, nouns: str | None = None) -> str:
+    """"1 file", "2 files", "12,000 files": `n` (with thousands separators) and `noun`,
+    or its plural (`nouns`, by default `noun` + "s") unless `n` is 1."""
+    return f"{n:,} {noun if n == 1 else (nouns or noun + 's')}"
 
 
 def parse_size(text: str) -> int:

@@ -1,5 +1,5 @@
-"""The DLFS release, its distribution name, and the version policy: which client and
-daemon releases talk to each other.  Importable without loading the client (the
+"""The DLFS release, its distribution name, how to install it, and the version policy:
+which client and daemon releases talk to each other.  Importable without loading the client (the
 daemon reports the version; the tools name the distribution in advice).
 
 The policy (docs/DESIGN.md, "Versions"): a client and a daemon interoperate
@@ -29,11 +29,18 @@ VERSION_METADATA = "dlfs-version"
 RELEASE_BYTES_MAX = 16
 
 
+def install_line(extras: str) -> str:
+    """The command that installs DLFS with `extras` ("fuse,torch"): from a checkout, as
+    DISTRIBUTION is not on the package index yet (README.md, "Install")."""
+    return f"pip install '.[{extras}]'"
+
+
 def missing_extra(who: str, extra: str, module: str) -> str:
     """The message for `who` (a command or module) run without optional dependency
     `module`, which the extra `extra` of the distribution installs."""
     return (f"{who} needs {module}, which is not installed; it comes with the '{extra}' "
-            f"extra: pip install '{DISTRIBUTION}[{extra}]'")
+            f"extra: {install_line(extra)} in a checkout of DLFS ({DISTRIBUTION} is not "
+            "on the package index yet)")
 
 
 def release_line(release: str) -> tuple[str, str] | None:
@@ -58,5 +65,5 @@ def mismatch_message(peer: str, peer_release: str, *, this: str) -> str:
     major, minor = release_line(__version__) or ("?", "?")
     return (f"this {this} is DLFS {__version__} and the {peer} is {said}: a client and a "
             f"daemon work together only within one minor release ({major}.{minor}.x); "
-            f"install the same release on both ends (pip install "
-            f"'{DISTRIBUTION}=={major}.{minor}.*')")
+            f"install the same release on both ends (from a checkout of DLFS "
+            f"{major}.{minor}: pip install .)")

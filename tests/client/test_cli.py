@@ -22,7 +22,7 @@ def test_cli_tour(daemon, tmp_path):
     write_tree(source, {"train/cat/1.jpg": b"meow", "train/dog/2.jpg": b"woof!", "readme": b"hi\n"})
     os.utime(source / "readme", ns=(1_700_000_000_000_000_000,) * 2)
     out = dlfs(daemon.address, "ingest", str(source), "pets").stdout.decode()
-    assert out.splitlines()[0] == "ingested pets: 3 samples, 12 bytes (12 B)"
+    assert out.splitlines()[0] == "ingested pets: 3 samples, 12 bytes"
     assert dlfs(daemon.address, "datasets").stdout.decode().startswith("pets\t3 samples\t12 B")
     assert dlfs(daemon.address, "ls", "pets").stdout.decode().split() == ["readme", "train/"]
     assert dlfs(daemon.address, "ls", "pets/train/dog").stdout.decode().split() == ["2.jpg"]

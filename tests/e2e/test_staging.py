@@ -151,8 +151,8 @@ def test_dry_run_lists_taken_and_skipped_with_counts(shared_daemon, tmp_path):
     assert any(line.startswith("skip\thidden\t") for line in lines)
     assert any(line.startswith("skip\tsymlink\t") and "-> a/x.bin" in line for line in lines)
     assert any(line.startswith("skip\tspecial\t") for line in lines)
-    assert lines[-1] == (f"would ingest {name}: 2 files, 5 bytes (5 B) from 1 tree; skipped: "
-                         "1 hidden, 1 symlinks, 1 special files, 0 symlink loops")
+    assert lines[-1] == (f"would ingest {name}: 2 files, 5 bytes from 1 tree; skipped: "
+                         "1 hidden, 1 symlink, 1 special file, 0 symlink loops, 0 unreadable")
     with Client(shared_daemon.address) as client:
         assert name not in client.datasets()
 

@@ -8,6 +8,7 @@ first drops its own extent files' pages (POSIX_FADV_DONTNEED), nobody else's.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -117,7 +118,27 @@ def test_dlfs_warm_reads_the_whole_dataset_into_the_page_cache(daemon_factory, t
     assert "dataset 'ds' is warm" in daemon.log()
     listing = subprocess.run([sys.executable, "-m", "dlfs.cli", "--server", daemon.address,
                               "datasets"], capture_output=True, text=True, timeout=60)
-    assert listing.stdout.rstrip().endswith("(warm)"), listing.stdout
+    assert re.search(r"\(warm, \d+% cached now\)$", listing.stdout.rstrip()), listing.stdout
+
+
+def test_after_an_eviction_the_warm_state_says_nothing_is_cached_now(daemon_factory, tmp_path):
+    """`dlfs datasets` and `dlfs warm --status` after drop_caches (DONTNEED here): the
+    warm-up is done, and nothing of it is in the page cache any more; they say both."""
+    daemon = daemon_factory()
+    make_dataset(daemon, tmp_path, 4)
+    [extent] = extent_files(daemon)
+    cli = [sys.executable, "-m", "dlfs.cli", "--server", daemon.address]
+    assert subprocess.run([*cli, "warm", "ds"], capture_output=True, timeout=120).returncode == 0
+    drop_cache([extent])
+    assert not any(resident_pages(extent, 0, os.path.getsize(extent)))
+    listing = subprocess.run([*cli, "datasets"], capture_output=True, text=True, timeout=60)
+    assert listing.stdout.splitlines()[0].endswith("  (warm, 0% cached now)"), listing.stdout
+    status = subprocess.run([*cli, "warm", "--status", "ds"], capture_output=True, text=True,
+                            timeout=60)
+    assert status.returncode == 0
+    [line] = status.stdout.splitlines()
+    assert line.startswith("ds: warm, 4.0 MiB of 4.0 MiB read into the page cache (budget ")
+    assert line.endswith("; 0 B (0%) of it cached now"), line
 
 
 # A budget within the advised tail (read-ahead off from the start), and one past it (the

@@ -61,4 +61,4 @@ def test_a_missing_dataset_of_a_cluster_names_the_listing_command(cluster, tmp_p
     listed = subprocess.run([sys.executable, "-m", "dlfs.cli", *argv[1:]],
                             capture_output=True, text=True, timeout=120)
     assert listed.returncode == 0, listed.stderr
-    assert listed.stdout.startswith("pets\t1 samples")
+    assert listed.stdout.startswith("pets\t1 sample\t")

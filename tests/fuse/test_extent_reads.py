@@ -11,9 +11,11 @@ import time
 import numpy as np
 import pytest
 
-from conftest import write_tree
+from conftest import evict_extents, write_tree
 from damage import flip_byte
 from dlfs import Client
+from dlfs.fuse.extentreads import PagesRelease
+from dlfs.server.read import residency
 from mounting import extent_reads, mount_factory, requires_fuse  # noqa: F401 (fixture)
 
 pytestmark = requires_fuse
@@ -89,7 +91,7 @@ def test_extent_reads_off_reads_through_the_daemon(daemon, mount_factory, tree):
     assert "extent reads:" not in mount.log()
 
 
-# --- the pages the mount mapped: let go of every --extent-pages-release seconds ----------
+# --- the pages the mount mapped: let go of --extent-pages-release seconds after a read ---
 
 def _mapped_extent_bytes(pid: int, extent_dir: str) -> int:
     """Bytes of `pid`'s mappings of files under `extent_dir` that its page tables map
@@ -127,6 +129,46 @@ def test_without_release_the_pages_read_stay_mapped(daemon, mount_factory, small
     _read_all(mount, small_files)
     extent_dir = os.path.join(daemon.data_dir, "extents")
     assert _mapped_extent_bytes(mount.pid, extent_dir) >= 0.9 * 64 * 64 * 1024
+
+
+def _cached_extent_pages(daemon) -> int:
+    extent_dir = os.path.join(daemon.data_dir, "extents")
+    total = 0
+    for folder, _, names in os.walk(extent_dir):
+        for name in names:
+            fd = os.open(os.path.join(folder, name), os.O_RDONLY)
+            try:
+                total += residency.cached_pages(fd, 0, os.fstat(fd).st_size)
+            finally:
+                os.close(fd)
+    return total
+
+
+def test_after_reads_through_a_default_mount_eviction_makes_the_extents_cold(
+        daemon, mount_factory, small_files):
+    """What drop_caches does between a benchmark's epochs (DONTNEED here, as the test
+    shares the machine): the mount, which goes on running, lets go of its mapped
+    pages within a second of its last read, as the daemon does, so nothing stays."""
+    mount = mount_factory(daemon.address, "--dataset", "small")
+    _read_all(mount, small_files)
+    assert _cached_extent_pages(daemon) > 0
+    evict_extents(daemon)  # waits for the daemon's mappings, and now the mount's
+    assert _cached_extent_pages(daemon) == 0
+    assert _mapped_extent_bytes(mount.pid, os.path.join(daemon.data_dir, "extents")) == 0
+
+
+def test_the_release_is_due_after_idle_or_now_and_then_while_busy():
+    release = PagesRelease(idle_s=1.0, busy_s=30.0)
+    assert not release.due(0.0, 0)  # nothing read: nothing mapped
+    assert not release.due(10.0, 0)
+    assert not release.due(10.5, 5)  # reading
+    assert not release.due(11.0, 5)  # idle for 0.5 s
+    assert release.due(11.5, 5)  # idle for 1 s
+    assert not release.due(12.0, 5) and not release.due(100.0, 5)  # released already
+    for t in range(101, 130):  # reading on without a pause
+        assert not release.due(float(t), t)
+    assert release.due(130.0, 130)  # 30 s after the release before the reads began
+    assert not release.due(131.0, 131)
 
 
 def test_the_mount_lets_go_of_the_pages_it_mapped_and_reads_on(daemon, mount_factory,

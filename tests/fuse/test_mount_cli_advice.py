@@ -1,5 +1,6 @@
 """`dlfs-mount`'s command line as a user meets it: refusals, the advice they print (each
-run as printed), --nonempty, --version and the mount's metrics."""
+run as printed), --nonempty, --version, a background mount's log and the mount's
+metrics."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import os
 import re
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import urllib.request
@@ -21,6 +23,14 @@ from mounting import mount_factory, requires_fuse  # noqa: F401 (fixture)
 pytestmark = requires_fuse
 
 
+@pytest.fixture(autouse=True)
+def state_dir(tmp_path, monkeypatch):
+    """Where a background mount without --log-file logs (its default log file is
+    $XDG_STATE_HOME/dlfs/mount.log): this test's own directory."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    return tmp_path / "state"
+
+
 @pytest.fixture
 def dataset(daemon, tmp_path):
     write_tree(tmp_path / "src", {"a/one.txt": b"one", "two.bin": b"\x02" * 5000})
@@ -30,9 +40,7 @@ def dataset(daemon, tmp_path):
 
 
 def mount_command(*argv: str) -> subprocess.CompletedProcess:
-    """`dlfs-mount ARGV` as a user runs it (in the background mode, the default).  A mount
-    that starts needs --log-file: without it, the mount process it leaves behind keeps
-    writing warnings to the caller's stderr (here a pipe this call would wait on)."""
+    """`dlfs-mount ARGV` as a user runs it (in the background mode, the default)."""
     return subprocess.run([sys.executable, "-m", "dlfs.fuse.mount_cli", *argv],
                           capture_output=True, text=True, timeout=120)
 
@@ -111,6 +119,36 @@ def test_a_dead_mount_names_the_command_that_clears_it(dataset, tmp_path):
             assert f.read() == b"one"
     finally:
         unmount(mountpoint)
+
+
+def test_a_background_mount_logs_to_its_file_not_to_the_terminal(dataset, tmp_path,
+                                                                  state_dir):
+    """The mount process left behind never writes to the caller's stderr (a pipe here,
+    which this call would otherwise wait on until the unmount)."""
+    os.mkdir(tmp_path / "m")
+    result = mount_command(dataset, str(tmp_path / "m"))
+    try:
+        assert (result.returncode, result.stdout, result.stderr) == (0, "", "")
+        log_file = state_dir / "dlfs" / "mount.log"
+        pid = re.search(r"dlfs-mount\[(\d+)\]", log_file.read_text()).group(1)
+        assert os.readlink(f"/proc/{pid}/fd/2") == str(log_file)  # gRPC's own lines too
+        assert sorted(os.listdir(tmp_path / "m")) == ["pets"]
+    finally:
+        unmount(str(tmp_path / "m"))
+
+
+def test_no_daemon_is_one_line_about_the_daemon_not_a_mount_that_fails_reads(tmp_path):
+    os.mkdir(tmp_path / "m")
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{s.getsockname()[1]}"
+    for mode in ([], ["--foreground"]):
+        result = mount_command(address, str(tmp_path / "m"), *mode)
+        assert result.returncode == 1
+        [line] = result.stderr.splitlines()
+        assert line.startswith(f"dlfs-mount: cannot reach the DLFS daemon at {address}: ")
+        assert "EIO" not in result.stderr
+        assert not is_mounted(str(tmp_path / "m"))
 
 
 def test_version():

@@ -176,12 +176,14 @@ def test_missing_extras_are_named(installed, tmp_path):
     mount = run(venv / "bin" / "dlfs-mount", "127.0.0.1:7010", tmp_path, check=False)
     assert mount.returncode == 1
     assert mount.stderr == ("dlfs-mount: dlfs-mount needs trio, which is not installed; it "
-                            f"comes with the 'fuse' extra: pip install '{DISTRIBUTION}[fuse]'\n")
+                            "comes with the 'fuse' extra: pip install '.[fuse]' in a checkout "
+                            f"of DLFS ({DISTRIBUTION} is not on the package index yet)\n")
     torch = run(venv / "bin" / "python", "-c", "import dlfs.torch", check=False, cwd=tmp_path)
     assert torch.returncode == 1
     assert torch.stderr.strip().endswith(
         "ModuleNotFoundError: dlfs.torch needs PyTorch, which is not installed; it comes with "
-        f"the 'torch' extra: pip install '{DISTRIBUTION}[torch]'")
+        "the 'torch' extra: pip install '.[torch]' in a checkout of DLFS "
+        f"({DISTRIBUTION} is not on the package index yet)")
     # With the extra, the command is there.
     run(venv / "bin" / "pip", "install", "--quiet", "-c", os.path.join(REPO, "constraints.txt"),
         f"{wheel}[fuse]")

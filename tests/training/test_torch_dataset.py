@@ -6,6 +6,8 @@ import collections
 import gc
 import multiprocessing
 import os
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -184,10 +186,46 @@ def test_spawned_workers_open_their_own_client(tree):
 
 def test_direct_mode_reads_the_same_samples(tree):
     address, name, _ = tree
-    remote = DLFSDataset(address, name, root="train")
+    remote = DLFSDataset(address, name, root="train", client_options={"direct": False})
     local = DLFSDataset(address, name, root="train", client_options={"direct": True})
+    assert (remote.reads, local.reads) == ("daemon", "extents")
     sampler = ShuffleShardSampler(len(remote), seed=5)
     assert load(local, sampler, 2) == load(remote, sampler, 0)
+
+
+def test_on_the_daemons_host_the_default_reads_the_extents(tree):
+    """The README's DataLoader, without client options: its workers map the extents, and
+    no sample passes through the daemon."""
+    from dlfs import Client
+
+    address, name, paths = tree
+    ds = DLFSDataset(address, name, root="train")
+    assert ds.reads == "extents" and ds.client_options == {"direct": True}
+    with Client(address) as client:
+        served = client.status().samples_served
+    got = load(ds, ShuffleShardSampler(len(ds), seed=3), 2)
+    assert sorted(p for p, _ in got) == [p for p in paths if p.startswith("train/")]
+    with Client(address) as client:
+        assert client.status().samples_served == served
+
+
+def test_a_user_the_daemon_passes_no_extents_reads_through_it(tree):
+    """Another user than the daemon's, without a token: the default falls back to the data
+    path, said once in the log, and reads the same samples."""
+    address, name, paths = tree
+    code = ("import logging, sys; logging.basicConfig(level=logging.INFO, stream=sys.stdout);"
+            "from dlfs.torch import DLFSDataset;"
+            f"ds = DLFSDataset({address!r}, {name!r}, root='val');"
+            "print(ds.reads, sorted(bytes(s).split(b'\\0')[0].decode() "
+            "for s in ds[list(range(len(ds)))][0]))")
+    done = subprocess.run(["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups",
+                           sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, cwd="/")
+    assert done.returncode == 0, done.stderr
+    log_line, result = done.stdout.strip().splitlines()[-2:]
+    assert f"dataset {name!r} is read through the DLFS daemon at {address}, not from its " \
+        "extents: uid 65534 may not read" in log_line
+    assert result == f"daemon {[p for p in paths if p.startswith('val/')]}"
 
 
 def test_clairvoyant_hints_keep_the_order_and_reach_the_daemon(tree):

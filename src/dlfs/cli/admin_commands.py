@@ -6,10 +6,12 @@ from __future__ import annotations
 import shlex
 import sys
 
+from dlfs.cli.listing_commands import cached_text
 from dlfs.cli.target import target_options
 from dlfs.client import Client
 from dlfs.errors import DlfsError
 from dlfs.staging.progress import human_bytes
+from dlfs.units import counted
 
 
 def add_commands(command) -> None:
@@ -54,9 +56,10 @@ def run_warm(client: Client, args) -> int:
         infos = client.warm(args.name, wait=not args.no_wait)
     for info in infos:
         where = f" on {info.address}" if len(infos) > 1 else ""
+        cached = cached_text(info.bytes_resident, info.bytes_total)
         print(f"{info.dataset}{where}: {info.state}, {human_bytes(info.bytes_warmed)} of "
               f"{human_bytes(info.bytes_total)} read into the page cache (budget "
-              f"{human_bytes(info.budget_bytes)})")
+              f"{human_bytes(info.budget_bytes)}); {cached}")
         if info.message:
             print(f"  {info.message}")
     return 0 if all(info.state in ("warm", "queued", "warming", "none") for info in infos) \
@@ -98,11 +101,12 @@ def run_rm(client: Client, args) -> int:
             failed += 1
             _print_error(exc)
             continue
-        print(f"removed {info.name}: {info.samples} samples, {human_bytes(info.bytes)} freed")
+        print(f"removed {info.name}: {counted(info.samples, 'sample')}, "
+              f"{human_bytes(info.bytes)} freed")
         left = _listed(client, name)
         if left is not None and left.ingest_state == "parked":  # rm never touches it
             discard = shlex.join(["dlfs", *target_options(args), "discard", name])
-            print(f"an ingest of {name} is still parked ({left.samples:,} files, "
+            print(f"an ingest of {name} is still parked ({counted(left.samples, 'file')}, "
                   f"{human_bytes(left.bytes)}): `{discard}` ends it")
     return 1 if failed else 0
 
@@ -116,11 +120,11 @@ def run_discard(client: Client, args) -> int:
             failed += 1
             _print_error(exc)
             continue
-        print(f"discarded the parked ingest of {info.name}: {info.samples:,} files, "
+        print(f"discarded the parked ingest of {info.name}: {counted(info.samples, 'file')}, "
               f"{human_bytes(info.bytes)} freed")
         left = _listed(client, name)
         if left is not None and left.sealed:  # discard never touches it
-            print(f"dataset {name} is untouched: {left.samples:,} samples, "
+            print(f"dataset {name} is untouched: {counted(left.samples, 'sample')}, "
                   f"{human_bytes(left.bytes)}")
     return 1 if failed else 0
 

@@ -21,12 +21,13 @@ from dlfs.client import Client
 from dlfs.errors import DlfsError, InvalidArgument
 from dlfs.staging.duplicates import Duplicates
 from dlfs.staging.pace import check_rate
-from dlfs.staging.progress import IngestStats, human_bytes
+from dlfs.staging.progress import IngestStats, bytes_text, human_bytes
 from dlfs.staging.read_pool import READERS_DEFAULT
-from dlfs.staging.source_files import SKIP_KINDS
+from dlfs.staging.source_files import SKIP_KINDS, skipped_text
 from dlfs.staging.source_set import SourceSet, open_sources
-from dlfs.staging.tar_archive import is_archive_name
-from dlfs.units import parse_size
+from dlfs.paths import check_dataset_name
+from dlfs.staging.tar_archive import ARCHIVE_SUFFIXES, is_archive_name
+from dlfs.units import counted, parse_size
 
 # The exit status of a command ended by SIGINT (128 + 2), as shells report it.
 EXIT_INTERRUPTED = 130
@@ -38,11 +39,15 @@ def add_commands(command) -> None:
         description="Upload SOURCEs as dataset NAME.  A SOURCE is a directory tree (its "
         "regular files become samples), a tar archive (plain, .gz, .bz2, .xz; its members "
         "become samples, named by their paths in the archive: WebDataset shards work as they "
-        "are), or a glob of archives in quotes ('shards/*.tar').  Several SOURCEs make one "
-        "dataset.  Ctrl-C stops it: what the daemon holds durably stays parked, and the "
-        "command to continue it is printed.")
-    p.add_argument("paths", nargs="+", metavar="SOURCE... NAME",
-                   help="directories, archives or quoted globs, then the dataset name")
+        "are), a glob of archives in quotes ('shards/*.tar'), or any other file (one "
+        "sample named by its base name: one big HDF5, Parquet or NPZ file).  Several "
+        "SOURCEs make one "
+        "dataset, named by the last word (one SOURCE alone: its base name, without an "
+        "archive's suffix).  Ctrl-C stops it: what the daemon holds durably stays parked, "
+        "and the command to continue it is printed.")
+    p.usage = "dlfs ingest [options] SOURCE... [NAME]"
+    p.add_argument("paths", nargs="+", metavar="SOURCE",
+                   help="directories, archives or quoted globs, then the dataset NAME")
     p.add_argument("--replace", action="store_true", help="replace an existing dataset")
     p.add_argument("--archives", action="store_true",
                    help="a directory SOURCE holds archives (every *.tar, *.tar.gz, *.tgz, "
@@ -71,6 +76,10 @@ def add_commands(command) -> None:
                    help="include files and directories whose name starts with '.'")
     p.add_argument("--follow-symlinks", action="store_true",
                    help="follow symbolic links to files and directories (loops are skipped)")
+    p.add_argument("--skip-unreadable", action="store_true",
+                   help="leave out files and directories of trees that cannot be read (their "
+                        "permissions), counted in the 'skipped:' line; without it, one stops "
+                        "the ingest, parked for --resume with what was sent before it")
     p.add_argument("--max-rate", type=_rate, metavar="SIZE",
                    help="send at most SIZE bytes a second (e.g. 200MiB), so that training "
                         "jobs reading from the same daemons keep their disk and network "
@@ -81,11 +90,10 @@ def add_commands(command) -> None:
 
 
 def run_ingest(client: Client, args) -> int:
-    if len(args.paths) < 2:
-        raise InvalidArgument("give at least one SOURCE and the dataset NAME")
-    *paths, name = args.paths
+    paths, name = source_paths_and_name(args.paths)
     sources = open_sources(paths, archives=args.archives, include_hidden=args.include_hidden,
-                           follow_symlinks=args.follow_symlinks)
+                           follow_symlinks=args.follow_symlinks,
+                           skip_unreadable=args.skip_unreadable)
     hint = "" if args.archives else archives_hint(paths, args.argv)
     if args.dry_run:
         code = _dry_run(sources, name)
@@ -102,15 +110,48 @@ def run_ingest(client: Client, args) -> int:
     except KeyboardInterrupt:
         print(f"dlfs: {interrupted(client, args, name)}", file=sys.stderr)
         return EXIT_INTERRUPTED
-    print(f"ingested {info.name}: {info.samples} samples, {info.bytes} bytes "
-          f"({human_bytes(info.bytes)})")
+    print(f"ingested {info.name}: {counted(info.samples, 'sample')}, {bytes_text(info.bytes)}")
     print(stats.rate_line())
     notes = sources.skipped().summary()
     if notes:
         print(f"skipped: {notes}")
+    warning = empty_warning(sources, info.name)
+    if warning:
+        print(warning, file=sys.stderr)
     if hint:
         print(hint, file=sys.stderr)
     return 0
+
+
+def source_paths_and_name(words: list[str]) -> tuple[list[str], str]:
+    """(SOURCEs, NAME) of the command line's words: the last word names the dataset,
+    unless there is one word, whose base name (without an archive's suffix) does."""
+    if len(words) > 1:
+        return words[:-1], words[-1]
+    source = words[0]
+    base = os.path.basename(os.path.normpath(source))
+    for suffix in ARCHIVE_SUFFIXES:
+        if base.endswith(suffix) and base != suffix:
+            base = base[:-len(suffix)]
+            break
+    try:
+        check_dataset_name(base)
+    except InvalidArgument as exc:
+        raise InvalidArgument(f"name the dataset: dlfs ingest {shlex.quote(source)} NAME "
+                              f"({source!r} gives no dataset name: {exc.message})") from None
+    return [source], base
+
+
+def empty_warning(sources: SourceSet, name: str) -> str:
+    """The warning for trees that gave the dataset no file (an empty or wholly skipped
+    source: an empty dataset, which a training job finds only when it starts); ""
+    otherwise, and for archives (not known before they are read)."""
+    if sources.known_files != 0:
+        return ""
+    skipped = sources.skipped().summary()
+    why = f" (skipped: {skipped})" if skipped else ""
+    return (f"dlfs: warning: {name} has no file: "
+            f"{', '.join(s.root for s in sources.sources)} held none to ingest{why}")
 
 
 def _rate(text: str) -> int:
@@ -137,9 +178,12 @@ def archives_hint(paths: list[str], argv: list[str]) -> str:
     for path in paths:
         if not os.path.isdir(path):
             continue
-        with os.scandir(path) as entries:
-            names = [(entry.name, entry.is_file()) for entry in entries
-                     if not entry.name.startswith(".")]
+        try:
+            with os.scandir(path) as entries:
+                names = [(entry.name, entry.is_file()) for entry in entries
+                         if not entry.name.startswith(".")]
+        except OSError:  # the walk says why (and --skip-unreadable leaves it out)
+            continue
         if names and all(is_file and is_archive_name(name) for name, is_file in names):
             full.append(path)
     if not full:
@@ -163,11 +207,11 @@ def interrupted(client: Client, args, name: str) -> str:
                 info = next((i for i in again.dataset_infos() if i.name == name), None)
                 if info is not None and info.sealed and info.generation and not args.replace:
                     return (f"interrupted after the last file: {name!r} is ingested "
-                            f"({info.samples} samples)")
+                            f"({counted(info.samples, 'sample')})")
                 if info is not None and info.ingest_state == "parked":
                     keeps = (f"{len(info.members)} members keep" if args.etcd
                              else "the daemon keeps")
-                    return (f"interrupted: {keeps} {info.samples:,} files "
+                    return (f"interrupted: {keeps} {counted(info.samples, 'file')} "
                             f"({human_bytes(info.bytes)}) of {name!r}, parked; continue with: "
                             f"{resume}")
                 if time.monotonic() >= deadline:
@@ -204,7 +248,7 @@ def _dry_run(sources: SourceSet, name: str) -> int:
         kinds[source.kind] += 1
     origin = ", ".join(f"{n} {'tree' if kind == 'tree' else 'archive'}{'s' if n != 1 else ''}"
                        for kind, n in kinds.items() if n)
-    counts = ", ".join(f"{skipped.counts[kind]} {label}" for kind, label in SKIP_KINDS.items())
-    print(f"would ingest {name}: {files} files, {total} bytes ({human_bytes(total)}) from "
+    counts = ", ".join(skipped_text(kind, skipped.counts[kind]) for kind in SKIP_KINDS)
+    print(f"would ingest {name}: {counted(files, 'file')}, {bytes_text(total)} from "
           f"{origin}; skipped: {counts}")
     return 0

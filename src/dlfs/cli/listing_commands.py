@@ -21,6 +21,7 @@ from dlfs.errors import DlfsError, InvalidArgument
 from dlfs.paths import split_dataset_path
 from dlfs.staging.progress import human_bytes
 from dlfs.types import DaemonStatus, DatasetInfo, Entry
+from dlfs.units import counted
 
 
 def add_commands(command) -> None:
@@ -31,7 +32,8 @@ def add_commands(command) -> None:
                 description="List NAME's root or a directory DIR in it (a file: that file).")
     p.add_argument("target", metavar="NAME[/DIR]")
     p.add_argument("-l", dest="long", action="store_true",
-                   help="long format: mode, size (entries for a directory), mtime")
+                   help="long format: mode, size, mtime, as `ls -l` shows them through the "
+                        "mount (a directory's entries: `dlfs stat` or --json)")
     p = command("stat", "show a file's or directory's metadata", run_stat, json_output=True,
                 description="Show the metadata of NAME/PATH: type, size, sample id, CRC32C, "
                 "mode, mtime.")
@@ -60,7 +62,7 @@ def run_datasets(client: Client, args) -> int:
     for info in infos:
         state = _warm_text(warm.get(info.name)) if info.sealed else \
             _unsealed_text(args, info)
-        print(f"{info.name}\t{info.samples} samples\t{human_bytes(info.bytes)}{state}")
+        print(f"{info.name}\t{counted(info.samples, 'sample')}\t{human_bytes(info.bytes)}{state}")
         if info.disagreement:
             print(f"  warning: {info.disagreement}")
     return 0
@@ -77,8 +79,9 @@ def _unsealed_text(args, info: DatasetInfo) -> str:
 
 
 def _warm_summary(client: Client, name: str) -> dict | None:
-    """The daemons' latest warm-up of `name` as {states, bytes_warmed, bytes_total}; None
-    when there was none (or the daemons do not warm)."""
+    """The daemons' latest warm-up of `name` as {states, bytes_warmed, bytes_total,
+    bytes_resident (in their page caches now)}; None when there was none (or the
+    daemons do not warm)."""
     try:
         infos = [i for i in client.warm_status(name) if i.state != "none"]
     except DlfsError:  # a daemon without warm-ups: nothing to show
@@ -87,16 +90,26 @@ def _warm_summary(client: Client, name: str) -> dict | None:
         return None
     return {"states": sorted({i.state for i in infos}),
             "bytes_warmed": sum(i.bytes_warmed for i in infos),
-            "bytes_total": sum(i.bytes_total for i in infos)}
+            "bytes_total": sum(i.bytes_total for i in infos),
+            "bytes_resident": sum(i.bytes_resident for i in infos)}
 
 
 def _warm_text(warm: dict | None) -> str:
-    """"  (warm)", "  (warming 40%)", ... from `_warm_summary`; "" if none."""
+    """"  (warm, 100% cached now)", "  (warming 40%, 38% cached now)", ... from
+    `_warm_summary`: the warm-up's state, and what the page cache holds now (the kernel
+    may have evicted what was warmed); "" if none."""
     if warm is None:
         return ""
-    share = (f" {100 * warm['bytes_warmed'] // max(warm['bytes_total'], 1)}%"
-             if warm["states"] != ["warm"] else "")
-    return f"  ({'/'.join(warm['states'])}{share})"
+    total = max(warm["bytes_total"], 1)
+    share = (f" {100 * warm['bytes_warmed'] // total}%" if warm["states"] != ["warm"] else "")
+    return (f"  ({'/'.join(warm['states'])}{share}, "
+            f"{100 * warm['bytes_resident'] // total}% cached now)")
+
+
+def cached_text(resident: int, total: int) -> str:
+    """"0 B (0%) of it cached now": what of a dataset's `total` bytes the page cache
+    holds now."""
+    return f"{human_bytes(resident)} ({100 * resident // max(total, 1)}%) of it cached now"
 
 
 def _dataset_json(info: DatasetInfo, warm: dict | None) -> dict:
@@ -133,8 +146,7 @@ def run_ls(client: Client, args) -> int:
     for e in entries:
         name = e.name + ("/" if e.is_dir else "")
         if args.long:
-            size = e.children if e.is_dir else e.size
-            print(f"{e.permissions} {size:>12} {_mtime(e.mtime_ns)} {name}")
+            print(f"{e.permissions} {e.size:>12} {_mtime(e.mtime_ns)} {name}")
         else:
             print(name)
     return 0

@@ -12,6 +12,8 @@ import argparse
 import os
 
 from dlfs import limits
+from dlfs.client import daemon_addresses
+from dlfs.errors import InvalidArgument
 from dlfs.coord.cluster_keys import CLUSTER_DEFAULT
 
 DEFAULT_SERVER = f"127.0.0.1:{limits.daemon_port_default}"
@@ -23,13 +25,19 @@ CLUSTER_ENV = "DLFS_CLUSTER"
 def resolve_target(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Settle where the command goes: `args.server` (one daemon) or `args.etcd` and
     `args.cluster` (a cluster), the other None.  A flag beats the environment
-    (module docstring); both flags given is a usage error (exit 2)."""
+    (module docstring); both flags given, or a malformed address, is a usage error
+    (exit 2)."""
     if args.server and args.etcd:
         parser.error("give --server (one daemon) or --etcd (a cluster), not both")
     if not args.server and not args.etcd:
         args.etcd = os.environ.get(ETCD_ENV) or None
         if not args.etcd:
             args.server = os.environ.get(SERVER_ENV) or DEFAULT_SERVER
+    if args.server:
+        try:
+            daemon_addresses(args.server)
+        except InvalidArgument as exc:
+            parser.error(f"--server: {exc.message}")
     args.cluster = (args.cluster or os.environ.get(CLUSTER_ENV) or CLUSTER_DEFAULT) \
         if args.etcd else None
 

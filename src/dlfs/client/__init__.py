@@ -5,6 +5,7 @@ Training code and the adapters (`dlfs.torch`, `dlfs.fuse`, `dlfs.cli`, ...)
 import from here only, never from a module inside the package.
 """
 
+from dlfs.client.addresses import daemon_addresses
 from dlfs.client.client import Client, Dataset
 from dlfs.client.cluster.rebalance import RebalanceReport
 from dlfs.coord.cluster_keys import MemberRecord
@@ -19,5 +20,5 @@ from dlfs.types import DaemonStatus, DatasetInfo, Entry, WarmInfo
 
 __all__ = ["FORK_SUPPORT_ENV", "BufferPool", "Client", "DaemonStatus", "Dataset",
            "DatasetInfo", "DatasetTicket", "DirectReader", "Entry", "RebalanceReport",
-           "MemberRecord", "SampleKey", "ScrubReport", "WarmInfo", "fork_support_enabled",
-           "named_checksum_error"]
+           "MemberRecord", "SampleKey", "ScrubReport", "WarmInfo", "daemon_addresses",
+           "fork_support_enabled", "named_checksum_error"]

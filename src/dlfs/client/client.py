@@ -283,6 +283,7 @@ class Client:
 
     def ingest(self, source, name: str, *, replace: bool = False,
                include_hidden: bool = False, follow_symlinks: bool = False,
+               skip_unreadable: bool = False,
                progress: bool | str | None = None, replicas: int = 1, archives: bool = False,
                readers: int = READERS_DEFAULT, resumable: bool = False, resume: bool = False,
                via: str = "auto", stats: IngestStats | None = None,
@@ -290,7 +291,10 @@ class Client:
         """Upload `source` as dataset `name`: a directory tree, a tar archive (plain or
         compressed; WebDataset shards too), a glob of archives, or a list of these.
 
-        `archives`: directories name directories of archives.  `readers`:
+        `archives`: directories name directories of archives.  `skip_unreadable`:
+        leave out the files and directories of trees that cannot be read (else
+        PermissionDenied, before anything is sent for a directory; for a file
+        whose turn came, with the ingest parked when resumable).  `readers`:
         files read at once.  `resumable`: a broken-off ingest is kept on the
         daemon for `resume=True`.  `max_rate`: send at most so many bytes a
         second (None: as fast as it goes).  File selection rules: `dlfs.staging.tree_walk`
@@ -299,7 +303,8 @@ class Client:
         check_dataset_name(name)
         paths = [source] if isinstance(source, (str, os.PathLike)) else list(source)
         sources = open_sources([os.fspath(p) for p in paths], archives=archives,
-                               include_hidden=include_hidden, follow_symlinks=follow_symlinks)
+                               include_hidden=include_hidden, follow_symlinks=follow_symlinks,
+                               skip_unreadable=skip_unreadable)
         return self.upload(sources, name, replace=replace, progress=progress, replicas=replicas,
                            readers=readers, resumable=resumable, resume=resume, via=via,
                            stats=stats, max_rate=max_rate)

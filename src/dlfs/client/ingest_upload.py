@@ -40,6 +40,7 @@ from dlfs.staging.pace import pace_for
 from dlfs.staging.progress import IngestProgress, IngestStats, progress_mode
 from dlfs.staging.read_pool import READERS_DEFAULT
 from dlfs.staging.resume_prefix import EMPTY_PREFIX, resume_prefix
+from dlfs.staging.source_files import source_error
 from dlfs.staging.source_set import SourceSet, as_source_set
 from dlfs.types import DatasetInfo
 
@@ -113,12 +114,13 @@ def _stream(transport: Daemon, data_path, start: IngestStart, chunks, dirs) -> D
 
 
 def _guarded(send, transport: Daemon, start: IngestStart):
-    """`send()`; a source that cannot be read raises InvalidArgument, and a failure of a
-    resumable ingest says what a resume would continue from."""
+    """`send()`; a source that cannot be read raises `source_error`'s type
+    (PermissionDenied for its permissions), and a failure of a resumable ingest says
+    what a resume would continue from."""
     try:
         return send()
     except OSError as exc:  # the source: socket errors arrive as Unavailable
-        error: DlfsError = InvalidArgument(f"cannot read the source: {exc}")
+        error: DlfsError = source_error(exc)
     except DlfsError as exc:
         error = exc
     if start.resumable:

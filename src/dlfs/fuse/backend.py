@@ -51,6 +51,9 @@ class Backend:
         self._direct: Client | None = None
         self._lock = threading.Lock()
         self._down_since: float | None = None
+        # The daemon answered once: until then a failure is the mount's start failing
+        # (its caller says so), not a mount whose reads fail with EIO.
+        self._answered = False
         self.calls: collections.Counter[str] = collections.Counter()
 
     def cli_options(self) -> list[str]:
@@ -182,8 +185,10 @@ class Backend:
         try:
             result = call(self.client)
         except DAEMON_DOWN as exc:
-            self._went_down(exc)
+            if self._answered:
+                self._went_down(exc)
             raise
+        self._answered = True
         self._came_back()
         return result
 

@@ -54,6 +54,9 @@ class ExtentReaders:
         self.batched_files = 0  # ... and in batches (the page push)
         self.batched_bytes = 0
         self.range_bytes = 0  # parts of large files (when they are not spliced)
+        # Reads that may have touched a mapping (`PagesRelease` asks whether it grew;
+        # unlocked: a lost increment among several still changes it).
+        self.uses = 0
 
     def whole(self, node: Node) -> memoryview | None:
         """All bytes of file `node`, CRC32C verified, as a view of the mapped extent; None
@@ -115,9 +118,9 @@ class ExtentReaders:
     def release_mapped_pages(self) -> int:
         """Let go of the extent pages this process mapped, in every dataset opened
         (`DirectReader.release_mapped_pages`: they stay in the page cache); returns the
-        bytes of the mappings released.  The mount calls it every
-        `--extent-pages-release` seconds, so its RSS holds what it read since, not
-        everything it ever read."""
+        bytes of the mappings released.  The mount calls it when `PagesRelease`
+        says so: once it read nothing from the extents for `--extent-pages-release`
+        seconds, and now and then while it reads on."""
         with self._lock:
             readers = [r for r in self._readers.values() if r is not None]
         return sum(reader.release_mapped_pages() for reader in readers)
@@ -132,6 +135,7 @@ class ExtentReaders:
     def _usable(self, node: Node):
         if node.sample_id < 0:  # a directory, or a file known by path only
             return None
+        self.uses += 1
         return self._reader(node.dataset)
 
     def _reader(self, dataset: str):
@@ -169,3 +173,34 @@ def _named(exc: errors.DataCorruption, node: Node) -> errors.DataCorruption:
     """The checksum error naming `node`'s path, as reads through the daemon name it."""
     return named_checksum_error(exc, lambda sample_id: f"sample {sample_id} {node.path!r} of "
                                 f"dataset {node.dataset!r}")
+
+
+class PagesRelease:
+    """When a mount lets go of the extent pages it mapped (`release_mapped_pages`).
+
+    Asked every `idle_s / 2` seconds with the clock and `ExtentReaders.uses`:
+    due once a read happened since the last release and none for `idle_s`
+    (the pages then leave the page cache by drop_caches, as the daemon's do),
+    or `busy_s` after the last release while reads go on.  Plain state, no
+    clock of its own (tests give the times).
+    """
+
+    def __init__(self, idle_s: float, busy_s: float):
+        assert 0 < idle_s <= busy_s
+        self.idle_s = idle_s
+        self.busy_s = busy_s
+        self._uses = 0
+        self._used_at = self._released_at = 0.0
+        self._mapped = False  # a read since the last release
+
+    def due(self, now: float, uses: int) -> bool:
+        """Whether to release now (then it counts as done at `now`)."""
+        if uses != self._uses:
+            self._uses, self._used_at, self._mapped = uses, now, True
+        if not self._mapped:
+            self._released_at = now
+            return False
+        if now - self._used_at < self.idle_s and now - self._released_at < self.busy_s:
+            return False
+        self._released_at, self._mapped = now, False
+        return True

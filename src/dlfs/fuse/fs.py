@@ -92,6 +92,21 @@ log = logging.getLogger(__name__)
 _STATFS_FRAGMENT_BYTES = 4096  # unit of f_blocks in statfs
 
 
+def statfs_totals(total_bytes: int, samples: int) -> ll.Statvfs:
+    """What `df` shows of the mount: the datasets' `total_bytes` as its size, all of it
+    used and none available, and `samples` files, as for squashfs; the kernel adds the
+    read-only flag (ST_RDONLY), by which disk-full alerts leave such mounts out.  The
+    one place the totals are made: writable spaces add their free space here
+    (f_bfree, f_bavail, f_ffree)."""
+    result = ll.Statvfs()
+    result.f_bsize = fuse_limits.mount_block_bytes
+    result.f_frsize = _STATFS_FRAGMENT_BYTES
+    result.f_blocks = -(-total_bytes // _STATFS_FRAGMENT_BYTES)
+    result.f_files = samples
+    result.f_namemax = 255
+    return result
+
+
 def _handler(*, on_handle: bool = False) -> Callable:
     """Wrap a request handler so that only `FuseError` escapes it (sync or async).
 
@@ -292,14 +307,7 @@ class DlfsOperations:
             self._statfs_last = (sum(i.bytes for i in infos), sum(i.samples for i in infos))
         except errors.DlfsError as exc:  # df should still work: report what we knew
             self._report("statfs", exc, errno.EIO)
-        total_bytes, samples = self._statfs_last
-        result = ll.Statvfs()
-        result.f_bsize = fuse_limits.mount_block_bytes
-        result.f_frsize = _STATFS_FRAGMENT_BYTES
-        result.f_blocks = -(-total_bytes // _STATFS_FRAGMENT_BYTES)
-        result.f_files = samples
-        result.f_namemax = 255
-        self.session.reply_statfs(req, result)
+        self.session.reply_statfs(req, statfs_totals(*self._statfs_last))
 
     # --- files -------------------------------------------------------------------------
 

@@ -4,7 +4,10 @@
 Without ``--foreground`` the command starts the file system in a background
 process (this module again, with ``--foreground`` and a readiness pipe) and
 returns 0 only once the mount answers, or 1 with the reason.  It re-executes
-rather than forks because gRPC must not be initialised before a fork.
+rather than forks because gRPC must not be initialised before a fork.  The
+background process logs to ``--log-file``, by default `default_log_file()`
+(``$XDG_STATE_HOME/dlfs/mount.log``): once detached it never writes into
+the terminal that started it, as sshfs keeps quiet.
 
 The mount point must be an empty directory: a mount over files hides them
 until it is unmounted, so that needs ``--nonempty``.  ``--metrics-listen``
@@ -40,7 +43,7 @@ from dlfs import limits as fuse_limits
 from dlfs.fuse import lowlevel, splicereads
 from dlfs.fuse.backend import Backend
 from dlfs.fuse.attributes import DIR_MODE, dataset_attrs, dataset_key
-from dlfs.fuse.extentreads import ExtentReaders
+from dlfs.fuse.extentreads import ExtentReaders, PagesRelease
 from dlfs.fuse.fs import DlfsOperations
 from dlfs.fuse.inodes import ROOT_KEY, Attrs
 from dlfs.fuse.mount_metrics import serve_metrics
@@ -107,7 +110,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         default=fuse_limits.mount_read_timeout_s_default,
                         help="deadline of one sample or window read (default %(default)s)")
     parser.add_argument("--log-file", metavar="PATH",
-                        help="append log lines here (default: standard error)")
+                        help="append log lines here (default: standard error with "
+                             "--foreground, else $XDG_STATE_HOME/dlfs/mount.log, i.e. "
+                             "~/.local/state/dlfs/mount.log)")
     parser.add_argument("--debug", action="store_true", help="log every request (slow)")
     parser.add_argument("--log-format", default="text", choices=logs.FORMATS,
                         help="text lines, or one JSON object per line")
@@ -128,9 +133,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--extent-pages-release", type=float, metavar="S",
                         default=fuse_limits.mount_extent_pages_release_s_default,
                         help="with extent reads, let go of the extent pages this process "
-                             "mapped every S seconds (default %(default)s; 0: never): they "
-                             "stay in the page cache, and the mount's RSS and drop_caches "
-                             "see what it read since, not all it ever read")
+                             "mapped once it read none for S seconds, and every "
+                             f"{fuse_limits.mount_extent_pages_release_busy_s:.0f} s while "
+                             "it reads (default %(default)s; 0: never): they stay in the "
+                             "page cache, and drop_caches evicts them, so a cold epoch "
+                             "after it reads cold")
     parser.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     # An ADDR given wins over $DLFS_ETCD; --etcd given with an ADDR is a mistake.  An
@@ -241,10 +248,28 @@ def check_ready_file(path: str | None) -> None:
 
 # --- background: start the foreground process and wait for it ------------------------------
 
+def default_log_file() -> str:
+    """Where a background mount without --log-file logs: $XDG_STATE_HOME/dlfs/mount.log
+    (~/.local/state/dlfs/mount.log), every mount of this user one after the other
+    (each line names its process)."""
+    state = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
+    return os.path.join(state, "dlfs", "mount.log")
+
+
 def run_background(argv: list[str], args: argparse.Namespace) -> int:
-    """Start `--foreground` in a new session; 0 once it serves, 1 if it failed."""
+    """Start `--foreground` in a new session, logging to --log-file (`default_log_file`
+    unless given, its standard error too: gRPC's own lines); 0 once it serves, 1 if it
+    failed."""
+    if not args.log_file:
+        args.log_file = default_log_file()
+        argv = [*argv, "--log-file", args.log_file]
+    try:
+        os.makedirs(os.path.dirname(os.path.abspath(args.log_file)), exist_ok=True)
+        stderr = open(args.log_file, "ab")
+    except OSError as exc:
+        raise MountError(f"--log-file {args.log_file}: cannot append to it "
+                         f"({exc.strerror or exc})") from None
     read_end, write_end = os.pipe()
-    stderr = open(args.log_file, "ab") if args.log_file else None
     try:
         child = subprocess.Popen(
             [sys.executable, "-m", "dlfs.fuse.mount_cli", *argv, "--foreground",
@@ -253,8 +278,7 @@ def run_background(argv: list[str], args: argparse.Namespace) -> int:
             stderr=stderr, start_new_session=True)
     finally:
         os.close(write_end)
-        if stderr is not None:
-            stderr.close()
+        stderr.close()
     message = _receive(read_end, fuse_limits.mount_ready_timeout_s)
     os.close(read_end)
     if message == READY:
@@ -273,10 +297,10 @@ def run_background(argv: list[str], args: argparse.Namespace) -> int:
         child.terminate()
         child.wait()
         raise MountError(f"the mount did not become usable within "
-                         f"{fuse_limits.mount_ready_timeout_s:.0f} s; stopped it"
-                         + (f" (see {args.log_file})" if args.log_file else ""))
+                         f"{fuse_limits.mount_ready_timeout_s:.0f} s; stopped it (see "
+                         f"{args.log_file})")
     raise MountError(f"the mount process exited with status {status} before the mount was "
-                     "usable" + (f" (see {args.log_file})" if args.log_file else ""))
+                     f"usable (see {args.log_file})")
 
 
 def _receive(fd: int, timeout_s: float) -> bytes:
@@ -440,11 +464,15 @@ def _write_ready_file(path: str) -> None:
     os.replace(tmp, path)  # waiters never see a half-written pid
 
 
-async def _release_extent_pages(extents: ExtentReaders, every_s: float) -> None:
-    """Every `every_s`, let go of the extent pages this process mapped (in a thread: a
-    `madvise` over many mapped pages takes milliseconds)."""
+async def _release_extent_pages(extents: ExtentReaders, idle_s: float) -> None:
+    """Let go of the extent pages this process mapped when `PagesRelease` says so (in a
+    thread: a `madvise` over many mapped pages takes milliseconds)."""
+    busy_s = max(idle_s, fuse_limits.mount_extent_pages_release_busy_s)
+    schedule = PagesRelease(idle_s, busy_s)
     while True:
-        await trio.sleep(every_s)
+        await trio.sleep(idle_s / 2)
+        if not schedule.due(trio.current_time(), extents.uses):
+            continue
         try:
             released = await trio.to_thread.run_sync(extents.release_mapped_pages)
         except (OSError, ValueError) as exc:  # madvise refused: the pages stay mapped
@@ -533,15 +561,9 @@ def _keep_freed_memory() -> None:
 
 
 def _setup_logging(args: argparse.Namespace) -> None:
-    """Log to --log-file, else to standard error.  A background mount without
-    --log-file logs warnings and errors only: it still writes to the terminal
-    it was started from."""
-    if args.debug:
-        level = logging.DEBUG
-    elif args.background_child and not args.log_file:
-        level = logging.WARNING
-    else:
-        level = logging.INFO
+    """Log to --log-file, else to standard error (a --foreground mount: systemd's
+    journal, Slurm's job log)."""
+    level = logging.DEBUG if args.debug else logging.INFO
     logs.configure(level, args.log_format, program="dlfs-mount", path=args.log_file)
 
 

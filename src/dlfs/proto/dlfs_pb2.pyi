@@ -25,7 +25,7 @@ class WarmRequest(_message.Message):
     def __init__(self, dataset: _Optional[str] = ..., status_only: _Optional[bool] = ...) -> None: ...
 
 class WarmReply(_message.Message):
-    __slots__ = ("dataset", "generation", "state", "bytes_total", "bytes_warmed", "budget_bytes", "fits", "message")
+    __slots__ = ("dataset", "generation", "state", "bytes_total", "bytes_warmed", "budget_bytes", "fits", "message", "bytes_resident")
     DATASET_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -34,6 +34,7 @@ class WarmReply(_message.Message):
     BUDGET_BYTES_FIELD_NUMBER: _ClassVar[int]
     FITS_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    BYTES_RESIDENT_FIELD_NUMBER: _ClassVar[int]
     dataset: str
     generation: int
     state: str
@@ -42,7 +43,8 @@ class WarmReply(_message.Message):
     budget_bytes: int
     fits: bool
     message: str
-    def __init__(self, dataset: _Optional[str] = ..., generation: _Optional[int] = ..., state: _Optional[str] = ..., bytes_total: _Optional[int] = ..., bytes_warmed: _Optional[int] = ..., budget_bytes: _Optional[int] = ..., fits: _Optional[bool] = ..., message: _Optional[str] = ...) -> None: ...
+    bytes_resident: int
+    def __init__(self, dataset: _Optional[str] = ..., generation: _Optional[int] = ..., state: _Optional[str] = ..., bytes_total: _Optional[int] = ..., bytes_warmed: _Optional[int] = ..., budget_bytes: _Optional[int] = ..., fits: _Optional[bool] = ..., message: _Optional[str] = ..., bytes_resident: _Optional[int] = ...) -> None: ...
 
 class GetDataPathRequest(_message.Message):
     __slots__ = ()

@@ -253,9 +253,9 @@ class Store:
         return self._warmer.warm(self.dataset(name))
 
     def warm_status(self, name: str) -> WarmStatus | None:
-        """The latest warm-up of dataset `name`, or None if it never had one."""
-        self.dataset(name)
-        return self._warmer.status(name)
+        """The latest warm-up of dataset `name`, with what of it is in the page cache
+        now, or None if it never had one."""
+        return self._warmer.status(self.dataset(name))
 
     def status(self) -> DaemonStatus:
         """Stored data, running ingests and served reads, now.  O(datasets)."""

@@ -15,6 +15,8 @@ import sys
 import threading
 import time
 
+from dlfs.units import counted
+
 
 def human_bytes(n: float) -> str:
     value = float(n)
@@ -23,6 +25,13 @@ def human_bytes(n: float) -> str:
             return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1024
     raise AssertionError("unreachable")
+
+
+def bytes_text(n: int) -> str:
+    """"6 bytes", "50000 bytes (48.8 KiB)": the exact count, and a readable size where
+    it says more."""
+    text = f"{n} byte{'' if n == 1 else 's'}"
+    return text if n < 1024 else f"{text} ({human_bytes(n)})"
 
 
 def human_duration(seconds: float) -> str:
@@ -47,11 +56,12 @@ class IngestStats:
 
     def rate_line(self) -> str:
         s = max(self.elapsed_s, 1e-9)
-        line = (f"sent {self.files:,} files, {human_bytes(self.data_bytes)} in {self.elapsed_s:.1f} s "
+        line = (f"sent {counted(self.files, 'file')}, {human_bytes(self.data_bytes)} in "
+                f"{self.elapsed_s:.1f} s "
                 f"({human_bytes(self.data_bytes / s)}/s, {self.files / s:,.0f} files/s, "
                 f"{self.readers} readers{', over ' + self.via if self.via else ''})")
         if self.resumed_files:
-            line += f"; resumed after {self.resumed_files:,} files already on the daemon"
+            line += f"; resumed after {counted(self.resumed_files, 'file')} already on the daemon"
         return line
 
 

@@ -12,6 +12,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable
 
+from dlfs.errors import DlfsError, InvalidArgument, NotFound, PermissionDenied
+from dlfs.units import counted
+
 @dataclasses.dataclass(frozen=True)
 class SourceFile:
     """One sample to ingest: its dataset path and where its bytes come from."""
@@ -32,9 +35,21 @@ class Skipped:
     detail: str = ""
 
 
-# Kinds of skipped entries, and how a summary names them.
-SKIP_KINDS = {"hidden": "hidden", "symlink": "symlinks", "special": "special files",
-              "loop": "symlink loops"}
+# Kinds of skipped entries, and how a summary names one and several of them.
+SKIP_KINDS = {"hidden": ("hidden", "hidden"), "symlink": ("symlink", "symlinks"),
+              "special": ("special file", "special files"),
+              "loop": ("symlink loop", "symlink loops"),
+              "unreadable": ("unreadable", "unreadable")}
+
+
+def skipped_text(kind: str, n: int) -> str:
+    """"1 symlink", "0 symlink loops": `n` entries of `kind` (one of SKIP_KINDS)."""
+    return counted(n, *SKIP_KINDS[kind])
+
+# What an error that a permission caused advises (the CLI's option; `skip_unreadable`
+# of `Client.ingest`).
+UNREADABLE_ADVICE = ("fix its permissions, or pass --skip-unreadable to leave out what "
+                     "cannot be read")
 
 
 class Counters:
@@ -57,8 +72,8 @@ class Counters:
         self.entries.extend(other.entries[:max(0, self.KEEP - len(self.entries))])
 
     def summary(self) -> str:
-        """'3 hidden, 1 symlinks' (empty when nothing was skipped)."""
-        return ", ".join(f"{n} {SKIP_KINDS[kind]}" for kind, n in self.counts.items() if n)
+        """'3 hidden, 1 symlink' (empty when nothing was skipped)."""
+        return ", ".join(skipped_text(kind, n) for kind, n in self.counts.items() if n)
 
 
 class ReadContext:
@@ -82,6 +97,20 @@ class ReadContext:
 
 # A unit of reading: a callable the pool runs on one of its threads.
 Unit = Callable[[ReadContext], None]
+
+
+def source_error(exc: OSError, doing: str | None = None) -> DlfsError:
+    """The typed error for `exc`, raised while `doing` ("cannot list directory 'a/b'";
+    by default "cannot read 'FILE'") to a source: PermissionDenied (with
+    `UNREADABLE_ADVICE`), NotFound (removed since it was named), else InvalidArgument."""
+    if doing is None:
+        doing = f"cannot read {exc.filename!r}" if exc.filename else "cannot read the source"
+    reason = exc.strerror or str(exc)
+    if isinstance(exc, PermissionError):
+        return PermissionDenied(f"{doing}: {reason.lower()}; {UNREADABLE_ADVICE}")
+    if isinstance(exc, FileNotFoundError):
+        return NotFound(f"{doing}: {reason.lower()} (removed while it was ingested?)")
+    return InvalidArgument(f"{doing}: {reason}")
 
 
 def has_surrogates(name: str) -> bool:

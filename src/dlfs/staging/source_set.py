@@ -1,7 +1,8 @@
 """The sources of one ingest: what the user named, as one ordered namespace of samples.
 
 `open_sources(paths)` turns what the user named (directories, archives,
-globs of archives, directories of archives) into one `SourceSet`: its
+globs of archives, directories of archives, a single file of any other
+kind) into one `SourceSet`: its
 entries, in the order the ingest stream sends them, and the units the
 reader pool (`dlfs.staging.read_pool`) reads in parallel.  Trees are
 `dlfs.staging.tree_walk.TreeSource`, archives `dlfs.staging.tar_archive.TarSource`.
@@ -16,11 +17,13 @@ from __future__ import annotations
 
 import glob
 import os
+import stat
 import tarfile
 from typing import Iterator, Sequence
 
 from dlfs.errors import InvalidArgument, NotFound
-from dlfs.staging.source_files import Counters, SourceFile, Unit
+from dlfs.paths import check_sample_path
+from dlfs.staging.source_files import Counters, SourceFile, Unit, source_error
 from dlfs.staging.tar_archive import ARCHIVE_SUFFIXES, TarSource, is_archive_name
 from dlfs.staging.tree_walk import WALK_THREADS_DEFAULT, TreeSource, WalkReport
 
@@ -92,17 +95,21 @@ class SourceSet:
 
 
 def open_sources(paths: Sequence[str], *, archives: bool = False, include_hidden: bool = False,
-                 follow_symlinks: bool = False, walk_threads: int = WALK_THREADS_DEFAULT
-                 ) -> SourceSet:
+                 follow_symlinks: bool = False, skip_unreadable: bool = False,
+                 walk_threads: int = WALK_THREADS_DEFAULT) -> SourceSet:
     """The sources `paths` name, in order.
 
     A directory is a tree, or with `archives` every archive directly in it
-    (names ending in ARCHIVE_SUFFIXES, sorted); a file is an archive; a path
-    that does not exist but holds glob characters is expanded (sorted).
-    Raises NotFound (nothing there, an empty glob or directory of archives)
-    and InvalidArgument (a file that is not an archive).
+    (names ending in ARCHIVE_SUFFIXES, sorted); a file is an archive, or, if it
+    is none (one big HDF5, Parquet or NPZ file), one sample named by its base
+    name; a path that does not exist but holds glob characters is expanded
+    (sorted).  `skip_unreadable`: trees leave out what cannot be read
+    (`dlfs.staging.tree_walk`).  Raises NotFound (nothing there, an empty glob
+    or directory of archives), InvalidArgument (neither a directory nor a
+    regular file; a bad name) and PermissionDenied.
     """
     options = dict(include_hidden=include_hidden, follow_symlinks=follow_symlinks)
+    tree_options = dict(options, skip_unreadable=skip_unreadable)
     sources = []
     for path in paths:
         if not os.path.exists(path) and glob.has_magic(path):
@@ -112,14 +119,19 @@ def open_sources(paths: Sequence[str], *, archives: bool = False, include_hidden
         else:
             matches = [path]
         for match in matches:
-            sources.extend(_sources_of(match, archives, options, walk_threads))
+            try:
+                sources.extend(_sources_of(match, archives, options, tree_options,
+                                           walk_threads))
+            except OSError as exc:
+                raise source_error(exc, f"cannot read {match!r}") from None
     return SourceSet(sources)
 
 
-def _sources_of(path: str, archives: bool, options: dict, walk_threads: int) -> list:
+def _sources_of(path: str, archives: bool, options: dict, tree_options: dict,
+                walk_threads: int) -> list:
     if os.path.isdir(path):
         if not archives:
-            return [TreeSource(path, threads=walk_threads, **options)]
+            return [TreeSource(path, threads=walk_threads, **tree_options)]
         found = sorted(entry.path for entry in os.scandir(path)
                        if entry.is_file() and is_archive_name(entry.name))
         if not found:
@@ -129,11 +141,25 @@ def _sources_of(path: str, archives: bool, options: dict, walk_threads: int) -> 
     if not os.path.exists(path):
         raise NotFound(f"source directory or archive {path!r} does not exist")
     if not os.path.isfile(path):
-        raise InvalidArgument(f"source {path!r} is neither a directory nor an archive file")
+        raise InvalidArgument(f"source {path!r} is neither a directory nor a regular file")
     if not is_archive_name(path) and not tarfile.is_tarfile(path):
-        raise InvalidArgument(f"source {path!r} is a file but not a tar archive (plain, gzip, "
-                              "bzip2 or xz); give a directory or an archive")
+        return [_one_file(path)]
     return [TarSource(path, **options)]
+
+
+def _one_file(path: str) -> TreeSource:
+    """A file that is no archive as a one-sample tree, named by its base name."""
+    st = os.stat(path)
+    name = os.path.basename(path)
+    try:
+        check_sample_path(name)
+    except InvalidArgument as exc:
+        raise InvalidArgument(f"{path}: {exc.message}") from None
+    tree = TreeSource.of_files([SourceFile(name, path, st.st_size,
+                                           stat.S_IFREG | stat.S_IMODE(st.st_mode),
+                                           st.st_mtime_ns)])
+    tree.root = path
+    return tree
 
 
 def as_source_set(source) -> SourceSet:

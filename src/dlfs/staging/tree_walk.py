@@ -9,6 +9,11 @@ named by its path relative to the directory, '/'-separated.
   and to directories are followed, and a link back into a directory already
   on the current walk path (a loop) is skipped with a warning;
 - FIFOs, sockets and devices are skipped;
+- a directory that cannot be listed, or a file that cannot be read (its
+  permissions), stops the walk with PermissionDenied, unless
+  `skip_unreadable`: then it is left out and counted ("unreadable"; a file
+  is asked with one access(2), so the walk decides it once and a resume
+  finds the same files).  The source directory itself must be listable;
 - a directory that ends up holding nothing (empty in the source, or only
   skipped entries) is kept as an empty directory of the dataset, so the
   dataset's tree is the one walked (DLIO, for one, creates an empty
@@ -36,7 +41,14 @@ from typing import Iterator, Sequence
 from dlfs.errors import InvalidArgument, NotFound
 from dlfs.paths import check_sample_path
 from dlfs.staging.file_reads import ReadHints, read_file
-from dlfs.staging.source_files import Counters, ReadContext, SourceFile, Unit, has_surrogates
+from dlfs.staging.source_files import (
+    Counters,
+    ReadContext,
+    SourceFile,
+    Unit,
+    has_surrogates,
+    source_error,
+)
 
 log = logging.getLogger(__name__)
 
@@ -50,10 +62,12 @@ class TreeSource:
     kind = "tree"
 
     def __init__(self, root: str, *, include_hidden: bool = False,
-                 follow_symlinks: bool = False, threads: int = WALK_THREADS_DEFAULT):
+                 follow_symlinks: bool = False, skip_unreadable: bool = False,
+                 threads: int = WALK_THREADS_DEFAULT):
         self.root = root
         self.include_hidden = include_hidden
         self.follow_symlinks = follow_symlinks
+        self.skip_unreadable = skip_unreadable
         self.threads = max(1, threads)
         self.files: list[SourceFile] | None = None
         # Dataset paths of the directories that hold nothing kept (empty in the
@@ -79,32 +93,41 @@ class TreeSource:
         return self._bytes
 
     def scan(self) -> None:
-        """Walk the tree by the rules above.  Raises NotFound, InvalidArgument."""
+        """Walk the tree by the rules above.  Raises NotFound, InvalidArgument,
+        PermissionDenied."""
         if self.files is not None:
             return
         if not os.path.isdir(self.root):
             raise NotFound(f"source directory {self.root!r} does not exist or is not a directory")
         root_stat = os.stat(self.root)
-        self.files = []
+        files_found: list[SourceFile] = []
         with ThreadPoolExecutor(self.threads, thread_name_prefix="dlfs-walk") as pool:
             pending = [pool.submit(self._list, self.root, "",
                                    frozenset({(root_stat.st_dev, root_stat.st_ino)}))]
             while pending:
-                files, subdirs, skipped, prefix = pending.pop().result()
-                if prefix and not files and not subdirs:
+                files, subdirs, skipped, prefix, listed = pending.pop().result()
+                if prefix and not files and not subdirs and listed:
                     self.dirs.append(prefix[:-1])
-                self.files.extend(files)
+                files_found.extend(files)
                 self.skipped.merge(skipped)
                 pending.extend(pool.submit(self._list, *sub) for sub in subdirs)
-        self.files.sort(key=lambda f: f.path)
+        self.files = sorted(files_found, key=lambda f: f.path)
         self.dirs.sort()
         self._bytes = sum(f.size for f in self.files)
 
     def _list(self, directory: str, prefix: str, ancestors: frozenset):
-        """One directory: (files, subdirectories to walk, skipped, `prefix`).  Runs on
-        the pool."""
+        """One directory: (files, subdirectories to walk, skipped, `prefix`, whether it
+        was listed).  Runs on the pool."""
         files, subdirs, skipped = [], [], Counters()
-        with os.scandir(directory) as entries:
+        try:
+            listing = os.scandir(directory)
+        except OSError as exc:
+            if prefix and self.skip_unreadable and isinstance(exc, PermissionError):
+                skipped.add("unreadable", directory, "directory")
+                return files, subdirs, skipped, prefix, False
+            what = "the source directory" if not prefix else "directory"
+            raise source_error(exc, f"cannot list {what} {directory!r}") from None
+        with listing as entries:
             for entry in entries:
                 if isinstance(entry.name, bytes) or has_surrogates(entry.name):
                     raise InvalidArgument(
@@ -129,6 +152,11 @@ class TreeSource:
                         st = entry.stat(follow_symlinks=False)
                     except FileNotFoundError:  # removed since it was listed
                         continue
+                    except PermissionError as exc:  # a directory listable but not searchable
+                        if not self.skip_unreadable:
+                            raise source_error(exc, f"cannot stat {entry.path!r}") from None
+                        skipped.add("unreadable", entry.path)
+                        continue
                 is_dir = stat_module.S_ISDIR(st.st_mode)
                 is_file = stat_module.S_ISREG(st.st_mode)
                 if is_dir:
@@ -143,6 +171,9 @@ class TreeSource:
                         check_sample_path(path)
                     except InvalidArgument as exc:
                         raise InvalidArgument(f"{entry.path}: {exc.message}") from None
+                    if self.skip_unreadable and not os.access(entry.path, os.R_OK):
+                        skipped.add("unreadable", entry.path)
+                        continue
                     files.append(SourceFile(path, entry.path, st.st_size,
                                             stat_module.S_IFREG | stat_module.S_IMODE(st.st_mode),
                                             st.st_mtime_ns))
@@ -150,7 +181,7 @@ class TreeSource:
                     skipped.add("special", entry.path)
         if prefix:
             check_sample_path(prefix[:-1])  # it may become an empty directory of the dataset
-        return files, subdirs, skipped, prefix
+        return files, subdirs, skipped, prefix, True
 
     def entries(self) -> Iterator[SourceFile]:
         self.scan()
@@ -191,19 +222,23 @@ class WalkReport:
     skipped_symlinks: int = 0
     skipped_special: int = 0
     skipped_loops: int = 0
+    skipped_unreadable: int = 0
     tree: TreeSource | None = None
     # Dataset paths of the directories that hold nothing, sorted.
     dirs: list[str] = dataclasses.field(default_factory=list)
 
 
 def walk_tree(source_dir: str, *, include_hidden: bool = False,
-              follow_symlinks: bool = False) -> WalkReport:
+              follow_symlinks: bool = False, skip_unreadable: bool = False) -> WalkReport:
     """Select the files of `source_dir` by the rules above.
 
-    Raises NotFound (no such directory) and InvalidArgument (bad name).
+    Raises NotFound (no such directory), InvalidArgument (bad name) and
+    PermissionDenied (what cannot be read, without `skip_unreadable`).
     """
-    tree = TreeSource(source_dir, include_hidden=include_hidden, follow_symlinks=follow_symlinks)
+    tree = TreeSource(source_dir, include_hidden=include_hidden, follow_symlinks=follow_symlinks,
+                      skip_unreadable=skip_unreadable)
     tree.scan()
     counts = tree.skipped.counts
     return WalkReport(tree.files, tree.total_bytes, counts["hidden"], counts["symlink"],
-                      counts["special"], counts["loop"], tree, list(tree.dirs))
+                      counts["special"], counts["loop"], counts["unreadable"], tree,
+                      list(tree.dirs))

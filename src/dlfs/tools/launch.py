@@ -28,6 +28,8 @@ import subprocess
 import sys
 import time
 
+from dlfs.version import install_line
+
 # Generous: a daemon replays its catalog before it binds, and a loaded 2-core
 # machine can take seconds to start Python and gRPC.
 STARTUP_TIMEOUT_S = 60.0
@@ -200,7 +202,7 @@ class DaemonProcess(_Launched):
 def fuse_unavailable() -> str:
     """"" when `dlfs-mount` can run here, else why not."""
     if importlib.util.find_spec("trio") is None:
-        return "trio is not installed (pip install 'dlfs-storage[fuse]')"
+        return f"trio is not installed ({install_line('fuse')} in a checkout of DLFS)"
     if ctypes.util.find_library("fuse3") is None:
         return "libfuse3 is not installed (the fuse3 package)"
     if not os.path.exists("/dev/fuse"):

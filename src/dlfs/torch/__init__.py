@@ -11,7 +11,8 @@
         for images, labels in loader:
             ...
 
-Needs the optional extra ``dlfs-storage[torch]`` (the CPU build is enough); without
+Needs the optional extra ``torch`` (``pip install '.[torch]'`` in a checkout; the CPU
+build is enough); without
 torch, importing this package raises ModuleNotFoundError naming that extra.
 
 Modules, one job each (everything public is importable from here):

@@ -9,10 +9,17 @@ its own client from it on first use, noticed by its pid, and reads over
 the data path without a gRPC call (gRPC cannot be used after a fork:
 `dlfs.client.transport.grpc_channel.check_grpc_usable`).  It also pickles without a
 client, so spawn and forkserver start methods work too.
+
+Where the samples come from is decided once, at construction (`reads`): on
+the daemon's host, unless `client_options` say otherwise, straight from the
+extent files the daemon passes (``direct=True``: no sample byte crosses a
+socket, docs/DESIGN.md "Co-located DataLoaders"), else over the daemon's
+data path.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from typing import Callable, Protocol, Sequence
@@ -24,12 +31,16 @@ from torch.utils.data import Dataset
 from dlfs import limits
 from dlfs.training import profile
 from dlfs.client import Client, DatasetTicket
-from dlfs.errors import InvalidArgument
+from dlfs.errors import FailedPrecondition, InvalidArgument, PermissionDenied
 from dlfs.torch.folders import parent_dir_labels, samples_below
 from dlfs.ring import one_size
 from dlfs.torch.tensors import batch_tensor
 
 TARGET_PARENT_DIR = "parent_dir"
+# `DLFSDataset.reads`: from the extent files mapped here, or over the daemon's data path.
+READS_EXTENTS, READS_DAEMON = "extents", "daemon"
+
+log = logging.getLogger(__name__)
 
 
 class BatchSource(Protocol):
@@ -62,8 +73,14 @@ class DLFSDataset(Dataset):
       with DataLoader workers, picklable.  Without a transform an item's
       sample is ``bytes`` (memoryviews cannot be pickled to the main
       process); the default collate gives a batch of them as a tuple.
-    - `client_options`: keyword arguments of `dlfs.Client` (``direct=True``
-      when co-located with the daemon, timeouts).
+    - `client_options`: keyword arguments of `dlfs.Client` (timeouts, a
+      token; ``direct=False`` to read through the daemon on its host too).
+      Without ``direct``, ``data_path`` or ``etcd`` in them, a dataset on
+      this host's daemon is read
+      from the extent files it passes (`reads` is "extents"), else through
+      the daemon ("daemon", logged with why): decided once, here, with one
+      OPEN_DATASET call (which counts as the dataset's first read, so a
+      warm-up on first read starts).
 
     Items are ``(sample, target)`` pairs (or samples when ``target=None``);
     ``ds[[i, j, ...]]`` is a whole batch at once (see `__getitem__`), and
@@ -89,6 +106,9 @@ class DLFSDataset(Dataset):
         self.root = root.strip("/")
         self.verify = verify
         self.client_options = dict(client_options or {})
+        if not {"direct", "data_path", "etcd"} & self.client_options.keys():
+            self.client_options["direct"] = _extents_here(address, name, self.client_options)
+        self.reads = READS_EXTENTS if self.client_options.get("direct") else READS_DAEMON
         with Client(address, **self.client_options) as client:
             dataset = client.dataset(name)
             paths, sizes = dataset.listing()
@@ -286,3 +306,18 @@ class DLFSDataset(Dataset):
         from torch.utils.data import default_collate
 
         return default_collate([self.transform(s) for s in samples])
+
+
+def _extents_here(address: str, name: str, options: dict) -> bool:
+    """Whether this process may map dataset `name`'s extents (the daemon at `address`
+    runs on this host and passes its descriptors to this user); why not is logged.
+    Raises what opening the dataset raises otherwise (NotFound, Unavailable)."""
+    with Client(address, direct=True, **options) as client:
+        try:
+            client.extent_reader(name)
+        except (FailedPrecondition, PermissionDenied) as exc:
+            log.info("dataset %r is read through the DLFS daemon at %s, not from its "
+                     "extents: %s", name, address, exc.message)
+            return False
+    return True
+

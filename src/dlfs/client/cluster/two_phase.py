@@ -26,7 +26,8 @@ from dlfs import limits
 from dlfs.client.cluster.etcd_commit import ClusterChange
 from dlfs.client.transport.ingest_requests import IngestStart
 from dlfs.coord.cluster_keys import DatasetRecord
-from dlfs.errors import Cancelled, DlfsError, InvalidArgument
+from dlfs.errors import Cancelled, DlfsError
+from dlfs.staging.source_files import source_error
 from dlfs.types import DatasetInfo
 
 log = logging.getLogger(__name__)
@@ -64,7 +65,7 @@ def run_two_phase(router, name: str, members: list[str], replicas: int, *,
     `check_streams(streams)` between samples; `bar` (None or a tqdm bar of
     `total_bytes`) is its to update.  If it raises, or any member fails,
     the intent is dropped and nothing is kept; OSError from the producer
-    becomes InvalidArgument (the source could not be read).  Returns the
+    becomes `source_error`'s typed error (the source could not be read).  Returns the
     dataset's summary once the members published it (or
     `limits.cluster_publish_wait_s` passed: it is committed anyway).
     `replace`: an existing dataset of the name may be replaced
@@ -100,7 +101,7 @@ def run_two_phase(router, name: str, members: list[str], replicas: int, *,
 
 def _stream_all(streams, produce, total_bytes: int, progress, desc: str) -> None:
     """Run every member's stream while `produce` feeds them; raise what `produce` raised
-    (OSError as InvalidArgument), but not a member's failure (reported by the caller)."""
+    (OSError as `source_error`'s type), but not a member's failure (reported by the caller)."""
     bar = None
     if progress if progress is not None else sys.stderr.isatty():
         from tqdm import tqdm
@@ -119,7 +120,7 @@ def _stream_all(streams, produce, total_bytes: int, progress, desc: str) -> None
         for thread in threads:
             thread.join()
         if isinstance(exc, OSError):
-            raise InvalidArgument(f"cannot read the source: {exc}") from None
+            raise source_error(exc) from None
         if not isinstance(exc, MemberFailed):
             raise
     else:

@@ -27,8 +27,9 @@ def send(data_path, name: str, chunks, *, replace: bool, resumable: bool,
     after the dataset's empty directories `dirs` (paths).
 
     Raises the daemon's typed errors, Unavailable when the connection breaks,
-    and whatever `chunks` raises (the daemon then sees the
-    stream break off).
+    and whatever `chunks` raises (the frames of the files before it are sent
+    first, then the daemon sees the stream break off: a resumable ingest parks
+    with them).
     """
     connection = data_path.dedicated()
     try:
@@ -45,7 +46,7 @@ def send(data_path, name: str, chunks, *, replace: bool, resumable: bool,
             buffers.append(frames.piece(path.encode(), 0, first=True, last=False,
                                           directory=True))
             files += 1
-        for file, data, last, crc in chunks:
+        for file, data, last, crc in _flushed_on_error(chunks, connection, buffers):
             if file is not None:
                 files += 1
                 buffers.append(frames.piece(file.path.encode(), len(data), first=True,
@@ -61,7 +62,8 @@ def send(data_path, name: str, chunks, *, replace: bool, resumable: bool,
             if pending >= _SEND_BYTES or len(buffers) >= _BUFFERS_MAX:
                 connection.send_frames(buffers)
                 connection.raise_pending()
-                buffers, pending = [], 0
+                buffers.clear()
+                pending = 0
         buffers.append(frames.ingest_end(files, data_bytes))
         connection.send_frames(buffers)
         name, generation, samples, size, created_ns, extents = connection.finish_ingest(
@@ -69,3 +71,23 @@ def send(data_path, name: str, chunks, *, replace: bool, resumable: bool,
     finally:
         connection.close()
     return DatasetInfo(name, samples, size, True, created_ns, extents, generation=generation)
+
+
+def _flushed_on_error(chunks, connection, buffers: list):
+    """`chunks`; when it raises (a source file cannot be read, Ctrl-C), the frames not
+    sent yet in `buffers` go out first, so the daemon holds every file read before the
+    failure.  The source's error is the one raised, whatever the send does."""
+    iterator = iter(chunks)
+    while True:
+        try:
+            chunk = next(iterator)
+        except StopIteration:
+            return
+        except BaseException:
+            try:
+                if buffers:
+                    connection.send_frames(buffers)
+            except Exception:  # noqa: BLE001 - the connection broke too: the source's error
+                pass
+            raise
+        yield chunk

@@ -53,23 +53,31 @@ def raw_messages(start: IngestStart, pieces: Iterable[IngestPiece],
                  message_bytes: int = limits.ingest_message_bytes) -> Iterator[bytes]:
     """The serialized Ingest stream: `start`, then `pieces` packed into messages of
     about `message_bytes`, the last with `end`.  One protobuf header per piece, its
-    data copied once."""
+    data copied once.  When `pieces` raises, the pieces packed so far are yielded
+    (without `end`) before the error."""
     yield pb.IngestMessage(start=start_message(start)).SerializeToString()
     parts: list = []
     size = files = data_bytes = 0
-    for piece in pieces:
-        header = _header(piece)
-        data = piece.data
-        n = len(data)
-        length = varint(n)
-        parts += (_PIECES_TAG, varint(len(header) + 1 + len(length) + n), header, _DATA_TAG,
-                  length, data)
-        files += bool(piece.path)
-        data_bytes += n
-        size += n + len(header) + 8
-        if size >= message_bytes:
+    try:
+        for piece in pieces:
+            header = _header(piece)
+            data = piece.data
+            n = len(data)
+            length = varint(n)
+            parts += (_PIECES_TAG, varint(len(header) + 1 + len(length) + n), header,
+                      _DATA_TAG, length, data)
+            files += bool(piece.path)
+            data_bytes += n
+            size += n + len(header) + 8
+            if size >= message_bytes:
+                yield b"".join(parts)
+                parts, size = [], 0
+    except BaseException:
+        # The source failed (or Ctrl-C): the pieces read before it go out first, so a
+        # resumable ingest parks with every file read before the failure.
+        if parts:
             yield b"".join(parts)
-            parts, size = [], 0
+        raise
     parts.append(pb.IngestMessage(end=pb.IngestEnd(files=files, bytes=data_bytes))
                  .SerializeToString())
     yield b"".join(parts)
@@ -101,8 +109,10 @@ class _Stream:
         self.error: BaseException | None = None
 
     def messages(self) -> Iterator[bytes]:
+        """The messages; when `pieces` raises, the error is kept and the stream ends
+        without `end` (a half-close, not a cancellation, so that the pieces before it
+        reach the daemon, which parks a resumable ingest with them)."""
         try:
             yield from raw_messages(self.start, self.pieces)
         except BaseException as exc:  # gRPC would only report CANCELLED; keep the cause
             self.error = exc
-            raise

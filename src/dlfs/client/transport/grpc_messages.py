@@ -102,7 +102,8 @@ def daemon_status(address: str, m: pb.StatusReply) -> DaemonStatus:
 
 def warm_info(address: str, reply: pb.WarmReply) -> WarmInfo:
     return WarmInfo(address, reply.dataset, reply.generation, reply.state, reply.bytes_total,
-                    reply.bytes_warmed, reply.budget_bytes, reply.fits, reply.message)
+                    reply.bytes_warmed, reply.budget_bytes, reply.fits, reply.message,
+                    reply.bytes_resident)
 
 
 def ingest_state(m: pb.IngestProgress) -> IngestState:

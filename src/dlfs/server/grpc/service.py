@@ -157,7 +157,8 @@ class DlfsServicer(dlfs_pb2_grpc.DlfsServicer):
         return pb.WarmReply(dataset=status.dataset, generation=status.generation,
                             state=status.state, bytes_total=status.bytes_total,
                             bytes_warmed=status.bytes_warmed, budget_bytes=status.budget_bytes,
-                            fits=status.fits, message=status.message)
+                            fits=status.fits, message=status.message,
+                            bytes_resident=status.bytes_resident)
 
     def GetDataPath(self, request, context):
         return messages.data_path_info(self.data_path_info())

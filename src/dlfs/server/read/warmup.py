@@ -41,6 +41,7 @@ import numpy as np
 from dlfs import limits
 from dlfs.formats import disk_layout as layout
 from dlfs.errors import Overloaded
+from dlfs.server.read import residency
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +65,7 @@ class WarmStatus:
     budget_bytes: int
     fits: bool
     message: str = ""
+    bytes_resident: int = 0  # of bytes_total in the page cache when the status was asked
 
 
 def memory_bytes() -> int:
@@ -155,11 +157,16 @@ class Warmer:
             self._seen.add(key)
             log.info("warm-up of dataset %r skipped: the warm-up queue is full", dataset.name)
 
-    def status(self, name: str) -> WarmStatus | None:
-        """The latest warm-up of dataset `name`, or None."""
+    def status(self, dataset) -> WarmStatus | None:
+        """The latest warm-up of `dataset` (a DatasetIndex: its current version), with
+        what of it is in the page cache now; None if it never had one.  Costs one
+        cachestat (or mincore) per extent stored here."""
         with self._lock:
-            status = self._status.get(name)
-            return dataclasses.replace(status) if status is not None else None
+            status = self._status.get(dataset.name)
+            status = dataclasses.replace(status) if status is not None else None
+        if status is not None and status.generation == dataset.generation:
+            status.bytes_resident = resident_bytes(self.data_dir, dataset)
+        return status
 
     # --- the warm-up thread --------------------------------------------------------------
 
@@ -258,6 +265,24 @@ class Warmer:
 def _local_extents(dataset) -> list[int]:
     """The extent numbers of `dataset` stored here, in order."""
     return np.unique(dataset.extent[dataset.extent != layout.NO_EXTENT]).tolist()
+
+
+def resident_bytes(data_dir: str, dataset) -> int:
+    """Bytes of the extent files of `dataset` stored here that the page cache holds now
+    (0 where the kernel cannot say)."""
+    total = 0
+    for extent_no in _local_extents(dataset):
+        try:
+            fd = os.open(layout.extent_path(data_dir, dataset.dataset_id, extent_no),
+                         os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            continue
+        try:
+            size = os.fstat(fd).st_size
+            total += min(size, (residency.cached_pages(fd, 0, size) or 0) * residency.PAGE_BYTES)
+        finally:
+            os.close(fd)
+    return total
 
 
 def _local_bytes(data_dir: str, dataset) -> int:
