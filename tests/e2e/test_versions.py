@@ -47,7 +47,7 @@ def test_a_client_of_another_release_is_refused_at_hello(daemon, hello):
         error = frames.parse_error(body, "daemon")
         assert type(error) is dlfs.VersionMismatch
         assert f"this daemon is DLFS {dlfs.__version__}" in error.message
-        assert "pip install 'dlfs-storage==0.1.*'" in error.message
+        assert "from a checkout of DLFS 0.1: pip install ." in error.message
         if b"0.99" in hello:
             assert "the client is DLFS 0.99.0" in error.message
         assert read_frame(sock) == (0, b"")  # and closed
