@@ -9,13 +9,81 @@ import uuid
 import pytest
 
 from dlfs import Client
-from dlfs.tools.launch import DaemonProcess, EtcdCluster, etcd_unavailable, fuse_unavailable
+from dlfs.tools.launch import (DaemonProcess, EtcdCluster, EtcdProcess, MountProcess,
+                               etcd_unavailable, fuse_unavailable)
 
-# Skipped on a developer machine without FUSE; under CI (.ci/run sets CI=true)
-# a missing FUSE is a failure, not a skip.
-requires_fuse = pytest.mark.skipif(
-    not os.environ.get("CI") and bool(fuse_unavailable()),
-    reason=f"FUSE is not available: {fuse_unavailable()}")
+# A test that mounts: marked `mount`, and skipped on a developer machine without FUSE
+# (under CI, which .ci/run sets, a missing FUSE is a failure, not a skip).
+requires_fuse = pytest.mark.mount
+
+# The markers (pyproject.toml registers them; --strict-markers refuses any other), each
+# named for what its tests start or need, and the fixtures that give a test each one:
+# a test using `etcd_server` starts etcd, so it is a `cluster` test.  `--fast` leaves
+# out every test with one of these markers.
+SLOW_KINDS = ("slow", "soak", "cluster", "mount", "deploy", "dlio")
+MARKER_OF_FIXTURE = {"etcd_server": "cluster", "cluster": "cluster",
+                     "mount_factory": "mount", "slurm_cluster": "deploy"}
+# Folders whose every test has the marker: tests/deploy runs Slurm, systemd's tools
+# and the Kubernetes schemas; tests/bench runs the benchmarks' quick modes.
+MARKER_OF_FOLDER = {"deploy": "deploy", "bench": "slow"}
+
+
+def pytest_addoption(parser):
+    parser.addoption("--fast", action="store_true",
+                     help="leave out the tests marked " + ", ".join(SLOW_KINDS) +
+                     " (./dev test --fast)")
+
+
+def pytest_collection_modifyitems(config, items):
+    tests_dir = os.path.dirname(__file__)
+    no_fuse = not os.environ.get("CI") and fuse_unavailable()
+    for item in items:
+        for fixture in item.fixturenames:
+            if fixture in MARKER_OF_FIXTURE:
+                item.add_marker(MARKER_OF_FIXTURE[fixture])
+        folder = os.path.relpath(str(item.path), tests_dir).split(os.sep)[0]
+        if folder in MARKER_OF_FOLDER:
+            item.add_marker(MARKER_OF_FOLDER[folder])
+        if no_fuse and item.get_closest_marker("mount"):
+            item.add_marker(pytest.mark.skip(reason=f"FUSE is not available: {no_fuse}"))
+    if config.getoption("--fast"):
+        fast = [item for item in items
+                if not any(item.get_closest_marker(kind) for kind in SLOW_KINDS)]
+        if len(fast) < len(items):
+            config.hook.pytest_deselected(items=[item for item in items if item not in fast])
+            items[:] = fast
+
+
+# The test whose setup, call or teardown runs now (module fixtures start in its setup).
+_RUNNING: list[pytest.Item] = []
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    _RUNNING.append(item)
+    try:
+        yield
+    finally:
+        _RUNNING.pop()
+
+
+def _marked_to_start(cls, method: str, marker: str, what: str) -> None:
+    """Make `cls.method` fail a test that starts `what` without `marker`, so that the
+    markers stay true as tests are added: a new etcd or mount is never in --fast."""
+    start = getattr(cls, method)
+
+    def checked(self, *args, **kwargs):
+        if _RUNNING and not _RUNNING[-1].get_closest_marker(marker):
+            raise AssertionError(f"{_RUNNING[-1].nodeid} starts {what}: mark it "
+                                 f"@pytest.mark.{marker} (or use a fixture that does)")
+        return start(self, *args, **kwargs)
+
+    setattr(cls, method, checked)
+
+
+def pytest_configure(config):
+    _marked_to_start(EtcdProcess, "launch", "cluster", "etcd")
+    _marked_to_start(MountProcess, "start", "mount", "a FUSE mount")
 
 
 @pytest.fixture

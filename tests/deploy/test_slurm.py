@@ -494,6 +494,7 @@ def test_two_node_job_stripes_over_both_daemons(slurm_cluster, tmp_path):
     assert _processes_mentioning(etcd_url.rpartition(":")[2]) == []
 
 
+@pytest.mark.cluster
 def test_a_job_joins_the_sites_etcd_and_leaves_it_clean(slurm_cluster, tmp_path):
     """DLFS_ETCD names the site's etcd: the job starts none, its daemons join cluster
     job-ID there, and the job's keys are gone from that etcd after it."""
@@ -518,6 +519,7 @@ def test_a_job_joins_the_sites_etcd_and_leaves_it_clean(slurm_cluster, tmp_path)
     job.assert_torn_down()
 
 
+@pytest.mark.cluster
 def test_without_etcdctl_a_job_prints_the_command_that_cleans_the_sites_etcd(slurm_cluster,
                                                                              tmp_path):
     """No etcdctl where the job runs (DLFS_ETCDCTL names one that is not there): the job

@@ -302,6 +302,7 @@ class MixedReadWatch:
         self._thread.join(SETTLE_S)
 
 
+@pytest.mark.cluster
 def test_random_faults_during_striped_commits_and_rebalances(daemon_factory, tmp_path,
                                                                monkeypatch):
     from dlfs.client.cluster.etcd_commit import ClusterChange

@@ -44,6 +44,8 @@ RSS_GROWTH_MIB_MAX = 160
 # (each kind opens its next only after the last one ended); the good clients a few.
 DESCRIPTORS_OVER_BASELINE_MAX = 24 + 4 * GOOD_CLIENTS + 40
 
+pytestmark = pytest.mark.soak
+
 
 @pytest.fixture
 def soaked(daemon_factory, tmp_path):

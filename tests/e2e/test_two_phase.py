@@ -236,6 +236,7 @@ def test_a_second_change_of_a_name_waits_for_the_first(cluster, tree):
         assert client.datasets() == []
 
 
+@pytest.mark.cluster
 def test_etcd_leader_killed_mid_commit_leaves_one_whole_version(daemon_factory, tree,
                                                                 tmp_path, monkeypatch):
     root, old, new = tree
@@ -274,6 +275,7 @@ def test_etcd_leader_killed_mid_commit_leaves_one_whole_version(daemon_factory, 
         killed[0].start_again()  # the old leader rejoins as a follower
 
 
+@pytest.mark.cluster
 def test_etcd_restarted_mid_commit_leaves_one_whole_version(daemon_factory, tree, tmp_path,
                                                             monkeypatch):
     root, old, new = tree
@@ -301,6 +303,7 @@ def test_etcd_restarted_mid_commit_leaves_one_whole_version(daemon_factory, tree
             assert read_dataset(client, "ds") == new
 
 
+@pytest.mark.cluster
 def test_a_member_cut_off_from_etcd_serves_what_it_has_and_takes_no_commits(
         daemon_factory, tree, tmp_path):
     """etcd gone: every member keeps serving its generation, and votes no to a prepare."""

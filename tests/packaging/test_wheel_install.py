@@ -21,6 +21,9 @@ import pytest
 import dlfs
 from dlfs.version import DISTRIBUTION
 
+# They build the wheel and install it into new virtualenvs (minutes).
+pytestmark = pytest.mark.slow
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # What an sdist of the project holds: enough to build the wheel.
 BUILD_INPUTS = ("pyproject.toml", "setup.py", "LICENSE", "README.md", "src")
