@@ -105,10 +105,11 @@ def test_the_layout_is_the_protocols():
     assert (native.FRAME_BYTES, native.BATCH_FIXED_BYTES) == (frames.FRAME.size,
                                                               frames.BATCH.size)
     assert native.NO_EXTENT == NO_EXTENT
-    assert (native.T_BASE, native.T_SIZE, native.T_RESIDENT, native.T_WHOLE, native.T_USED,
-            native.TABLE_COLUMNS) == (mapped_sends.TABLE_BASE, mapped_sends.TABLE_SIZE,
-                                      mapped_sends.TABLE_RESIDENT, mapped_sends.TABLE_WHOLE,
-                                      mapped_sends.TABLE_USED, mapped_sends.TABLE_COLUMNS)
+    assert (native.T_BASE, native.T_SIZE, native.T_RESIDENT, native.T_RESIDENT_ENTRIES,
+            native.T_WHOLE, native.T_USED, native.TABLE_COLUMNS) == (
+        mapped_sends.TABLE_BASE, mapped_sends.TABLE_SIZE, mapped_sends.TABLE_RESIDENT,
+        mapped_sends.TABLE_RESIDENT_ENTRIES, mapped_sends.TABLE_WHOLE, mapped_sends.TABLE_USED,
+        mapped_sends.TABLE_COLUMNS)
 
 
 def test_a_reply_is_the_frames_the_protocol_defines(ready):
@@ -177,6 +178,7 @@ def test_a_page_the_last_scan_did_not_find_cached_is_left_to_the_python_path(rea
         resident = np.arange(rows[0, mapped_sends.TABLE_SIZE] // 4096 + 2, dtype=np.int32)
         resident[4:] -= 1
         rows[0, mapped_sends.TABLE_RESIDENT] = resident.ctypes.data
+        rows[0, mapped_sends.TABLE_RESIDENT_ENTRIES] = len(resident)
         rows[0, mapped_sends.TABLE_WHOLE] = 0
     touching = Dataset([(0, 3 * 4096 - HEADER_BYTES + 10, 100)] * 20)
     assert send(maps, here, touching, np.arange(20)) == -1
@@ -184,6 +186,47 @@ def test_a_page_the_last_scan_did_not_find_cached_is_left_to_the_python_path(rea
     got: list[bytes] = []
     reader = drain(there, got)
     assert send(maps, here, elsewhere, np.arange(20)) == 2000
+    here.shutdown(socket.SHUT_WR)
+    reader.join(30)
+    del resident
+
+
+def test_ids_at_any_byte_of_the_request_frame_are_read_as_they_are(ready):
+    """The daemon's ids are a view of the GET_BATCH frame right after its dataset name
+    and request id, at any byte offset: the reply is the same as from aligned ids."""
+    maps, here, there, bodies = ready
+    dataset = samples(100)
+    ids = np.random.default_rng(3).permutation(100)
+    frame = b"".join(bytes(part) for part in frames.get_batch("abc", ids, generation=9))
+    request = frames.parse_get_batch(frame[frames.FRAME.size:])
+    assert request.ids.ctypes.data % 8, "the ids of this frame happen to be aligned"
+    expected = dataset.reply(bodies, ids, 9, frames.BATCH_CRCS)
+    got: list[bytes] = []
+    reader = drain(there, got)
+    assert send(maps, here, dataset, request.ids) == int(dataset.length[ids].sum())
+    here.shutdown(socket.SHUT_WR)
+    reader.join(30)
+    assert b"".join(got) == expected
+
+
+def test_a_sample_past_its_scans_prefix_sums_is_left_to_the_python_path(ready, monkeypatch):
+    """The C send reads a scan's prefix sums only below the count its row gives: a
+    sample on a page the scan does not cover is not sent from the mappings (nothing
+    past the array is read)."""
+    maps, here, there, _ = ready
+    monkeypatch.setattr(maps, "_spend", lambda now: False)  # no scan rewrites the row
+    rows = maps._tables[1]
+    with maps._lock:  # a scan of only the first 8 pages, none missing, not whole
+        resident = np.arange(9, dtype=np.int32)
+        rows[0, mapped_sends.TABLE_RESIDENT] = resident.ctypes.data
+        rows[0, mapped_sends.TABLE_RESIDENT_ENTRIES] = len(resident)
+        rows[0, mapped_sends.TABLE_WHOLE] = 0
+    past = Dataset([(0, 8 * 4096, 100)] * 20)  # on page 8 or 9 of the extent file
+    assert send(maps, here, past, np.arange(20)) == -1
+    covered = Dataset([(0, 4096, 100)] * 20)
+    got: list[bytes] = []
+    reader = drain(there, got)
+    assert send(maps, here, covered, np.arange(20)) == 2000
     here.shutdown(socket.SHUT_WR)
     reader.join(30)
     del resident
