@@ -180,6 +180,9 @@ def test_missing_extras_are_named(installed, tmp_path):
     assert mount.returncode == 1
     assert mount.stderr == ("dlfs-mount: dlfs-mount needs trio, which is not installed; it "
                             f"comes with the 'fuse' extra: pip install '{DISTRIBUTION}[fuse]'\n")
+    # The version needs no mount, so no extra.
+    version = run(venv / "bin" / "dlfs-mount", "--version", check=False)
+    assert (version.returncode, version.stdout) == (0, f"dlfs-mount {dlfs.__version__}\n")
     torch = run(venv / "bin" / "python", "-c", "import dlfs.torch", check=False, cwd=tmp_path)
     assert torch.returncode == 1
     assert torch.stderr.strip().endswith(
