@@ -20,9 +20,10 @@ requires_fuse = pytest.mark.mount
 # named for what its tests start or need, and the fixtures that give a test each one:
 # a test using `etcd_server` starts etcd, so it is a `cluster` test.  `--fast` leaves
 # out every test with one of these markers.
-SLOW_KINDS = ("slow", "soak", "cluster", "mount", "deploy", "dlio")
-MARKER_OF_FIXTURE = {"etcd_server": "cluster", "cluster": "cluster",
-                     "mount_factory": "mount", "slurm_cluster": "deploy"}
+SLOW_KINDS = ("slow", "soak", "daemons", "cluster", "mount", "deploy", "dlio")
+MARKER_OF_FIXTURE = {"daemon_factory": "daemons", "etcd_server": "cluster",
+                     "cluster": "cluster", "mount_factory": "mount",
+                     "slurm_cluster": "deploy"}
 # Folders whose every test has the marker: tests/deploy runs Slurm, systemd's tools
 # and the Kubernetes schemas; tests/bench runs the benchmarks' quick modes.
 MARKER_OF_FOLDER = {"deploy": "deploy", "bench": "slow"}
@@ -54,8 +55,10 @@ def pytest_collection_modifyitems(config, items):
             items[:] = fast
 
 
-# The test whose setup, call or teardown runs now (module fixtures start in its setup).
+# The test whose setup, call or teardown runs now (module fixtures start in its setup),
+# and the scopes of the fixtures being set up for it now, innermost last.
 _RUNNING: list[pytest.Item] = []
+_SETTING_UP: list[str] = []
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -67,13 +70,25 @@ def pytest_runtest_protocol(item, nextitem):
         _RUNNING.pop()
 
 
-def _marked_to_start(cls, method: str, marker: str, what: str) -> None:
-    """Make `cls.method` fail a test that starts `what` without `marker`, so that the
-    markers stay true as tests are added: a new etcd or mount is never in --fast."""
+@pytest.hookimpl(hookwrapper=True)
+def pytest_fixture_setup(fixturedef, request):
+    _SETTING_UP.append(fixturedef.scope)
+    try:
+        yield
+    finally:
+        _SETTING_UP.pop()
+
+
+def _marked_to_start(cls, method: str, marker: str, what: str,
+                     shared_ok: bool = False) -> None:
+    """Make `cls.method` fail a test that starts `what` without `marker` (with
+    `shared_ok`, unless a module's or session's fixture starts it: one for many
+    tests), so that the markers stay true as tests are added."""
     start = getattr(cls, method)
 
     def checked(self, *args, **kwargs):
-        if _RUNNING and not _RUNNING[-1].get_closest_marker(marker):
+        shared = shared_ok and any(scope != "function" for scope in _SETTING_UP)
+        if _RUNNING and not shared and not _RUNNING[-1].get_closest_marker(marker):
             raise AssertionError(f"{_RUNNING[-1].nodeid} starts {what}: mark it "
                                  f"@pytest.mark.{marker} (or use a fixture that does)")
         return start(self, *args, **kwargs)
@@ -84,6 +99,8 @@ def _marked_to_start(cls, method: str, marker: str, what: str) -> None:
 def pytest_configure(config):
     _marked_to_start(EtcdProcess, "launch", "cluster", "etcd")
     _marked_to_start(MountProcess, "start", "mount", "a FUSE mount")
+    _marked_to_start(DaemonProcess, "start", "daemons", "a dlfs-server of its own",
+                     shared_ok=True)
 
 
 @pytest.fixture

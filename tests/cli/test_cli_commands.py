@@ -146,6 +146,7 @@ def test_a_folder_of_archives_suggests_archives_and_the_suggestion_works(daemon,
         assert bytes(client.get_batch(["0001b.txt"], dataset="web")[0]) == b"1b"
 
 
+@pytest.mark.daemons
 def test_a_host_without_a_port_means_port_7010(tmp_path):
     # A loopback address of its own, so that port 7010 is free whatever else runs here.
     host = f"127.{random.randrange(1, 255)}.{random.randrange(1, 255)}.{random.randrange(2, 255)}"

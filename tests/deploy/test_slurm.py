@@ -155,6 +155,7 @@ def test_node_script_serves_publishes_and_cleans_up_on_sigterm(tmp_path):
     assert "serving on" in (tmp_path / "job" / "logs" / "node1.log").read_text()
 
 
+@pytest.mark.daemons
 def test_etcd_script_serves_publishes_and_cleans_up_on_sigterm(tmp_path):
     """dlfs-etcd.sh alone: a one-member etcd on loopback in its node-local dir, its URL
     published once healthy; a daemon joins a cluster there; SIGTERM stops etcd and

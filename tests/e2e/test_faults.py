@@ -100,6 +100,7 @@ def check_whole_versions(daemon, versions: Versions) -> None:
         f"{len(extent_dirs)} extent directories for {len(served)} datasets: space not reclaimed")
 
 
+@pytest.mark.slow
 def test_random_faults_always_leave_one_whole_version(daemon_factory, tmp_path):
     rng = random.Random(int(os.environ.get("DLFS_FAULTS_SEED", "2026")))
     versions = Versions(tmp_path / "src", rng)

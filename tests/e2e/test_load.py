@@ -13,6 +13,7 @@ import queue
 import time
 
 import numpy as np
+import pytest
 
 from conftest import write_tree
 
@@ -75,6 +76,7 @@ def rss_kib(pid: int) -> int:
     raise AssertionError("no VmRSS")
 
 
+@pytest.mark.soak
 def test_32_clients_random_batches(daemon, tmp_path):
     # Zero-padded names keep sorted path order equal to i, so id i holds sample_bytes(i).
     write_tree(tmp_path / "src", {f"{i:05d}": sample_bytes(i) for i in range(SAMPLES)})

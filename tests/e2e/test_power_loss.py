@@ -8,6 +8,8 @@ import signal
 import subprocess
 import sys
 
+import pytest
+
 from conftest import read_dataset, requires_fuse, write_tree
 from dlfs import Client
 from dlfs.tools.launch import DaemonProcess, wait_for_file
@@ -47,6 +49,7 @@ class PowercutMount:
 
 
 @requires_fuse
+@pytest.mark.daemons
 def test_acknowledged_changes_survive_a_power_cut(tmp_path):
     trees = {}
     for key, size in (("keep", 9000), ("old", 7000), ("new", 11000), ("gone", 5000),

@@ -57,6 +57,7 @@ def test_a_tar_round_trips_byte_for_byte(shared_client, tmp_path, via):
     assert entry.mtime_ns == 1_700_000_123 * 10**9 and entry.permissions == "-rw-r--r--"
 
 
+@pytest.mark.slow
 def test_a_set_of_shards_round_trips_by_list_glob_and_directory(shared_daemon, tmp_path):
     shards = tmp_path / "shards"
     shards.mkdir()

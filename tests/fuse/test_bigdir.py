@@ -58,6 +58,7 @@ def test_listing_through_the_mount(big_dataset, mount_factory):
     assert sorted(os.listdir(os.path.join(m.mountpoint, name))) == ["after.txt", "d"]
 
 
+@pytest.mark.slow
 def test_pages_are_fetched_one_at_a_time(big_dataset):
     """What the mount does per readdir: one ListDir page per `dir_page_entries`
     entries, one page held, and resuming at a handed-out offset costs one page."""

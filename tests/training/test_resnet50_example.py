@@ -46,6 +46,7 @@ def run(address, name, checkpoint, *extra) -> list[dict]:
     return [json.loads(line) for line in lines if line.startswith("{")], lines
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_example_trains_stops_mid_epoch_and_resumes_there(shared_daemon, tmp_path):
     files = {f"train/{c}/{i:02d}.jpg": jpeg(10 * k + i)
