@@ -40,6 +40,9 @@ _CHECKED_FILES_MAX = 256
 # Pages of a file allowed to stay cached after an eviction (a trace, see _still_cached).
 _TRACE_PAGES_MAX = 64
 _TRACE_SHARE_MAX = 0.001
+# How long make_cold waits for mapped pages to leave after evicting (and after the
+# release hooks): two of the daemon's idle times for its last sweep, and a margin.
+_UNMAPPED_WITHIN_S = 2 * limits.extent_map_idle_s + 5
 
 
 @dataclasses.dataclass
@@ -357,8 +360,9 @@ def is_root() -> bool:
 class CacheControl:
     """Empties or fills the page cache for a workload's files."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.root = is_root()
+        self._clock = clock  # make_cold's waits (a test's own clock)
         # Called with the files that stayed cached after an eviction: each lets go of
         # the mappings it holds of them (the benchmark's FUSE mount maps extents;
         # mapped pages survive drop_caches and DONTNEED).
@@ -372,14 +376,14 @@ class CacheControl:
         sends small samples from within `limits.extent_map_idle_s` and a sweep of
         its last read, and the release hooks let go of other mappings (the
         mount's), so this evicts again until none of `files` is cached (at most
-        a few seconds).  `mappable`: the files checked (default: `files`, when
-        at most a few hundred).  Raises RuntimeError if some page of them stays
-        cached: a cold run would not be cold."""
+        `_UNMAPPED_WITHIN_S` after the hooks ran).  `mappable`: the files checked
+        (default: `files`, when at most a few hundred).  Raises RuntimeError if
+        some page of them stays cached: a cold run would not be cold."""
         files = list(files)
         if mappable is None:
             mappable = files if len(files) <= _CHECKED_FILES_MAX else []
         checked = list(mappable)
-        give_up = time.monotonic() + 2 * limits.extent_map_idle_s + 5
+        give_up = self._clock() + _UNMAPPED_WITHIN_S
         released = False
         while True:
             self._evict(files)
@@ -390,8 +394,14 @@ class CacheControl:
                 for hook in self.release_hooks:
                     hook(left)
                 released = True
+                # The wait starts once the hooks are done: a remount takes seconds on
+                # a loaded machine (7 s seen with the load average at 10), and had
+                # used up the wait, so pages still on their way out (a mapping the
+                # daemon unmaps within its idle time, a few hundred pages unmapped
+                # and gone within a second) failed the row at once.
+                give_up = self._clock() + _UNMAPPED_WITHIN_S
                 continue
-            if time.monotonic() > give_up:
+            if self._clock() > give_up:
                 raise RuntimeError(f"{len(left)} files stayed in the page cache after "
                                    f"eviction (first: {left[0]}, mapped by "
                                    f"{_mappers(left[0]) or 'no process'})")
