@@ -169,25 +169,40 @@ def test_what_does_not_qualify_sends_nothing(ready, tmp_path):
     reader.join(30)
 
 
-def test_a_page_the_last_scan_did_not_find_cached_is_left_to_the_python_path(ready,
-                                                                            monkeypatch):
-    maps, here, there, _ = ready
-    monkeypatch.setattr(maps, "_spend", lambda now: False)  # no scan rewrites the row
+def send_drained(maps, here, there, dataset: Dataset, ids) -> tuple[int, bytes]:
+    """`send` while a thread reads `there`: (what it returned, every byte `there` got
+    until `here` shut down writing)."""
+    got: list[bytes] = []
+    reader = drain(there, got)
+    sent = send(maps, here, dataset, ids)
+    here.shutdown(socket.SHUT_WR)
+    reader.join(30)
+    return sent, b"".join(got)
+
+
+def scanned_as(maps, monkeypatch, resident: np.ndarray) -> None:
+    """Extent 0's row as a scan that found `resident` (its prefix sums) would leave it,
+    and no scan after it to rewrite the row.  The caller keeps `resident` alive."""
+    monkeypatch.setattr(maps, "_spend", lambda now: False)
     rows = maps._tables[1]
-    with maps._lock:  # as a scan that found page 3 of extent 0 missing would leave it
-        resident = np.arange(rows[0, mapped_sends.TABLE_SIZE] // 4096 + 2, dtype=np.int32)
-        resident[4:] -= 1
+    with maps._lock:
         rows[0, mapped_sends.TABLE_RESIDENT] = resident.ctypes.data
         rows[0, mapped_sends.TABLE_RESIDENT_ENTRIES] = len(resident)
         rows[0, mapped_sends.TABLE_WHOLE] = 0
+
+
+def test_a_page_the_last_scan_did_not_find_cached_is_left_to_the_python_path(ready,
+                                                                            monkeypatch):
+    maps, here, there, _ = ready
+    # As a scan that found page 3 of extent 0 missing would leave it.
+    resident = np.arange(maps._tables[1][0, mapped_sends.TABLE_SIZE] // 4096 + 2,
+                         dtype=np.int32)
+    resident[4:] -= 1
+    scanned_as(maps, monkeypatch, resident)
     touching = Dataset([(0, 3 * 4096 - HEADER_BYTES + 10, 100)] * 20)
     assert send(maps, here, touching, np.arange(20)) == -1
     elsewhere = Dataset([(0, 8 * 4096, 100)] * 20)
-    got: list[bytes] = []
-    reader = drain(there, got)
-    assert send(maps, here, elsewhere, np.arange(20)) == 2000
-    here.shutdown(socket.SHUT_WR)
-    reader.join(30)
+    assert send_drained(maps, here, there, elsewhere, np.arange(20))[0] == 2000
     del resident
 
 
@@ -201,12 +216,8 @@ def test_ids_at_any_byte_of_the_request_frame_are_read_as_they_are(ready):
     request = frames.parse_get_batch(frame[frames.FRAME.size:])
     assert request.ids.ctypes.data % 8, "the ids of this frame happen to be aligned"
     expected = dataset.reply(bodies, ids, 9, frames.BATCH_CRCS)
-    got: list[bytes] = []
-    reader = drain(there, got)
-    assert send(maps, here, dataset, request.ids) == int(dataset.length[ids].sum())
-    here.shutdown(socket.SHUT_WR)
-    reader.join(30)
-    assert b"".join(got) == expected
+    assert send_drained(maps, here, there, dataset, request.ids) == (
+        int(dataset.length[ids].sum()), expected)
 
 
 def test_a_sample_past_its_scans_prefix_sums_is_left_to_the_python_path(ready, monkeypatch):
@@ -214,21 +225,12 @@ def test_a_sample_past_its_scans_prefix_sums_is_left_to_the_python_path(ready, m
     sample on a page the scan does not cover is not sent from the mappings (nothing
     past the array is read)."""
     maps, here, there, _ = ready
-    monkeypatch.setattr(maps, "_spend", lambda now: False)  # no scan rewrites the row
-    rows = maps._tables[1]
-    with maps._lock:  # a scan of only the first 8 pages, none missing, not whole
-        resident = np.arange(9, dtype=np.int32)
-        rows[0, mapped_sends.TABLE_RESIDENT] = resident.ctypes.data
-        rows[0, mapped_sends.TABLE_RESIDENT_ENTRIES] = len(resident)
-        rows[0, mapped_sends.TABLE_WHOLE] = 0
+    resident = np.arange(9, dtype=np.int32)  # a scan of the first 8 pages, none missing
+    scanned_as(maps, monkeypatch, resident)
     past = Dataset([(0, 8 * 4096, 100)] * 20)  # on page 8 or 9 of the extent file
     assert send(maps, here, past, np.arange(20)) == -1
     covered = Dataset([(0, 4096, 100)] * 20)
-    got: list[bytes] = []
-    reader = drain(there, got)
-    assert send(maps, here, covered, np.arange(20)) == 2000
-    here.shutdown(socket.SHUT_WR)
-    reader.join(30)
+    assert send_drained(maps, here, there, covered, np.arange(20))[0] == 2000
     del resident
 
 

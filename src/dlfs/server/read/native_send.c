@@ -83,13 +83,7 @@ static double now_s(void) {
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-/* Item i of a buffer that may start at any byte. */
-static inline int64_t load_i64(const uint8_t *at, size_t i) {
-    int64_t value;
-    memcpy(&value, at + 8 * i, 8);
-    return value;
-}
-
+/* Item i of a buffer that may start at any byte (signed items: cast the result). */
 static inline uint64_t load_u64(const uint8_t *at, size_t i) {
     uint64_t value;
     memcpy(&value, at + 8 * i, 8);
@@ -98,12 +92,6 @@ static inline uint64_t load_u64(const uint8_t *at, size_t i) {
 
 static inline uint32_t load_u32(const uint8_t *at, size_t i) {
     uint32_t value;
-    memcpy(&value, at + 4 * i, 4);
-    return value;
-}
-
-static inline int32_t load_i32(const uint8_t *at, size_t i) {
-    int32_t value;
     memcpy(&value, at + 4 * i, 4);
     return value;
 }
@@ -342,7 +330,7 @@ static PyObject *send_batch(PyObject *self, PyObject *args) {
     uint64_t payload = 0;
     size_t pieces = 0;
     for (size_t i = 0; i < count; i++) {
-        int64_t id = load_i64(ids, i);
+        int64_t id = (int64_t)load_u64(ids, i);
         if (id < 0 || (uint64_t)id >= samples)
             goto not_sent;
         uint32_t extent_no = load_u32(extent, (size_t)id);
@@ -358,8 +346,8 @@ static PyObject *send_batch(PyObject *self, PyObject *args) {
             uint64_t first = start / (uint64_t)page_bytes;
             uint64_t last = (start + size - 1) / (uint64_t)page_bytes;
             if (!resident || last + 1 >= row[T_RESIDENT_ENTRIES] ||
-                (uint64_t)(load_i32(resident, (size_t)last + 1) -
-                           load_i32(resident, (size_t)first)) != last - first + 1)
+                (uint64_t)((int32_t)load_u32(resident, (size_t)last + 1) -
+                           (int32_t)load_u32(resident, (size_t)first)) != last - first + 1)
                 goto not_sent;
         }
         row[T_USED] = 1;
@@ -397,7 +385,7 @@ static PyObject *send_batch(PyObject *self, PyObject *args) {
     uint8_t *lengths_at = at + FRAME_BYTES + BATCH_FIXED_BYTES;
     uint8_t *crcs_at = lengths_at + 8 * count;
     for (size_t i = 0; i < count; i++) {
-        size_t id = (size_t)load_i64(ids, i);
+        size_t id = (size_t)load_u64(ids, i);
         memcpy(lengths_at + 8 * i, length + 8 * id, 8);
         memcpy(crcs_at + 4 * i, crc + 4 * id, 4);
     }
@@ -405,7 +393,7 @@ static PyObject *send_batch(PyObject *self, PyObject *args) {
     size_t entry = 0, window = 0;
     uint64_t window_left = 0;
     for (size_t i = 0; i < count; i++) {
-        size_t id = (size_t)load_i64(ids, i);
+        size_t id = (size_t)load_u64(ids, i);
         const uint64_t *row = table + (size_t)load_u32(extent, id) * TABLE_COLUMNS;
         uint8_t *from = (uint8_t *)(uintptr_t)(row[T_BASE] + load_u64(offset, id));
         uint64_t size = load_u64(length, id);
