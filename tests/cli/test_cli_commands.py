@@ -19,11 +19,12 @@ import time
 import pytest
 
 import dlfs
-from conftest import wait_until, write_tree
 from dlfs import Client, limits
 from dlfs.cli import main
 from dlfs.client.transport.retry import call_with_retry
 from dlfs.tools.launch import DaemonProcess
+from helpers.trees import write_tree
+from helpers.waiting import wait_until
 
 
 def dlfs_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:

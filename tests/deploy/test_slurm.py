@@ -27,8 +27,8 @@ import time
 
 import pytest
 
-from conftest import write_tree
 from dlfs import Client
+from helpers.trees import write_tree
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 JOB_SCRIPT = os.path.join(REPO, "deploy", "slurm", "dlfs-job.sbatch")

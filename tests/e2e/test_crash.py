@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 
 import dlfs
-from conftest import read_dataset, write_tree
 from dlfs import Client
+from helpers.daemons import read_dataset
+from helpers.trees import write_tree
 
 KILL_POINTS = int(os.environ.get("DLFS_CRASH_KILL_POINTS", "20"))
 

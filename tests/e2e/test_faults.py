@@ -21,9 +21,11 @@ import time
 import pytest
 
 import dlfs
-from conftest import read_dataset, wait_until, write_tree
 from dlfs import Client
 from dlfs.tools.launch import LaunchError
+from helpers.daemons import read_dataset
+from helpers.trees import write_tree
+from helpers.waiting import wait_until
 
 # Injected faults the loop must see fire (each followed by a restart and the checks).
 FAULTS_MIN = int(os.environ.get("DLFS_FAULTS_MIN", "50"))

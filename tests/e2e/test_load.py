@@ -15,7 +15,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest import write_tree
+from helpers.trees import write_tree
 
 SECONDS = float(os.environ.get("DLFS_LOAD_SECONDS", "8"))
 PROCESSES = 4

@@ -14,9 +14,10 @@ import numpy as np
 import pytest
 
 import dlfs
-from cli_advice import run_as_printed, run_dlfs, the_command
-from conftest import read_dataset, unique_name, write_tree
 from dlfs import Client
+from helpers.cli_advice import run_as_printed, run_dlfs, the_command
+from helpers.daemons import read_dataset
+from helpers.trees import unique_name, write_tree
 
 
 def cli(address, *args, check=True):

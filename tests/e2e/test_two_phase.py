@@ -17,7 +17,6 @@ import numpy as np
 import pytest
 
 import dlfs
-from conftest import addresses, read_dataset, wait_until, write_tree
 from dlfs import Client, limits
 from dlfs.client.cluster.etcd_commit import ClusterChange
 from dlfs.coord import cluster_keys as keys
@@ -25,6 +24,9 @@ from dlfs.coord.etcd_grpc import Compare, Delete, EtcdClient, Put
 from dlfs.proto import dlfs_pb2 as pb
 from dlfs.proto import dlfs_pb2_grpc
 from dlfs.tools.launch import EtcdCluster
+from helpers.daemons import addresses, read_dataset
+from helpers.trees import write_tree
+from helpers.waiting import wait_until
 
 GENERATION = 2**62 + 12345
 SETTLE_S = 60.0  # a bound for waiting on what the daemons do by themselves

@@ -11,12 +11,12 @@ import time
 import numpy as np
 import pytest
 
-from conftest import write_tree
-from damage import flip_byte
+from helpers.trees import write_tree
+from helpers.damage import flip_byte
 from dlfs import Client
-from mounting import extent_reads, mount_factory, requires_fuse  # noqa: F401 (fixture)
+from helpers.mounts import extent_reads
 
-pytestmark = requires_fuse
+pytestmark = pytest.mark.mount
 
 
 @pytest.fixture

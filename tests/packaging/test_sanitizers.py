@@ -26,7 +26,7 @@ SANITIZE = ("-fsanitize=address,undefined,float-cast-overflow -fno-sanitize-reco
             "-fno-omit-frame-pointer -g")
 # The extensions' own tests: each of the C calls against scripted peers and real
 # extent files (the first two), and the daemon's C send behind real requests (the last).
-EXTENSION_TESTS = ("tests/server/test_native_send.py", "tests/client/test_batch_exchange.py",
+EXTENSION_TESTS = ("tests/server/read/test_native_send.py", "tests/client/test_batch_exchange.py",
                    "tests/e2e/test_small_sample_sends.py")
 CHILD_TIMEOUT_S = 400
 

@@ -20,8 +20,8 @@ import subprocess
 
 import pytest
 
-from conftest import unique_name
 from dlfs import Client
+from helpers.trees import unique_name
 
 DLIO_PYTHON = os.environ.get("DLFS_TEST_DLIO_PYTHON", "")
 CONFIG = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "dlio")

@@ -21,8 +21,8 @@ pytest.importorskip("torch")
 pytest.importorskip("torchdata.stateful_dataloader")
 from PIL import Image  # noqa: E402
 
-from conftest import unique_name, write_tree  # noqa: E402
 from dlfs import Client  # noqa: E402
+from helpers.trees import unique_name, write_tree  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EXAMPLE = os.path.join(REPO, "examples", "train_resnet50.py")

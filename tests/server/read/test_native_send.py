@@ -20,7 +20,7 @@ from dlfs.formats import datapath_frames as frames
 from dlfs.formats.disk_layout import HEADER_BYTES, NO_EXTENT
 from dlfs.server.read import mapped_sends
 from dlfs.server.read.preadv_reads import ShortRead
-from test_mapped_sends import extents, make_maps, map_both_extents, wire  # noqa: F401 (fixtures)
+from helpers.extent_maps import map_both_extents
 
 native = mapped_sends.native
 pytestmark = pytest.mark.skipif(native is None and os.environ.get("DLFS_NATIVE") == "0",
@@ -89,7 +89,7 @@ def drain(sock: socket.socket, into: list) -> threading.Thread:
 
 
 @pytest.fixture
-def ready(extents, wire, make_maps):  # noqa: F811 (fixtures from test_mapped_sends)
+def ready(extents, wire, make_maps):
     """(maps with both extents mapped and scanned, here, there, the extents' bodies)."""
     assert native is not None, "the daemon's C send was not built"
     _, files, bodies = extents
@@ -249,7 +249,7 @@ def test_a_client_that_stops_reading_is_timed_out_and_the_socket_kept_as_it_was(
 
 
 def test_a_page_that_cannot_be_read_ends_the_frame_with_zeros_and_names_the_piece(
-        extents, wire, make_maps):  # noqa: F811
+        extents, wire, make_maps):
     """An extent cut short under its mapping: the send fails where the kernel could not
     read (EFAULT), the DATA frame it was in is completed with zeros so the stream
     stays framed, and the ShortRead names the first piece past the file's end."""
@@ -305,7 +305,7 @@ def test_a_mapping_retired_while_a_send_is_in_flight_outlives_the_send(ready):
 
 
 def test_extents_sent_from_stay_mapped_and_idle_ones_are_unmapped(extents, wire,
-                                                                  make_maps):  # noqa: F811
+                                                                  make_maps):
     """The marks a C send leaves count as a use: a mapping in steady use is kept past
     the idle time; once the sends stop it is unmapped."""
     _, files, _ = extents
