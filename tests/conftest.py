@@ -49,7 +49,8 @@ def pytest_collection_modifyitems(config, items):
         fast = [item for item in items
                 if not any(item.get_closest_marker(kind) for kind in SLOW_KINDS)]
         if len(fast) < len(items):
-            config.hook.pytest_deselected(items=[item for item in items if item not in fast])
+            kept = set(fast)
+            config.hook.pytest_deselected(items=[item for item in items if item not in kept])
             items[:] = fast
 
 
