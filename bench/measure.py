@@ -41,6 +41,10 @@ _CHECKED_FILES_MAX = 256
 # Pages of a file allowed to stay cached after an eviction (a trace, see _still_cached).
 _TRACE_PAGES_MAX = 64
 _TRACE_SHARE_MAX = 0.001
+# How long make_cold waits for mapped pages to leave after evicting (and after the
+# release hooks): two of the daemon's (or a mount's) idle times, and a margin.
+_UNMAPPED_WITHIN_S = 2 * max(limits.extent_map_idle_s,
+                             limits.mount_extent_pages_release_s_default) + 5
 
 
 @dataclasses.dataclass
@@ -358,8 +362,13 @@ def is_root() -> bool:
 class CacheControl:
     """Empties or fills the page cache for a workload's files."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.root = is_root()
+        self._clock = clock  # make_cold's waits (a test's own clock)
+        # Called with the files that stayed cached after an eviction: each lets go of
+        # the mappings it holds of them (the benchmark's FUSE mount maps extents;
+        # mapped pages survive drop_caches and DONTNEED).
+        self.release_hooks: list[Callable[[list[str]], None]] = []
         self.method = ("drop_caches (sync; echo 3 > /proc/sys/vm/drop_caches)" if self.root
                        else "posix_fadvise(DONTNEED) on the data files; ext4 rows use O_DIRECT")
 
@@ -367,25 +376,36 @@ class CacheControl:
         """Evict `files` (all of the page cache as root).  Pages a process has mapped
         stay cached through both ways of evicting: a daemon unmaps the extents it
         sends small samples from within `limits.extent_map_idle_s` and a sweep of
-        its last read, and a co-located mount lets go of the extent pages it
-        mapped `--extent-pages-release` (1 s) after its last read, so this evicts
-        again until none of `files` is cached (at most a few seconds): a
-        long-running mount's cold rows read cold, proven here.  `mappable`: the
-        files checked (default: `files`, when at most a few hundred).  Raises
-        RuntimeError if some page of them stays cached: a cold run would not be
-        cold."""
+        its last read, a co-located mount lets go of the extent pages it mapped
+        `--extent-pages-release` (1 s) after its last read, and the release hooks
+        let go of other mappings, so this evicts again until none of `files` is
+        cached (at most `_UNMAPPED_WITHIN_S` after the hooks ran): a long-running
+        mount's cold rows read cold, proven here.  `mappable`: the files checked
+        (default: `files`, when at most a few hundred).  Raises RuntimeError if
+        some page of them stays cached: a cold run would not be cold."""
         files = list(files)
         if mappable is None:
             mappable = files if len(files) <= _CHECKED_FILES_MAX else []
         checked = list(mappable)
-        give_up = time.monotonic() + 2 * max(limits.extent_map_idle_s,
-                                             limits.mount_extent_pages_release_s_default) + 5
+        give_up = self._clock() + _UNMAPPED_WITHIN_S
+        released = False
         while True:
             self._evict(files)
             left = [f for f in checked if _still_cached(f)]
             if not left:
                 return
-            if time.monotonic() > give_up:
+            if not released:
+                for hook in self.release_hooks:
+                    hook(left)
+                released = True
+                # The wait starts once the hooks are done: a remount takes seconds on
+                # a loaded machine (7 s seen with the load average at 10), and had
+                # used up the wait, so pages still on their way out (a mapping the
+                # daemon unmaps within its idle time, a few hundred pages unmapped
+                # and gone within a second) failed the row at once.
+                give_up = self._clock() + _UNMAPPED_WITHIN_S
+                continue
+            if self._clock() > give_up:
                 raise RuntimeError(f"{len(left)} files stayed in the page cache after "
                                    f"eviction (first: {left[0]}, mapped by "
                                    f"{_mappers(left[0]) or 'no process'})")

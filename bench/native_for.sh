@@ -10,7 +10,8 @@
 #
 # The builds live side by side (each interpreter loads the one with its own suffix; git
 # ignores them).  The C files need only Python's headers and libm.  Usage: PYTHON [SRCDIR]
-# (SRCDIR holds the dlfs package; default src/); prints the paths it wrote.
+# (SRCDIR holds the dlfs package; default src/); prints the paths it wrote.  CC may carry
+# flags of its own: tests/packaging/test_sanitizers.py builds with the sanitizers so.
 set -euo pipefail
 python=${1:?usage: bash bench/native_for.sh PYTHON [SRCDIR]}
 root=$(cd "$(dirname "$0")/.." && pwd)

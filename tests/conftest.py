@@ -1,21 +1,105 @@
-"""Shared fixtures: real `dlfs-server` processes on 127.0.0.1:0, real files."""
+"""The fixtures of several folders (real `dlfs-server` processes on 127.0.0.1:0, etcd,
+the C or Python exchange and send), and the markers by what a test starts.  Helpers
+are in tests/helpers/, never imported from here."""
 
 from __future__ import annotations
 
 import os
-import time
-import uuid
 
 import pytest
 
 from dlfs import Client
-from dlfs.tools.launch import DaemonProcess, EtcdCluster, etcd_unavailable, fuse_unavailable
+from dlfs.tools.launch import (DaemonProcess, EtcdCluster, EtcdProcess, MountProcess,
+                               etcd_unavailable, fuse_unavailable)
+from helpers.trees import unique_name
 
-# Skipped on a developer machine without FUSE; under CI (.ci/run sets CI=true)
-# a missing FUSE is a failure, not a skip.
-requires_fuse = pytest.mark.skipif(
-    not os.environ.get("CI") and bool(fuse_unavailable()),
-    reason=f"FUSE is not available: {fuse_unavailable()}")
+# The markers (pyproject.toml registers them; --strict-markers refuses any other), each
+# named for what its tests start or need, and the fixtures that give a test each one:
+# a test using `etcd_server` starts etcd, so it is a `cluster` test.  `--fast` leaves
+# out every test with one of these markers.  A `mount` test is skipped on a developer
+# machine without FUSE (under CI, which .ci/run sets, a missing FUSE is a failure).
+SLOW_KINDS = ("slow", "soak", "daemons", "cluster", "mount", "deploy", "dlio")
+MARKER_OF_FIXTURE = {"daemon_factory": "daemons", "etcd_server": "cluster",
+                     "cluster": "cluster", "mount_factory": "mount",
+                     "slurm_cluster": "deploy"}
+# Folders whose every test has the marker: tests/deploy runs Slurm, systemd's tools
+# and the Kubernetes schemas; tests/bench runs the benchmarks' quick modes.
+MARKER_OF_FOLDER = {"deploy": "deploy", "bench": "slow"}
+
+
+def pytest_addoption(parser):
+    parser.addoption("--fast", action="store_true",
+                     help="leave out the tests marked " + ", ".join(SLOW_KINDS) +
+                     " (./dev test --fast)")
+
+
+def pytest_collection_modifyitems(config, items):
+    tests_dir = os.path.dirname(__file__)
+    no_fuse = not os.environ.get("CI") and fuse_unavailable()
+    for item in items:
+        for fixture in item.fixturenames:
+            if fixture in MARKER_OF_FIXTURE:
+                item.add_marker(MARKER_OF_FIXTURE[fixture])
+        folder = os.path.relpath(str(item.path), tests_dir).split(os.sep)[0]
+        if folder in MARKER_OF_FOLDER:
+            item.add_marker(MARKER_OF_FOLDER[folder])
+        if no_fuse and item.get_closest_marker("mount"):
+            item.add_marker(pytest.mark.skip(reason=f"FUSE is not available: {no_fuse}"))
+    if config.getoption("--fast"):
+        fast = [item for item in items
+                if not any(item.get_closest_marker(kind) for kind in SLOW_KINDS)]
+        if len(fast) < len(items):
+            kept = set(fast)
+            config.hook.pytest_deselected(items=[item for item in items if item not in kept])
+            items[:] = fast
+
+
+# The test whose setup, call or teardown runs now (module fixtures start in its setup),
+# and the scopes of the fixtures being set up for it now, innermost last.
+_RUNNING: list[pytest.Item] = []
+_SETTING_UP: list[str] = []
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    _RUNNING.append(item)
+    try:
+        yield
+    finally:
+        _RUNNING.pop()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_fixture_setup(fixturedef, request):
+    _SETTING_UP.append(fixturedef.scope)
+    try:
+        yield
+    finally:
+        _SETTING_UP.pop()
+
+
+def _marked_to_start(cls, method: str, marker: str, what: str,
+                     shared_ok: bool = False) -> None:
+    """Make `cls.method` fail a test that starts `what` without `marker` (with
+    `shared_ok`, unless a module's or session's fixture starts it: one for many
+    tests), so that the markers stay true as tests are added."""
+    start = getattr(cls, method)
+
+    def checked(self, *args, **kwargs):
+        shared = shared_ok and any(scope != "function" for scope in _SETTING_UP)
+        if _RUNNING and not shared and not _RUNNING[-1].get_closest_marker(marker):
+            raise AssertionError(f"{_RUNNING[-1].nodeid} starts {what}: mark it "
+                                 f"@pytest.mark.{marker} (or use a fixture that does)")
+        return start(self, *args, **kwargs)
+
+    setattr(cls, method, checked)
+
+
+def pytest_configure(config):
+    _marked_to_start(EtcdProcess, "launch", "cluster", "etcd")
+    _marked_to_start(MountProcess, "start", "mount", "a FUSE mount")
+    _marked_to_start(DaemonProcess, "start", "daemons", "a dlfs-server of its own",
+                     shared_ok=True)
 
 
 @pytest.fixture
@@ -130,110 +214,29 @@ def shared_client(shared_daemon):
         yield c
 
 
-def write_tree(root, files: dict[str, bytes]) -> None:
-    """Create `files` (relative path -> contents) below `root`."""
-    for rel, data in files.items():
-        path = os.path.join(root, *rel.split("/"))
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "wb") as f:
-            f.write(data)
+@pytest.fixture
+def mount_factory(tmp_path):
+    """mount(address, *args) -> MountProcess: a foreground mount on a fresh directory."""
+    mounts: list[MountProcess] = []
+
+    def mount(address: str, *args: str) -> MountProcess:
+        index = len(mounts)
+        m = MountProcess(address, str(tmp_path / f"mnt{index}"),
+                         str(tmp_path / f"mount{index}.log"), list(args))
+        mounts.append(m)
+        return m.start()
+
+    yield mount
+    for m in mounts:
+        m.unmount()
 
 
-def read_dataset(client, name: str, batch: int = 256) -> dict[str, bytes]:
-    """Every sample of dataset `name` as path -> bytes, `batch` samples per get_batch."""
-    ds = client.dataset(name)
-    paths = ds.paths()  # one Lookup per 65,536 samples, not one per sample
-    found = {}
-    for start in range(0, len(ds), batch):
-        ids = range(start, min(start + batch, len(ds)))
-        found.update((paths[i], bytes(s)) for i, s in zip(ids, ds.get_batch(ids)))
-    return found
-
-
-def wait_until(condition, what: str, timeout_s: float) -> None:
-    """Poll `condition()` until it holds; fail naming `what` after `timeout_s` (a bound
-    for a hang on a loaded machine, not a speed target)."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"never happened within {timeout_s:g} s: {what}"
-        time.sleep(0.1)
-
-
-def unique_name(prefix: str = "ds") -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:10]}"
-
-
-def addresses(daemons) -> list[str]:
-    return [d.address for d in daemons]
-
-
-def local_samples(address: str, name: str) -> int:
-    """Samples of dataset `name` the daemon at `address` stores itself (not remote)."""
-    import grpc
-    import numpy as np
-
-    from dlfs.proto import dlfs_pb2 as pb
-    from dlfs.proto import dlfs_pb2_grpc
-
-    with grpc.insecure_channel(address) as channel:
-        stub = dlfs_pb2_grpc.DlfsStub(channel)
-        extents = b"".join(c.extent for c in stub.GetIndex(pb.GetIndexRequest(dataset=name),
-                                                           timeout=10))
-    return int((np.frombuffer(extents, "<u4") != 0xFFFFFFFF).sum())
-
-
-def metric_samples(client) -> dict[tuple[str, tuple], float]:
-    """{(sample name, its labels as sorted (name, value) pairs): value} from the
-    daemon's Prometheus endpoint (the daemon needs --metrics-listen)."""
-    import urllib.request
-
-    from prometheus_client.parser import text_string_to_metric_families
-
-    address = client.status().metrics_address
-    text = urllib.request.urlopen(f"http://{address}/metrics", timeout=10).read().decode()
-    return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
-            for family in text_string_to_metric_families(text) for sample in family.samples}
-
-
-def evict_extents(daemon) -> None:
-    """Drop every extent file of `daemon` from the page cache (POSIX_FADV_DONTNEED): its
-    next reads of them go to the device.  Pages the daemon has mapped (small samples
-    are sent from mappings of cached extents) cannot be dropped until it unmaps them,
-    within `limits.extent_map_idle_s` and a sweep of its last read: this waits for that."""
-    from dlfs import limits
-    from dlfs.server.read import residency
-
-    extent_dir = os.path.join(daemon.data_dir, "extents")
-    give_up = time.monotonic() + 2 * limits.extent_map_idle_s + 5
-    while True:
-        left = 0
-        for dataset_dir in os.listdir(extent_dir):
-            for name in os.listdir(os.path.join(extent_dir, dataset_dir)):
-                fd = os.open(os.path.join(extent_dir, dataset_dir, name), os.O_RDONLY)
-                try:
-                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-                    left += residency.cached_pages(fd, 0, os.fstat(fd).st_size) or 0
-                finally:
-                    os.close(fd)
-        if not left or time.monotonic() > give_up:
-            return
-        time.sleep(0.1)
-
-
-def store_ingest(store, name: str, files: dict[str, bytes], replace: bool = False):
-    """Ingest `files` (path -> bytes) into an in-process `Store` and commit."""
-    session = store.ingests.begin(name, replace)
-    for path, data in files.items():
-        session.start_file(path, len(data), 0o100644, 1)
-        session.write(data)
-    return store.ingests.commit(session)
-
-
-def store_read(store, dataset, ids) -> list[bytes]:
-    """Samples `ids` of `dataset` read through an in-process `Store`, in request order."""
-    _, plan = store.reads.plan(dataset, ids=list(ids))
-    payload = bytearray(plan.payload_bytes)
-    for start, window in store.reads.read(dataset, plan):
-        payload[start:start + len(window)] = window
-    return [bytes(payload[o:o + n]) for o, n in zip(plan.request_offsets.tolist(),
-                                                   plan.request_lengths.tolist())]
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    """The address of a daemon started as `./dev demo` starts it (`dlfs-server --demo`),
+    on a port of its own: what the examples' DEMO_ADDRESS becomes."""
+    root = tmp_path_factory.mktemp("demo")
+    daemon = DaemonProcess(str(root / "data"), str(root / "daemon.log"), ["--demo"])
+    daemon.start()
+    yield daemon.address
+    daemon.kill()

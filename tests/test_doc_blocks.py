@@ -1,11 +1,11 @@
 """Every code block of README.md and docs/*.md is run by a test or marked as a sketch
-(tests/doc_blocks.py): a newcomer can tell which examples work as written."""
+(tests/helpers/doc_blocks.py): a newcomer can tell which examples work as written."""
 
 from __future__ import annotations
 
 import os
 
-from doc_blocks import REPO, SKETCH, blocks, documents
+from helpers.doc_blocks import REPO, SKETCH, blocks, documents
 
 
 def test_every_block_is_run_by_a_test_or_marked_a_sketch():

@@ -20,6 +20,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 DLIO_PYTHON = os.environ.get("DLFS_TEST_DLIO_PYTHON", "")
 
 pytestmark = [
+    pytest.mark.dlio, pytest.mark.mount,
     pytest.mark.skipif(not DLIO_PYTHON, reason="set DLFS_TEST_DLIO_PYTHON to a Python with "
                        "dlio_benchmark installed (docs/training.md; DLFS_WITH_DLIO=1 ./dev test)"),
     pytest.mark.skipif(bool(fuse_unavailable()), reason=f"FUSE: {fuse_unavailable()}"),

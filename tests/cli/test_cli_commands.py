@@ -19,11 +19,12 @@ import time
 import pytest
 
 import dlfs
-from conftest import wait_until, write_tree
 from dlfs import Client, limits
 from dlfs.cli import main
 from dlfs.client.transport.call_policy import call_with_retry
 from dlfs.tools.launch import DaemonProcess
+from helpers.trees import write_tree
+from helpers.waiting import wait_until
 
 
 def dlfs_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -146,6 +147,7 @@ def test_a_folder_of_archives_suggests_archives_and_the_suggestion_works(daemon,
         assert bytes(client.get_batch(["0001b.txt"], dataset="web")[0]) == b"1b"
 
 
+@pytest.mark.daemons
 def test_a_host_without_a_port_means_port_7010(tmp_path):
     # A loopback address of its own, so that port 7010 is free whatever else runs here.
     host = f"127.{random.randrange(1, 255)}.{random.randrange(1, 255)}.{random.randrange(2, 255)}"

@@ -12,8 +12,10 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import read_dataset, wait_until, write_tree
 from dlfs import Client
+from helpers.daemons import read_dataset
+from helpers.trees import write_tree
+from helpers.waiting import wait_until
 
 # Checkpoints every 128 KiB: files are durable long before the daemon stops.
 CHECKPOINTS = ["--ingest-checkpoint-bytes", str(128 * 1024),

@@ -14,8 +14,8 @@ import sys
 
 import pytest
 
-from cli_advice import run_dlfs
-from conftest import write_tree
+from helpers.cli_advice import run_dlfs
+from helpers.trees import write_tree
 from dlfs import Client, InvalidArgument
 
 

@@ -17,7 +17,8 @@ import sys
 
 import pytest
 
-from conftest import read_dataset, write_tree
+from helpers.daemons import read_dataset
+from helpers.trees import write_tree
 from dlfs import Client
 
 SETPRIV = shutil.which("setpriv")

@@ -263,6 +263,17 @@ def test_a_trickled_reply_is_cut_off_at_the_whole_deadline(exchange, script, whe
     assert connection.broken
 
 
+# 25 days are past poll's int milliseconds; 31 years past them many times.
+@pytest.mark.parametrize("timeout_s", [25 * 86400.0, 1e9])
+def test_a_timeout_longer_than_any_wait_waits_for_a_trickled_reply(exchange, script,
+                                                                   timeout_s):
+    """A timeout far past what one wait can be told (poll's milliseconds, a timeval's
+    microseconds) waits for the reply in turns: the reply is whole."""
+    samples = samples_of(2, size=64)
+    connection = script([("trickle", batch_reply(samples), 0.002)], reply_timeout_s=timeout_s)
+    assert [bytes(s) for s in ask(connection, 2).samples] == samples
+
+
 def test_a_signal_handler_runs_while_the_exchange_waits(exchange, script):
     """A wait inside the exchange lets Python's signal handlers run (Ctrl-C ends a
     training loop stuck on a silent daemon)."""

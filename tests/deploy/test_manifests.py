@@ -21,7 +21,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from systemd_units import (INSTALL_BIN, MOUNT_ENV, MOUNT_UNIT, REPO, SERVER_ENV, SERVER_UNIT,
+from helpers.systemd_units import (INSTALL_BIN, MOUNT_ENV, MOUNT_UNIT, REPO, SERVER_ENV, SERVER_UNIT,
                            SYSUSERS, one, parse_env_file, parse_unit, referenced_variables)
 
 K8S_DIR = os.path.join(REPO, "deploy", "kubernetes")

@@ -8,12 +8,13 @@ import os
 import re
 import urllib.request
 
+import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import requires_fuse, write_tree
 from dlfs import Client
 from dlfs.tools.launch import MountProcess
+from helpers.trees import write_tree
 
 MONITORING = os.path.join(os.path.dirname(__file__), "..", "..", "deploy", "monitoring")
 METRIC = re.compile(r"\b((?:dlfs|process|python)_[a-z0-9_]+)\b")
@@ -77,7 +78,7 @@ def test_every_daemon_metric_they_name_is_exported(daemon_factory, tmp_path):
     assert wanted and wanted - exported == set()
 
 
-@requires_fuse
+@pytest.mark.mount
 def test_every_mount_metric_they_name_is_exported(daemon, tmp_path):
     with MountProcess(daemon.address, str(tmp_path / "mnt"), str(tmp_path / "mount.log"),
                       ["--metrics-listen", "127.0.0.1:0"]) as mount:

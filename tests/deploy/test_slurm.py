@@ -27,8 +27,8 @@ import time
 
 import pytest
 
-from conftest import write_tree
 from dlfs import Client
+from helpers.trees import write_tree
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 JOB_SCRIPT = os.path.join(REPO, "deploy", "slurm", "dlfs-job.sbatch")
@@ -155,6 +155,7 @@ def test_node_script_serves_publishes_and_cleans_up_on_sigterm(tmp_path):
     assert "serving on" in (tmp_path / "job" / "logs" / "node1.log").read_text()
 
 
+@pytest.mark.daemons
 def test_etcd_script_serves_publishes_and_cleans_up_on_sigterm(tmp_path):
     """dlfs-etcd.sh alone: a one-member etcd on loopback in its node-local dir, its URL
     published once healthy; a daemon joins a cluster there; SIGTERM stops etcd and
@@ -494,6 +495,7 @@ def test_two_node_job_stripes_over_both_daemons(slurm_cluster, tmp_path):
     assert _processes_mentioning(etcd_url.rpartition(":")[2]) == []
 
 
+@pytest.mark.cluster
 def test_a_job_joins_the_sites_etcd_and_leaves_it_clean(slurm_cluster, tmp_path):
     """DLFS_ETCD names the site's etcd: the job starts none, its daemons join cluster
     job-ID there, and the job's keys are gone from that etcd after it."""
@@ -518,6 +520,7 @@ def test_a_job_joins_the_sites_etcd_and_leaves_it_clean(slurm_cluster, tmp_path)
     job.assert_torn_down()
 
 
+@pytest.mark.cluster
 def test_without_etcdctl_a_job_prints_the_command_that_cleans_the_sites_etcd(slurm_cluster,
                                                                              tmp_path):
     """No etcdctl where the job runs (DLFS_ETCDCTL names one that is not there): the job

@@ -20,11 +20,11 @@ import sys
 
 import pytest
 
-from conftest import requires_fuse, unique_name, write_tree
+from helpers.trees import unique_name, write_tree
 from dlfs import Client
 from dlfs.staging.tree_walk import walk_tree
 from dlfs.tools.launch import is_mounted, wait_for_file
-from systemd_units import (INSTALL_BIN, MOUNT_ENV, MOUNT_UNIT, SERVER_ENV, SERVER_UNIT,
+from helpers.systemd_units import (INSTALL_BIN, MOUNT_ENV, MOUNT_UNIT, SERVER_ENV, SERVER_UNIT,
                            command_line, one, parse_unit, unit_environment)
 
 
@@ -92,7 +92,7 @@ def _run_server_unit(tmp_path, overrides: dict[str, str],
             process.wait()
 
 
-@requires_fuse
+@pytest.mark.mount
 @pytest.mark.skipif(os.geteuid() != 0, reason="the unit runs as root: --allow-other "
                     "(in the example env file) and mount(2) need it")
 def test_mount_unit_commands_mount_read_and_unmount(tmp_path, daemon):
@@ -105,7 +105,7 @@ def test_mount_unit_commands_mount_read_and_unmount(tmp_path, daemon):
                          str(tmp_path / "mnt" / "demo-set")]
 
 
-@requires_fuse
+@pytest.mark.mount
 @pytest.mark.skipif(os.geteuid() != 0, reason="the unit runs as root: --allow-other "
                     "(in the example env file) and mount(2) need it")
 def test_mount_unit_commands_mount_a_cluster_found_in_etcd(tmp_path, cluster):

@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 import dlfs
-from damage import BAD_BLOCK, BIG, MiB, big_tree, flip_byte
 from dlfs import Client
 from dlfs.formats import block_crcs
+from helpers.damage import BAD_BLOCK, BIG, MiB, big_tree, flip_byte
 
 
 @pytest.fixture

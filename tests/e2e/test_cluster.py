@@ -14,10 +14,12 @@ import numpy as np
 import pytest
 
 import dlfs
-from conftest import addresses, local_samples, read_dataset, wait_until, write_tree
 from dlfs import Client, limits
 from dlfs.proto import dlfs_pb2 as pb
 from dlfs.proto import dlfs_pb2_grpc
+from helpers.daemons import addresses, local_samples, read_dataset
+from helpers.trees import write_tree
+from helpers.waiting import wait_until
 
 SAMPLES = 600
 # Tests that kill a member and then expect it to be asked (and fail) give it a

@@ -12,7 +12,8 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import addresses, read_dataset, write_tree
+from helpers.daemons import addresses, read_dataset
+from helpers.trees import write_tree
 
 LONG_LEASE = ["--member-lease-ttl-s", "60"]  # outlives each test: the member stays listed
 

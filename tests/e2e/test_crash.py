@@ -12,12 +12,14 @@ import numpy as np
 import pytest
 
 import dlfs
-from conftest import read_dataset, write_tree
 from dlfs import Client
+from helpers.daemons import read_dataset
+from helpers.trees import write_tree
 
 KILL_POINTS = int(os.environ.get("DLFS_CRASH_KILL_POINTS", "20"))
 
 
+@pytest.mark.slow
 def test_kill_9_mid_ingest_then_restart(daemon, tmp_path):
     rng = np.random.default_rng(7)
     sealed_tree = {f"keep/{i:03d}.bin": rng.bytes(int(rng.integers(0, 20000))) for i in range(100)}

@@ -18,10 +18,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import dlfs
-from conftest import evict_extents, unique_name, write_tree
-from hostile_peers import read_frame
 from dlfs import Client
 from dlfs.formats import datapath_frames as frames
+from helpers.daemons import evict_extents
+from helpers.trees import unique_name, write_tree
+from helpers.hostile_peers import read_frame
 
 MiB = 1024 * 1024
 TOKEN = "t" * 8 + "-data-path-token"

@@ -17,10 +17,11 @@ import numpy as np
 import pytest
 
 import dlfs
-from conftest import wait_until, write_tree
 from dlfs import Client, limits
 from dlfs.formats import datapath_frames as frames
 from dlfs.sockio import recv_exactly
+from helpers.trees import write_tree
+from helpers.waiting import wait_until
 
 MiB = 1024 * 1024
 WORKERS = ["--datapath-workers", "2"]

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 import dlfs
-from conftest import write_tree
 from dlfs import Client
 from dlfs.client import named_checksum_error
 from dlfs.client.transport.datapath_conn import DataConnection
+from helpers.trees import write_tree
 
 
 def test_direct_reads_match_daemon_reads(daemon, tmp_path):

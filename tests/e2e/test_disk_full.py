@@ -10,11 +10,12 @@ import numpy as np
 import pytest
 
 import dlfs
-from cli_advice import run_as_printed, run_dlfs, the_command
-from conftest import read_dataset, write_tree
+from helpers.cli_advice import run_as_printed, run_dlfs, the_command
+from helpers.daemons import read_dataset
+from helpers.trees import write_tree
 from dlfs import Client
 from dlfs.client.cluster.placement import place
-from small_disks import ext4_disk, extent_dirs, tree_disk_bytes, used_bytes
+from helpers.small_disks import ext4_disk, extent_dirs, tree_disk_bytes, used_bytes
 
 
 @pytest.fixture

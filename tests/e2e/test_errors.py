@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 import dlfs
-from conftest import unique_name, write_tree
 from dlfs import Client
 from dlfs.proto import dlfs_pb2 as pb
 from dlfs.proto import dlfs_pb2_grpc
+from helpers.trees import unique_name, write_tree
 
 
 @pytest.fixture(scope="module")

@@ -21,9 +21,11 @@ import time
 import pytest
 
 import dlfs
-from conftest import read_dataset, wait_until, write_tree
 from dlfs import Client
 from dlfs.tools.launch import LaunchError
+from helpers.daemons import read_dataset
+from helpers.trees import write_tree
+from helpers.waiting import wait_until
 
 # Injected faults the loop must see fire (each followed by a restart and the checks).
 FAULTS_MIN = int(os.environ.get("DLFS_FAULTS_MIN", "50"))
@@ -100,6 +102,7 @@ def check_whole_versions(daemon, versions: Versions) -> None:
         f"{len(extent_dirs)} extent directories for {len(served)} datasets: space not reclaimed")
 
 
+@pytest.mark.slow
 def test_random_faults_always_leave_one_whole_version(daemon_factory, tmp_path):
     rng = random.Random(int(os.environ.get("DLFS_FAULTS_SEED", "2026")))
     versions = Versions(tmp_path / "src", rng)
@@ -302,6 +305,7 @@ class MixedReadWatch:
         self._thread.join(SETTLE_S)
 
 
+@pytest.mark.cluster
 def test_random_faults_during_striped_commits_and_rebalances(daemon_factory, tmp_path,
                                                                monkeypatch):
     from dlfs.client.cluster.etcd_commit import ClusterChange

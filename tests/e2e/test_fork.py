@@ -20,9 +20,9 @@ import traceback
 import pytest
 
 import dlfs
-from conftest import write_tree
 from dlfs import Client, DatasetTicket
 from dlfs.client.transport.grpc_channel import FORK_SUPPORT_ENV, fork_support_enabled
+from helpers.trees import write_tree
 
 CHILD_TIMEOUT_S = 60
 

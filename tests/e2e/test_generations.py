@@ -12,10 +12,11 @@ import numpy as np
 import pytest
 
 import dlfs
-from conftest import wait_until, write_tree
 from dlfs import Client
 from dlfs.proto import dlfs_pb2 as pb
 from dlfs.proto import dlfs_pb2_grpc
+from helpers.trees import write_tree
+from helpers.waiting import wait_until
 
 
 def versions(tmp_path, count_1: int = 50, count_2: int = 60, size: int = 100):

@@ -20,10 +20,11 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from conftest import metric_samples, wait_until
+from helpers.daemons import metric_samples
+from helpers.waiting import wait_until
 from dlfs import Client, limits
 from dlfs.proto import dlfs_pb2, dlfs_pb2_grpc
-from hostile_grpc_peers import (PREFACE, SETTINGS, Http2Idlers, SourceForwarder,
+from helpers.hostile_grpc_peers import (PREFACE, SETTINGS, Http2Idlers, SourceForwarder,
                                 closed_by_daemon, frame, goaway_text, idle_flood)
 
 OTHER_HOST = "127.0.0.2"  # another client host to the daemon (all of 127.0.0.0/8 is this one)

@@ -31,11 +31,13 @@ import numpy as np
 import pytest
 
 import dlfs
-from conftest import metric_samples, wait_until, write_tree
+from helpers.daemons import metric_samples
+from helpers.trees import write_tree
+from helpers.waiting import wait_until
 from dlfs import Client, limits
 from dlfs.crc import crc32c
 from dlfs.formats import datapath_frames as frames
-from hostile_peers import Trickler, connect, read_frame, stall, welcomed
+from helpers.hostile_peers import Trickler, connect, read_frame, stall, welcomed
 
 MiB = 1024 * 1024
 TOKEN = "f" * 8 + "-front-door-token"

@@ -1,6 +1,6 @@
 """The hostile mix (issue 37): slow, stalled, garbage and well-behaved clients at once.
 
-For `SOAK_S` seconds a separate process (tests/hostile_peers.py) runs, on
+For `SOAK_S` seconds a separate process (tests/helpers/hostile_peers.py) runs, on
 both of the data path's sockets, clients that trickle their HELLO, clients
 that ask for 150 MB and read none of it, clients that read such replies at
 256 KiB/s, and clients that send garbage, bad frames and wrong tokens, each
@@ -29,8 +29,9 @@ import time
 import numpy as np
 import pytest
 
-from conftest import metric_samples, write_tree
 from dlfs import Client
+from helpers.daemons import metric_samples
+from helpers.trees import write_tree
 
 MiB = 1024 * 1024
 TOKEN = "s" * 8 + "-soak-token"
@@ -43,6 +44,8 @@ RSS_GROWTH_MIB_MAX = 160
 # The hostile process holds at most 4 kinds x 3 x 2 sockets = 24 connections at once
 # (each kind opens its next only after the last one ended); the good clients a few.
 DESCRIPTORS_OVER_BASELINE_MAX = 24 + 4 * GOOD_CLIENTS + 40
+
+pytestmark = pytest.mark.soak
 
 
 @pytest.fixture
@@ -124,7 +127,7 @@ def test_the_hostile_mix_leaves_good_clients_their_latency_and_the_daemon_its_bo
         client.latencies.clear()
     big_ids = ",".join(str(len(paths) - 4 + i) for i in range(4) for _ in range(4))
     hostile = subprocess.Popen(
-        [sys.executable, os.path.join(os.path.dirname(os.path.dirname(__file__)),
+        [sys.executable, os.path.join(os.path.dirname(os.path.dirname(__file__)), "helpers",
                                       "hostile_peers.py"),
          "--tcp-port", str(tcp_port), "--unix", unix, "--token", TOKEN, "--dataset", "ds",
          "--big-ids", big_ids, "--each", "3"],

@@ -13,8 +13,9 @@ import queue
 import time
 
 import numpy as np
+import pytest
 
-from conftest import write_tree
+from helpers.trees import write_tree
 
 SECONDS = float(os.environ.get("DLFS_LOAD_SECONDS", "8"))
 PROCESSES = 4
@@ -75,6 +76,7 @@ def rss_kib(pid: int) -> int:
     raise AssertionError("no VmRSS")
 
 
+@pytest.mark.soak
 def test_32_clients_random_batches(daemon, tmp_path):
     # Zero-padded names keep sorted path order equal to i, so id i holds sample_bytes(i).
     write_tree(tmp_path / "src", {f"{i:05d}": sample_bytes(i) for i in range(SAMPLES)})

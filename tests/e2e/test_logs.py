@@ -110,7 +110,7 @@ def test_cli_errors_quote_the_request_id(daemon, capsys):
 
 
 def test_a_client_chosen_request_id_reaches_every_daemon_of_a_striped_batch(cluster, tmp_path):
-    from conftest import write_tree
+    from helpers.trees import write_tree
 
     daemons = cluster.start(2, ["--log-format", "json", "--log-level", "DEBUG"])
     write_tree(tmp_path / "src", {f"f{i:03d}": bytes([i]) * 100 for i in range(64)})

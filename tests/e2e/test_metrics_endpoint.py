@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 import dlfs
-from conftest import metric_samples, write_tree
 from dlfs import Client
+from helpers.daemons import metric_samples
+from helpers.trees import write_tree
 
 
 def test_stored_state_is_current_at_every_scrape(daemon_factory, tmp_path):

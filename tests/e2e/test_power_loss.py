@@ -1,5 +1,5 @@
 """Power loss keeps every acknowledged change: the daemon on a file system that forgets
-whatever was not fsynced (tests/powercut_fs.py), its power cut, then a restart."""
+whatever was not fsynced (tests/helpers/powercut_fs.py), its power cut, then a restart."""
 
 from __future__ import annotations
 
@@ -8,16 +8,19 @@ import signal
 import subprocess
 import sys
 
-from conftest import read_dataset, requires_fuse, write_tree
+import pytest
+
 from dlfs import Client
 from dlfs.tools.launch import DaemonProcess, wait_for_file
+from helpers.daemons import read_dataset
+from helpers.trees import write_tree
 
 POWERCUT_FS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                           "powercut_fs.py")
+                           "helpers", "powercut_fs.py")
 
 
 class PowercutMount:
-    """tests/powercut_fs.py on `mountpoint`; `cut()` writes what survives to `image`."""
+    """tests/helpers/powercut_fs.py on `mountpoint`; `cut()` writes what survives to `image`."""
 
     def __init__(self, tmp_path):
         self.backing = tmp_path / "backing"
@@ -46,7 +49,8 @@ class PowercutMount:
         subprocess.run(["fusermount3", "-u", "-z", str(self.mountpoint)], capture_output=True)
 
 
-@requires_fuse
+@pytest.mark.mount
+@pytest.mark.daemons
 def test_acknowledged_changes_survive_a_power_cut(tmp_path):
     trees = {}
     for key, size in (("keep", 9000), ("old", 7000), ("new", 11000), ("gone", 5000),

@@ -17,7 +17,7 @@ import sys
 
 import pytest
 
-from doc_blocks import DEMO_ADDRESS, REPO, demo, marked_blocks  # noqa: F401 (fixture)
+from helpers.doc_blocks import DEMO_ADDRESS, REPO, marked_blocks
 from dlfs.tools.launch import fuse_unavailable
 
 DOC = "README.md"

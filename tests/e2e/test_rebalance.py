@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 
 import dlfs
-from conftest import addresses, local_samples, write_tree
 from dlfs import Client
 from dlfs.proto import dlfs_pb2 as pb
 from dlfs.proto import dlfs_pb2_grpc
+from helpers.daemons import addresses, local_samples
+from helpers.trees import write_tree
 
 SAMPLES = 400
 

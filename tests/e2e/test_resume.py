@@ -18,9 +18,11 @@ import numpy as np
 import pytest
 
 import dlfs
-from cli_advice import run_as_printed, the_command
-from conftest import read_dataset, unique_name, wait_until, write_tree
 from dlfs import Client
+from helpers.cli_advice import run_as_printed, the_command
+from helpers.daemons import read_dataset
+from helpers.trees import unique_name, write_tree
+from helpers.waiting import wait_until
 
 # Small checkpoints, so that a daemon killed a moment into an ingest holds something.
 CHECKPOINTS = ["--ingest-checkpoint-bytes", str(2 * 1024 * 1024),

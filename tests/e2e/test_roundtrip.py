@@ -10,8 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import unique_name, write_tree
 from dlfs import Client
+from helpers.trees import unique_name, write_tree
 
 # Names a file system and DLFS both accept: unicode, spaces, no '/', no NUL,
 # not '.'/'..', at most 255 UTF-8 bytes.  Hidden names are excluded here

@@ -9,9 +9,9 @@ import grpc
 import pytest
 
 import dlfs
-from conftest import write_tree
 from dlfs import Client
 from dlfs.tools.launch import DaemonProcess
+from helpers.trees import write_tree
 
 READ_TOKEN = "r" * 8 + "-read-token-0123"
 ADMIN_TOKEN = "a" * 8 + "-admin-token-456"

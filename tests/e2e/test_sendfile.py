@@ -13,8 +13,6 @@ import numpy as np
 import pytest
 
 import dlfs
-from conftest import evict_extents, metric_samples, write_tree
-from other_host import other_host
 from dlfs import Client
 from dlfs.formats import datapath_frames as frames
 from dlfs.server.read import sendfiles
@@ -23,6 +21,9 @@ from dlfs.server.read.batch_planning import PieceColumns
 from dlfs.server.read.preadv_reads import ShortRead
 from dlfs.staging.progress import human_bytes
 from dlfs.sockio import recv_exactly
+from helpers.daemons import evict_extents, metric_samples
+from helpers.trees import write_tree
+from helpers.other_host import other_host
 
 MiB = 1024 * 1024
 

@@ -6,11 +6,12 @@ import grpc
 import numpy as np
 import pytest
 
-from conftest import metric_samples, write_tree
 from dlfs import Client, limits
 from dlfs.formats import grpc_chunks
 from dlfs.proto import dlfs_pb2 as pb
 from dlfs.proto import dlfs_pb2_grpc
+from helpers.daemons import metric_samples
+from helpers.trees import write_tree
 
 CHUNK = 64 * 1024  # the daemon's --chunk-bytes: one unary reply carries at most this
 

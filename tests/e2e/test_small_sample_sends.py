@@ -13,12 +13,13 @@ import time
 import numpy as np
 import pytest
 
-from conftest import metric_samples, write_tree
+from helpers.daemons import metric_samples
+from helpers.trees import write_tree
 from dlfs import Client, limits
 from dlfs.formats import datapath_frames as frames
-from hostile_peers import read_frame, welcomed
+from helpers.hostile_peers import read_frame, welcomed
 from dlfs.staging.progress import human_bytes
-from page_cache import cached
+from helpers.page_cache import cached
 
 
 def small_tree(root, count: int = 600, salt: int = 0) -> dict[str, bytes]:

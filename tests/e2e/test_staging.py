@@ -14,9 +14,10 @@ import numpy as np
 import pytest
 
 import dlfs
-from cli_advice import run_as_printed, run_dlfs, the_command
-from conftest import read_dataset, unique_name, write_tree
 from dlfs import Client
+from helpers.cli_advice import run_as_printed, run_dlfs, the_command
+from helpers.daemons import read_dataset
+from helpers.trees import unique_name, write_tree
 
 
 def cli(address, *args, check=True):
@@ -57,6 +58,7 @@ def test_a_tar_round_trips_byte_for_byte(shared_client, tmp_path, via):
     assert entry.mtime_ns == 1_700_000_123 * 10**9 and entry.permissions == "-rw-r--r--"
 
 
+@pytest.mark.slow
 def test_a_set_of_shards_round_trips_by_list_glob_and_directory(shared_daemon, tmp_path):
     shards = tmp_path / "shards"
     shards.mkdir()

@@ -11,10 +11,11 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 import dlfs
-from conftest import wait_until, write_tree
 from dlfs import Client
 from dlfs.proto import dlfs_pb2 as pb
 from dlfs.proto import dlfs_pb2_grpc
+from helpers.trees import write_tree
+from helpers.waiting import wait_until
 
 MiB = 1024 * 1024
 # Long enough that all six calls below are admitted or refused before the watchdog

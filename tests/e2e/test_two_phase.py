@@ -17,7 +17,6 @@ import numpy as np
 import pytest
 
 import dlfs
-from conftest import addresses, read_dataset, wait_until, write_tree
 from dlfs import Client, limits
 from dlfs.client.cluster.etcd_commit import ClusterChange
 from dlfs.coord import cluster_keys as keys
@@ -25,6 +24,9 @@ from dlfs.coord.etcd_grpc import Compare, Delete, EtcdClient, Put
 from dlfs.proto import dlfs_pb2 as pb
 from dlfs.proto import dlfs_pb2_grpc
 from dlfs.tools.launch import EtcdCluster
+from helpers.daemons import addresses, read_dataset
+from helpers.trees import write_tree
+from helpers.waiting import wait_until
 
 GENERATION = 2**62 + 12345
 SETTLE_S = 60.0  # a bound for waiting on what the daemons do by themselves
@@ -236,6 +238,7 @@ def test_a_second_change_of_a_name_waits_for_the_first(cluster, tree):
         assert client.datasets() == []
 
 
+@pytest.mark.cluster
 def test_etcd_leader_killed_mid_commit_leaves_one_whole_version(daemon_factory, tree,
                                                                 tmp_path, monkeypatch):
     root, old, new = tree
@@ -274,6 +277,7 @@ def test_etcd_leader_killed_mid_commit_leaves_one_whole_version(daemon_factory, 
         killed[0].start_again()  # the old leader rejoins as a follower
 
 
+@pytest.mark.cluster
 def test_etcd_restarted_mid_commit_leaves_one_whole_version(daemon_factory, tree, tmp_path,
                                                             monkeypatch):
     root, old, new = tree
@@ -301,6 +305,7 @@ def test_etcd_restarted_mid_commit_leaves_one_whole_version(daemon_factory, tree
             assert read_dataset(client, "ds") == new
 
 
+@pytest.mark.cluster
 def test_a_member_cut_off_from_etcd_serves_what_it_has_and_takes_no_commits(
         daemon_factory, tree, tmp_path):
     """etcd gone: every member keeps serving its generation, and votes no to a prepare."""

@@ -1,7 +1,7 @@
 """Dataset warm-up on a real daemon: `dlfs warm`, the first read, the memory budget.
 
 Residency is asked of the kernel with cachestat(2), which reads nothing
-(tests/page_cache.py says why a RWF_NOWAIT probe would not do).  Each test
+(tests/helpers/page_cache.py says why a RWF_NOWAIT probe would not do).  Each test
 first drops its own extent files' pages (POSIX_FADV_DONTNEED), nobody else's.
 """
 
@@ -16,10 +16,11 @@ import time
 import numpy as np
 import pytest
 
-from conftest import metric_samples, write_tree
-from page_cache import cached
 from dlfs import Client
 from dlfs.server.read.warmup import memory_bytes
+from helpers.daemons import metric_samples
+from helpers.trees import write_tree
+from helpers.page_cache import cached
 
 MiB = 1024 * 1024
 PAGE = 4096

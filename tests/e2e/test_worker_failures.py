@@ -19,9 +19,9 @@ import threading
 import numpy as np
 import pytest
 
-from conftest import requires_fuse, wait_until, write_tree
+from helpers.trees import write_tree
+from helpers.waiting import wait_until
 from dlfs import Client, limits
-from fuse.mounting import mount_factory  # noqa: F401 - a fixture
 
 WORKERS = ["--datapath-workers", "2"]
 READERS = 8
@@ -149,7 +149,7 @@ def test_dataloader_workers_read_through_a_worker_that_hangs(daemon_factory, fil
         assert victim is not None and seen == 3 * len(made)
 
 
-@requires_fuse
+@pytest.mark.mount
 def test_preads_through_the_mount_get_no_eio_when_a_worker_dies_or_hangs(
         daemon_factory, files, mount_factory, tmp_path):
     root, made = files

@@ -9,13 +9,12 @@ import subprocess
 import pytest
 import trio
 
-from conftest import unique_name
 from dlfs import Client
 from dlfs import limits as fuse_limits
 from dlfs.fuse.backend import Backend
 from dlfs.fuse.dirlist import Child, DirStream
 from dlfs.fuse.attributes import entry_attrs
-from mounting import mount_factory, requires_fuse  # noqa: F401 (fixture)
+from helpers.trees import unique_name
 
 ENTRIES = 100_000
 
@@ -39,7 +38,7 @@ def big_dataset(shared_daemon, tmp_path_factory):
     return shared_daemon.address, name
 
 
-@requires_fuse
+@pytest.mark.mount
 def test_listing_through_the_mount(big_dataset, mount_factory):
     address, name = big_dataset
     m = mount_factory(address)
@@ -58,6 +57,7 @@ def test_listing_through_the_mount(big_dataset, mount_factory):
     assert sorted(os.listdir(os.path.join(m.mountpoint, name))) == ["after.txt", "d"]
 
 
+@pytest.mark.slow
 def test_pages_are_fetched_one_at_a_time(big_dataset):
     """What the mount does per readdir: one ListDir page per `dir_page_entries`
     entries, one page held, and resuming at a handed-out offset costs one page."""

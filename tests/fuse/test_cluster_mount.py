@@ -12,11 +12,10 @@ import sys
 
 import numpy as np
 
-from conftest import write_tree
-from mounting import mount_factory  # noqa: F401 - fixture
+from helpers.trees import write_tree
 
 
-def test_mount_of_a_striped_dataset_survives_a_killed_daemon(cluster, mount_factory,  # noqa: F811
+def test_mount_of_a_striped_dataset_survives_a_killed_daemon(cluster, mount_factory,
                                                               tmp_path):
     daemons = cluster.start(3, ["--member-lease-ttl-s", "60"])  # the killed one stays listed
     rng = np.random.default_rng(3)

@@ -10,13 +10,12 @@ import sys
 import pytest
 
 import dlfs
-from conftest import write_tree
 from dlfs import Client
 from dlfs.staging.source_files import SourceFile
 from dlfs.staging.tree_walk import WalkReport, walk_tree
-from mounting import mount_factory, requires_fuse  # noqa: F401 (fixture)
+from helpers.trees import write_tree
 
-pytestmark = requires_fuse
+pytestmark = pytest.mark.mount
 
 EMPTY = ["valid", "train/empty", "deep/a/b/c", "only-hidden", "deep/sibling"]
 

@@ -11,14 +11,14 @@ import time
 import numpy as np
 import pytest
 
-from conftest import evict_extents, write_tree
-from damage import flip_byte
+from helpers.trees import write_tree
+from helpers.damage import flip_byte
 from dlfs import Client
 from dlfs.fuse.extentreads import PagesRelease
 from dlfs.server.read import residency
-from mounting import extent_reads, mount_factory, requires_fuse  # noqa: F401 (fixture)
+from helpers.mounts import extent_reads
 
-pytestmark = requires_fuse
+pytestmark = pytest.mark.mount
 
 
 @pytest.fixture

@@ -19,12 +19,12 @@ import time
 import numpy as np
 import pytest
 
-from conftest import unique_name, write_tree
+from helpers.trees import unique_name, write_tree
 from dlfs import Client
 from dlfs.tools.launch import POLL_INTERVAL_S, STOP_GRACE_S, is_mounted, unmount
-from mounting import mount_factory, requires_fuse, splice_reads  # noqa: F401 (fixture)
+from helpers.mounts import splice_reads
 
-pytestmark = requires_fuse
+pytestmark = pytest.mark.mount
 
 MiB = 1024 * 1024
 DIR_MODE = stat.S_IFDIR | 0o555

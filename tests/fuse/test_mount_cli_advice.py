@@ -15,12 +15,11 @@ import urllib.request
 
 import pytest
 
-from conftest import write_tree
 from dlfs import Client
 from dlfs.tools.launch import MountProcess, is_mounted, unmount
-from mounting import mount_factory, requires_fuse  # noqa: F401 (fixture)
+from helpers.trees import write_tree
 
-pytestmark = requires_fuse
+pytestmark = pytest.mark.mount
 
 
 @pytest.fixture(autouse=True)

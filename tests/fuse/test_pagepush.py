@@ -9,13 +9,12 @@ import re
 import numpy as np
 import pytest
 
-import mounting
-from conftest import wait_until, write_tree
 from dlfs import Client
+from helpers import mounts
+from helpers.trees import write_tree
+from helpers.waiting import wait_until
 
-pytestmark = mounting.requires_fuse
-mount_factory = mounting.mount_factory  # the fixture, found by pytest in this module
-splice_pipes = mounting.splice_pipes  # the same
+pytestmark = pytest.mark.mount
 
 KiB = 1024
 PUSH_TIMEOUT_S = 60.0  # a bound for a hang on a loaded machine, not a speed target
@@ -60,7 +59,7 @@ def test_listed_files_are_pushed_after_the_first_read(daemon, mount_factory, tmp
     reclaimed = 0  # files the host's proactive reclaim took back since the push
     for rel, data in sorted(tree.items()):
         path = os.path.join(m.mountpoint, rel)
-        reclaimed += not mounting.page_cache_holds(path)
+        reclaimed += not mounts.page_cache_holds(path)
         with open(path, "rb") as f:
             assert f.read() == data
     after = m.request_counts()
@@ -127,10 +126,10 @@ def test_large_files_are_pushed_too_in_pieces(daemon, mount_factory, tmp_path, h
     volumes = sum(len(d) for name, d in tree.items() if name.endswith(".npz"))
     if how == "splice":
         assert daemon_reads == 0
-        assert mounting.splice_reads(m)["stored_bytes"] == volumes
+        assert mounts.splice_reads(m)["stored_bytes"] == volumes
     elif how == "extents":
         assert daemon_reads == 0
-        assert mounting.extent_reads(m)["range_bytes"] >= volumes
+        assert mounts.extent_reads(m)["range_bytes"] >= volumes
     else:
         assert daemon_reads >= 4  # the pieces of the large files
 

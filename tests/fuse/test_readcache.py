@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 import trio
 
-from conftest import unique_name, write_tree
 from dlfs import Client, NotFound
 from dlfs.fuse.backend import Backend
 from dlfs.fuse.errno_map import Stale
 from dlfs.fuse.inodes import Node
 from dlfs.fuse.readcache import ReadCache
+from helpers.trees import unique_name, write_tree
 
 MiB = 1024 * 1024
 KiB = 1024

@@ -13,12 +13,12 @@ import os
 import numpy as np
 import pytest
 
-from conftest import unique_name, write_tree
+from helpers.trees import unique_name, write_tree
 from dlfs import Client
-import mounting
-from mounting import mount_factory, page_cache_holds, requires_fuse  # noqa: F401 (fixture)
+from helpers import mounts
+from helpers.mounts import page_cache_holds
 
-pytestmark = requires_fuse
+pytestmark = pytest.mark.mount
 
 OPENS_PER_FILE = 20
 
@@ -67,7 +67,7 @@ def test_warm_opens_reach_the_mount_not_at_all(small_dataset, mount_factory):
                 os.close(fd)
     later = m.request_counts()
     added = {k: later.get(k, 0) - first.get(k, 0) for k in later if later[k] != first.get(k, 0)}
-    # Nothing at all, but a READ for a file whose pages were reclaimed (mounting.py).
+    # Nothing at all, but a READ for a file whose pages were reclaimed (helpers/mounts.py).
     assert set(added) <= {"read"} and added.get("read", 0) <= reclaimed, (added, reclaimed)
     assert reclaimed <= len(flat), reclaimed
 
@@ -107,7 +107,7 @@ def test_paths_opened_without_a_listing_cost_one_listing_per_directory(small_dat
     assert calls["list_page"] == 2, calls  # the root and sub/
     if extent_reads == "auto":  # read on demand, or by the page push the first read started
         assert "read" not in calls, calls
-        counted = mounting.extent_reads(m)
+        counted = mounts.extent_reads(m)
         assert counted["files"] + counted["batched_files"] >= len(tree), counted
     else:
         assert calls["read"] == len(tree), calls

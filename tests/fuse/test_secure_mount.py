@@ -6,15 +6,14 @@ import os
 import subprocess
 import sys
 
-from conftest import write_tree
 from dlfs import Client
-from mounting import mount_factory  # noqa: F401 - fixture
+from helpers.trees import write_tree
 
 TOKEN = "mount-read-token-0123456789"
 ADMIN = "mount-admin-token-0123456789"
 
 
-def test_mount_reads_with_a_token_from_the_environment(daemon_factory, mount_factory,  # noqa: F811
+def test_mount_reads_with_a_token_from_the_environment(daemon_factory, mount_factory,
                                                         tmp_path, monkeypatch):
     tokens = tmp_path / "tokens"
     tokens.write_text(f"read {TOKEN}\nadmin {ADMIN}\n")

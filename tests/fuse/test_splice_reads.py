@@ -11,12 +11,11 @@ import os
 import numpy as np
 import pytest
 
-from conftest import write_tree
+from helpers.trees import write_tree
 from dlfs import Client
-from mounting import (extent_reads, mount_factory, requires_fuse, splice_pipes,  # noqa: F401
-                      splice_reads)
+from helpers.mounts import extent_reads, splice_reads
 
-pytestmark = requires_fuse
+pytestmark = pytest.mark.mount
 
 MiB = 1 << 20
 

@@ -7,11 +7,12 @@ from __future__ import annotations
 import os
 import subprocess
 
-from conftest import write_tree
-from dlfs import Client
-from mounting import mount_factory, requires_fuse  # noqa: F401 (fixture)
+import pytest
 
-pytestmark = requires_fuse
+from helpers.trees import write_tree
+from dlfs import Client
+
+pytestmark = pytest.mark.mount
 
 
 def df(mountpoint: str, *options: str) -> list[str]:

@@ -8,12 +8,12 @@ import os
 
 import pytest
 
-from conftest import write_tree
-from damage import BAD_BLOCK, BIG, MiB, big_tree, flip_byte
+from helpers.trees import write_tree
+from helpers.damage import BAD_BLOCK, BIG, MiB, big_tree, flip_byte
 from dlfs import Client
-from mounting import mount_factory, requires_fuse, splice_pipes, splice_reads  # noqa: F401
+from helpers.mounts import splice_reads
 
-pytestmark = requires_fuse
+pytestmark = pytest.mark.mount
 
 
 @pytest.mark.parametrize("extent_reads", ["off", "auto"], ids=["through-daemon", "extents"])

@@ -5,11 +5,13 @@ from __future__ import annotations
 import errno
 import os
 
-from conftest import wait_until, write_tree
-from dlfs import Client
-from mounting import mount_factory, requires_fuse  # noqa: F401 (fixture)
+import pytest
 
-pytestmark = requires_fuse
+from dlfs import Client
+from helpers.trees import write_tree
+from helpers.waiting import wait_until
+
+pytestmark = pytest.mark.mount
 
 # The mount checks the version every few seconds (limits.mount_dataset_entry_timeout_s);
 # this bounds a hang on a loaded machine, it is not a speed target.

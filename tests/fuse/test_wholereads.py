@@ -8,12 +8,12 @@ import threading
 import numpy as np
 import pytest
 
-from conftest import unique_name, write_tree
 from dlfs import Client, NotFound
 from dlfs.fuse.backend import Backend
 from dlfs.fuse.errno_map import Stale
 from dlfs.fuse.inodes import Node
 from dlfs.fuse.wholereads import WholeReads
+from helpers.trees import unique_name, write_tree
 
 KiB = 1024
 

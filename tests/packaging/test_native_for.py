@@ -10,6 +10,8 @@ import shutil
 import subprocess
 import sys
 
+import pytest
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -34,6 +36,7 @@ def test_the_built_extensions_are_the_ones_the_client_and_daemon_use(tmp_path):
     assert used.stdout.split() == built
 
 
+@pytest.mark.daemons
 def test_a_daemon_without_the_builds_says_it_sends_from_python_and_why(tmp_path):
     """Installed where no C compiler was found, the daemon works from its Python send and
     says so: in `dlfs status`, and as a warning in its log that says what to do."""

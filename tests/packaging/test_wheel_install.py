@@ -21,6 +21,9 @@ import pytest
 import dlfs
 from dlfs.version import DISTRIBUTION
 
+# They build the wheel and install it into new virtualenvs (minutes).
+pytestmark = pytest.mark.slow
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # What an sdist of the project holds: enough to build the wheel.
 BUILD_INPUTS = ("pyproject.toml", "setup.py", "LICENSE", "README.md", "src")
@@ -178,6 +181,9 @@ def test_missing_extras_are_named(installed, tmp_path):
     assert mount.stderr == ("dlfs-mount: dlfs-mount needs trio, which is not installed; it "
                             "comes with the 'fuse' extra: pip install '.[fuse]' in a checkout "
                             f"of DLFS ({DISTRIBUTION} is not on the package index yet)\n")
+    # The version needs no mount, so no extra.
+    version = run(venv / "bin" / "dlfs-mount", "--version", check=False)
+    assert (version.returncode, version.stdout) == (0, f"dlfs-mount {dlfs.__version__}\n")
     torch = run(venv / "bin" / "python", "-c", "import dlfs.torch", check=False, cwd=tmp_path)
     assert torch.returncode == 1
     assert torch.stderr.strip().endswith(

@@ -56,6 +56,7 @@ def test_a_bad_config_file_is_refused_naming_the_setting(tmp_path, text, message
     assert done.stderr.startswith("dlfs-server: ") and message in done.stderr, done.stderr
 
 
+@pytest.mark.daemons
 def test_a_daemon_runs_on_its_config_file(tmp_path):
     config = tmp_path / "server.toml"
     config.write_text(f'data_dir = "{tmp_path / "data"}"\ndemo = true\n'

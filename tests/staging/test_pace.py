@@ -10,9 +10,10 @@ import time
 import numpy as np
 import pytest
 
-from conftest import read_dataset, write_tree
 from dlfs import Client, InvalidArgument, limits
 from dlfs.staging.pace import Pace
+from helpers.daemons import read_dataset
+from helpers.trees import write_tree
 
 
 class ManualClock:

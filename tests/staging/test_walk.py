@@ -7,8 +7,8 @@ import os
 import pytest
 
 import dlfs
-from conftest import write_tree
 from dlfs.staging.tree_walk import walk_tree
+from helpers.trees import write_tree
 
 
 @pytest.fixture

@@ -20,16 +20,17 @@ import subprocess
 
 import pytest
 
-from conftest import unique_name
 from dlfs import Client
+from helpers.trees import unique_name
 
 DLIO_PYTHON = os.environ.get("DLFS_TEST_DLIO_PYTHON", "")
 CONFIG = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "dlio")
 FILES = 24
 DLIO_TIMEOUT_S = 240
 
-pytestmark = pytest.mark.skipif(not DLIO_PYTHON, reason="set DLFS_TEST_DLIO_PYTHON to a Python "
-                                "with dlio_benchmark installed (docs/training.md)")
+pytestmark = [pytest.mark.dlio,
+              pytest.mark.skipif(not DLIO_PYTHON, reason="set DLFS_TEST_DLIO_PYTHON to a Python "
+                                 "with dlio_benchmark installed (docs/training.md)")]
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from doc_blocks import DEMO_ADDRESS, demo, marked_blocks  # noqa: E402, F401 (fixture)
+from helpers.doc_blocks import DEMO_ADDRESS, marked_blocks  # noqa: E402
 
 TEST = "tests/training/test_first_examples.py"
 # The demo's train/ samples: 3 classes, .npy files of 3,200 bytes.

@@ -21,7 +21,6 @@ import torch.nn.functional as F  # noqa: E402
 from PIL import Image  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 
-from conftest import unique_name, write_tree  # noqa: E402
 from dlfs import Client  # noqa: E402
 from dlfs.errors import FailedPrecondition, InvalidArgument  # noqa: E402
 from dlfs.torch import (DecodedBatches, DLFSDataset, ImageDecoder, ReadAhead,  # noqa: E402
@@ -30,6 +29,7 @@ from dlfs.torch.image_augment import (IMAGENET_MEAN, IMAGENET_STD, CropBoxes,  #
                                       center_crop_boxes, crop_resize, image_sizes,
                                       random_resized_crop_boxes)
 from dlfs.torch.image_decode import is_jpeg, pillow_decode  # noqa: E402
+from helpers.trees import unique_name, write_tree  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:.set_vital. is deprecated")
 

@@ -18,9 +18,9 @@ torch = pytest.importorskip("torch")
 stateful_dataloader = pytest.importorskip("torchdata.stateful_dataloader")
 from torch.utils.data import DataLoader  # noqa: E402
 
-from conftest import unique_name, write_tree  # noqa: E402
 from dlfs import Client  # noqa: E402
 from dlfs.torch import DLFSDataset, PrefetchHints, ReadAhead, ShuffleShardSampler  # noqa: E402
+from helpers.trees import unique_name, write_tree  # noqa: E402
 
 StatefulDataLoader = stateful_dataloader.StatefulDataLoader
 # torchdata 0.11 calls a torch function that torch 2.13 deprecates; nothing to act on here.

@@ -8,12 +8,12 @@ import threading
 
 import pytest
 
-from conftest import unique_name, write_tree
 from dlfs import Client, InvalidArgument
 from dlfs import limits
 from dlfs.training import pipeline
 from dlfs.training.pipeline import iter_batches
 from dlfs.training.shard_order import ShuffleShard
+from helpers.trees import unique_name, write_tree
 
 SAMPLES = 53
 # A wait for another thread that never ends fails the test instead of hanging it.  Not

@@ -11,10 +11,10 @@ import time
 
 import pytest
 
-from conftest import unique_name, write_tree
 from dlfs import Client
 from dlfs.training.pipeline import iter_batches
 from dlfs.training.profile import SPOOL_PREFIX, Timeline, format_summary, spool_span
+from helpers.trees import unique_name, write_tree
 
 SAMPLES = 40
 STEP_S = 0.02

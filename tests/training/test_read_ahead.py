@@ -13,10 +13,10 @@ import pytest
 torch = pytest.importorskip("torch")
 from torch.utils.data import BatchSampler, DataLoader  # noqa: E402
 
-from conftest import unique_name, write_tree  # noqa: E402
 from dlfs import Client, InvalidArgument, NotFound, Unavailable  # noqa: E402
 from dlfs.ring import BatchRing, stack_into  # noqa: E402
 from dlfs.torch import DLFSDataset, ReadAhead, ShuffleShardSampler  # noqa: E402
+from helpers.trees import unique_name, write_tree  # noqa: E402
 
 CLASSES = {"ant": 9, "bee": 14, "cow": 6}  # 29 samples: batches of 4 leave a short one
 RECORD_BYTES = 300

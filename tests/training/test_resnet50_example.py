@@ -21,8 +21,8 @@ pytest.importorskip("torch")
 pytest.importorskip("torchdata.stateful_dataloader")
 from PIL import Image  # noqa: E402
 
-from conftest import unique_name, write_tree  # noqa: E402
 from dlfs import Client  # noqa: E402
+from helpers.trees import unique_name, write_tree  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EXAMPLE = os.path.join(REPO, "examples", "train_resnet50.py")
@@ -46,6 +46,7 @@ def run(address, name, checkpoint, *extra) -> list[dict]:
     return [json.loads(line) for line in lines if line.startswith("{")], lines
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_example_trains_stops_mid_epoch_and_resumes_there(shared_daemon, tmp_path):
     files = {f"train/{c}/{i:02d}.jpg": jpeg(10 * k + i)

@@ -15,10 +15,10 @@ import pytest
 torch = pytest.importorskip("torch")
 from torch.utils.data import DataLoader  # noqa: E402
 
-from conftest import unique_name, write_tree  # noqa: E402
 from dlfs import InvalidArgument, NotFound  # noqa: E402
 from dlfs.torch import (  # noqa: E402
     DLFSDataset, PrefetchHints, ShuffleShardSampler, stack_samples)
+from helpers.trees import unique_name, write_tree  # noqa: E402
 
 CLASSES = {"cat": 16, "dog": 11, "fish": 9}  # 36 training samples: divisible by 2 and 3
 LOADER_TIMEOUT_S = 60  # a hung worker fails the test instead of hanging it

@@ -20,8 +20,8 @@ pytest.importorskip("torch")
 pytest.importorskip("torchdata.stateful_dataloader")
 from PIL import Image  # noqa: E402
 
-from conftest import unique_name, write_tree  # noqa: E402
 from dlfs import Client  # noqa: E402
+from helpers.trees import unique_name, write_tree  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:.set_vital. is deprecated")
 

@@ -22,14 +22,20 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The `dlfs-mount` command (see `dlfs.fuse.mount_cli`); exit status 1, with one line
-    naming the extra, when the `fuse` extra's trio is not installed."""
+    """The `dlfs-mount` command (see `dlfs.fuse.mount_cli`).  Without the `fuse` extra's
+    trio: `--version` prints the version (exit status 0), anything else exits with
+    status 1 and one line naming the extra."""
+    argv = sys.argv[1:] if argv is None else argv
     try:
         import trio  # noqa: F401 - the mount's event loop, from the `fuse` extra
     except ModuleNotFoundError as exc:
         if exc.name != "trio":
             raise
-        from dlfs.version import missing_extra
+        from dlfs.version import __version__, missing_extra
+
+        if "--version" in argv:  # the one answer that needs no mount: as mount_cli's
+            print(f"dlfs-mount {__version__}")
+            return 0
 
         print(f"dlfs-mount: {missing_extra('dlfs-mount', 'fuse', 'trio')}", file=sys.stderr)
         return 1

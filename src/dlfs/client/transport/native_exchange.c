@@ -84,17 +84,32 @@ static double wait_left(const Conn *c) {
     return left;
 }
 
+/* The longest one poll or SO_RCVTIMEO waits (a day: inside poll's int milliseconds and
+ * a timeval's microseconds): a deadline or wait_s farther off (up to infinity) is
+ * waited for in turns of this, never converted past an integer's range. */
+#define WAIT_TURN_S 86400.0
+#define POLL_TURN_MS ((int)(WAIT_TURN_S * 1000.0))
+
+/* Wait until `events` come (0), the deadline or the per-wait bound pass (IO_TIMEOUT),
+ * or a signal or an error stops it. */
 static int wait_for(const Conn *c, short events) {
     double left = wait_left(c);
-    if (left <= 0)
-        return IO_TIMEOUT;
-    struct pollfd p = {c->fd, events, 0};
-    int ready = poll(&p, 1, (int)ceil(left * 1000.0));
-    if (ready > 0)
-        return 0;
-    if (ready == 0)
-        return IO_TIMEOUT;
-    return errno == EINTR ? IO_INTERRUPTED : IO_ERRNO;
+    const double until = monotonic_now() + left;
+    for (;;) {
+        if (left <= 0)
+            return IO_TIMEOUT;
+        double ms = ceil(left * 1000.0);
+        int turn = ms < POLL_TURN_MS ? (int)ms : POLL_TURN_MS;
+        struct pollfd p = {c->fd, events, 0};
+        int ready = poll(&p, 1, turn);
+        if (ready > 0)
+            return 0;
+        if (ready < 0)
+            return errno == EINTR ? IO_INTERRUPTED : IO_ERRNO;
+        if (turn < POLL_TURN_MS)
+            return IO_TIMEOUT;
+        left = until - monotonic_now();
+    }
 }
 
 /* After a non-blocking call failed: wait for `events` if it would have blocked (0 once
@@ -158,13 +173,15 @@ static int recv_waiting(const Conn *c, char *buf, size_t n, size_t *got) {
     if (flags < 0 || fcntl(c->fd, F_SETFL, flags & ~O_NONBLOCK) < 0)
         return IO_ERRNO;
     int rc = 0;
+    double left = wait_left(c);
+    const double until = monotonic_now() + left;
     while (*got < n) {
-        double left = wait_left(c);
         if (left <= 0) {
             rc = IO_TIMEOUT;
             break;
         }
-        long micros = (long)ceil(left * 1e6);
+        double turn = left < WAIT_TURN_S ? left : WAIT_TURN_S;
+        long micros = (long)ceil(turn * 1e6);
         struct timeval tv = {micros / 1000000, micros % 1000000};
         if (setsockopt(c->fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) < 0) {
             rc = IO_ERRNO;
@@ -185,6 +202,10 @@ static int recv_waiting(const Conn *c, char *buf, size_t n, size_t *got) {
         } else if (errno == EINTR) {
             rc = IO_INTERRUPTED;
         } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
+            if (turn == WAIT_TURN_S) { /* a turn of a longer wait ended */
+                left = until - monotonic_now();
+                continue;
+            }
             rc = IO_TIMEOUT; /* SO_RCVTIMEO ran out with nothing received */
         } else {
             rc = IO_ERRNO;

@@ -70,9 +70,11 @@ log = logging.getLogger(__name__)
 # Module state so that a test can run the Python send in-process (set it to None).
 native = native_extensions.extension("dlfs.server.read.native_send")
 
-# A table row per extent: the columns native_send.c reads (its T_* constants).
-TABLE_BASE, TABLE_SIZE, TABLE_RESIDENT, TABLE_WHOLE, TABLE_USED = range(5)
-TABLE_COLUMNS = 5
+# A table row per extent: the columns native_send.c reads (its T_* constants).  The C
+# send reads the scan's prefix sums at TABLE_RESIDENT only below TABLE_RESIDENT_ENTRIES;
+# the columns before TABLE_USED are written in one assignment (`_publish`).
+TABLE_BASE, TABLE_SIZE, TABLE_RESIDENT, TABLE_RESIDENT_ENTRIES, TABLE_WHOLE, TABLE_USED = range(6)
+TABLE_COLUMNS = 6
 
 
 class _Mapping:
@@ -417,7 +419,7 @@ class ExtentMaps:
                 grown[:len(rows)] = rows
             self._tables[dataset_id] = rows = grown
         rows[extent_no, :TABLE_USED] = (mapping.address, mapping.size, resident.ctypes.data,
-                                        _every_page(resident))
+                                        len(resident), _every_page(resident))
 
     def _harvest(self, now: float) -> None:  # caller holds the lock
         """Take the marks C sends left in the tables: each extent they sent from was used

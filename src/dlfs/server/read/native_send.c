@@ -22,9 +22,11 @@
  *   extent (uint32), offset, length (uint64), crc (uint32): the dataset's columns;
  *   table: uint64 rows by extent number, TABLE_COLUMNS each: the mapping's address
  *     (0: not mapped), its bytes, the address of its last scan's prefix sums (int32,
- *     one per page plus one; 0: none), whether that scan found every page cached, and
- *     a mark this call sets on each extent it sends from (the background thread reads
- *     and clears it: the mapping's last use, its next scan);
+ *     one per page plus one; 0: none), how many prefix sums that is (a sample whose
+ *     pages lie past them is not sent from here), whether that scan found every page
+ *     cached, and a mark this call sets on each extent it sends from (the background
+ *     thread reads and clears it: the mapping's last use, its next scan); 8-byte
+ *     aligned (numpy allocates it);
  *   generation, flags: the BATCH frame's;
  *   window_bytes: the payload of one DATA frame at most;
  *   large_ok: samples averaging large_piece_bytes or more may go (else only smaller);
@@ -40,6 +42,9 @@
  * the send stopped in; `piece` counts the pieces of the reply (each sample cut at the
  * windows' ends, empty ones left out) up to the one the send stopped at.  Raises
  * TimeoutError (the client took nothing for stall_s, or the deadline passed), OSError.
+ * The id and column buffers may start at any byte (the ids are a view of the request
+ * frame, right after its dataset name): they are read with memcpy, never through a
+ * cast pointer, whose unaligned load would be undefined behaviour.
  * The frame layout is exported (KIND_BATCH ... NO_EXTENT) so that a test holds it to
  * dlfs/formats/datapath_frames.py.
  */
@@ -61,10 +66,14 @@
 #endif
 
 enum { KIND_BATCH = 66, KIND_DATA = 67, FRAME_BYTES = 8, BATCH_FIXED_BYTES = 24 };
-enum { T_BASE = 0, T_SIZE = 1, T_RESIDENT = 2, T_WHOLE = 3, T_USED = 4, TABLE_COLUMNS = 5 };
+enum { T_BASE = 0, T_SIZE = 1, T_RESIDENT = 2, T_RESIDENT_ENTRIES = 3, T_WHOLE = 4, T_USED = 5,
+       TABLE_COLUMNS = 6 };
 #define NO_EXTENT 0xFFFFFFFFu
 #define NOT_SENT (-1)
 #define SEND_IOV_MAX 1024 /* the kernel's UIO_MAXIOV */
+/* The longest one SO_SNDTIMEO wait is set to (a day): a larger stall_s, or a deadline
+ * far off, is waited for in turns of this, never converted past a long's range. */
+#define WAIT_TURN_S 86400.0
 
 static PyObject *page_unreadable;
 
@@ -72,6 +81,19 @@ static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts); /* time.monotonic()'s clock */
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Item i of a buffer that may start at any byte (signed items: cast the result). */
+static inline uint64_t load_u64(const uint8_t *at, size_t i) {
+    uint64_t value;
+    memcpy(&value, at + 8 * i, 8);
+    return value;
+}
+
+static inline uint32_t load_u32(const uint8_t *at, size_t i) {
+    uint32_t value;
+    memcpy(&value, at + 4 * i, 4);
+    return value;
 }
 
 static void put_frame(uint8_t *at, uint8_t kind, uint32_t body) {
@@ -103,13 +125,15 @@ enum { SENT_ALL, SENT_FAULT, SENT_STALLED, SENT_LATE, SENT_ERROR };
 
 /* Send every byte of iov[0..count): the first sendmsg does not wait (a reply the
  * socket takes whole costs that one call); then the socket blocks, each call bounded
- * by SO_SNDTIMEO (the stall time, or what is left before `deadline`), so the kernel
- * waits for room itself instead of a poll per wakeup.  `iov` is advanced; `sent`
- * counts the bytes that went out; `error` holds errno for SENT_ERROR.  Runs without
- * the interpreter lock.  `blocking` is in/out: whether the socket was made blocking. */
+ * by SO_SNDTIMEO (what is left of the stall time since the client last took bytes, or
+ * before `deadline`, at most WAIT_TURN_S), so the kernel waits for room itself instead
+ * of a poll per wakeup.  `iov` is advanced; `sent` counts the bytes that went out;
+ * `error` holds errno for SENT_ERROR.  Runs without the interpreter lock.  `blocking`
+ * is in/out: whether the socket was made blocking. */
 static int send_iov(int fd, struct iovec *iov, size_t count, double stall_s, double deadline,
                     size_t *sent, int *blocking, int *error) {
     size_t first = 0;
+    double taken_at = now_s(); /* when the client last took bytes (or this began) */
     while (first < count) {
         if (iov[first].iov_len == 0) {
             first++;
@@ -121,10 +145,16 @@ static int send_iov(int fd, struct iovec *iov, size_t count, double stall_s, dou
         message.msg_iovlen = count - first < SEND_IOV_MAX ? count - first : SEND_IOV_MAX;
         ssize_t n;
         if (*blocking) {
-            double left = deadline - now_s();
+            double now = now_s();
+            double left = deadline - now, wait = stall_s - (now - taken_at);
             if (left <= 0)
                 return SENT_LATE;
-            double wait = left < stall_s ? left : stall_s;
+            if (wait <= 0)
+                return SENT_STALLED;
+            if (left < wait)
+                wait = left;
+            if (wait > WAIT_TURN_S) /* a later turn waits for the rest */
+                wait = WAIT_TURN_S;
             long micros = (long)(wait * 1e6);
             struct timeval tv = {micros / 1000000, micros % 1000000};
             if (tv.tv_sec == 0 && tv.tv_usec == 0)
@@ -146,10 +176,12 @@ static int send_iov(int fd, struct iovec *iov, size_t count, double stall_s, dou
                 *error = errno;
                 return SENT_ERROR;
             }
-            if (*blocking) /* SO_SNDTIMEO ran out with nothing taken */
-                return deadline - now_s() <= 0 ? SENT_LATE : SENT_STALLED;
+            if (*blocking) /* SO_SNDTIMEO ran out with nothing taken: late, stalled, or */
+                continue;  /* a turn of a longer wait ended */
             n = 0;
         }
+        if (n > 0)
+            taken_at = now_s();
         *sent += (size_t)n;
         size_t left = (size_t)n;
         while (first < count && left >= iov[first].iov_len) {
@@ -275,11 +307,13 @@ static PyObject *send_batch(PyObject *self, PyObject *args) {
         if (take(objs[held], &views[held], wanted[held].itemsize, wanted[held].kinds,
                  wanted[held].writable, wanted[held].name) < 0)
             goto done;
-    const int64_t *ids = views[0].buf;
-    const uint32_t *extent = views[1].buf;
-    const uint64_t *offset = views[2].buf, *length = views[3].buf;
-    const uint32_t *crc = views[4].buf;
+    const uint8_t *ids = views[0].buf, *extent = views[1].buf, *offset = views[2].buf,
+                  *length = views[3].buf, *crc = views[4].buf;
     uint64_t *table = views[5].buf;
+    if ((uintptr_t)table % _Alignof(uint64_t)) {
+        PyErr_SetString(PyExc_ValueError, "send_batch: the table must be 8-byte aligned");
+        goto done;
+    }
     size_t count = (size_t)(views[0].len / 8), samples = (size_t)(views[1].len / 4);
     size_t rows = (size_t)(views[5].len / 8 / TABLE_COLUMNS);
     if ((size_t)(views[2].len / 8) != samples || (size_t)(views[3].len / 8) != samples ||
@@ -296,19 +330,24 @@ static PyObject *send_batch(PyObject *self, PyObject *args) {
     uint64_t payload = 0;
     size_t pieces = 0;
     for (size_t i = 0; i < count; i++) {
-        int64_t id = ids[i];
-        if (id < 0 || (uint64_t)id >= samples || extent[id] == NO_EXTENT ||
-            extent[id] >= rows)
+        int64_t id = (int64_t)load_u64(ids, i);
+        if (id < 0 || (uint64_t)id >= samples)
             goto not_sent;
-        uint64_t *row = table + (size_t)extent[id] * TABLE_COLUMNS;
-        uint64_t start = offset[id], size = length[id];
+        uint32_t extent_no = load_u32(extent, (size_t)id);
+        if (extent_no == NO_EXTENT || extent_no >= rows)
+            goto not_sent;
+        uint64_t *row = table + (size_t)extent_no * TABLE_COLUMNS;
+        uint64_t start = load_u64(offset, (size_t)id), size = load_u64(length, (size_t)id);
         if (!row[T_BASE] || size > row[T_SIZE] || start > row[T_SIZE] - size)
             goto not_sent;
         if (size && !row[T_WHOLE]) {
-            const int32_t *resident = (const int32_t *)(uintptr_t)row[T_RESIDENT];
+            /* The scan's prefix sums: entry k counts the cached pages before page k. */
+            const uint8_t *resident = (const uint8_t *)(uintptr_t)row[T_RESIDENT];
             uint64_t first = start / (uint64_t)page_bytes;
             uint64_t last = (start + size - 1) / (uint64_t)page_bytes;
-            if (!resident || (uint64_t)(resident[last + 1] - resident[first]) != last - first + 1)
+            if (!resident || last + 1 >= row[T_RESIDENT_ENTRIES] ||
+                (uint64_t)((int32_t)load_u32(resident, (size_t)last + 1) -
+                           (int32_t)load_u32(resident, (size_t)first)) != last - first + 1)
                 goto not_sent;
         }
         row[T_USED] = 1;
@@ -346,18 +385,28 @@ static PyObject *send_batch(PyObject *self, PyObject *args) {
     uint8_t *lengths_at = at + FRAME_BYTES + BATCH_FIXED_BYTES;
     uint8_t *crcs_at = lengths_at + 8 * count;
     for (size_t i = 0; i < count; i++) {
-        memcpy(lengths_at + 8 * i, &length[ids[i]], 8);
-        memcpy(crcs_at + 4 * i, &crc[ids[i]], 4);
+        size_t id = (size_t)load_u64(ids, i);
+        memcpy(lengths_at + 8 * i, length + 8 * id, 8);
+        memcpy(crcs_at + 4 * i, crc + 4 * id, 4);
     }
     uint8_t *data_heads = heads + batch_bytes;
     size_t entry = 0, window = 0;
     uint64_t window_left = 0;
     for (size_t i = 0; i < count; i++) {
-        const uint64_t *row = table + (size_t)extent[ids[i]] * TABLE_COLUMNS;
-        uint8_t *from = (uint8_t *)(uintptr_t)(row[T_BASE] + offset[ids[i]]);
-        uint64_t size = length[ids[i]];
+        size_t id = (size_t)load_u64(ids, i);
+        const uint64_t *row = table + (size_t)load_u32(extent, id) * TABLE_COLUMNS;
+        uint8_t *from = (uint8_t *)(uintptr_t)(row[T_BASE] + load_u64(offset, id));
+        uint64_t size = load_u64(length, id);
         while (size) {
-            if (window_left == 0) { /* a window begins: its DATA frame's header */
+            /* The entries below: a window's head where one begins, then a piece.
+             * `entries` and `windows` counted them from the same lengths, so this
+             * fails only if that count is wrong, and then before writing past them. */
+            int begins = window_left == 0;
+            if (entry + (size_t)begins + 1 > entries || (begins && window >= windows)) {
+                PyErr_SetString(PyExc_SystemError, "send_batch: more pieces than counted");
+                goto done;
+            }
+            if (begins) { /* a window begins: its DATA frame's header */
                 uint64_t body = payload - (uint64_t)window * (uint64_t)window_bytes;
                 if (body > (uint64_t)window_bytes)
                     body = (uint64_t)window_bytes;
@@ -459,6 +508,7 @@ PyMODINIT_FUNC PyInit_native_send(void) {
         PyModule_AddIntConstant(m, "T_BASE", T_BASE) < 0 ||
         PyModule_AddIntConstant(m, "T_SIZE", T_SIZE) < 0 ||
         PyModule_AddIntConstant(m, "T_RESIDENT", T_RESIDENT) < 0 ||
+        PyModule_AddIntConstant(m, "T_RESIDENT_ENTRIES", T_RESIDENT_ENTRIES) < 0 ||
         PyModule_AddIntConstant(m, "T_WHOLE", T_WHOLE) < 0 ||
         PyModule_AddIntConstant(m, "T_USED", T_USED) < 0 ||
         PyModule_AddObject(m, "NO_EXTENT", PyLong_FromUnsignedLong(NO_EXTENT)) < 0) {

@@ -1,6 +1,6 @@
 """A pass-through FUSE file system that remembers only what was fsynced: power-loss tests.
 
-    python tests/powercut_fs.py BACKING MOUNTPOINT --image DIR [--ready-file F]
+    python tests/helpers/powercut_fs.py BACKING MOUNTPOINT --image DIR [--ready-file F]
 
 Every operation goes through to the directory BACKING, so programs on the
 mount work as usual.  Beside that, the file system keeps the state a
@@ -187,7 +187,7 @@ class PowercutFs(mfusepy.Operations):
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python tests/powercut_fs.py", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python tests/helpers/powercut_fs.py", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("backing")
     parser.add_argument("mountpoint")

@@ -7,7 +7,6 @@ import time
 
 import pytest
 
-from conftest import store_read
 from dlfs.formats import ingest_digest
 from dlfs.crc import crc32c
 from dlfs.errors import (AlreadyExists, DataCorruption, FailedPrecondition, NotFound,
@@ -17,6 +16,7 @@ from dlfs.server.core import faults
 from dlfs.server.config import ServerConfig
 from dlfs.server.ingest.ingest_registry import IngestState
 from dlfs.server.store import Store
+from helpers.stores import store_read
 
 
 def config(tmp_path, **options):

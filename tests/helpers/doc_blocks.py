@@ -15,9 +15,7 @@ import glob
 import os
 import re
 
-import pytest
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SKETCH = "<!-- sketch -->"
 _RUNS = re.compile(r"<!-- runs: (\S+) -->")
 
@@ -64,19 +62,6 @@ def blocks(doc: str) -> list[Block]:
 
 # The address the documents' examples name: ./dev demo's daemon.
 DEMO_ADDRESS = "127.0.0.1:7010"
-
-
-@pytest.fixture(scope="module")
-def demo(tmp_path_factory):
-    """The address of a daemon started as `./dev demo` starts it (`dlfs-server --demo`),
-    on a port of its own: what the examples' DEMO_ADDRESS becomes."""
-    from dlfs.tools.launch import DaemonProcess
-
-    root = tmp_path_factory.mktemp("demo")
-    daemon = DaemonProcess(str(root / "data"), str(root / "daemon.log"), ["--demo"])
-    daemon.start()
-    yield daemon.address
-    daemon.kill()
 
 
 def marked_blocks(doc: str, test: str) -> list[str]:

@@ -7,8 +7,8 @@ import os
 
 import numpy as np
 
-from conftest import write_tree
 from dlfs import Client
+from helpers.trees import write_tree
 
 MiB = 1024 * 1024
 BIG = 20 * MiB + 4321  # the last block is short

@@ -21,8 +21,8 @@ from dlfs.server.core.extents import ExtentFiles
 from dlfs.server.read.batch_planning import plan_batch
 from dlfs.server.read.prefetch import Prefetcher
 from dlfs.server.store import Store
-from page_cache import cached
-from tests.server.test_read_engine import drop_cached_pages, write_samples
+from helpers.page_cache import cached
+from helpers.extents import drop_cached_pages, write_samples
 
 
 def resident(store, extent_no: int, offset: int) -> bool:

@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-from conftest import write_tree
+from helpers.trees import write_tree
 
 
 def dlfs(address, *args, check=True):

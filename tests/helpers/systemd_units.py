@@ -1,7 +1,6 @@
 """Reading deploy/systemd/ as systemd does, for the deploy tests.
 
-A plain module (imported as `from systemd_units import ...`), like
-tests/fuse/mounting.py: a conftest.py here would shadow tests/conftest.py.
+Imported as `from helpers.systemd_units import ...`.
 
 `parse_unit` keeps every assignment of a key in order (systemd allows
 repeats: Environment=, SystemCallFilter=, ...).  `command_line` expands an

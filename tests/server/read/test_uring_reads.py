@@ -15,7 +15,7 @@ from dlfs.errors import DataCorruption
 from dlfs.server.core.extents import ExtentFiles
 from dlfs.server.read.batch_planning import RequestOrder
 from dlfs.server.read.read_engine import ReadEngine
-from tests.server.test_read_engine import drop_cached_pages, write_samples
+from helpers.extents import drop_cached_pages, write_samples
 
 pytestmark = pytest.mark.skipif(uring.for_this_thread() is None,
                                 reason="this kernel refuses io_uring")

@@ -17,7 +17,7 @@ from dlfs.formats import datapath_frames as frames
 from dlfs.proto import dlfs_pb2 as pb
 from dlfs.proto import dlfs_pb2_grpc
 from dlfs.version import VERSION_METADATA, interoperates
-from hostile_peers import connect, read_frame
+from helpers.hostile_peers import connect, read_frame
 
 OTHER_MINOR = "0.99.0"
 

@@ -11,88 +11,11 @@ import time
 import numpy as np
 import pytest
 
-from dlfs.formats.disk_layout import HEADER_BYTES, encode_header
-from dlfs.server.core.extents import ExtentFiles, ExtentStore
+from dlfs.formats.disk_layout import HEADER_BYTES
 from dlfs.server.read.batch_planning import PieceColumns
-from dlfs.server.read.mapped_sends import ExtentMaps
 from dlfs.server.read.preadv_reads import ShortRead
-from page_cache import cached
-
-@pytest.fixture
-def extents(tmp_path):
-    """Two extent files of dataset 1, random bytes after the header, read into the cache."""
-    store = ExtentStore(str(tmp_path))
-    os.makedirs(os.path.dirname(store.extent_path(1, 0)))
-    rng = np.random.default_rng(3)
-    bodies = {}
-    for extent_no in (0, 1):
-        bodies[extent_no] = rng.bytes(300_000)
-        with open(store.extent_path(1, extent_no), "wb") as f:
-            f.write(encode_header(1, extent_no, time.time_ns()) + bodies[extent_no])
-            f.flush()
-            os.fsync(f.fileno())  # written back: DONTNEED can drop its pages
-        with open(store.extent_path(1, extent_no), "rb") as f:
-            f.read()
-    files = ExtentFiles(store)
-    yield store, files, bodies
-    files.close()
-
-
-@pytest.fixture
-def wire():
-    """Both ends of a connected socket pair, closed at teardown."""
-    here, there = socket.socketpair()
-    yield here, there
-    here.close()
-    there.close()
-
-
-@pytest.fixture
-def make_maps():
-    """ExtentMaps(files, ...) that are closed at teardown."""
-    made: list[ExtentMaps] = []
-
-    def make(files, **options) -> ExtentMaps:
-        made.append(ExtentMaps(files, **options))
-        return made[-1]
-
-    yield make
-    for maps in made:
-        maps.close()
-
-
-def mapped_when_ready(maps: ExtentMaps, send, timeout_s: float = 5.0) -> None:
-    """Call `send()` until it went from the mappings (the background thread maps an
-    extent after the first send that wanted it)."""
-    give_up = time.monotonic() + timeout_s
-    while not send():
-        assert time.monotonic() < give_up, "the extents were never mapped"
-        time.sleep(0.01)
-
-
-def receive(sock: socket.socket, size: int) -> bytes:
-    got = bytearray()
-    while len(got) < size:
-        chunk = sock.recv(size - len(got))
-        assert chunk, "the connection closed early"
-        got += chunk
-    return bytes(got)
-
-
-def pieces_of(spec: list[tuple[int, int, int]]) -> PieceColumns:
-    """(extent, offset in the body, bytes) in window order -> pieces, sorted as the
-    planner sorts them (by extent and offset)."""
-    buffer_offsets = np.cumsum([0] + [n for _, _, n in spec])[:-1]
-    rows = sorted(zip([e for e, _, _ in spec], [HEADER_BYTES + o for _, o, _ in spec],
-                      buffer_offsets, [n for _, _, n in spec]))
-    return PieceColumns(*(np.array(column, dtype=np.int64) for column in zip(*rows)))
-
-
-def map_both_extents(maps: ExtentMaps, here: socket.socket, there: socket.socket) -> None:
-    """Have both extents mapped (sends of a byte of each until one went from them)."""
-    mapped_when_ready(maps, lambda: maps.send(here, 1, pieces_of([(0, 0, 1), (1, 0, 1)]),
-                                              b"H"))
-    receive(there, 3)
+from helpers.extent_maps import map_both_extents, mapped_when_ready, pieces_of, receive
+from helpers.page_cache import cached
 
 
 def received_during(there: socket.socket, size: int, send) -> tuple[object, bytes | None]:

@@ -20,7 +20,7 @@ from dlfs.formats import datapath_frames as frames
 from dlfs.formats.disk_layout import HEADER_BYTES, NO_EXTENT
 from dlfs.server.read import mapped_sends
 from dlfs.server.read.preadv_reads import ShortRead
-from test_mapped_sends import extents, make_maps, map_both_extents, wire  # noqa: F401 (fixtures)
+from helpers.extent_maps import map_both_extents
 
 native = mapped_sends.native
 pytestmark = pytest.mark.skipif(native is None and os.environ.get("DLFS_NATIVE") == "0",
@@ -89,7 +89,7 @@ def drain(sock: socket.socket, into: list) -> threading.Thread:
 
 
 @pytest.fixture
-def ready(extents, wire, make_maps):  # noqa: F811 (fixtures from test_mapped_sends)
+def ready(extents, wire, make_maps):
     """(maps with both extents mapped and scanned, here, there, the extents' bodies)."""
     assert native is not None, "the daemon's C send was not built"
     _, files, bodies = extents
@@ -105,10 +105,11 @@ def test_the_layout_is_the_protocols():
     assert (native.FRAME_BYTES, native.BATCH_FIXED_BYTES) == (frames.FRAME.size,
                                                               frames.BATCH.size)
     assert native.NO_EXTENT == NO_EXTENT
-    assert (native.T_BASE, native.T_SIZE, native.T_RESIDENT, native.T_WHOLE, native.T_USED,
-            native.TABLE_COLUMNS) == (mapped_sends.TABLE_BASE, mapped_sends.TABLE_SIZE,
-                                      mapped_sends.TABLE_RESIDENT, mapped_sends.TABLE_WHOLE,
-                                      mapped_sends.TABLE_USED, mapped_sends.TABLE_COLUMNS)
+    assert (native.T_BASE, native.T_SIZE, native.T_RESIDENT, native.T_RESIDENT_ENTRIES,
+            native.T_WHOLE, native.T_USED, native.TABLE_COLUMNS) == (
+        mapped_sends.TABLE_BASE, mapped_sends.TABLE_SIZE, mapped_sends.TABLE_RESIDENT,
+        mapped_sends.TABLE_RESIDENT_ENTRIES, mapped_sends.TABLE_WHOLE, mapped_sends.TABLE_USED,
+        mapped_sends.TABLE_COLUMNS)
 
 
 def test_a_reply_is_the_frames_the_protocol_defines(ready):
@@ -168,24 +169,68 @@ def test_what_does_not_qualify_sends_nothing(ready, tmp_path):
     reader.join(30)
 
 
+def send_drained(maps, here, there, dataset: Dataset, ids) -> tuple[int, bytes]:
+    """`send` while a thread reads `there`: (what it returned, every byte `there` got
+    until `here` shut down writing)."""
+    got: list[bytes] = []
+    reader = drain(there, got)
+    sent = send(maps, here, dataset, ids)
+    here.shutdown(socket.SHUT_WR)
+    reader.join(30)
+    return sent, b"".join(got)
+
+
+def scanned_as(maps, monkeypatch, resident: np.ndarray) -> None:
+    """Extent 0's row as a scan that found `resident` (its prefix sums) would leave it,
+    and no scan after it to rewrite the row.  The caller keeps `resident` alive."""
+    monkeypatch.setattr(maps, "_spend", lambda now: False)
+    rows = maps._tables[1]
+    with maps._lock:
+        rows[0, mapped_sends.TABLE_RESIDENT] = resident.ctypes.data
+        rows[0, mapped_sends.TABLE_RESIDENT_ENTRIES] = len(resident)
+        rows[0, mapped_sends.TABLE_WHOLE] = 0
+
+
 def test_a_page_the_last_scan_did_not_find_cached_is_left_to_the_python_path(ready,
                                                                             monkeypatch):
     maps, here, there, _ = ready
-    monkeypatch.setattr(maps, "_spend", lambda now: False)  # no scan rewrites the row
-    rows = maps._tables[1]
-    with maps._lock:  # as a scan that found page 3 of extent 0 missing would leave it
-        resident = np.arange(rows[0, mapped_sends.TABLE_SIZE] // 4096 + 2, dtype=np.int32)
-        resident[4:] -= 1
-        rows[0, mapped_sends.TABLE_RESIDENT] = resident.ctypes.data
-        rows[0, mapped_sends.TABLE_WHOLE] = 0
+    # As a scan that found page 3 of extent 0 missing would leave it.
+    resident = np.arange(maps._tables[1][0, mapped_sends.TABLE_SIZE] // 4096 + 2,
+                         dtype=np.int32)
+    resident[4:] -= 1
+    scanned_as(maps, monkeypatch, resident)
     touching = Dataset([(0, 3 * 4096 - HEADER_BYTES + 10, 100)] * 20)
     assert send(maps, here, touching, np.arange(20)) == -1
     elsewhere = Dataset([(0, 8 * 4096, 100)] * 20)
-    got: list[bytes] = []
-    reader = drain(there, got)
-    assert send(maps, here, elsewhere, np.arange(20)) == 2000
-    here.shutdown(socket.SHUT_WR)
-    reader.join(30)
+    assert send_drained(maps, here, there, elsewhere, np.arange(20))[0] == 2000
+    del resident
+
+
+def test_ids_at_any_byte_of_the_request_frame_are_read_as_they_are(ready):
+    """The daemon's ids are a view of the GET_BATCH frame right after its dataset name
+    and request id, at any byte offset: the reply is the same as from aligned ids."""
+    maps, here, there, bodies = ready
+    dataset = samples(100)
+    ids = np.random.default_rng(3).permutation(100)
+    frame = b"".join(bytes(part) for part in frames.get_batch("abc", ids, generation=9))
+    request = frames.parse_get_batch(frame[frames.FRAME.size:])
+    assert request.ids.ctypes.data % 8, "the ids of this frame happen to be aligned"
+    expected = dataset.reply(bodies, ids, 9, frames.BATCH_CRCS)
+    assert send_drained(maps, here, there, dataset, request.ids) == (
+        int(dataset.length[ids].sum()), expected)
+
+
+def test_a_sample_past_its_scans_prefix_sums_is_left_to_the_python_path(ready, monkeypatch):
+    """The C send reads a scan's prefix sums only below the count its row gives: a
+    sample on a page the scan does not cover is not sent from the mappings (nothing
+    past the array is read)."""
+    maps, here, there, _ = ready
+    resident = np.arange(9, dtype=np.int32)  # a scan of the first 8 pages, none missing
+    scanned_as(maps, monkeypatch, resident)
+    past = Dataset([(0, 8 * 4096, 100)] * 20)  # on page 8 or 9 of the extent file
+    assert send(maps, here, past, np.arange(20)) == -1
+    covered = Dataset([(0, 4096, 100)] * 20)
+    assert send_drained(maps, here, there, covered, np.arange(20))[0] == 2000
     del resident
 
 
@@ -204,7 +249,7 @@ def test_a_client_that_stops_reading_is_timed_out_and_the_socket_kept_as_it_was(
 
 
 def test_a_page_that_cannot_be_read_ends_the_frame_with_zeros_and_names_the_piece(
-        extents, wire, make_maps):  # noqa: F811
+        extents, wire, make_maps):
     """An extent cut short under its mapping: the send fails where the kernel could not
     read (EFAULT), the DATA frame it was in is completed with zeros so the stream
     stays framed, and the ShortRead names the first piece past the file's end."""
@@ -260,7 +305,7 @@ def test_a_mapping_retired_while_a_send_is_in_flight_outlives_the_send(ready):
 
 
 def test_extents_sent_from_stay_mapped_and_idle_ones_are_unmapped(extents, wire,
-                                                                  make_maps):  # noqa: F811
+                                                                  make_maps):
     """The marks a C send leaves count as a use: a mapping in steady use is kept past
     the idle time; once the sends stop it is unmapped."""
     _, files, _ = extents

@@ -5,10 +5,10 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from conftest import store_ingest as ingest
-from conftest import store_read
 from dlfs.server.config import ServerConfig
 from dlfs.server.store import Store
+from helpers.stores import store_ingest as ingest
+from helpers.stores import store_read
 
 
 def read_all(store, name):

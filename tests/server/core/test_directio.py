@@ -9,7 +9,7 @@ import random
 import pytest
 
 from dlfs.server.core.directio import DirectAppender, open_appender
-from small_disks import ext4_disk, free_bytes
+from helpers.small_disks import ext4_disk, free_bytes
 
 
 def test_writes_and_flushes_in_any_pattern_read_back_exactly(tmp_path):

@@ -6,11 +6,11 @@ import os
 
 import pytest
 
-from conftest import store_ingest as ingest
-from conftest import store_read as read
 from dlfs.errors import NotFound
 from dlfs.server.config import ServerConfig
 from dlfs.server.store import Store
+from helpers.stores import store_ingest as ingest
+from helpers.stores import store_read as read
 
 
 @pytest.fixture

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import store_ingest as ingest
-from conftest import store_read as read
 from dlfs.errors import (AlreadyExists, FailedPrecondition, InvalidArgument, NotFound,
                          StaleGeneration, Unavailable)
 from dlfs.server.config import ServerConfig
 from dlfs.server.ingest.ingest_registry import IngestState
 from dlfs.server.store import Store
+from helpers.stores import store_ingest as ingest
+from helpers.stores import store_read as read
 
 
 def admit(_name: str, _generation: int) -> None:
