@@ -95,6 +95,13 @@ class Kind(enum.IntEnum):
     PIECE = 7
     INGEST_END = 8
     BLOCK_CRCS = 9  # only to a daemon whose WELCOME has WELCOME_BLOCK_CRCS
+    # the write conversation (datapath_writes.py)
+    FILE_OPEN = 10
+    FILE_WRITE = 11
+    FILE_TRUNCATE = 12
+    FILE_SYNC = 13
+    FILE_READ = 14
+    FILE_CLOSE = 15
     # daemon -> client
     WELCOME = 64
     ERROR = 65
@@ -106,6 +113,10 @@ class Kind(enum.IntEnum):
     INGEST_READY = 71
     INGESTED = 72
     CRCS = 73
+    FILE_OPENED = 74
+    FILE_STATE = 75
+    FILE_DATA = 76
+    WRITE_FAILED = 77  # an ERROR's body, sent unasked: a FILE_WRITE or FILE_TRUNCATE failed
 
 
 # gRPC's numeric status codes, so both paths report failures the same way.
