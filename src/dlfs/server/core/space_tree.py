@@ -102,7 +102,8 @@ class SpaceTree:
                 if version is not None:
                     yield (f"{directory}/{name}" if directory else name), version
 
-    # --- changes (checked first by `check_*`, applied after they are durable) ---------
+    # --- changes: checked by `check_*` before they are made durable, applied after (each
+    # apply checks again: replay applies records with no check before) ---------------
 
     def check_mkdir(self, path: str) -> None:
         """Raise what `mkdir(path)` would: InvalidArgument, NotFound, NotADirectory,
@@ -112,9 +113,8 @@ class SpaceTree:
             raise AlreadyExists(f"{self.describe(path)} exists already")
 
     def mkdir(self, path: str, mode: int, mtime_ns: int) -> None:
-        parent = self.check_parent(path)
-        _, name = parent_of(path)
-        assert name not in self.children[parent], path
+        self.check_mkdir(path)
+        parent, name = parent_of(path)
         self.children[parent][name] = None
         self.children[path] = SortedDict()
         self.dir_meta[path] = (stat_module.S_IFDIR | (mode & 0o7777), mtime_ns)

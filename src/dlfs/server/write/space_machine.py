@@ -52,7 +52,7 @@ import numpy as np
 
 from dlfs import limits
 from dlfs.errors import (AlreadyExists, Busy, DirectoryNotEmpty, InvalidArgument, NotFound,
-                         Overloaded)
+                         Overloaded, ReadOnly)
 from dlfs.formats import block_crcs
 from dlfs.formats.disk_layout import HEADER_BYTES
 from dlfs.paths import check_dataset_name, check_sample_path, file_version_name, normalize_dir_path
@@ -380,6 +380,10 @@ class SpaceMachine:
         state = self._spaces.get(name)
         if state is None:
             check_dataset_name(name)
+            if self._directory.find(name) is not None:
+                raise ReadOnly(f"{name!r} is a dataset, which is read-only (ingest a new "
+                               "version to change it); files are written to checkpoint "
+                               f"spaces (`dlfs mkspace NAME`)")
             raise NotFound(f"no checkpoint space named {name!r}; `dlfs datasets` lists them, "
                            f"`dlfs mkspace {name}` creates it")
         return state
