@@ -328,3 +328,28 @@ def test_a_writer_that_goes_away_loses_its_file_and_gives_its_space_back(daemon)
     while extent_dirs() != 1 and time.monotonic() < deadline:
         time.sleep(0.05)
     assert extent_dirs() == 1
+
+
+def test_the_cli_makes_lists_shows_and_removes_a_space(daemon, capsys):
+    from dlfs.cli import main
+
+    server = ["--server", daemon.address]
+    assert main([*server, "mkspace", "ckpt"]) == 0
+    assert main([*server, "mkspace", "ckpt"]) == 1
+    out = capsys.readouterr()
+    assert "created checkpoint space ckpt" in out.out
+    assert "AlreadyExists: checkpoint space 'ckpt' exists already" in out.err
+    with Client(daemon.address) as client:
+        space = client.space("ckpt")
+        space.mkdir("s1")
+        with space.open("s1/x.txt", "wb") as f:
+            f.write(b"hello\n")
+        version = f.state.version
+    assert main([*server, "datasets"]) == 0
+    assert capsys.readouterr().out == "ckpt\t1 files\t6 B  (checkpoint space)\n"
+    assert main([*server, "stat", "ckpt/s1/x.txt"]) == 0
+    assert f"  version: {version:x}\n" in capsys.readouterr().out
+    assert main([*server, "cat", "ckpt/s1/x.txt"]) == 0
+    assert capsys.readouterr().out == "hello\n"
+    assert main([*server, "rm", "ckpt"]) == 0
+    assert capsys.readouterr().out == "removed ckpt: 1 files, 6 B freed\n"
