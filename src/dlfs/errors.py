@@ -177,6 +177,27 @@ class StorageFailed(Internal):
     changed was undone."""
 
 
+class ReadOnly(FailedPrecondition):
+    """A change asked of something that cannot change: a sealed dataset (ingest a new
+    version instead), or a file version.  The mount answers EROFS."""
+
+
+class NotADirectory(FailedPrecondition):
+    """A path names a file where a directory is needed (ENOTDIR through the mount)."""
+
+
+class IsADirectory(FailedPrecondition):
+    """A path names a directory where a file is needed (EISDIR through the mount)."""
+
+
+class DirectoryNotEmpty(FailedPrecondition):
+    """A directory to remove, or to rename over, still has entries (ENOTEMPTY)."""
+
+
+class Busy(FailedPrecondition):
+    """The path is held by a file being written; retry once it is closed (EBUSY)."""
+
+
 # Trailing-metadata key carrying the error's class name across the wire.
 ERROR_CLASS_METADATA = "dlfs-error"
 

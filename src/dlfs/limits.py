@@ -78,6 +78,24 @@ catalog_samples_per_record = 16384
 # samples per record).
 catalog_block_crcs_per_record = 1 << 20
 
+# --- checkpoint spaces (dlfs.server.write) ---------------------------------------
+# A file of a space is read as a sample, so it is bounded as one.
+space_file_bytes_max = sample_bytes_max
+# File versions the daemon keeps in all its spaces: each is a one-sample version
+# that every data path worker maps (a memfd mapping each, below vm.max_map_count's
+# default of 65530 with room for the rest), and a few KiB of the directory.
+space_files_max_default = 20000
+# Files being written at once in all spaces (each holds two 4 MiB buffers, an
+# extent and a connection while it is open).
+space_drafts_max_default = 256
+# A data path write frame's data at most (the mount's max_write is 1 MiB).
+space_write_data_bytes_max = 1 * MiB
+# A file open for writing whose connection carries nothing this long is dropped
+# (what it received since its last fsync is lost, as for a writer that died).
+space_draft_idle_timeout_s = 3600.0
+# Entries of a space's directory listed in one page.
+space_list_page_entries_max = 4096
+
 # --- warm-up ------------------------------------------------------------------
 # Share of the daemon's memory (the machine's, or its cgroup limit) that
 # dataset warm-ups may fill with page cache together: most of it, since the
@@ -700,6 +718,9 @@ timeline_spans_max = 1_000_000
 # (counted by the lines it did write).
 timeline_spool_file_bytes_max = 64 * MiB
 
+assert space_file_bytes_max <= sample_bytes_max
+assert space_files_max_default < 65530 // 2
+assert 4 * (space_file_bytes_max // crc_block_bytes) + 4096 <= catalog_record_bytes_max
 assert chunk_bytes_default + 16 * MiB <= message_bytes_max
 assert range_bytes_max <= chunk_bytes_default
 assert (read_ahead_windows + 1) * chunk_bytes_default <= inflight_bytes_max_default

@@ -44,6 +44,30 @@ def check_dataset_name(name: str) -> str:
     return name
 
 
+# A file version of a checkpoint space is read as the one-sample dataset
+# "SPACE@VERSION" (version id in lowercase hex): see dlfs.server.core.space_records.
+FILE_VERSION_SEP = "@"
+_FILE_VERSION_RE = re.compile(r"[0-9a-f]{1,16}")
+
+
+def file_version_name(space: str, version_id: int) -> str:
+    """The name reads give file version `version_id` of space `space`."""
+    return f"{space}{FILE_VERSION_SEP}{version_id:x}"
+
+
+def check_read_name(name: str) -> str:
+    """Return `name` if reads may name it: a dataset (or space) name, or a file
+    version's "SPACE@VERSION" (`file_version_name`); else raise InvalidArgument."""
+    if isinstance(name, str) and FILE_VERSION_SEP in name:
+        space, _, version = name.partition(FILE_VERSION_SEP)
+        check_dataset_name(space)
+        if not _FILE_VERSION_RE.fullmatch(version):
+            raise InvalidArgument(f"{name!r} is malformed: a file version is read as "
+                                  "SPACE@VERSION, the version in hex (as `dlfs stat` shows it)")
+        return name
+    return check_dataset_name(name)
+
+
 def path_utf8(path: str) -> bytes:
     """Encode `path` as UTF-8, raising InvalidArgument for lone surrogates."""
     try:

@@ -30,6 +30,9 @@ class DatasetInfo:
     # Unsealed: "receiving", "prepared" or "parked" (a resumable ingest that
     # broke off); "" when sealed.
     ingest_state: str = ""
+    # "dataset" (sealed, read-only), or "space": a checkpoint space, whose files
+    # programs write; `samples` counts its files then, `generation` is its id.
+    kind: str = "dataset"
 
     @property
     def striped(self) -> bool:
@@ -94,6 +97,10 @@ class Entry:
     id: int  # sample id; -1 for directories
     crc32c: int
     children: int  # directories: number of direct children; files: 0
+    # Files of a checkpoint space: the file version to read (the one-sample
+    # version "SPACE@VERSION", dlfs.paths.file_version_name); 0 otherwise, and
+    # for a file being written that has no closed version yet.
+    version: int = 0
 
     @property
     def permissions(self) -> str:

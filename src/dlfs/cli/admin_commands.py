@@ -1,5 +1,6 @@
 """The commands that change or check what daemons hold: `warm`, `scrub`, `rebalance`,
-`rm` (sealed datasets) and `discard` (parked ingests)."""
+`mkspace` (checkpoint spaces), `rm` (sealed datasets and spaces) and `discard` (parked
+ingests)."""
 
 from __future__ import annotations
 
@@ -37,10 +38,17 @@ def add_commands(command) -> None:
                    help="place it on these live members only (default: every live member)")
     p.add_argument("--source", default=None, metavar="HOST:PORT",
                    help="stripe the one-daemon dataset NAME of this daemon over the cluster")
-    p = command("rm", "remove datasets", run_rm,
-                description="Remove each sealed dataset NAME and free its space, and nothing "
-                "else: a parked ingest of that name stays (`dlfs discard` ends it); the "
-                "others are still removed when one fails (exit 1).")
+    p = command("mkspace", "create checkpoint spaces", run_mkspace,
+                description="Create each checkpoint space NAME: a tree of files that programs "
+                "write (through `dlfs-mount`, `Client.space`, or torch.distributed.checkpoint), "
+                "beside the read-only datasets; the others are still created when one fails "
+                "(exit 1).")
+    p.add_argument("names", nargs="+", metavar="NAME")
+    p = command("rm", "remove datasets and checkpoint spaces", run_rm,
+                description="Remove each sealed dataset NAME (or checkpoint space NAME, with "
+                "every file in it) and free its space, and nothing else: a parked ingest of "
+                "that name stays (`dlfs discard` ends it); the others are still removed when "
+                "one fails (exit 1).")
     p.add_argument("names", nargs="+", metavar="NAME")
     p = command("discard", "end parked ingests", run_discard,
                 description="End the parked (broken-off, resumable) ingest of each NAME and "
@@ -92,6 +100,19 @@ def run_rebalance(client: Client, args) -> int:
     return 0
 
 
+def run_mkspace(client: Client, args) -> int:
+    failed = 0
+    for name in args.names:
+        try:
+            client.create_space(name)
+        except DlfsError as exc:
+            failed += 1
+            _print_error(exc)
+            continue
+        print(f"created checkpoint space {name}")
+    return 1 if failed else 0
+
+
 def run_rm(client: Client, args) -> int:
     failed = 0
     for name in args.names:
@@ -101,7 +122,8 @@ def run_rm(client: Client, args) -> int:
             failed += 1
             _print_error(exc)
             continue
-        print(f"removed {info.name}: {counted(info.samples, 'sample')}, "
+        what = "file" if info.kind == "space" else "sample"
+        print(f"removed {info.name}: {counted(info.samples, what)}, "
               f"{human_bytes(info.bytes)} freed")
         left = _listed(client, name)
         if left is not None and left.ingest_state == "parked":  # rm never touches it

@@ -55,11 +55,16 @@ def print_json(value) -> None:
 
 def run_datasets(client: Client, args) -> int:
     infos = client.dataset_infos()
-    warm = {info.name: _warm_summary(client, info.name) for info in infos if info.sealed}
+    warm = {info.name: _warm_summary(client, info.name) for info in infos
+            if info.sealed and info.kind == "dataset"}
     if args.json:
         print_json([_dataset_json(info, warm.get(info.name)) for info in infos])
         return 0
     for info in infos:
+        if info.kind == "space":
+            print(f"{info.name}\t{info.samples} files\t{human_bytes(info.bytes)}  "
+                  "(checkpoint space)")
+            continue
         state = _warm_text(warm.get(info.name)) if info.sealed else \
             _unsealed_text(args, info)
         print(f"{info.name}\t{counted(info.samples, 'sample')}\t{human_bytes(info.bytes)}{state}")
@@ -113,7 +118,7 @@ def cached_text(resident: int, total: int) -> str:
 
 
 def _dataset_json(info: DatasetInfo, warm: dict | None) -> dict:
-    return {"name": info.name, "samples": info.samples, "bytes": info.bytes,
+    return {"name": info.name, "kind": info.kind, "samples": info.samples, "bytes": info.bytes,
             "sealed": info.sealed, "state": "sealed" if info.sealed else info.ingest_state,
             "generation": info.generation, "created_ns": info.created_ns,
             "members": list(info.members), "replicas": info.replicas, "warm": warm,
@@ -164,7 +169,7 @@ def run_stat(client: Client, args) -> int:
         print(f"  entries: {e.children}")
     else:
         print(f"  size: {e.size}")
-        print(f"  id: {e.id}")
+        print(f"  version: {e.version:x}" if e.version else f"  id: {e.id}")
         print(f"  crc32c: {e.crc32c:08x}")
     print(f"  mode: {e.permissions} ({e.mode & 0o7777:04o})")
     print(f"  mtime: {datetime.datetime.fromtimestamp(e.mtime_ns / 1e9).isoformat()}")
@@ -175,10 +180,18 @@ def run_cat(client: Client, args) -> int:
     dataset, path = split_dataset_path(args.target)
     if not path:
         raise InvalidArgument(f"{args.target!r} names a dataset; give NAME/PATH of a sample")
-    sample = client.get_batch([path], dataset=dataset)[0]
-    sys.stdout.buffer.write(sample)
+    entry = client.stat(dataset, path)
+    if entry.version:  # a file of a checkpoint space: its closed version, piece by piece
+        space = client.space(dataset)
+        for offset in range(0, entry.size, CAT_PIECE_BYTES):
+            sys.stdout.buffer.write(space.read(path, offset, CAT_PIECE_BYTES, entry=entry))
+    else:
+        sys.stdout.buffer.write(client.get_batch([path], dataset=dataset)[0])
     sys.stdout.buffer.flush()
     return 0
+
+
+CAT_PIECE_BYTES = 16 << 20  # what `dlfs cat` of a checkpoint file holds in memory at once
 
 
 # --- status -----------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from dlfs.client.cluster.rebalance import RebalanceReport
 from dlfs.coord.cluster_keys import MemberRecord
 from dlfs.client.reply_buffers import BufferPool
 from dlfs.client.scrub_report import ScrubReport
+from dlfs.client.spaces import Space, SpaceFile, SpaceReader
 from dlfs.client.ticket import DatasetTicket
 from dlfs.client.transport.checksum_errors import named_checksum_error
 from dlfs.client.transport.direct_reader import DirectReader
@@ -20,5 +21,5 @@ from dlfs.types import DaemonStatus, DatasetInfo, Entry, WarmInfo
 
 __all__ = ["FORK_SUPPORT_ENV", "BufferPool", "Client", "DaemonStatus", "Dataset",
            "DatasetInfo", "DatasetTicket", "DirectReader", "Entry", "RebalanceReport",
-           "MemberRecord", "SampleKey", "ScrubReport", "WarmInfo", "daemon_addresses",
-           "fork_support_enabled", "named_checksum_error"]
+           "MemberRecord", "SampleKey", "ScrubReport", "Space", "SpaceFile", "SpaceReader",
+           "WarmInfo", "daemon_addresses", "fork_support_enabled", "named_checksum_error"]

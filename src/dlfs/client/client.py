@@ -55,6 +55,7 @@ from dlfs.paths import check_dataset_name
 from dlfs.staging.progress import IngestStats
 from dlfs.staging.read_pool import READERS_DEFAULT
 from dlfs.staging.source_set import open_sources
+from dlfs.client.spaces import Space
 from dlfs.types import DaemonStatus, DatasetInfo, Entry, WarmInfo
 
 
@@ -200,8 +201,26 @@ class Client:
         check_dataset_name(name)
         return Dataset(self, self.transport.dataset_info(name))
 
+    def create_space(self, name: str) -> Space:
+        """Create checkpoint space `name` (a tree of files programs write, durable when
+        this returns) and return it.  Raises AlreadyExists (a dataset or space has the
+        name), InvalidArgument, PermissionDenied (no admin token)."""
+        space = Space(self, name)
+        space._daemon().control.create_space(name)
+        return space
+
+    def space(self, name: str) -> Space:
+        """Checkpoint space `name` (`dlfs.client.spaces`); NotFound if there is none."""
+        space = Space(self, name)
+        info = space.info()
+        if info.kind != "space":
+            raise NotFound(f"{name!r} is a dataset, not a checkpoint space (datasets are "
+                           "read-only): `Client.create_space` makes one")
+        return space
+
     def delete(self, name: str) -> DatasetInfo:
-        """Remove the sealed dataset `name` and free its space (on every member that has
+        """Remove the sealed dataset `name`, or checkpoint space `name` with every file in
+        it, and free its space (on every member that has
         it), and nothing else: a parked ingest of the same name stays
         (`discard_ingest` ends it).
 

@@ -89,6 +89,13 @@ class Kind(enum.IntEnum):
     PIECE = 7
     INGEST_END = 8
     BLOCK_CRCS = 9  # only to a daemon whose WELCOME has WELCOME_BLOCK_CRCS
+    # the write conversation (datapath_writes.py)
+    FILE_OPEN = 10
+    FILE_WRITE = 11
+    FILE_TRUNCATE = 12
+    FILE_SYNC = 13
+    FILE_READ = 14
+    FILE_CLOSE = 15
     # daemon -> client
     WELCOME = 64
     ERROR = 65
@@ -100,6 +107,10 @@ class Kind(enum.IntEnum):
     INGEST_READY = 71
     INGESTED = 72
     CRCS = 73
+    FILE_OPENED = 74
+    FILE_STATE = 75
+    FILE_DATA = 76
+    WRITE_FAILED = 77  # an ERROR's body, sent unasked: a FILE_WRITE or FILE_TRUNCATE failed
 
 
 # gRPC's numeric status codes, so both paths report failures the same way.
@@ -399,8 +410,11 @@ def request_bytes_max(batch_ids_max: int) -> int:
 
 # The request kinds a served connection may send; all but GET_BATCH are a fixed
 # part, a name and a request id (`limits.datapath_request_fixed_bytes_max` at most).
+# Kinds a connection's next request may be (the write conversation's other frames
+# are read by server/datapath/file_writes.py, against their own maxima).
 REQUEST_KINDS = frozenset((Kind.GET_BATCH, Kind.READ_RANGE, Kind.STAT_DATASET,
-                           Kind.OPEN_DATASET, Kind.INGEST_START, Kind.BLOCK_CRCS))
+                           Kind.OPEN_DATASET, Kind.INGEST_START, Kind.BLOCK_CRCS,
+                           Kind.FILE_OPEN))
 
 
 def request_body_bytes_max(kind: int, batch_ids_max: int) -> int | None:
@@ -409,6 +423,8 @@ def request_body_bytes_max(kind: int, batch_ids_max: int) -> int | None:
     when `kind` is not a request."""
     if kind == Kind.GET_BATCH:
         return request_bytes_max(batch_ids_max)
+    if kind == Kind.FILE_OPEN:  # it names a path of a checkpoint space (datapath_writes)
+        return limits.datapath_request_fixed_bytes_max + limits.path_bytes_max
     return limits.datapath_request_fixed_bytes_max if kind in REQUEST_KINDS else None
 
 

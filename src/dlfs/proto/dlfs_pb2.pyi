@@ -46,6 +46,30 @@ class WarmReply(_message.Message):
     bytes_resident: int
     def __init__(self, dataset: _Optional[str] = ..., generation: _Optional[int] = ..., state: _Optional[str] = ..., bytes_total: _Optional[int] = ..., bytes_warmed: _Optional[int] = ..., budget_bytes: _Optional[int] = ..., fits: _Optional[bool] = ..., message: _Optional[str] = ..., bytes_resident: _Optional[int] = ...) -> None: ...
 
+class CreateSpaceRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class SpacePathRequest(_message.Message):
+    __slots__ = ("space", "path", "mode", "directory", "target")
+    SPACE_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    DIRECTORY_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    space: str
+    path: str
+    mode: int
+    directory: bool
+    target: str
+    def __init__(self, space: _Optional[str] = ..., path: _Optional[str] = ..., mode: _Optional[int] = ..., directory: _Optional[bool] = ..., target: _Optional[str] = ...) -> None: ...
+
+class RemoveReply(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
 class GetDataPathRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
@@ -83,7 +107,7 @@ class GetDatasetRequest(_message.Message):
     def __init__(self, dataset: _Optional[str] = ...) -> None: ...
 
 class DatasetInfo(_message.Message):
-    __slots__ = ("name", "samples", "bytes", "sealed", "created_unix_ns", "extents", "members", "replicas", "member_index", "generation", "ingest_state")
+    __slots__ = ("name", "samples", "bytes", "sealed", "created_unix_ns", "extents", "members", "replicas", "member_index", "generation", "ingest_state", "kind")
     NAME_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_FIELD_NUMBER: _ClassVar[int]
     BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -95,6 +119,7 @@ class DatasetInfo(_message.Message):
     MEMBER_INDEX_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     INGEST_STATE_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
     name: str
     samples: int
     bytes: int
@@ -106,10 +131,11 @@ class DatasetInfo(_message.Message):
     member_index: int
     generation: int
     ingest_state: str
-    def __init__(self, name: _Optional[str] = ..., samples: _Optional[int] = ..., bytes: _Optional[int] = ..., sealed: _Optional[bool] = ..., created_unix_ns: _Optional[int] = ..., extents: _Optional[int] = ..., members: _Optional[_Iterable[str]] = ..., replicas: _Optional[int] = ..., member_index: _Optional[int] = ..., generation: _Optional[int] = ..., ingest_state: _Optional[str] = ...) -> None: ...
+    kind: str
+    def __init__(self, name: _Optional[str] = ..., samples: _Optional[int] = ..., bytes: _Optional[int] = ..., sealed: _Optional[bool] = ..., created_unix_ns: _Optional[int] = ..., extents: _Optional[int] = ..., members: _Optional[_Iterable[str]] = ..., replicas: _Optional[int] = ..., member_index: _Optional[int] = ..., generation: _Optional[int] = ..., ingest_state: _Optional[str] = ..., kind: _Optional[str] = ...) -> None: ...
 
 class Entry(_message.Message):
-    __slots__ = ("name", "path", "kind", "size", "mode", "mtime_ns", "id", "crc32c", "children")
+    __slots__ = ("name", "path", "kind", "size", "mode", "mtime_ns", "id", "crc32c", "children", "version")
     NAME_FIELD_NUMBER: _ClassVar[int]
     PATH_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
@@ -119,6 +145,7 @@ class Entry(_message.Message):
     ID_FIELD_NUMBER: _ClassVar[int]
     CRC32C_FIELD_NUMBER: _ClassVar[int]
     CHILDREN_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
     name: str
     path: str
     kind: EntryKind
@@ -128,7 +155,8 @@ class Entry(_message.Message):
     id: int
     crc32c: int
     children: int
-    def __init__(self, name: _Optional[str] = ..., path: _Optional[str] = ..., kind: _Optional[_Union[EntryKind, str]] = ..., size: _Optional[int] = ..., mode: _Optional[int] = ..., mtime_ns: _Optional[int] = ..., id: _Optional[int] = ..., crc32c: _Optional[int] = ..., children: _Optional[int] = ...) -> None: ...
+    version: int
+    def __init__(self, name: _Optional[str] = ..., path: _Optional[str] = ..., kind: _Optional[_Union[EntryKind, str]] = ..., size: _Optional[int] = ..., mode: _Optional[int] = ..., mtime_ns: _Optional[int] = ..., id: _Optional[int] = ..., crc32c: _Optional[int] = ..., children: _Optional[int] = ..., version: _Optional[int] = ...) -> None: ...
 
 class StatRequest(_message.Message):
     __slots__ = ("dataset", "path")

@@ -124,6 +124,26 @@ class DlfsStub:
                 request_serializer=dlfs_dot_proto_dot_dlfs__pb2.WarmRequest.SerializeToString,
                 response_deserializer=dlfs_dot_proto_dot_dlfs__pb2.WarmReply.FromString,
                 _registered_method=True)
+        self.CreateSpace = channel.unary_unary(
+                '/dlfs.v1.Dlfs/CreateSpace',
+                request_serializer=dlfs_dot_proto_dot_dlfs__pb2.CreateSpaceRequest.SerializeToString,
+                response_deserializer=dlfs_dot_proto_dot_dlfs__pb2.DatasetInfo.FromString,
+                _registered_method=True)
+        self.MakeDir = channel.unary_unary(
+                '/dlfs.v1.Dlfs/MakeDir',
+                request_serializer=dlfs_dot_proto_dot_dlfs__pb2.SpacePathRequest.SerializeToString,
+                response_deserializer=dlfs_dot_proto_dot_dlfs__pb2.Entry.FromString,
+                _registered_method=True)
+        self.Remove = channel.unary_unary(
+                '/dlfs.v1.Dlfs/Remove',
+                request_serializer=dlfs_dot_proto_dot_dlfs__pb2.SpacePathRequest.SerializeToString,
+                response_deserializer=dlfs_dot_proto_dot_dlfs__pb2.RemoveReply.FromString,
+                _registered_method=True)
+        self.Rename = channel.unary_unary(
+                '/dlfs.v1.Dlfs/Rename',
+                request_serializer=dlfs_dot_proto_dot_dlfs__pb2.SpacePathRequest.SerializeToString,
+                response_deserializer=dlfs_dot_proto_dot_dlfs__pb2.RemoveReply.FromString,
+                _registered_method=True)
 
 
 class DlfsServicer:
@@ -331,6 +351,46 @@ class DlfsServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CreateSpace(self, request, context):
+        """Checkpoint spaces: trees of files that programs write (docs/DESIGN.md,
+        "Checkpoint spaces").  A space shares the namespace of dataset names;
+        ListDatasets lists it (kind "space"), GetDataset, Stat and ListDir
+        answer for it as for a dataset (its files' entries carry the `version`
+        to read), DeleteDataset removes it with every file in it.  File bytes
+        are written over the data path (datapath.md, "Writes").  Each change is
+        durable (the catalog fsynced) before it is answered.  Admin token.
+        Codes: ALREADY_EXISTS (the name is taken), INVALID_ARGUMENT.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def MakeDir(self, request, context):
+        """A directory of a space.  Codes: ALREADY_EXISTS, NOT_FOUND (its parent),
+        FAILED_PRECONDITION (dlfs-error NotADirectory: a file on the way).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Remove(self, request, context):
+        """A file (or with `directory`, an empty directory) of a space.  Codes:
+        NOT_FOUND, FAILED_PRECONDITION (IsADirectory, NotADirectory,
+        DirectoryNotEmpty).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Rename(self, request, context):
+        """Move `path` to `target` atomically, replacing a file or an empty
+        directory there.  Codes: NOT_FOUND, FAILED_PRECONDITION (Busy: a file
+        being written; IsADirectory, NotADirectory, DirectoryNotEmpty).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_DlfsServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -423,6 +483,26 @@ def add_DlfsServicer_to_server(servicer, server):
                     servicer.Warm,
                     request_deserializer=dlfs_dot_proto_dot_dlfs__pb2.WarmRequest.FromString,
                     response_serializer=dlfs_dot_proto_dot_dlfs__pb2.WarmReply.SerializeToString,
+            ),
+            'CreateSpace': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateSpace,
+                    request_deserializer=dlfs_dot_proto_dot_dlfs__pb2.CreateSpaceRequest.FromString,
+                    response_serializer=dlfs_dot_proto_dot_dlfs__pb2.DatasetInfo.SerializeToString,
+            ),
+            'MakeDir': grpc.unary_unary_rpc_method_handler(
+                    servicer.MakeDir,
+                    request_deserializer=dlfs_dot_proto_dot_dlfs__pb2.SpacePathRequest.FromString,
+                    response_serializer=dlfs_dot_proto_dot_dlfs__pb2.Entry.SerializeToString,
+            ),
+            'Remove': grpc.unary_unary_rpc_method_handler(
+                    servicer.Remove,
+                    request_deserializer=dlfs_dot_proto_dot_dlfs__pb2.SpacePathRequest.FromString,
+                    response_serializer=dlfs_dot_proto_dot_dlfs__pb2.RemoveReply.SerializeToString,
+            ),
+            'Rename': grpc.unary_unary_rpc_method_handler(
+                    servicer.Rename,
+                    request_deserializer=dlfs_dot_proto_dot_dlfs__pb2.SpacePathRequest.FromString,
+                    response_serializer=dlfs_dot_proto_dot_dlfs__pb2.RemoveReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -911,6 +991,114 @@ class Dlfs:
             '/dlfs.v1.Dlfs/Warm',
             dlfs_dot_proto_dot_dlfs__pb2.WarmRequest.SerializeToString,
             dlfs_dot_proto_dot_dlfs__pb2.WarmReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateSpace(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dlfs.v1.Dlfs/CreateSpace',
+            dlfs_dot_proto_dot_dlfs__pb2.CreateSpaceRequest.SerializeToString,
+            dlfs_dot_proto_dot_dlfs__pb2.DatasetInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def MakeDir(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dlfs.v1.Dlfs/MakeDir',
+            dlfs_dot_proto_dot_dlfs__pb2.SpacePathRequest.SerializeToString,
+            dlfs_dot_proto_dot_dlfs__pb2.Entry.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Remove(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dlfs.v1.Dlfs/Remove',
+            dlfs_dot_proto_dot_dlfs__pb2.SpacePathRequest.SerializeToString,
+            dlfs_dot_proto_dot_dlfs__pb2.RemoveReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Rename(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dlfs.v1.Dlfs/Rename',
+            dlfs_dot_proto_dot_dlfs__pb2.SpacePathRequest.SerializeToString,
+            dlfs_dot_proto_dot_dlfs__pb2.RemoveReply.FromString,
             options,
             channel_credentials,
             insecure,

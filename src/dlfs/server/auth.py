@@ -28,7 +28,9 @@ log = logging.getLogger(__name__)
 ROLES = ("read", "admin")
 # Methods that change what is stored.
 ADMIN_METHODS = frozenset({"/dlfs.v1.Dlfs/Ingest", "/dlfs.v1.Dlfs/DeleteDataset",
-                           "/dlfs.v1.Dlfs/DiscardIngest"})
+                           "/dlfs.v1.Dlfs/DiscardIngest", "/dlfs.v1.Dlfs/CreateSpace",
+                           "/dlfs.v1.Dlfs/MakeDir", "/dlfs.v1.Dlfs/Remove",
+                           "/dlfs.v1.Dlfs/Rename"})
 OPEN_PREFIXES = ("/grpc.health.v1.Health/",)
 METADATA_KEY = "authorization"
 SCHEME = "Bearer "

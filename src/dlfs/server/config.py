@@ -56,6 +56,8 @@ class ServerConfig:
     stream_stall_timeout_s: float = limits.stream_stall_timeout_s_default
     inflight_bytes_max: int = limits.inflight_bytes_max_default
     ingests_concurrent_max: int = limits.ingests_concurrent_max_default
+    space_files_max: int = limits.space_files_max_default
+    space_drafts_max: int = limits.space_drafts_max_default
     resumable_ingest_timeout_s: float = limits.resumable_ingest_timeout_s_default
     ingest_checkpoint_bytes: int = limits.ingest_checkpoint_bytes
     ingest_checkpoint_interval_s: float = limits.ingest_checkpoint_interval_s
@@ -132,6 +134,10 @@ class ServerConfig:
             (self.rpc_threads <= self.rpcs_concurrent_max,
              "rpcs_concurrent_max must be at least rpc_threads"),
             (1 <= self.ingests_concurrent_max, "ingests_concurrent_max must be at least 1"),
+            (1 <= self.space_files_max <= 2 * limits.space_files_max_default,
+             f"space_files_max must be in 1..{2 * limits.space_files_max_default} (each file "
+             "version is mapped by every data path worker)"),
+            (1 <= self.space_drafts_max, "space_drafts_max must be at least 1"),
             (0 < self.resumable_ingest_timeout_s, "resumable_ingest_timeout_s must be positive"),
             (0 < self.ingest_checkpoint_bytes and 0 < self.ingest_checkpoint_interval_s,
              "the ingest checkpoint bytes and interval must be positive"),
@@ -191,6 +197,9 @@ SETTINGS_HELP = {
     "rpc_threads": "threads serving RPCs",
     "rpcs_concurrent_max": "RPCs admitted at once; more get RESOURCE_EXHAUSTED",
     "ingests_concurrent_max": "ingest streams admitted at once",
+    "space_files_max": "files kept in all checkpoint spaces; a new file over it is refused "
+                       "(remove old checkpoints)",
+    "space_drafts_max": "files being written into checkpoint spaces at once",
     "member_lease_ttl_s": "with --etcd: seconds the member's lease lives without a keepalive "
                           "(a killed daemon leaves the member list this long after)",
     "resumable_ingest_timeout_s": "a resumable ingest that broke off is kept this long for a "

@@ -10,6 +10,9 @@ each with explicit arguments taken from the config:
   an ingest (begin, prepare, commit, abort, break off, resume, expire,
   recover) and the publishing and deleting of datasets, under the one lock
   that keeps catalog, directory and extents consistent;
+- `store.spaces` (server/write/space_machine.py): checkpoint spaces, their
+  trees and the files being written into them, whose closed versions it
+  publishes in the directory beside the datasets;
 - `store.batch_limits` (dlfs/batch_limits.py): --batch-ids-max and
   --batch-bytes-max, which the gRPC front door meets through
   `store.reads` and the data path checks directly: one error, one message.
@@ -36,7 +39,7 @@ from typing import ContextManager
 from dlfs.batch_limits import BatchLimits
 from dlfs.errors import NotFound, StaleGeneration
 from dlfs.formats import disk_layout as layout
-from dlfs.paths import check_dataset_name
+from dlfs.paths import FILE_VERSION_SEP, check_dataset_name, check_read_name
 from dlfs.server.config import ServerConfig
 from dlfs.server.core import catalog as cat
 from dlfs.server.core.catalog_replay import release_free_heap, restore
@@ -52,6 +55,7 @@ from dlfs.server.read.dataset_reads import DatasetReads
 from dlfs.server.read.prefetch import Prefetcher
 from dlfs.server.read.read_engine import ReadEngine
 from dlfs.server.read.warmup import Warmer, WarmStatus, memory_bytes
+from dlfs.server.write.space_machine import SpaceMachine
 from dlfs.types import DaemonStatus, DatasetInfo
 
 log = logging.getLogger(__name__)
@@ -66,7 +70,8 @@ class Store:
     """
 
     def __init__(self, config: ServerConfig, dir_lock: DataDirLock, catalog: cat.Catalog,
-                 extents: ExtentStore, directory: SampleDirectory, next_dataset_id: int):
+                 extents: ExtentStore, directory: SampleDirectory, next_dataset_id: int,
+                 spaces: dict | None = None):
         self.config = config
         self.directory = directory
         self.extents = extents
@@ -96,6 +101,9 @@ class Store:
             resumable_ingest_timeout_s=config.resumable_ingest_timeout_s,
             checkpoint_bytes=config.ingest_checkpoint_bytes,
             checkpoint_interval_s=config.ingest_checkpoint_interval_s)
+        self.spaces = SpaceMachine(catalog, extents, directory, self._leases, self.ingests,
+                                   spaces or {}, files_max=config.space_files_max,
+                                   drafts_max=config.space_drafts_max)
         self.metrics.read_state_from(self.stored_state)  # gauges read at each scrape
 
     # --- lifecycle -------------------------------------------------------------
@@ -122,12 +130,13 @@ class Store:
                                config.catalog_compact_dead_bytes_min)
             del replayed
             release_free_heap()
-            datasets = restored.directory.all()
-            log.info("catalog replayed: %d datasets, %d samples, %d prepared ingests, %d catalog "
-                     "bytes in %.2f s", len(datasets), sum(len(d) for d in datasets),
-                     len(restored.prepared), catalog.size, time.monotonic() - started)
+            datasets = restored.directory.datasets()
+            log.info("catalog replayed: %d datasets, %d samples, %d prepared ingests, %d "
+                     "checkpoint spaces, %d catalog bytes in %.2f s", len(datasets),
+                     sum(len(d) for d in datasets), len(restored.prepared),
+                     len(restored.spaces), catalog.size, time.monotonic() - started)
             store = cls(config, dir_lock, catalog, extents, restored.directory,
-                        restored.next_dataset_id)
+                        restored.next_dataset_id, restored.spaces)
             store.ingests.recover(restored.prepared, restored.parked)
             return store
         except BaseException:
@@ -148,11 +157,15 @@ class Store:
     # --- datasets ----------------------------------------------------------------
 
     def dataset(self, name: str) -> DatasetIndex:
-        """The sealed dataset `name`.  O(1).  Raises InvalidArgument, NotFound."""
-        check_dataset_name(name)
+        """The sealed dataset `name`, or the file version "SPACE@VERSION" of a checkpoint
+        space.  O(1).  Raises InvalidArgument, NotFound."""
+        check_read_name(name)
         found = self.directory.find(name)
         if found is not None:
             return found
+        if self.spaces.has(name):
+            raise NotFound(f"{name!r} is a checkpoint space: read its files by path "
+                           "(`dlfs ls`, `Client.space`), not as a dataset")
         ingest = self.ingests.find(name)
         if ingest is not None and ingest[1] is IngestState.PARKED:
             raise NotFound(f"dataset {name!r} is an ingest that broke off (parked); it can be "
@@ -181,7 +194,8 @@ class Store:
         def resolve() -> DatasetIndex:
             dataset = self.directory.get(name)
             dataset.check_generation(generation)
-            if self.config.warm_on_first_read and first_read:
+            # A file version of a space is read once, by a restore: no warm-up of it.
+            if self.config.warm_on_first_read and first_read and FILE_VERSION_SEP not in name:
                 self._warmer.first_read(dataset)
             return dataset
 
@@ -230,14 +244,19 @@ class Store:
 
     def summaries(self) -> list[DatasetInfo]:
         """Sealed datasets and unsealed ingests (with their states), sorted by name."""
-        result = {d.name: d.summary() for d in self.directory.all()}
+        result = {d.name: d.summary() for d in self.directory.datasets()}
         for summary in self.ingests.summaries():
+            result.setdefault(summary.name, summary)
+        for summary in self.spaces.summaries():
             result.setdefault(summary.name, summary)
         return [result[name] for name in sorted(result)]
 
     def delete(self, name: str) -> DatasetInfo:
         """Remove the sealed dataset `name` (DeleteDataset), nothing else: see
-        IngestMachine.delete, which owns the lock a delete shares with publishing."""
+        IngestMachine.delete, which owns the lock a delete shares with publishing; or the
+        checkpoint space `name` with its files (SpaceMachine.delete)."""
+        if self.spaces.has(name):
+            return self.spaces.delete(name)
         return self.ingests.delete(name)
 
     def discard_ingest(self, name: str) -> DatasetInfo:
@@ -268,7 +287,7 @@ class Store:
     def stored_state(self) -> StoredState:
         """What this store holds now (the metrics read it at every scrape).
         O(datasets + ingests)."""
-        datasets = self.directory.all()
+        datasets = self.directory.datasets()
         ingests: dict[str, int] = {}
         for summary in self.ingests.summaries():
             ingests[summary.ingest_state] = ingests.get(summary.ingest_state, 0) + 1

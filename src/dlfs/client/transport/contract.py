@@ -65,6 +65,19 @@ class DaemonControl(Protocol):
     def stat(self, dataset: str, path: str) -> Entry:
         """A file or directory ("" the root; `path` normalized).  NotFound.  Retried."""
 
+    def create_space(self, name: str) -> DatasetInfo:
+        """A new, empty checkpoint space.  AlreadyExists.  Never retried (nor the three
+        below: each is a change, durable when it returns)."""
+
+    def make_dir(self, space: str, path: str, mode: int = 0o755) -> Entry:
+        """A directory of a space.  AlreadyExists, NotFound (its parent)."""
+
+    def remove(self, space: str, path: str, *, directory: bool = False) -> None:
+        """A file (or an empty directory) of a space.  NotFound, IsADirectory, ..."""
+
+    def rename(self, space: str, path: str, target: str) -> None:
+        """Move `path` to `target` atomically, replacing a file there.  Busy, ..."""
+
     def list_page(self, dataset: str, path: str, start_after: str,
                   page_size: int) -> tuple[list[Entry], bool]:
         """At most `page_size` entries (0: the daemon's default) after name `start_after`,

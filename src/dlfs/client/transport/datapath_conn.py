@@ -372,6 +372,59 @@ class DataConnection:
             raise self._unexpected(kind, "INGESTED")
         return frames.parse_ingested(body)
 
+    # --- writes (dlfs.client.transport.datapath_writer) -------------------------------------
+
+    def file_request(self, request: list, answer: int, body_bytes_max: int,
+                     timeout_s: float) -> memoryview:
+        """Send the frames of one request of a file's writes and return the body of its
+        answer, a frame of kind `answer`; a WRITE_FAILED on the way (an earlier
+        write's failure, which the answer repeats) is passed over.  Raises the
+        daemon's typed error (the connection stays usable), Unavailable,
+        DeadlineExceeded."""
+        try:
+            self._begin(timeout_s)
+            send_all(self._sock, request, deadline=self._deadline)
+            while True:
+                kind, length = self._frame_header()
+                if kind == frames.Kind.WRITE_FAILED:
+                    self._body(min(length, limits.datapath_error_frame_bytes_max))
+                    continue
+                kind, body = self._frame_body(kind, length, body_bytes_max)
+                if kind != answer:
+                    raise self._unexpected(kind, frames.Kind(answer).name)
+                return body
+        except BaseException as exc:
+            raise self._failed(exc) from None
+
+    def write_failure(self) -> DlfsError | None:
+        """The daemon's error if a WRITE_FAILED arrived (it is not waited for), else None.
+        Cost: one non-blocking recv."""
+        try:
+            self._sock.settimeout(0.0)  # with a timeout, recv would poll for it first
+            waiting = self._sock.recv(1, socket.MSG_PEEK)
+        except (BlockingIOError, InterruptedError):
+            return None
+        except OSError as exc:
+            raise self._failed(exc) from None
+        finally:
+            self._sock.settimeout(self.reply_timeout_s)
+        if not waiting:
+            self.broken = True
+            return Unavailable(f"DLFS daemon's data path at {self.endpoint.label} closed the "
+                               "connection of a file being written (the daemon restarted?); "
+                               "what it received since the last fsync is lost")
+        try:
+            self._begin(self.reply_timeout_s)
+            kind, length = self._frame_header()
+            if kind != frames.Kind.WRITE_FAILED or \
+                    length > limits.datapath_error_frame_bytes_max:
+                raise self._unexpected(kind, "nothing or WRITE_FAILED")
+            return frames.parse_error(self._body(length), self.endpoint.label)
+        except DlfsError:
+            raise
+        except BaseException as exc:
+            raise self._failed(exc) from None
+
     def _receive_fds(self) -> list[int]:
         """One FDS frame: its descriptors, which ride on its first byte (SCM_RIGHTS)."""
         size = frames.FRAME.size + frames.FDS.size

@@ -81,6 +81,24 @@ class GrpcControl:
     def stat(self, dataset: str, path: str) -> Entry:
         return convert.entry(self._call("Stat", pb.StatRequest(dataset=dataset, path=path)))
 
+    # --- checkpoint spaces (not retried: each is a change) -------------------------------
+
+    def create_space(self, name: str) -> DatasetInfo:
+        return convert.dataset_info(self._call("CreateSpace", pb.CreateSpaceRequest(name=name),
+                                               retry=False))
+
+    def make_dir(self, space: str, path: str, mode: int = 0o755) -> Entry:
+        return convert.entry(self._call("MakeDir", pb.SpacePathRequest(
+            space=space, path=path, mode=mode), retry=False))
+
+    def remove(self, space: str, path: str, *, directory: bool = False) -> None:
+        self._call("Remove", pb.SpacePathRequest(space=space, path=path, directory=directory),
+                   retry=False)
+
+    def rename(self, space: str, path: str, target: str) -> None:
+        self._call("Rename", pb.SpacePathRequest(space=space, path=path, target=target),
+                   retry=False)
+
     def list_page(self, dataset: str, path: str, start_after: str,
                   page_size: int) -> tuple[list[Entry], bool]:
         reply = self._call("ListDir", pb.ListDirRequest(

@@ -81,12 +81,13 @@ def dataset_info(message: pb.DatasetInfo) -> DatasetInfo:
     return DatasetInfo(message.name, message.samples, message.bytes, message.sealed,
                        message.created_unix_ns, message.extents, tuple(message.members),
                        message.replicas, message.member_index, message.generation,
-                       ingest_state=message.ingest_state)
+                       ingest_state=message.ingest_state, kind=message.kind or "dataset")
 
 
 def entry(message: pb.Entry) -> Entry:
     return Entry(message.name, message.path, message.kind == pb.DIRECTORY, message.size,
-                 message.mode, message.mtime_ns, message.id, message.crc32c, message.children)
+                 message.mode, message.mtime_ns, message.id, message.crc32c, message.children,
+                 message.version)
 
 
 def daemon_status(address: str, m: pb.StatusReply) -> DaemonStatus:

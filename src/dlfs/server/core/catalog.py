@@ -38,9 +38,9 @@ from dlfs.server.core.catalog_records import RECORD_TYPES, RecordType
 log = logging.getLogger(__name__)
 
 FILE_MAGIC = b"DLFSCAT1"
-FORMAT_VERSION = 2
-# Versions this daemon reads: 1 lacks the BLOCKS and DIRS records.
-READABLE_VERSIONS = (1, 2)
+FORMAT_VERSION = 3
+# Versions this daemon reads: 1 lacks the BLOCKS and DIRS records, 2 the space records.
+READABLE_VERSIONS = (1, 2, 3)
 _FILE_HEADER = struct.Struct("<8sI")
 FILE_HEADER_BYTES = _FILE_HEADER.size + 4
 RECORD_MAGIC = 0xD1F5CA7A

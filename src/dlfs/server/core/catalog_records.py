@@ -34,8 +34,11 @@ Record types and payloads:
             dlfs.server.core.checkpoints): the dataset's first N samples recorded so
             far are durable, records of further samples before it are void.
             Format version 2.
+    SPACE, FILE, MKDIR, REMOVE, RENAME: checkpoint spaces and their files (payloads
+            and meaning in dlfs.server.core.space_records).  Format version 3.  A
+            DELETE naming a space id removes the space and every file in it.
 
-Version 2 added BLOCKS, DIRS, PREPARE and CHECKPOINT; a version 1 catalog is read as it
+Version 2 added BLOCKS, DIRS, PREPARE and CHECKPOINT, version 3 the space records; a version 1 catalog is read as it
 is and its header is rewritten to version 2 when opened, so a daemon that
 knows only version 1 refuses it by its version rather than by an unknown
 record.
@@ -73,6 +76,11 @@ class RecordType(enum.IntEnum):
     DIRS = 9
     PREPARE = 10
     CHECKPOINT = 11
+    SPACE = 12
+    FILE = 13
+    MKDIR = 14
+    REMOVE = 15
+    RENAME = 16
 
 
 RECORD_TYPES = frozenset(t.value for t in RecordType)

@@ -24,6 +24,8 @@ from dlfs.server.core import catalog_records as records
 from dlfs.server.core.directory import Cluster, DatasetIndex
 from dlfs.server.core.sealed_datasets import SampleDirectory
 from dlfs.server.core.extents import ExtentStore
+from dlfs.server.core.space_replay import records_of, replay_spaces
+from dlfs.server.core.space_tree import SpaceTree
 from dlfs.server.core.checkpoints import (
     Checkpoint,
     ParkedIngest,
@@ -61,6 +63,7 @@ class Restored:
     prepared: list[tuple[DatasetIndex, bool]]
     next_dataset_id: int
     parked: list[ParkedIngest] = dataclasses.field(default_factory=list)
+    spaces: dict[int, SpaceTree] = dataclasses.field(default_factory=dict)
 
 
 def restore(catalog: cat.Catalog, logged, extents: ExtentStore,
@@ -75,6 +78,8 @@ def restore(catalog: cat.Catalog, logged, extents: ExtentStore,
     size (see `release_free_heap`).
     """
     replayed, max_id = replay(logged)
+    spaces, space_max_id, space_bytes = replay_spaces(logged)
+    max_id = max(max_id, space_max_id)
     directory = SampleDirectory()
     prepared: list[tuple[DatasetIndex, bool]] = []
     parked: list[ParkedIngest] = []
@@ -133,14 +138,18 @@ def restore(catalog: cat.Catalog, logged, extents: ExtentStore,
                       entry.name)
     live = {d.dataset_id for d in directory.all()} | {i.dataset_id for i, _ in prepared} | \
         {p.dataset_id for p in parked}
+    # A space's live file versions keep their extents; the versions of files that
+    # were being written when the daemon stopped (never recorded) are orphans.
+    live_versions = {v.version_id for tree in spaces.values() for _, v in tree.versions()}
     for dataset_id in extents.dataset_ids_on_disk():
-        if dataset_id not in live:
+        if dataset_id not in live and dataset_id not in live_versions:
             log.warning("removing orphaned extents of dataset id %x", dataset_id)
             _remove_quietly(extents, dataset_id)
         max_id = max(max_id, dataset_id)
     catalog.sync()
-    compact_if_mostly_dead(catalog, replayed, max_id, live, compact_dead_bytes_min)
-    return Restored(directory, prepared, max_id + 1, parked)
+    compact_if_mostly_dead(catalog, replayed, max_id, live, compact_dead_bytes_min,
+                           spaces=list(spaces.values()), space_bytes=space_bytes)
+    return Restored(directory, prepared, max_id + 1, parked, spaces)
 
 
 def _missing_extents(extents: ExtentStore, dataset_id: int, blocks) -> list[int]:
@@ -227,13 +236,15 @@ def replay(logged) -> tuple[dict[int, ReplayedDataset], int]:
 
 def compact_if_mostly_dead(catalog: cat.Catalog, replayed: dict[int, ReplayedDataset],
                            max_id: int, live: set[int],
-                           dead_bytes_min: int = limits.catalog_compact_dead_bytes_min) -> None:
-    """Rewrite the catalog with only the live datasets (sealed or prepared) when
-    deleted, replaced and aborted ones make up most of it and more than
+                           dead_bytes_min: int = limits.catalog_compact_dead_bytes_min, *,
+                           spaces: list[SpaceTree] = (), space_bytes: int = 0) -> None:
+    """Rewrite the catalog with only the live datasets (sealed or prepared) and
+    `spaces` (whose records take `space_bytes`) when deleted, replaced and
+    aborted datasets and dead file versions make up most of it and more than
     `dead_bytes_min` (keeps restart time proportional to what is stored).  The
     largest dataset id survives as an empty BEGIN+DELETE pair, so ids are
     never reused."""
-    live_bytes = sum(replayed[i].record_bytes for i in live)
+    live_bytes = sum(replayed[i].record_bytes for i in live) + space_bytes
     dead_bytes = catalog.size - live_bytes
     if dead_bytes <= max(live_bytes, dead_bytes_min):
         return
@@ -253,6 +264,8 @@ def compact_if_mostly_dead(catalog: cat.Catalog, replayed: dict[int, ReplayedDat
         else:  # a parked resumable ingest: its blocks were cut at its last checkpoint
             kept.append((records.RecordType.CHECKPOINT,
                          encode_checkpoint(dataset_id, entry.checkpoint)))
+    for tree in spaces:
+        kept += records_of(tree)
     before = catalog.size
     try:
         catalog.rewrite(kept)

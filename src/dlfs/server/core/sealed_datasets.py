@@ -1,5 +1,10 @@
 """The sample directory: every sealed dataset of the daemon, by name.
 
+The file versions of checkpoint spaces are here too, each a one-sample
+version named SPACE@VERSION (dlfs.paths.file_version_name) that the space
+machine publishes and removes: every read path serves them as it serves
+datasets.  `names` and `datasets` leave them out; `all` has them.
+
 Datasets (`DatasetIndex`, directory.py) are immutable; publishing a new one
 or removing one swaps whole datasets under a lock, so readers that resolved
 a dataset keep a consistent view without locking.  Only the ingest machine
@@ -19,6 +24,7 @@ import threading
 from typing import Callable, Protocol
 
 from dlfs.errors import NotFound
+from dlfs.paths import FILE_VERSION_SEP
 from dlfs.server.core.directory import DatasetIndex
 
 
@@ -66,10 +72,19 @@ class SampleDirectory:
         return self._datasets.get(name)
 
     def names(self) -> list[str]:
+        """The sealed datasets' names, sorted (file versions of spaces left out)."""
         with self._lock:
-            return sorted(self._datasets)
+            return sorted(n for n in self._datasets if FILE_VERSION_SEP not in n)
+
+    def datasets(self) -> list[DatasetIndex]:
+        """The sealed datasets by name (file versions of spaces left out)."""
+        with self._lock:
+            return [self._datasets[name] for name in sorted(self._datasets)
+                    if FILE_VERSION_SEP not in name]
 
     def all(self) -> list[DatasetIndex]:
+        """Everything readable: the sealed datasets and the file versions of the
+        checkpoint spaces (each a one-sample version named SPACE@VERSION)."""
         with self._lock:
             return [self._datasets[name] for name in sorted(self._datasets)]
 

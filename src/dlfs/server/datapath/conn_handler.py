@@ -39,7 +39,8 @@ from dlfs.errors import (
     VersionMismatch,
 )
 from dlfs.formats import datapath_frames as frames
-from dlfs.server.datapath import replies, uploads
+from dlfs.formats import datapath_writes
+from dlfs.server.datapath import file_writes, replies, uploads
 from dlfs.server.metrics import OPERATOR_CODES
 from dlfs.sockio import recv_exactly, send_all
 from dlfs.version import interoperates, mismatch_message
@@ -174,7 +175,7 @@ class DataConnection:
                     call.code = exc.status_code_name
                     self.fail(kind, exc)
                 except Exception as exc:
-                    if uploads.is_closed(exc):
+                    if uploads.is_closed(exc) or isinstance(exc, file_writes.ConnectionEnded):
                         call.code = "CANCELLED"
                         return
                     raise
@@ -202,6 +203,8 @@ class DataConnection:
             replies.open_dataset(self, *request)
         elif kind == frames.Kind.INGEST_START:
             self.server.ingest(self, request)
+        elif kind == frames.Kind.FILE_OPEN:
+            self.server.write_file(self, request)
         elif kind == frames.Kind.BLOCK_CRCS:
             replies.block_crcs(self, *request)
         else:
@@ -313,7 +316,7 @@ def _hello_bytes_max(_kind: int) -> int:
 _METHODS = {frames.Kind.GET_BATCH: "DataBatch", frames.Kind.READ_RANGE: "DataRange",
             frames.Kind.STAT_DATASET: "DataStat", frames.Kind.OPEN_DATASET: "DataOpen",
             frames.Kind.DATA: "DataBatch", frames.Kind.INGEST_START: "DataIngest",
-            frames.Kind.BLOCK_CRCS: "DataBlockCrcs"}
+            frames.Kind.BLOCK_CRCS: "DataBlockCrcs", frames.Kind.FILE_OPEN: "DataWrite"}
 
 
 def _parse(kind: int, body: memoryview):
@@ -335,6 +338,9 @@ def _parse(kind: int, body: memoryview):
     if kind == frames.Kind.BLOCK_CRCS:
         name, generation, sample_id, request_id = frames.parse_block_crcs(body)
         return (name, generation, sample_id), request_id
+    if kind == frames.Kind.FILE_OPEN:
+        request = datapath_writes.parse_file_open(body)
+        return request, request.request_id
     raise frames.FrameError(f"unknown request kind {kind}")
 
 

@@ -51,7 +51,7 @@ from dlfs import limits
 from dlfs.errors import DlfsError, Overloaded, Unavailable
 from dlfs.formats import datapath_frames as frames
 from dlfs.server.config import peer_share
-from dlfs.server.datapath import uploads
+from dlfs.server.datapath import file_writes, uploads
 from dlfs.server.datapath.accept_episodes import AcceptEpisodes
 from dlfs.server.datapath.admission import Admission, Entry
 from dlfs.server.datapath.conn_handler import DataConnection
@@ -91,7 +91,8 @@ class DataPathServer:
     (a worker's share of the daemon's).  `processes`: how many workers share
     the daemon's limits, whose figures (`daemon_connections_max`,
     `daemon_per_peer_max`) refusals name.  `ingest(connection, request)`
-    serves an INGEST_START (uploads.ingest; a worker hands it over instead).
+    serves an INGEST_START (uploads.ingest) and `write_file(connection, request)`
+    a FILE_OPEN (file_writes.serve_file); a worker hands both over instead.
     """
 
     def __init__(self, store, *, tcp_host: str | None, tcp_port: int, unix_socket: str,
@@ -126,6 +127,7 @@ class DataPathServer:
         self.unix_socket = unix_socket
         self.port = 0
         self.ingest = uploads.ingest
+        self.write_file = file_writes.serve_file
         self._given = list(listeners or [])
         self._requests = 0
         self._listeners: list[socket.socket] = []

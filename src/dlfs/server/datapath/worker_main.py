@@ -37,6 +37,7 @@ from dlfs import limits, logs
 from dlfs import errors as error_types
 from dlfs.errors import DlfsError, InvalidArgument
 from dlfs.formats import datapath_frames as frames
+from dlfs.formats.datapath_writes import FileOpenRequest
 from dlfs.server.auth import Authorizer
 from dlfs.server.core import shared_index
 from dlfs.server.datapath.control import ChannelClosed, ControlChannel
@@ -109,6 +110,7 @@ class Worker:
             idle_timeout_s=settings.idle_timeout_s, stall_timeout_s=settings.stall_timeout_s,
             buffer_bytes_max=settings.buffer_bytes_max, listeners=listeners)
         self.server.ingest = self._hand_over
+        self.server.write_file = self._hand_over
         self._applied = 0  # the sequence number of the last change applied
         self._questions = itertools.count(1)
         self._answers: dict[int, list] = {}  # question id -> [Event, answer]
@@ -222,17 +224,19 @@ class Worker:
 
     # --- ingests belong to the main process ---------------------------------------------
 
-    def _hand_over(self, connection, request: frames.IngestStartRequest) -> None:
-        """Send `connection` (its socket and the INGEST_START it carried) to the main
-        process, which serves the ingest on it; this process lets go of it."""
+    def _hand_over(self, connection, request) -> None:
+        """Send `connection` (its socket and the INGEST_START or FILE_OPEN it carried) to
+        the main process, which serves the ingest or the file on it; this process lets
+        go of it."""
         body = bytes(connection.request_body)
-        message = {"type": "ingest", "role": connection.role,
-                   "kind": int(frames.Kind.INGEST_START),
+        kind = (frames.Kind.FILE_OPEN if isinstance(request, FileOpenRequest)
+                else frames.Kind.INGEST_START)
+        message = {"type": "ingest", "role": connection.role, "kind": int(kind),
                    "body": base64.b64encode(body).decode()}
         try:
             self.channel.send(message, [connection.sock.fileno()])
         except ValueError:
-            raise InvalidArgument(f"an INGEST_START of {len(body)} bytes is too large to "
+            raise InvalidArgument(f"a {kind.name} of {len(body)} bytes is too large to "
                                   "serve") from None
         except ChannelClosed:
             os._exit(0)

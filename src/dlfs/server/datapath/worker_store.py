@@ -26,7 +26,7 @@ import threading
 from typing import ContextManager, Protocol
 
 from dlfs.errors import DlfsError, NotFound, Unavailable
-from dlfs.paths import check_dataset_name
+from dlfs.paths import FILE_VERSION_SEP, check_read_name
 from dlfs.server.core.extents import ExtentFiles, ExtentStore
 from dlfs.server.core.read_leases import ReadLeases
 from dlfs.server.core.sample_arrays import SampleArrays
@@ -126,7 +126,7 @@ class WorkerStore:
     def dataset(self, name: str) -> SampleArrays:
         """The dataset `name` as this worker serves it.  Raises InvalidArgument and the
         main process's NotFound (which names a running ingest)."""
-        check_dataset_name(name)
+        check_read_name(name)
         found = self.directory.find(name)
         if found is None:
             self._explain(name, 0)
@@ -137,7 +137,7 @@ class WorkerStore:
                 first_read: bool = True) -> ContextManager[SampleArrays]:
         """The dataset `name`, leased until the block ends (see Store.reading: the same
         contract and errors, per process)."""
-        check_dataset_name(name)
+        check_read_name(name)
         if self.directory.find(name) is None:
             self._explain(name, generation)
         if self.closed:
@@ -146,7 +146,7 @@ class WorkerStore:
         def resolve() -> SampleArrays:
             dataset = self.directory.get(name)
             dataset.check_generation(generation)
-            if first_read and self.config.warm_on_first_read:
+            if first_read and self.config.warm_on_first_read and FILE_VERSION_SEP not in name:
                 self._tell_first_read(dataset)
             return dataset
 

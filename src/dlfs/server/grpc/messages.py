@@ -24,7 +24,8 @@ def dataset_info(summary: DatasetInfo) -> pb.DatasetInfo:
                           sealed=summary.sealed, created_unix_ns=summary.created_ns,
                           extents=summary.extents, members=list(summary.members),
                           replicas=summary.replicas, member_index=summary.member_index,
-                          generation=summary.generation, ingest_state=summary.ingest_state)
+                          generation=summary.generation, ingest_state=summary.ingest_state,
+                          kind=summary.kind)
 
 
 def ingest_progress(info) -> pb.IngestProgress:
@@ -66,7 +67,7 @@ def entry(info: Entry) -> pb.Entry:
     return pb.Entry(name=info.name, path=info.path,
                     kind=pb.DIRECTORY if info.is_dir else pb.FILE, size=info.size,
                     mode=info.mode, mtime_ns=info.mtime_ns, id=info.id, crc32c=info.crc32c,
-                    children=info.children)
+                    children=info.children, version=info.version)
 
 
 def ids_array(repeated) -> np.ndarray:

@@ -51,16 +51,42 @@ class DlfsServicer(dlfs_pb2_grpc.DlfsServicer):
             datasets=[messages.dataset_info(s) for s in self.store.summaries()])
 
     def GetDataset(self, request, context):
+        spaces = self.store.spaces
+        if spaces.has(request.dataset):
+            return messages.dataset_info(spaces.summary(request.dataset))
         return messages.dataset_info(self.store.dataset(request.dataset).summary())
 
     def Stat(self, request, context):
+        if self.store.spaces.has(request.dataset):
+            return messages.entry(self.store.spaces.stat(request.dataset, request.path))
         return messages.entry(self.store.dataset(request.dataset).stat(request.path))
 
     def ListDir(self, request, context):
-        dataset = self.store.dataset(request.dataset)
         page_size = request.page_size or limits.list_page_entries_default
-        entries, more = dataset.listdir(request.path, request.start_after, page_size)
+        if self.store.spaces.has(request.dataset):
+            entries, more = self.store.spaces.listdir(request.dataset, request.path,
+                                                      request.start_after, page_size)
+        else:
+            dataset = self.store.dataset(request.dataset)
+            entries, more = dataset.listdir(request.path, request.start_after, page_size)
         return pb.ListDirReply(entries=[messages.entry(e) for e in entries], more=more)
+
+    # --- checkpoint spaces ------------------------------------------------------------
+
+    def CreateSpace(self, request, context):
+        return messages.dataset_info(self.store.spaces.create(request.name))
+
+    def MakeDir(self, request, context):
+        return messages.entry(self.store.spaces.mkdir(request.space, request.path,
+                                                      request.mode or 0o755))
+
+    def Remove(self, request, context):
+        self.store.spaces.remove(request.space, request.path, request.directory)
+        return pb.RemoveReply()
+
+    def Rename(self, request, context):
+        self.store.spaces.rename(request.space, request.path, request.target)
+        return pb.RemoveReply()
 
     def Lookup(self, request, context):
         dataset = self.store.dataset(request.dataset)

@@ -49,7 +49,7 @@ import dataclasses
 import logging
 import threading
 import time
-from typing import Callable
+from typing import Callable, TypeVar
 
 from dlfs import limits
 from dlfs.errors import (AlreadyExists, DataCorruption, DlfsError, FailedPrecondition, NotFound,
@@ -69,6 +69,7 @@ from dlfs.server.ingest.recovered_ingest import RecoveredIngest, discard_dataset
 from dlfs.types import DatasetInfo
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 # (name, generation) -> None, or raises: may this daemon vote yes (see `prepare`)?
 PrepareGate = Callable[[str, int], None]
@@ -121,6 +122,9 @@ class IngestMachine:
         self.prepare_gate: PrepareGate | None = None
         self.on_prepared: Callable[[str, int], None] | None = None
         self.change_gate: Callable[[str, str], None] | None = None
+        # Set by the space machine: raises AlreadyExists when a checkpoint space has
+        # the name (asked under `_mutex`, which `reserve_name` holds for a new space).
+        self.name_gate: Callable[[str], None] | None = None
 
     # --- open and closed -------------------------------------------------------------
 
@@ -202,6 +206,8 @@ class IngestMachine:
                     f"with --resume to continue it, or `dlfs discard {name}` to end it")
             if found is not None:
                 raise AlreadyExists(f"dataset {name!r} is being ingested by another client")
+            if self.name_gate is not None:
+                self.name_gate(name)
             if not replace and self._directory.find(name) is not None:
                 raise AlreadyExists(
                     f"dataset {name!r} exists; pass --replace (replace=True) to replace it, or "
@@ -231,6 +237,31 @@ class IngestMachine:
                 aborted = self.abort(session, f"{type(exc).__name__}: {exc}")
                 raise with_outcome(exc, self._discarded_note() if aborted else None)
         return session
+
+    def allocate_id(self) -> int:
+        """A dataset id no dataset, space or file version has had (for the space
+        machine: every extent directory is named by one)."""
+        with self._mutex:
+            allocated = self._next_dataset_id
+            self._next_dataset_id += 1
+            return allocated
+
+    def reserve_name(self, name: str, claim: Callable[[int], T]) -> T:
+        """Run `claim(id)` (which makes `name` a checkpoint space's, with a new id) under
+        `_mutex` once no dataset or ingest has `name`, so no ingest can take it
+        meanwhile; raises AlreadyExists naming what has it, Unavailable."""
+        check_dataset_name(name)
+        with self._mutex:
+            self.check_open()
+            if self._directory.find(name) is not None:
+                raise AlreadyExists(f"a dataset named {name!r} exists; a checkpoint space "
+                                    "needs a name of its own")
+            if self._registry.find(name) is not None:
+                raise AlreadyExists(f"dataset {name!r} is being ingested (or parked); a "
+                                    "checkpoint space needs a name of its own")
+            allocated = self._next_dataset_id
+            self._next_dataset_id += 1
+            return claim(allocated)
 
     def commit(self, session: IngestSession) -> DatasetInfo:
         """Finish a RECEIVING ingest, then seal and publish it (one-phase commit).
