@@ -7,6 +7,7 @@
     ./dev bench --workloads dlio     # the real DLIO benchmark through the mount (bench.dlio_mount)
     ./dev bench --workloads cluster  # many daemons in an etcd cluster, the control plane (bench.cluster)
     ./dev bench --workloads dataloader  # the README's DataLoader against ext4 (bench.train_bench)
+    ./dev bench --workloads checkpoint  # checkpoint saves and cold restores against ext4 and fio
 
 Prints the markdown table and writes results.json, results.md and
 results.png to --out (results-quick.* with --quick).  Generated data is cached in --data-dir.  Besides the
@@ -15,7 +16,8 @@ CPUs, beside raw TCP with as many connections, warm 110 KB; --no-scaling
 skips it, --scaling-clients picks the counts), the memory experiment (--no-memory), the
 staging rows (workload "ingest": bench/ingest_bench.py) and the README's first DataLoader
 against the same loop over ext4 files (workload "dataloader": `python -m bench.train_bench
---first-example`, into dataloader.{md,json}).
+--first-example`, into dataloader.{md,json}), and checkpoints (workload
+"checkpoint": bench/checkpoint_bench.py, into checkpoint.{md,json}).
 """
 
 from __future__ import annotations
@@ -27,8 +29,8 @@ import os
 import sys
 import time
 
-from bench import (cluster, datagen, dlio_mount, ingest_bench, memory, paired, processes,
-                   report, runner, scaling, train_bench)
+from bench import (checkpoint_bench, cluster, datagen, dlio_mount, ingest_bench, memory,
+                   paired, processes, report, runner, scaling, train_bench)
 from bench.contenders import BenchEnv
 from bench.lineup import all_contenders
 from bench.measure import CacheControl, proc_status_kib
@@ -38,6 +40,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DLIO = "dlio"  # the --workloads name of bench.dlio_mount
 CLUSTER = "cluster"  # the --workloads name of bench.cluster
 DATALOADER = "dataloader"  # the --workloads name of bench.train_bench --first-example
+CHECKPOINT = "checkpoint"  # the --workloads name of bench.checkpoint_bench
+SEPARATE = {DLIO, CLUSTER, DATALOADER, CHECKPOINT}  # benchmarks with results files of their own
 # The target measured by alternating runs as well (bench.paired): DLFS TCP with 4 batches
 # in flight against LMDB one thread, warm 4 KB.
 PAIRED_WORKLOAD, PAIRED_KEYS = "4k", ("lmdb", "dlfs-tcp-4")
@@ -57,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="directory for results.json, results.md, results.png "
                              "(results-quick.* with --quick: a quick run never replaces a "
                              "full run's results)")
-    parser.add_argument("--workloads", default="4k,110k,140m,ingest,dataloader",
+    parser.add_argument("--workloads", default="4k,110k,140m,ingest,dataloader,checkpoint",
                         help="comma-separated subset of 4k,110k,140m (read rows), ingest "
                              "(the staging rows: dlfs ingest vs cp -r, tar -x and one file at "
                              "a time; they use the 110k workload's files), and dlio: the real "
@@ -68,7 +72,10 @@ def build_parser() -> argparse.ArgumentParser:
                              "bench.cluster; not in the default, about 2 minutes), and "
                              "dataloader: the README's DataLoader example against the same "
                              "loop over ext4 files, cold and warm (python -m bench.train_bench "
-                             "--first-example; about 2 minutes, plus its files once)")
+                             "--first-example; about 2 minutes, plus its files once), and "
+                             "checkpoint: torch.save of 1 GiB from 2 processes into a "
+                             "checkpoint space and cold restores, against ext4 and fio "
+                             "(python -m bench.checkpoint_bench; about 2 minutes)")
     parser.add_argument("--caches", default="warm,cold", help="comma-separated: warm,cold")
     parser.add_argument("--contenders", default="",
                         help="comma-separated subset of contender keys (default: all; ext4-1 is "
@@ -100,15 +107,15 @@ def main(argv: list[str] | None = None) -> int:
         print(message, file=sys.stderr, flush=True)
 
     wanted = set(args.workloads.split(","))
-    unknown = wanted - {"4k", "110k", "140m", "ingest", DLIO, CLUSTER, DATALOADER}
+    unknown = wanted - {"4k", "110k", "140m", "ingest"} - SEPARATE
     if unknown:
         parser_error = f"unknown workloads: {', '.join(sorted(unknown))}"
         print(f"python -m bench: {parser_error}", file=sys.stderr)
         return 2
-    if wanted <= {DLIO, CLUSTER, DATALOADER}:  # only these: none of the rows, scaling or memory
+    if wanted <= SEPARATE:  # only these: none of the rows, scaling or memory
         return _separate(args, wanted)
     staging = "ingest" in wanted
-    reads = wanted - {"ingest", DLIO, CLUSTER, DATALOADER}
+    reads = wanted - {"ingest"} - SEPARATE
     if staging:
         wanted.add("110k")  # the staging rows ingest its tree
     workloads = [w for w in (datagen.quick_workloads() if args.quick else datagen.full_workloads())
@@ -174,7 +181,13 @@ def _separate(args: argparse.Namespace, wanted: set[str]) -> int:
     """The benchmarks with results files of their own that `wanted` names."""
     return max(run_dlio(args) if DLIO in wanted else 0,
                run_cluster(args) if CLUSTER in wanted else 0,
-               run_dataloader(args) if DATALOADER in wanted else 0)
+               run_dataloader(args) if DATALOADER in wanted else 0,
+               run_checkpoint(args) if CHECKPOINT in wanted else 0)
+
+
+def run_checkpoint(args: argparse.Namespace) -> int:
+    """The checkpoint rows (bench.checkpoint_bench) with this run's --quick and --out."""
+    return checkpoint_bench.main((["--quick"] if args.quick else []) + ["--out", args.out])
 
 
 def run_reads(args, prepared, data_dir, daemon_args, daemon_info, settings, caches,

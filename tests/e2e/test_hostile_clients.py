@@ -449,7 +449,7 @@ def test_an_oversized_ingest_frame_is_refused_with_what_became_of_the_ingest(
             ("end", frames.FRAME.pack(frames.Kind.INGEST_END, 0, 0, 17),
              "a frame of kind INGEST_END announces 17 bytes, over the limit of 16 for its kind"),
             ("batch", frames.FRAME.pack(frames.Kind.GET_BATCH, 0, 0, FOUR_GIB),
-             "a frame of kind GET_BATCH in the middle of an ingest")):
+             "a frame of kind GET_BATCH in the middle of a conversation it has no place in")):
         with welcomed(endpoint) as sock:
             sock.sendall(frames.ingest_start(f"oversized-{name}"))
             assert read_frame(sock)[0] == frames.Kind.INGEST_READY

@@ -10,7 +10,6 @@ from __future__ import annotations
 import multiprocessing
 import os
 import threading
-import time
 
 import pytest
 
@@ -21,6 +20,7 @@ from dlfs.errors import (AlreadyExists, Busy, DirectoryNotEmpty, InvalidArgument
                          NotADirectory, NotFound, Overloaded, ReadOnly, StaleGeneration)
 from dlfs.formats.disk_layout import extents_root
 from helpers.trees import named_content as content
+from helpers.waiting import wait_until
 
 WORKERS = ["--datapath-workers", "2"]
 MiB = 1 << 20
@@ -313,17 +313,14 @@ def test_a_writer_that_goes_away_loses_its_file_and_gives_its_space_back(daemon)
         f = space.open("lost", "wb")
         f.write(content("lost", 9 * MiB))
         f._writer.abandon()  # as a killed process: the connection just closes
-        assert not space.exists("lost")
+        wait_until(lambda: not space.exists("lost"), "the daemon dropped the draft", 30)
         with space.open("kept", "wb") as g:  # a new version: the old one is freed
             g.write(b"kept again")
 
     def extent_dirs() -> int:
         return len(os.listdir(extents_root(data_dir)))
 
-    deadline = time.monotonic() + 10
-    while extent_dirs() != 1 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert extent_dirs() == 1
+    wait_until(lambda: extent_dirs() == 1, "every dead version's extents removed", 30)
 
 
 def test_the_cli_makes_lists_shows_and_removes_a_space(daemon, capsys):

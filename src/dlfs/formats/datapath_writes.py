@@ -34,6 +34,16 @@ WRITE_FRAME_BODY_MAX = FILE_WRITE.size + limits.space_write_data_bytes_max
 READ_BYTES_MAX = 8 * limits.MiB
 
 
+_BODY_MAX = {Kind.FILE_WRITE: WRITE_FRAME_BODY_MAX, Kind.FILE_TRUNCATE: FILE_TRUNCATE.size,
+             Kind.FILE_SYNC: 0, Kind.FILE_READ: FILE_READ.size, Kind.FILE_CLOSE: FILE_CLOSE.size}
+
+
+def write_frame_bytes_max(kind: int) -> int | None:
+    """The largest body a frame of `kind` may announce while a file is written; None:
+    no such frame belongs there (checked on the header, before the body is read)."""
+    return _BODY_MAX.get(kind)
+
+
 class FileOpenRequest(NamedTuple):
     space: str
     path: str

@@ -68,7 +68,7 @@ def _converse(connection, draft, reader: FrameReader) -> None:
     failure: DlfsError | None = None
     while True:
         try:
-            kind, body = reader.next(writes.WRITE_FRAME_BODY_MAX)
+            kind, body = reader.next(writes.write_frame_bytes_max)
         except (OSError, frames.FrameError, FrameTimedOut) as exc:
             log.warning("%s, open for writing from %s, was dropped: %s", draft.label,
                         connection.peer, exc or type(exc).__name__)

@@ -86,7 +86,7 @@ class FrameReader:
             limit = body_bytes_max(kind)
             if limit is None:
                 raise frames.FrameError(f"a frame of kind {frames.kind_name(kind)} in the "
-                                        "middle of an ingest")
+                                        "middle of a conversation it has no place in")
             if length > limit:
                 raise frames.FrameError(f"a frame of kind {frames.kind_name(kind)} announces "
                                         f"{length} bytes, over the limit of {limit} for its "
