@@ -28,6 +28,9 @@ Modules, one job each (everything public is importable from here):
 - `image_augment`: crop, resize, flip and normalise a batch in one pass;
 - `tensors`: samples as uint8 tensors (`to_tensor`, `stack_samples`);
 - `folders`: which samples lie below a root, and ImageFolder-style labels;
+- `checkpoint` (imported on its own: ``from dlfs.torch.checkpoint import
+  DLFSWriter, DLFSReader``): torch.distributed.checkpoint into checkpoint
+  spaces, over the data path;
 
 Forked workers read over the data path only: gRPC is unusable after a fork
 (`dlfs.client.transport.grpc_channel.check_grpc_usable`; `fork_support_enabled` tells
