@@ -20,6 +20,11 @@ the daemon's side: no extent page of the files is cached):
 - `ext4 torch.load cold` (the baseline), `dlfs client torch.load cold`
   (`torch.load(Space.open(path, "rb"))`), `fio seq read` (the limit).
 
+torch.distributed.checkpoint (bench.dcp_ckpt, the same bytes and processes):
+`dlfs DCP writer` (DLFSWriter) against `DCP FileSystemWriter on ext4` (fsync of
+every file), their cold loads (DLFSReader against FileSystemReader), and how
+long `dcp.async_save` blocks the caller with each.
+
 Also: the daemon's CPU-seconds (its main process and data path workers)
 per GB written.  Ratios are against the ext4 row of the same run; targets
 are in issue 53 ("Done means").  Writes `checkpoint.{md,json}`.
@@ -37,7 +42,7 @@ import subprocess
 import tempfile
 import time
 
-from bench import processes
+from bench import dcp_ckpt, processes
 from bench.measure import CacheControl, git_info, process_tree_cpu_s
 
 MiB = 1 << 20
@@ -166,8 +171,15 @@ def run(total_bytes: int, workdir: str, log=print) -> dict:
         rows["dlfs client torch.load cold"] = timed("load_dlfs", daemon.address, total_bytes)
         cache.make_cold(ext4_files)
         read_limit = fio("read", fio_dir, total_bytes)
+        log("checkpoint: torch.distributed.checkpoint")
+        dcp = dcp_ckpt.run(daemon.address, os.path.join(workdir, "dcp"), total_bytes, PROCESSES,
+                           repeats=1 if total_bytes < 256 * MiB else dcp_ckpt.REPEATS)
+    rows["DCP FileSystemWriter on ext4"] = dcp["fs_save_s"]
+    rows["dlfs DCP writer"] = dcp["native_save_s"]
+    rows["DCP FileSystemReader cold"] = dcp["fs_load_cold_s"]
+    rows["dlfs DCP reader cold"] = dcp["native_load_cold_s"]
     gb = total_bytes / 1e9
-    return {"bytes": total_bytes, "processes": PROCESSES, "seconds": rows,
+    return {"bytes": total_bytes, "processes": PROCESSES, "seconds": rows, "dcp": dcp,
             "gb_per_s": {k: gb / v for k, v in rows.items() if v},
             "fio_write_gb_per_s": write_limit, "fio_read_gb_per_s": read_limit,
             "daemon_cpu_s_per_gb_written": daemon_cpu_s / gb}
@@ -175,13 +187,16 @@ def run(total_bytes: int, workdir: str, log=print) -> dict:
 
 def report(result: dict) -> list[str]:
     rates = result["gb_per_s"]
-    base_write, base_read = rates["ext4 torch.save + fsync"], rates["ext4 torch.load cold"]
+    bases = {"torch": (rates["ext4 torch.save + fsync"], rates["ext4 torch.load cold"]),
+             "DCP": (rates["DCP FileSystemWriter on ext4"], rates["DCP FileSystemReader cold"])}
+    base_write, base_read = bases["torch"]
     lines = [f"# Checkpoints ({platform.node()}, {os.cpu_count()} CPUs)", "",
              f"{result['processes']} processes save (then restore) "
              f"{result['bytes'] / MiB:,.0f} MiB of tensors in all, on the data dir's disk.",
              "", "| row | GB/s | x ext4 |", "| --- | ---: | ---: |"]
     for name, rate in rates.items():
-        base = base_write if "save" in name else base_read
+        write, read = bases["DCP" if "DCP" in name else "torch"]
+        base = read if ("load" in name or "Reader" in name or "reader" in name) else write
         lines.append(f"| {name} | {rate:.3f} | {rate / base:.2f} |")
     for name, key, base in (("fio seq write (the device's limit)", "fio_write_gb_per_s",
                              base_write),
@@ -190,7 +205,13 @@ def report(result: dict) -> list[str]:
         value = result[key]
         lines.append(f"| {name} | {value:.3f} | {value / base:.2f} |" if value else
                      f"| {name} | not available (no fio) | |")
-    lines += ["", f"The daemon's CPU-s per GB written: "
+    dcp = result["dcp"]
+    lines += ["", f"`dcp.async_save` blocks the caller {dcp['native_async_block_s'] * 1e3:.0f} ms "
+              f"with DLFSWriter, {dcp['fs_async_block_s'] * 1e3:.0f} ms with FileSystemWriter "
+              f"({dcp['native_async_block_s'] / dcp['fs_async_block_s']:.2f}x); until its "
+              f"future is done {dcp['native_async_total_s']:.2f} s against "
+              f"{dcp['fs_async_total_s']:.2f} s.",
+              "", f"The daemon's CPU-s per GB written (torch.save rows): "
               f"{result['daemon_cpu_s_per_gb_written']:.2f}."]
     return lines
 

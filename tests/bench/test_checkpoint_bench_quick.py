@@ -14,9 +14,12 @@ def test_the_checkpoint_rows_run_and_write_results(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     with open(tmp_path / "checkpoint-quick.json") as f:
         result = json.load(f)
-    assert set(result["gb_per_s"]) == {"ext4 torch.save + fsync", "dlfs client torch.save",
-                                       "ext4 torch.load cold", "dlfs client torch.load cold"}
+    assert set(result["gb_per_s"]) == {
+        "ext4 torch.save + fsync", "dlfs client torch.save", "ext4 torch.load cold",
+        "dlfs client torch.load cold", "DCP FileSystemWriter on ext4", "dlfs DCP writer",
+        "DCP FileSystemReader cold", "dlfs DCP reader cold"}
     assert all(rate > 0 for rate in result["gb_per_s"].values())
     assert result["daemon_cpu_s_per_gb_written"] > 0
     table = (tmp_path / "checkpoint-quick.md").read_text()
-    assert "| dlfs client torch.save |" in table and "x ext4" in table
+    assert "| dlfs client torch.save |" in table and "| dlfs DCP writer |" in table
+    assert "async_save` blocks the caller" in table

@@ -339,10 +339,10 @@ def test_the_cli_makes_lists_shows_and_removes_a_space(daemon, capsys):
             f.write(b"hello\n")
         version = f.state.version
     assert main([*server, "datasets"]) == 0
-    assert capsys.readouterr().out == "ckpt\t1 files\t6 B  (checkpoint space)\n"
+    assert capsys.readouterr().out == "ckpt\t1 file\t6 B  (checkpoint space)\n"
     assert main([*server, "stat", "ckpt/s1/x.txt"]) == 0
     assert f"  version: {version:x}\n" in capsys.readouterr().out
     assert main([*server, "cat", "ckpt/s1/x.txt"]) == 0
     assert capsys.readouterr().out == "hello\n"
     assert main([*server, "rm", "ckpt"]) == 0
-    assert capsys.readouterr().out == "removed ckpt: 1 files, 6 B freed\n"
+    assert capsys.readouterr().out == "removed ckpt: 1 file, 6 B freed\n"

@@ -62,7 +62,7 @@ def run_datasets(client: Client, args) -> int:
         return 0
     for info in infos:
         if info.kind == "space":
-            print(f"{info.name}\t{info.samples} files\t{human_bytes(info.bytes)}  "
+            print(f"{info.name}\t{counted(info.samples, 'file')}\t{human_bytes(info.bytes)}  "
                   "(checkpoint space)")
             continue
         state = _warm_text(warm.get(info.name)) if info.sealed else \
