@@ -19,6 +19,7 @@ from conftest import wait_until, write_tree
 from dlfs import Client
 from dlfs.tools.launch import unmount
 from mounting import mount_factory, requires_fuse  # noqa: F401 (fixture)
+from small_disks import ext4_disk
 
 pytestmark = requires_fuse
 
@@ -479,3 +480,83 @@ def test_dataset_files_in_a_writable_mount_cost_an_open_and_a_release(daemon, sp
         assert added.pop(revalidation, 0) <= 2, revalidation
     assert added == {"open": opens, "release": opens}, added
     assert reads <= opens  # only where the host reclaimed the pages (mounting.py)
+
+
+@pytest.mark.parametrize("size", [MiB + 5, 12 * MiB + 5], ids=["whole", "units"])
+def test_a_file_rewritten_in_place_reads_new_for_new_readers(space, size):
+    """r+ on an open file's inode: once closed, new opens read the new bytes (the
+    node is another version now, fetched afresh), and the reader that held the old
+    version open gets old bytes, a short file or ESTALE, never new bytes."""
+    m, root = space
+    path = os.path.join(root, "model.bin")
+    old = bytes([1]) * size
+    new = bytes([2]) * size
+    with open(path, "wb") as f:
+        f.write(old)
+    held = open(path, "rb", buffering=0)
+    assert held.read(4096) == old[:4096]
+    with open(path, "r+b") as f:
+        f.write(new)
+    with open(path, "rb") as f:
+        assert f.read() == new
+    os.posix_fadvise(held.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+    try:
+        rest = held.read()
+        assert rest == old[4096:4096 + len(rest)]
+    except OSError as exc:
+        assert exc.errno == errno.ESTALE
+    held.close()
+
+
+def test_a_full_disk_is_enospc_at_write_or_close_and_loses_nothing_else(
+        daemon_factory, tmp_path, mount_factory):
+    with ext4_disk(tmp_path / "disk", 48) as disk:
+        daemon = daemon_factory(data_dir=str(disk / "data"))
+        m = mount_factory(daemon.address)
+        root = os.path.join(m.mountpoint, "ck")
+        os.mkdir(root)
+        with open(os.path.join(root, "kept.bin"), "wb") as f:
+            f.write(b"k" * MiB)
+        chunk = b"x" * (4 * MiB)
+        fd = os.open(os.path.join(root, "big.bin"), os.O_WRONLY | os.O_CREAT, 0o644)
+        failed = None
+        try:
+            for _ in range(32):  # 128 MiB onto a 48 MiB disk
+                os.write(fd, chunk)
+        except OSError as exc:
+            failed = exc.errno
+        try:
+            os.close(fd)
+        except OSError as exc:
+            failed = failed or exc.errno
+        assert failed == errno.ENOSPC
+        assert sorted(os.listdir(root)) == ["kept.bin"]
+        with open(os.path.join(root, "kept.bin"), "rb") as f:
+            assert f.read() == b"k" * MiB
+        with open(os.path.join(root, "after.bin"), "wb") as f:  # its space was given back
+            f.write(b"a" * (8 * MiB))
+        with open(os.path.join(root, "after.bin"), "rb") as f:
+            assert f.read() == b"a" * (8 * MiB)
+        m.unmount()
+        daemon.kill()
+
+
+def test_threads_writing_one_descriptor_at_once(space):
+    """Writes to one open file from several threads reach its writer one at a time."""
+    m, root = space
+    path = os.path.join(root, "shared.bin")
+    blocks = 16
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+
+    def write(first: int) -> None:
+        for index in range(first, blocks, 4):
+            os.pwrite(fd, bytes([index]) * MiB, index * MiB)
+
+    threads = [threading.Thread(target=write, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(HANG_TIMEOUT_S)
+    os.close(fd)
+    with open(path, "rb") as f:
+        assert f.read() == b"".join(bytes([i]) * MiB for i in range(blocks))

@@ -321,8 +321,10 @@ class DlfsOperations:
         for inode, count in items:
             self.table.forget(inode, count)
 
+    @inline
     @_handler()
     def getattr(self, req: int, inode: int) -> None:
+        # In libfuse's worker thread: the table and a writer's size are thread-safe.
         node = self._node(inode)
         self.session.reply_attr(req, self._stat(node), self._attr_timeout_s(node))
 

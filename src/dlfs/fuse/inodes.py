@@ -65,6 +65,13 @@ class Node:
         return self.sample_id if self.sample_id >= 0 and self.key[1] > 0 else self.key[2]
 
     @property
+    def identity(self) -> tuple[int, int]:
+        """What caches of its bytes are keyed by: its inode and version.  A node this
+        mount moved to another version (a space's file closed again) is another
+        file to them, whose bytes were never fetched."""
+        return (self.inode, self.key[1])
+
+    @property
     def dataset(self) -> str:
         return self.key[0]
 

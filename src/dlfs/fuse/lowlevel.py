@@ -215,6 +215,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         fn("fuse_session_loop_mt_312", c_int, c_void_p, c_void_p)
         fn("fuse_loop_cfg_create", c_void_p)
         fn("fuse_loop_cfg_set_max_threads", None, c_void_p, c_uint)
+        fn("fuse_loop_cfg_set_idle_threads", None, c_void_p, c_uint)
         fn("fuse_loop_cfg_destroy", None, c_void_p)
 
 

@@ -59,6 +59,22 @@ log = logging.getLogger(__name__)
 signal_wake = signal.SIGUSR2
 
 
+_pinned = threading.local()
+
+
+def _pin_thread_state() -> None:
+    """Keep this (libfuse) thread's Python thread state for its life.
+
+    A ctypes callback from a thread Python did not start makes a thread
+    state on entry and frees it on return (PyGILState_Ensure/Release), every
+    request (docs/DESIGN.md, "The mount's writes", has what that cost).  One
+    Ensure more, never released, keeps it: libfuse's workers live as long as
+    the loop (`serve` keeps idle ones), at most `mount_fuse_threads_max` of
+    them."""
+    ctypes.pythonapi.PyGILState_Ensure()
+    _pinned.done = True
+
+
 def inline(method: Callable) -> Callable:
     """Mark a handler to run in libfuse's worker thread (no trio hop): it may
     only touch thread-safe state, and may block that worker thread."""
@@ -219,6 +235,8 @@ class Session:
         try:
             if threads_max:
                 self._lib.fuse_loop_cfg_set_max_threads(config, threads_max)
+                # Idle workers stay (each keeps its Python thread state: _pin_thread_state).
+                self._lib.fuse_loop_cfg_set_idle_threads(config, threads_max)
             return loop_312(self._se, config)
         finally:
             self._lib.fuse_loop_cfg_destroy(config)
@@ -262,6 +280,8 @@ class Session:
         lock, counts = self._counts_lock, self.counts
 
         def call(*c_args: Any) -> None:
+            if not getattr(_pinned, "done", False):
+                _pin_thread_state()
             with lock:
                 counts[name] += 1
             req = c_args[0]

@@ -106,12 +106,14 @@ class WriteHandle:
 
     def write(self, offset: int, data) -> None:
         with self.lock:
-            self._live().write(offset, data)
+            writer = self._live()
+            self._guard(lambda: writer.write(offset, data))
             self.node.mtime_ns = time.time_ns()
 
     def truncate(self, size: int) -> None:
         with self.lock:
-            self._live().truncate(size)
+            writer = self._live()
+            self._guard(lambda: writer.truncate(size))
             self.node.mtime_ns = time.time_ns()
 
     def allocate(self, offset: int, length: int) -> None:
@@ -119,13 +121,14 @@ class WriteHandle:
         with self.lock:
             writer = self._live()
             if offset + length > writer.size:
-                writer.truncate(offset + length)
+                self._guard(lambda: writer.truncate(offset + length))
 
     def read(self, offset: int, length: int) -> bytes | memoryview:
         with self.lock:
             self._check()
-            if self.writer is not None:
-                return self.writer.read(offset, length)
+            writer = self.writer
+            if writer is not None:
+                return self._guard(lambda: writer.read(offset, length))
             state = self.committed  # closed by a flush: read the version it made
             if state is None or not state.version or offset >= state.size:
                 return b""
@@ -154,7 +157,7 @@ class WriteHandle:
             if writer is None:
                 return
             if self.failure is not None:
-                writer.abandon()
+                _discard(writer)
                 return
             try:
                 self._committed(writer.close())
@@ -181,9 +184,9 @@ class WriteHandle:
             return call()
         except errors.DlfsError as exc:
             self.failure = exc
-            if self.writer is not None:
-                self.writer.abandon()
-                self.writer = None
+            writer, self.writer = self.writer, None
+            if writer is not None:
+                _discard(writer)
             raise
 
     def _committed(self, state: FileState) -> None:
@@ -390,6 +393,15 @@ class SpaceFiles:
             writing = sum(1 for h in self._handles.values() if isinstance(h, WriteHandle))
             return {"reading": len(self._handles) - writing, "writing": writing,
                     "commits": self.commits}
+
+
+def _discard(writer: FileWriter) -> None:
+    """End a failed file's conversation so the daemon lets go of its draft now (it
+    answers with the failure again)."""
+    try:
+        writer.close(discard=True)
+    except errors.DlfsError:
+        pass
 
 
 def _draft_entry(name: str, path: str, size: int, mode: int) -> Entry:
