@@ -17,7 +17,7 @@ import pytest
 
 from conftest import wait_until, write_tree
 from dlfs import Client
-from dlfs.tools.launch import unmount
+from dlfs.tools.launch import LaunchError, unmount
 from mounting import mount_factory, requires_fuse  # noqa: F401 (fixture)
 from small_disks import ext4_disk
 
@@ -326,6 +326,25 @@ def test_torch_and_numpy_through_the_mount(daemon, space):
     del view
 
 
+def test_torch_distributed_checkpoint_through_the_mount(space):
+    """DCP's own FileSystemWriter and FileSystemReader, unmodified, twice into one
+    folder (the second save replaces .metadata by its rename)."""
+    torch = pytest.importorskip("torch")
+    dcp = pytest.importorskip("torch.distributed.checkpoint")
+    m, root = space
+    folder = os.path.join(root, "dcp")
+    for step in (1, 2):
+        state = {"w": torch.arange(1_000_000, dtype=torch.float32) * step,
+                 "nested": {"b": torch.full((1000,), float(step))}}
+        dcp.save(state, storage_writer=dcp.FileSystemWriter(folder))
+        loaded = {"w": torch.zeros(1_000_000), "nested": {"b": torch.zeros(1000)}}
+        dcp.load(loaded, storage_reader=dcp.FileSystemReader(folder))
+        assert torch.equal(loaded["w"], state["w"])
+        assert torch.equal(loaded["nested"]["b"], state["nested"]["b"])
+    assert ".metadata" in os.listdir(folder)
+    assert not [n for n in os.listdir(folder) if n.endswith(".tmp")]
+
+
 WRITER = r"""
 import os, sys
 root, rank = sys.argv[1], int(sys.argv[2])
@@ -560,3 +579,13 @@ def test_threads_writing_one_descriptor_at_once(space):
     os.close(fd)
     with open(path, "rb") as f:
         assert f.read() == b"".join(bytes([i]) * MiB for i in range(blocks))
+
+
+def test_a_space_is_mounted_with_the_whole_daemon_not_alone(daemon, space, mount_factory):
+    with pytest.raises(LaunchError, match="'ck' is a checkpoint space: mount the whole daemon"):
+        mount_factory(daemon.address, "--dataset", "ck")
+    # A one-dataset mount stays read-only, also where the daemon has spaces.
+    single = mount_factory(daemon.address, "--dataset", "ds")
+    assert errno_of(os.mkdir, os.path.join(single.mountpoint, "x")) == errno.EROFS
+    with open(os.path.join(single.mountpoint, "a.txt"), "rb") as f:
+        assert f.read() == b"dataset bytes"
