@@ -589,3 +589,32 @@ def test_a_space_is_mounted_with_the_whole_daemon_not_alone(daemon, space, mount
     assert errno_of(os.mkdir, os.path.join(single.mountpoint, "x")) == errno.EROFS
     with open(os.path.join(single.mountpoint, "a.txt"), "rb") as f:
         assert f.read() == b"dataset bytes"
+
+
+def test_a_daemon_killed_mid_write_is_eio_and_the_mount_writes_again_after(daemon, space):
+    m, root = space
+    with open(os.path.join(root, "before.bin"), "wb") as f:
+        f.write(b"b" * MiB)
+    fd = os.open(os.path.join(root, "lost.bin"), os.O_WRONLY | os.O_CREAT, 0o644)
+    os.write(fd, b"l" * MiB)
+    daemon.kill()
+    failed = []
+    try:
+        for _ in range(64):  # until the broken connection shows
+            os.write(fd, b"l" * MiB)
+    except OSError as exc:
+        failed.append(exc.errno)
+    try:
+        os.close(fd)
+    except OSError as exc:
+        failed.append(exc.errno)
+    assert failed and set(failed) == {errno.EIO}, failed
+    daemon.start_again()
+    wait_until(lambda: os.path.exists(os.path.join(root, "before.bin")),
+               "the mount serves the restarted daemon", HANG_TIMEOUT_S)
+    assert sorted(os.listdir(root)) == ["before.bin"]  # never closed: gone, nothing torn
+    with open(os.path.join(root, "before.bin"), "rb") as f:
+        assert f.read() == b"b" * MiB
+    with open(os.path.join(root, "after.bin"), "wb") as f:
+        f.write(b"a" * MiB)
+    assert client_bytes(daemon.address, "ck", "after.bin") == b"a" * MiB

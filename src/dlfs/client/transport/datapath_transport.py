@@ -104,6 +104,10 @@ class DataPathTransport(OneDaemon):
         self._hint = hint
         self.no_data_path_reason = ""  # why data_path() is None
         self._worked = False  # some data connection of this transport got a WELCOME
+        # A data path dropped after one of its connections (a read's, or a file
+        # writer's) got a WELCOME: the daemon has one, so not reaching it means the
+        # daemon is away, not a blocked port; it is asked for again, never given up.
+        self._answered = False
         # The data path refused a connection (Overloaded) since then, and until then
         # reads go through gRPC (time.monotonic()).
         self._busy_since: float | None = None
@@ -260,7 +264,7 @@ class DataPathTransport(OneDaemon):
                 raise
             log.warning("the data path of the DLFS daemon at %s cannot be reached (%s); reading "
                         "through gRPC instead", self.address, exc)
-            self._forget(None)
+            self._forget(self._data if self._answered else None)
             return fallback()
         finally:
             data = self._data
@@ -306,6 +310,7 @@ class DataPathTransport(OneDaemon):
                 return  # another thread replaced it already
             self._data = _UNKNOWN if data is not None else None
         if isinstance(current, DataPath):
+            self._answered = self._answered or current.ever_connected
             current.close()
 
     def _from_hint(self, hint: DataPathHint) -> DataPath | None:
