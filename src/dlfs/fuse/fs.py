@@ -51,7 +51,8 @@ has no answer cached):
 - write, flush, fsync, ftruncate of a space's file: in the libfuse worker
   thread that took it, on the file's own connection (a write: sent, not
   waited for; flush and fsync: one commit round trip).
-- mkdir, rmdir, unlink, rename: one RPC each (durable when answered).
+- mkdir, rmdir, unlink, rename: one RPC each, durable when answered (rmdir
+  of a space at the root and a RENAME_NOREPLACE check first: one more or two).
 - opendir / readdirplus: one ListDir RPC per `dir_page_entries` entries;
   each entry comes with its attributes (the kernel then needs no lookup
   for it) and the kernel caches a dataset's listing (`cache_readdir`).
