@@ -633,6 +633,10 @@ mount_cache_timeout_s_default = 3600.0
 # Entry cache time of the dataset directories at the mount root: a replaced or
 # deleted dataset is noticed by new lookups after this long.
 mount_dataset_entry_timeout_s = 5.0
+# Entry and attribute cache time of everything in a checkpoint space (it changes
+# while mounted): a change made through another mount or client is seen by new
+# lookups after this long; this mount's own changes at once (fuse/space_files.py).
+mount_space_cache_timeout_s = 1.0
 # st_blksize reported for files.  Readers size their buffers by it: Python's
 # open() allocates one of this size per file, and at 128 KiB (glibc's mmap
 # threshold) that allocation is an mmap/munmap per open, which halved warm
@@ -750,6 +754,7 @@ assert mount_read_run_bytes_max <= data_path_chunks_bytes_max
 assert mount_whole_sample_bytes_max <= mount_push_batch_bytes_max <= batch_bytes_max_default
 assert 1 <= mount_dir_page_entries <= list_page_entries_max
 assert mount_dataset_entry_timeout_s <= mount_cache_timeout_s_default
+assert mount_space_cache_timeout_s <= mount_dataset_entry_timeout_s
 assert 2 * reconnect_backoff_max_s <= mount_reconnect_timeout_s_default
 # A first contact gets at least two connection attempts.
 assert 2 * reconnect_backoff_max_s <= first_contact_timeout_s <= reconnect_timeout_s_default

@@ -78,6 +78,11 @@ class DaemonStatus:
     data_workers: tuple = ()
     mapped_sends: str = ""  # "on", or "off" and why (server/read/mapped_sends.py)
     mapped_send_bytes: int = 0  # payload bytes sent from mappings of cached extents
+    disk_bytes: int = 0  # the data dir's file system: its size,
+    disk_free_bytes: int = 0  # and what a writer may still use there
+    space_files: int = 0  # files of the checkpoint spaces
+    space_bytes: int = 0  # and their bytes
+    space_files_max: int = 0  # what the spaces may hold (--space-files-max)
     # Filled in by whoever knows them: the daemon's gRPC layer, the client.
     version: str = ""
     metrics_address: str = ""  # HOST:PORT of /metrics, "" when not served

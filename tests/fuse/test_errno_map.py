@@ -27,6 +27,11 @@ EXPECTED = {
     errors.Unauthenticated: errno.EACCES,
     errors.Internal: errno.EIO,
     errors.StorageFailed: errno.EIO,  # the daemon's disk failed a write
+    errors.ReadOnly: errno.EROFS,  # a sealed dataset
+    errors.NotADirectory: errno.ENOTDIR,
+    errors.IsADirectory: errno.EISDIR,
+    errors.DirectoryNotEmpty: errno.ENOTEMPTY,
+    errors.Busy: errno.EBUSY,  # a checkpoint file being written
     errors.DlfsError: errno.EIO,
     Stale: errno.ESTALE,
 }

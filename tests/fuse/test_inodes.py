@@ -31,6 +31,7 @@ class InodeTableMachine(RuleBasedStateMachine):
         self.table = InodeTable(ROOT_KEY, ROOT_ATTRS, idle_max=IDLE_MAX)
         self.lookups: dict[tuple, int] = {}
         self.inode_of: dict[tuple, int] = {}
+        self.moved: set[tuple] = set()  # keys whose node has another key's attributes
 
     @rule(key=st.sampled_from(KEYS))
     def lookup(self, key):
@@ -40,7 +41,8 @@ class InodeTableMachine(RuleBasedStateMachine):
             assert node.inode == self.inode_of[key], "a live node changed its inode"
         self.inode_of[key] = node.inode
         self.lookups[key] = self.lookups.get(key, 0) + 1
-        assert (node.size, node.mode) == (attrs_of(key).size, attrs_of(key).mode)
+        if key not in self.moved:
+            assert (node.size, node.mode) == (attrs_of(key).size, attrs_of(key).mode)
 
     @rule(key=st.sampled_from(KEYS))
     def peek(self, key):
@@ -82,6 +84,40 @@ class InodeTableMachine(RuleBasedStateMachine):
         self.table.forget(inode, count)
         assert {k: self.table.find(k).lookups for k in before} == before
         assert self.table.get(ROOT_INODE) is self.table.root
+
+    def _follow(self, old_key, node) -> None:
+        """The model's entry of `old_key` now belongs to `node.key` (same inode)."""
+        if old_key in self.lookups:
+            self.lookups[node.key] = self.lookups.pop(old_key)
+            self.inode_of[node.key] = self.inode_of.pop(old_key)
+        self.moved.add(node.key)
+
+    @rule(key=st.sampled_from(KEYS[1:]))
+    def retire(self, key):
+        """A path removed through the mount: its node stays, under a dead key."""
+        node = self.table.find(key)
+        if node is None:
+            return
+        inode = node.inode
+        self.table.retire(node)
+        assert node.inode == inode and node.key != key and self.table.find(key) is None
+        self._follow(key, node)
+
+    @rule(source=st.sampled_from(KEYS[1:]), to=st.sampled_from(KEYS[1:]))
+    def rekey(self, source, to):
+        """A file closed into a new version: its node moves to the version's key, and a
+        node that had that key is retired."""
+        node = self.table.find(source)
+        if node is None or source == to:
+            return
+        occupant = self.table.find(to)
+        inode = node.inode
+        self.table.rekey(node, to)
+        if occupant is not None:
+            assert occupant.key != to
+            self._follow(to, occupant)
+        assert node.inode == inode and self.table.find(to) is node
+        self._follow(source, node)
 
     @invariant()
     def consistent(self):
@@ -152,3 +188,30 @@ def test_lookups_from_other_threads_while_nodes_come_and_go():
     assert found[0] > 0
     table.check_invariants()
     assert all(node.lookups == 0 for node in table.nodes() if node is not table.root)
+
+
+def test_rename_paths_moves_a_subtree_and_retires_what_it_replaces():
+    """A space's directory renamed through the mount: its nodes and those below it
+    take the new paths (same inodes); closed files (keyed by version) keep their
+    keys and follow in space_path; nodes at the target go out of the way."""
+    table = InodeTable(ROOT_KEY, ROOT_ATTRS, idle_max=100)
+    spaces = (("ck", 7), ("ck", -7))
+
+    def make(key, path, is_dir=False):
+        return table.node_for(key, lambda: Attrs(is_dir, 0, 0o40755 if is_dir else 0o100644,
+                                                 0, space="ck", space_path=path))
+
+    a = make(("ck", 7, "a"), "a", True)
+    draft = make(("ck", -7, "a/being-written"), "a/being-written")
+    version = make(("ck@5", 5, ""), "a/b/closed")
+    other = make(("ck@6", 6, ""), "ab/closed")  # "ab" is not below "a"
+    old_target = make(("ck", 7, "c"), "c", True)
+    moved = table.rename_paths(spaces, "a", "c")
+    assert set(moved) == {a, draft, version}
+    assert (a.key, draft.key, version.key) == (("ck", 7, "c"), ("ck", -7, "c/being-written"),
+                                               ("ck@5", 5, ""))
+    assert (a.space_path, draft.space_path, version.space_path, other.space_path) == \
+        ("c", "c/being-written", "c/b/closed", "ab/closed")
+    assert table.find(("ck", 7, "c")) is a and old_target.key != ("ck", 7, "c")
+    assert table.find(("ck", 7, "a")) is None
+    table.check_invariants()

@@ -14,12 +14,14 @@ from dlfs.client.scrub_report import ScrubReport
 from dlfs.client.spaces import Space, SpaceFile, SpaceReader
 from dlfs.client.ticket import DatasetTicket
 from dlfs.client.transport.checksum_errors import named_checksum_error
+from dlfs.client.transport.datapath_writer import FileState, FileWriter
 from dlfs.client.transport.direct_reader import DirectReader
 from dlfs.client.transport.grpc_channel import FORK_SUPPORT_ENV, fork_support_enabled
 from dlfs.client.transport.read_requests import SampleKey
 from dlfs.types import DaemonStatus, DatasetInfo, Entry, WarmInfo
 
 __all__ = ["FORK_SUPPORT_ENV", "BufferPool", "Client", "DaemonStatus", "Dataset",
-           "DatasetInfo", "DatasetTicket", "DirectReader", "Entry", "RebalanceReport",
+           "DatasetInfo", "DatasetTicket", "DirectReader", "Entry", "FileState", "FileWriter",
+           "RebalanceReport",
            "MemberRecord", "SampleKey", "ScrubReport", "Space", "SpaceFile", "SpaceReader",
            "WarmInfo", "daemon_addresses", "fork_support_enabled", "named_checksum_error"]

@@ -24,7 +24,7 @@ from typing import Callable, TypeVar
 
 from dlfs import errors
 from dlfs import limits as fuse_limits
-from dlfs.client import Client, DatasetInfo, DirectReader, Entry, SampleKey
+from dlfs.client import Client, DaemonStatus, DatasetInfo, DirectReader, Entry, FileWriter, SampleKey
 from dlfs.fuse.errno_map import DAEMON_DOWN
 
 log = logging.getLogger(__name__)
@@ -93,6 +93,10 @@ class Backend:
         return pool.reserve(size, count) if pool is not None else 0
 
     # --- calls (each one round trip) ------------------------------------------------
+
+    def status(self) -> DaemonStatus:
+        """The daemon's status (its data dir's free space, its spaces' files)."""
+        return self._run("status", lambda c: c.status())
 
     def sealed_datasets(self) -> list[DatasetInfo]:
         """Summaries of the sealed datasets, sorted by name."""
@@ -167,6 +171,45 @@ class Backend:
 
         return self._run("read_chunks", stream)
 
+    # --- checkpoint spaces (one daemon's; each change durable when it returns) ----------
+
+    @property
+    def writable(self) -> bool:
+        """Whether checkpoint spaces can be written through this backend: one daemon
+        (a cluster mount reads through its members only)."""
+        return not self.client.options.get("etcd")
+
+    def create_space(self, name: str) -> DatasetInfo:
+        """Create the empty checkpoint space `name`.  Raises AlreadyExists,
+        InvalidArgument, PermissionDenied."""
+        return self._run("create_space", lambda c: _control(c).create_space(name))
+
+    def delete_space(self, name: str) -> None:
+        """Remove checkpoint space `name` with everything in it.  Raises NotFound."""
+        self._run("delete_space", lambda c: _control(c).delete_dataset(name))
+
+    def make_dir(self, space: str, path: str, mode: int) -> Entry:
+        """Create directory `path` of `space`.  Raises AlreadyExists, NotFound (its
+        parent), NotADirectory."""
+        return self._run("make_dir", lambda c: _control(c).make_dir(space, path, mode))
+
+    def remove(self, space: str, path: str, *, directory: bool) -> None:
+        """unlink (`directory` False) or rmdir `path` of `space`.  Raises NotFound,
+        IsADirectory, NotADirectory, DirectoryNotEmpty."""
+        self._run("remove", lambda c: _control(c).remove(space, path, directory=directory))
+
+    def rename(self, space: str, path: str, target: str) -> None:
+        """Move `path` of `space` to `target` atomically, replacing a file there.
+        Raises NotFound, Busy (being written), IsADirectory, NotADirectory,
+        DirectoryNotEmpty, InvalidArgument."""
+        self._run("rename", lambda c: _control(c).rename(space, path, target))
+
+    def file_writer(self, space: str, path: str, flags: int, mode: int) -> FileWriter:
+        """`path` of `space` open for writing on a data-path connection of its own
+        (`datapath_writes` OPEN_* `flags`).  Raises what FileWriter raises."""
+        return self._run("file_open", lambda c: FileWriter(c.transport.data_path(), space,
+                                                            path, flags, mode))
+
     @property
     def down(self) -> bool:
         """Whether the daemon failed to answer since its last answer."""
@@ -208,3 +251,12 @@ class Backend:
         if since is not None:
             log.warning("DLFS daemon at %s answers again after %.1f s; the mount serves again",
                         self.address, time.monotonic() - since)
+
+
+def _control(client: Client):
+    """The one daemon's control calls (spaces live on one daemon)."""
+    control = getattr(client.transport, "control", None)
+    if control is None:
+        raise errors.ReadOnly("checkpoint spaces are written through a mount of one daemon, "
+                              "not of a cluster")
+    return control

@@ -37,6 +37,13 @@ ERRNO_BY_ERROR: tuple[tuple[type[errors.DlfsError], int], ...] = (
     (errors.InvalidArgument, errno.EINVAL),
     (errors.AlreadyExists, errno.EEXIST),
     (errors.StorageFull, errno.ENOSPC),
+    # A sealed dataset, or a file version: nothing changes them.
+    (errors.ReadOnly, errno.EROFS),
+    (errors.NotADirectory, errno.ENOTDIR),
+    (errors.IsADirectory, errno.EISDIR),
+    (errors.DirectoryNotEmpty, errno.ENOTEMPTY),
+    # A checkpoint file being written holds its path (rename) or has nothing to read.
+    (errors.Busy, errno.EBUSY),
     # Transient: the daemon refused the call at its concurrency limit.
     (errors.Overloaded, errno.EAGAIN),
     (errors.PermissionDenied, errno.EACCES),

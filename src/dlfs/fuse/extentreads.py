@@ -135,6 +135,11 @@ class ExtentReaders:
     def _usable(self, node: Node):
         if node.sample_id < 0:  # a directory, or a file known by path only
             return None
+        if node.space:
+            # A checkpoint file: each version is a dataset of its own, and readers are
+            # kept per dataset for the mount's life (never closed under a read): read
+            # through the daemon rather than hold one per version ever read.
+            return None
         self.uses += 1
         return self._reader(node.dataset)
 

@@ -4,7 +4,11 @@ A node is one file or directory of a dataset, named by its key
 ``(dataset, generation, path)``: `generation` is the dataset's creation time,
 so a dataset replaced under the same name gets new nodes (and new inode
 numbers) instead of silently aliasing the old ones.  The root of a mount
-that shows several datasets has the key ``ROOT_KEY``.
+that shows several datasets has the key ``ROOT_KEY``.  Nodes of checkpoint
+spaces, which change, have keys of their own (space_names.py); this mount's
+own changes move them to new keys (`rekey`, `rename_paths`) or retire them
+(`retire`: a dead key no lookup makes, so a path created again gets a new
+inode).
 
 Every node carries the attributes the kernel asks for (size, mode, mtime),
 so getattr never needs the daemon.  Lookup counts follow the FUSE protocol:
@@ -47,6 +51,10 @@ class Node:
     # for readers (a re-fetch after eviction counts again): the page push skips a file
     # readers fetched whole, which the kernel's page cache then holds.
     fetched_bytes: int = 0
+    # Nodes of a checkpoint space: its name, and the path in it where the node was
+    # last seen (a closed file's key names its version, not its path); "" otherwise.
+    space: str = ""
+    space_path: str = ""
 
     @property
     def read_key(self) -> int | str:
@@ -55,6 +63,13 @@ class Node:
         version's sample; else its path.  By id the client sends no Lookup
         first: one round trip per read instead of two."""
         return self.sample_id if self.sample_id >= 0 and self.key[1] > 0 else self.key[2]
+
+    @property
+    def identity(self) -> tuple[int, int]:
+        """What caches of its bytes are keyed by: its inode and version.  A node this
+        mount moved to another version (a space's file closed again) is another
+        file to them, whose bytes were never fetched."""
+        return (self.inode, self.key[1])
 
     @property
     def dataset(self) -> str:
@@ -78,6 +93,8 @@ class Attrs:
     mode: int
     mtime_ns: int
     sample_id: int = -1  # files: the sample id (valid within the dataset version); else -1
+    space: str = ""  # a checkpoint space's node: the space's name, and its path there
+    space_path: str = ""
 
 
 class InodeTable:
@@ -183,6 +200,59 @@ class InodeTable:
                                                                 attrs.mode, attrs.mtime_ns)
             return children
 
+    def refresh(self, node: Node, attrs: Attrs) -> None:
+        """Take `attrs` as `node`'s attributes now (a space's node, seen again)."""
+        with self._lock:
+            assert node.is_dir == attrs.is_dir, (node.key, attrs)
+            node.size, node.mode, node.mtime_ns = attrs.size, attrs.mode, attrs.mtime_ns
+            node.space_path = attrs.space_path
+
+    def rekey(self, node: Node, key: Key) -> None:
+        """Give `node` key `key` (its inode number stays).  A node that had `key`
+        is retired first (`retire`).  O(1)."""
+        with self._lock:
+            self._rekey(node, key)
+
+    def retire(self, node: Node) -> None:
+        """Give `node` a dead key, which no lookup makes: the kernel's references
+        stay valid, and the next node made for its old key gets a new inode.  O(1)."""
+        with self._lock:
+            self._retire(node)
+
+    def rename_paths(self, spaces: tuple[Key, ...], old: str, new: str) -> list[Node]:
+        """Move every node of `spaces` (key prefixes (name, generation)) at path `old`
+        or below it to `new`; nodes that were at `new` or below it are retired.
+        Also moves `space_path` of nodes whose key does not name their path (a
+        closed file's).  Returns the nodes moved.  O(nodes)."""
+        def moved(path: str) -> str | None:
+            if path == old:
+                return new
+            if path.startswith(old + "/"):
+                return new + path[len(old):]
+            return None
+
+        with self._lock:
+            nodes = list(self._by_inode.values())
+            space = spaces[0][0]
+            for node in nodes:  # the targets first: their keys are taken next
+                if node.key[:2] in spaces and moved(node.path) is None and \
+                        (node.path == new or node.path.startswith(new + "/")):
+                    self._retire(node)
+            done = []
+            for node in nodes:
+                if node.space != space:
+                    continue
+                if node.key[:2] in spaces:
+                    target = moved(node.path)
+                    if target is not None:
+                        self._rekey(node, (node.key[0], node.key[1], target))
+                        node.space_path = target
+                        done.append(node)
+                elif moved(node.space_path) is not None:
+                    node.space_path = moved(node.space_path)
+                    done.append(node)
+            return done
+
     def drop_idle(self) -> None:
         """Drop every idle node (e.g. after the daemon's datasets changed)."""
         with self._lock:
@@ -206,10 +276,28 @@ class InodeTable:
     def _add(self, inode: int, key: Key, attrs: Attrs) -> Node:
         assert key not in self._by_key, key
         node = Node(inode, key, attrs.is_dir, attrs.size, attrs.mode, attrs.mtime_ns,
-                    sample_id=attrs.sample_id)
+                    sample_id=attrs.sample_id, space=attrs.space, space_path=attrs.space_path)
         self._by_inode[inode] = node
         self._by_key[key] = node
         return node
+
+    def _rekey(self, node: Node, key: Key) -> None:
+        assert self._by_inode.get(node.inode) is node and node is not self.root
+        if node.key == key:
+            return
+        occupant = self._by_key.get(key)
+        if occupant is not None:
+            self._retire(occupant)
+        del self._by_key[node.key]
+        node.key = key
+        self._by_key[key] = node
+
+    def _retire(self, node: Node) -> None:
+        dead = (node.key[0], node.key[1], f"\0retired {node.inode}")
+        if node.key != dead:
+            del self._by_key[node.key]
+            node.key = dead
+            self._by_key[dead] = node
 
     def _evict(self) -> None:
         while len(self._idle) > self.idle_max:

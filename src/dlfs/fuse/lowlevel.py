@@ -31,11 +31,13 @@ ROOT_INODE = 1  # FUSE_ROOT_ID: the kernel names the mount root so
 
 # Capability bits of fuse_conn_info.capable / .want (fuse_common.h).
 CAP_ASYNC_READ = 1 << 0
+CAP_ATOMIC_O_TRUNC = 1 << 3
 CAP_SPLICE_WRITE = 1 << 7
 CAP_SPLICE_MOVE = 1 << 8
 CAP_SPLICE_READ = 1 << 9
 CAP_READDIRPLUS = 1 << 13
 CAP_READDIRPLUS_AUTO = 1 << 14
+CAP_WRITEBACK_CACHE = 1 << 16
 CAP_NO_OPEN_SUPPORT = 1 << 17
 CAP_PARALLEL_DIROPS = 1 << 18
 CAP_NO_OPENDIR_SUPPORT = 1 << 24
@@ -200,6 +202,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     fn("fuse_reply_entry", c_int, c_req_t, POINTER(EntryParam))
     fn("fuse_reply_attr", c_int, c_req_t, POINTER(Stat), c_double)
     fn("fuse_reply_open", c_int, c_req_t, _FI)
+    fn("fuse_reply_create", c_int, c_req_t, POINTER(EntryParam), _FI)
+    fn("fuse_reply_write", c_int, c_req_t, c_size_t)
     fn("fuse_reply_buf", c_int, c_req_t, c_void_p, c_size_t)
     fn("fuse_reply_statfs", c_int, c_req_t, POINTER(Statvfs))
     fn("fuse_add_direntry_plus", c_size_t, c_req_t, c_void_p, c_size_t, c_char_p,
@@ -211,6 +215,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         fn("fuse_session_loop_mt_312", c_int, c_void_p, c_void_p)
         fn("fuse_loop_cfg_create", c_void_p)
         fn("fuse_loop_cfg_set_max_threads", None, c_void_p, c_uint)
+        fn("fuse_loop_cfg_set_idle_threads", None, c_void_p, c_uint)
         fn("fuse_loop_cfg_destroy", None, c_void_p)
 
 

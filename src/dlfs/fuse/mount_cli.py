@@ -1,5 +1,6 @@
-"""`dlfs-mount ADDR MOUNTPOINT`: mount a daemon's datasets read-only
-(`dlfs-mount --etcd URL MOUNTPOINT`: a cluster's).
+"""`dlfs-mount ADDR MOUNTPOINT`: mount a daemon's datasets (read-only) and its
+checkpoint spaces (writable); `dlfs-mount --etcd URL MOUNTPOINT`: a cluster's
+datasets, read-only; `--dataset NAME`: one dataset, read-only.
 
 Without ``--foreground`` the command starts the file system in a background
 process (this module again, with ``--foreground`` and a readiness pipe) and
@@ -31,6 +32,7 @@ import resource
 import select
 import shlex
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -48,6 +50,7 @@ from dlfs.fuse.fs import DlfsOperations
 from dlfs.fuse.inodes import ROOT_KEY, Attrs
 from dlfs.fuse.mount_metrics import serve_metrics
 from dlfs.fuse.session import MountFailed, Session
+from dlfs.fuse.space_files import SpaceFiles
 from dlfs.fuse.splicereads import SpliceReads
 from dlfs.version import __version__
 
@@ -66,7 +69,8 @@ class MountError(Exception):
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="dlfs-mount",
-        description="Mount the datasets of a DLFS daemon as a read-only file system.",
+        description="Mount the datasets of a DLFS daemon (read-only) and its checkpoint "
+                    "spaces (writable: `mkdir MOUNTPOINT/NAME` makes one).",
         epilog="Unmount with `fusermount3 -u MOUNTPOINT` (or SIGTERM to a --foreground mount).")
     parser.add_argument("target", nargs="+", metavar="[ADDR] MOUNTPOINT",
                         help="the daemon's address HOST:PORT (not with --etcd), then an "
@@ -338,17 +342,24 @@ def run_foreground(args: argparse.Namespace) -> int:
     except errors.DlfsError as exc:
         raise MountError(str(exc)) from None
     try:
-        root_key, root_attrs, what = _resolve_root(backend, args.dataset)
-        operations = DlfsOperations(backend, root_key, root_attrs,
+        writable = args.dataset is None and backend.writable
+        root_key, root_attrs, what = _resolve_root(backend, args.dataset, writable)
+        operations = DlfsOperations(backend, root_key, root_attrs, writable=writable,
                                     cache_timeout_s=args.cache_timeout)
-        options = ["ro", "default_permissions", "subtype=dlfs",
+        options = ["default_permissions", "subtype=dlfs",
                    "fsname=dlfs@" + re.sub(r"[^\w.:\-\[\]@]", "_",
                                            args.address or "etcd-" + args.cluster)]
+        if not writable:
+            options.append("ro")
         if args.allow_other:
             options.append("allow_other")
         try:
             session = Session(operations, args.mountpoint, options, debug=args.debug,
-                              want=lowlevel.CAP_READDIRPLUS | lowlevel.CAP_ASYNC_READ,
+                              unanswered=operations.unanswered,
+                              # O_TRUNC comes with OPEN: a file opened to be rewritten
+                              # starts empty, not as a copy truncated afterwards.
+                              want=lowlevel.CAP_READDIRPLUS | lowlevel.CAP_ASYNC_READ |
+                              lowlevel.CAP_ATOMIC_O_TRUNC,
                               # Always READDIRPLUS: every listed name comes with its
                               # attributes, so a reader's stat or open needs no lookup.
                               unwant=lowlevel.CAP_READDIRPLUS_AUTO,
@@ -374,7 +385,8 @@ def run_foreground(args: argparse.Namespace) -> int:
             session.close()
             if operations.splice is not None:
                 operations.splice.close()
-            _log_counts(session, backend, operations.extents, operations.splice)
+            _log_counts(session, backend, operations.extents, operations.splice,
+                        operations.spaces)
         log.info("unmounted %s", args.mountpoint)
         return 0
     except MountError as exc:
@@ -384,11 +396,15 @@ def run_foreground(args: argparse.Namespace) -> int:
         backend.close()
 
 
-def _resolve_root(backend: Backend, dataset: str | None) -> tuple:
+def _resolve_root(backend: Backend, dataset: str | None, writable: bool) -> tuple:
     """(root key, root attributes, description) of the mount; checks the daemon answers."""
     try:
         if dataset is not None:
             info = backend.dataset(dataset)
+            if info.kind == "space":
+                raise MountError(f"{dataset!r} is a checkpoint space: mount the whole daemon "
+                                 "(no --dataset) to read and write it, at MOUNTPOINT/"
+                                 f"{dataset}")
             return dataset_key(info), dataset_attrs(info), f"dataset {dataset!r}"
         count = len(backend.sealed_datasets())
     except errors.NotFound:
@@ -400,7 +416,9 @@ def _resolve_root(backend: Backend, dataset: str | None) -> tuple:
                          "datasets") from None
     except errors.DlfsError as exc:
         raise MountError(f"cannot reach the DLFS daemon at {backend.address}: {exc}") from None
-    return ROOT_KEY, Attrs(True, 0, DIR_MODE, time.time_ns()), f"{count} datasets"
+    # Writable: its owner may mkdir a space there.
+    mode = stat.S_IFDIR | 0o755 if writable else DIR_MODE
+    return ROOT_KEY, Attrs(True, 0, mode, time.time_ns()), f"{count} datasets and spaces"
 
 
 async def _serve(session: Session, operations: DlfsOperations, args: argparse.Namespace,
@@ -415,7 +433,7 @@ async def _serve(session: Session, operations: DlfsOperations, args: argparse.Na
         nursery.start_soon(run_fuse)
         nursery.start_soon(_stop_on_signal, session, nursery)
         nursery.start_soon(_counts_on_signal, session, operations.backend, operations.extents,
-                           operations.splice)
+                           operations.splice, operations.spaces)
         nursery.start_soon(operations.follow_root_version)
         if operations.extents is not None and args.extent_pages_release:
             nursery.start_soon(_release_extent_pages, operations.extents,
@@ -437,8 +455,9 @@ async def _serve(session: Session, operations: DlfsOperations, args: argparse.Na
                         "4.18+): every open() costs a round trip to this process")
         if args.ready_file:
             _write_ready_file(args.ready_file)
-        log.info("serving %s of the DLFS daemon at %s at %s (read-only)", what,
-                 operations.backend.address, args.mountpoint)
+        log.info("serving %s of the DLFS daemon at %s at %s (%s)", what,
+                 operations.backend.address, args.mountpoint,
+                 "checkpoint spaces writable" if operations.writable else "read-only")
         if args.ready_fd is not None:
             _send(args.ready_fd, READY)
 
@@ -494,10 +513,11 @@ async def _stop_on_signal(session: Session, nursery: trio.Nursery) -> None:
 
 async def _counts_on_signal(session: Session, backend: Backend,
                             extents: ExtentReaders | None = None,
-                            splice: SpliceReads | None = None) -> None:
+                            splice: SpliceReads | None = None,
+                            files: SpaceFiles | None = None) -> None:
     with trio.open_signal_receiver(signal.SIGUSR1) as signals:
         async for _ in signals:
-            _log_counts(session, backend, extents, splice)
+            _log_counts(session, backend, extents, splice, files)
 
 
 def _splice_reads(mode: str, session: Session, extents: ExtentReaders) -> SpliceReads | None:
@@ -512,13 +532,15 @@ def _splice_reads(mode: str, session: Session, extents: ExtentReaders) -> Splice
 
 
 def _log_counts(session: Session, backend: Backend, extents: ExtentReaders | None = None,
-                splice: SpliceReads | None = None) -> None:
+                splice: SpliceReads | None = None, files: SpaceFiles | None = None) -> None:
     """Two lines: the requests the kernel sent and the calls made to the
     daemon, by kind (`dlfs.tools.launch.MountProcess.request_counts` parses them);
-    one for the files read from the extents and one for the READs answered
-    by splice."""
+    one for the checkpoint files open and committed, one for the files read
+    from the extents and one for the READs answered by splice."""
     log.info("daemon calls: %s", json.dumps(dict(sorted(backend.calls.items()))))
     log.info("requests: %s", json.dumps(dict(sorted(session.counts.items()))))
+    if files is not None:
+        log.info("space files: %s", json.dumps(files.open_counts()))
     if extents is not None:
         log.info("extent reads: %s", json.dumps(extents.counts()))
     if splice is not None:

@@ -1,10 +1,12 @@
 """Names to nodes: the children of a directory, a node's parent, dataset directories.
 
 `Names` answers the lookups the inode table cannot: a name under the root
-of a mount of every dataset is a dataset (one GetDataset RPC, which also
-notices a replaced version); a name inside a dataset is found by listing
-its small directory once (`siblings`) or else by one Stat RPC.  It also
-lists directories for readdirplus (`children`, `datasets`).
+of a mount of every dataset is a dataset or a checkpoint space (one
+GetDataset RPC, which also notices a replaced version); a name inside a
+dataset is found by listing its small directory once (`siblings`) or else
+by one Stat RPC; a name inside a space always by one Stat RPC (spaces
+change: space_names.py).  It also lists directories for readdirplus
+(`children`, `datasets`).
 
 Runs on the trio loop; blocking backend calls go through `thread` (the
 mount's bounded worker threads).
@@ -24,7 +26,9 @@ from dlfs.fuse.dirlist import Child
 from dlfs.fuse.errno_map import FuseError
 from dlfs.fuse.inodes import ROOT_KEY, InodeTable, Key, Node
 from dlfs.fuse.siblings import SiblingNames
+from dlfs.fuse.space_names import SpaceNames, child_path, space_root_attrs
 from dlfs.paths import check_dataset_name, check_sample_path
+from dlfs.types import DatasetInfo
 
 # thread(function, *args): run a blocking call in a bounded worker thread.
 Thread = Callable[..., Awaitable[Any]]
@@ -41,6 +45,7 @@ class Names:
         self._thread = thread
         self._multi = multi
         self._datasets: dict[str, Key] = {}  # name -> key of its latest generation seen
+        self.spaces = SpaceNames(table)
         self.siblings = SiblingNames(table, self.children,
                                      page_entries=fuse_limits.mount_dir_page_entries,
                                      dirs_max=fuse_limits.mount_listed_dirs_max)
@@ -61,6 +66,8 @@ class Names:
             raise FuseError(errno.ENOTDIR)
         if self._multi and parent is self._table.root:
             return await self._dataset(name)
+        if parent.space:
+            return await self._space_child(parent, name)
         key = parent.child_key(name)
         node = self._table.find(key)
         if node is not None:
@@ -97,7 +104,20 @@ class Names:
                 raise
             return node
         self._datasets[name] = dataset_key(info)
-        return self._table.node_for(dataset_key(info), lambda: dataset_attrs(info))
+        return self.top(info)
+
+    def top(self, info: DatasetInfo) -> Node:
+        """The node of dataset or space `info` under the root of a mount of every dataset."""
+        return self._table.node_for(dataset_key(info), lambda: _top_attrs(info))
+
+    async def _space_child(self, parent: Node, name: str) -> Node | None:
+        """`name` in a space's directory, as the daemon has it now (one Stat)."""
+        path = child_path(parent, name)
+        try:
+            entry = await self._thread(self._backend.stat, parent.space, path)
+        except (errors.NotFound, errors.NotADirectory):
+            return None
+        return self.spaces.node(parent, entry)
 
     async def parent(self, node: Node) -> Node:
         """The directory holding `node` (the root for the root)."""
@@ -121,11 +141,17 @@ class Names:
         """One listing page of directory `parent` (ListDir): children, more follow."""
         entries, more = await self._thread(self._backend.list_page, parent.dataset,
                                            parent.path, start_after, count)
+        if parent.space:
+            return [self.spaces.child(parent, e) for e in entries], more
         return [Child(e.name, parent.child_key(e.name), entry_attrs(e)) for e in entries], more
 
     async def datasets(self, start_after: str, count: int) -> tuple[list[Child], bool]:
         """One listing page of the root of a mount of every dataset."""
         infos = [i for i in await self._thread(self._backend.sealed_datasets)
                  if i.name > start_after]
-        return ([Child(i.name, dataset_key(i), dataset_attrs(i)) for i in infos[:count]],
+        return ([Child(i.name, dataset_key(i), _top_attrs(i)) for i in infos[:count]],
                 len(infos) > count)
+
+
+def _top_attrs(info: DatasetInfo):
+    return space_root_attrs(info) if info.kind == "space" else dataset_attrs(info)

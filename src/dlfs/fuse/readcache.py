@@ -21,7 +21,10 @@ wait for one fetch).  Bytes of a fetch that no read is waiting for (the rest
 of a whole sample after its first piece, read-ahead) are pushed into the
 kernel's page cache as they arrive (FUSE notify_store), so the kernel never
 has to ask for them: one write per received piece instead of one request per
-128 KiB.  A unit is dropped once the kernel has been handed all of its bytes
+128 KiB (not for a checkpoint space's file, whose inode this mount may move
+to another version meanwhile: those wait for the kernel's READs).  Units
+are keyed by the node's identity (inode and version), so bytes of one
+version never answer a read of another.  A unit is dropped once the kernel has been handed all of its bytes
 in replies; from then on the page cache serves them (files are opened with
 keep_cache).  Pushed units are kept for kernel reads that raced with the
 push, the most recent `pushed_keep_bytes` of them, and are the first to go
@@ -96,7 +99,7 @@ class _Unit:
 
 
 class ReadCache:
-    """Units of files being read, keyed by (inode, unit index).
+    """Units of files being read, keyed by (node identity, unit index).
 
     `read` costs one fetch per run of units it touches that nobody fetched
     yet, and O(units touched) otherwise.  Bytes held (fetched or in flight)
@@ -131,9 +134,9 @@ class ReadCache:
             collections.OrderedDict()  # least recently used first
         self.bytes_held = 0
         self.pushed_bytes_held = 0  # of bytes_held, in units marked pushed
-        # inode -> (where its last read ended, reads in a row that continued
+        # identity -> (where its last read ended, reads in a row that continued
         # the previous one); large files only, LRU-bounded.
-        self._stream_end: collections.OrderedDict[int, tuple[int, int]] = \
+        self._stream_end: collections.OrderedDict[tuple[int, int], tuple[int, int]] = \
             collections.OrderedDict()
         self.fetches = 0  # RPCs issued, for tests and benchmarks
         self.stored_bytes = 0  # bytes pushed into the page cache
@@ -153,10 +156,10 @@ class ReadCache:
         whole = node.size <= self.whole_bytes_max
         step = node.size if whole else self.unit_bytes
         first, last = offset // step, (end - 1) // step
-        sequential = not whole and self._sequential(node.inode, offset, end)
+        sequential = not whole and self._sequential(node.identity, offset, end)
         units = []
         for index in range(first, last + 1):
-            unit = self._units.get((node.inode, index))
+            unit = self._units.get((node.identity, index))
             if unit is None:
                 count = self.run_units if sequential else last - index + 1
                 unit = self._start_run(node, index, count, step, whole, demand_end=end).units[0]
@@ -191,12 +194,12 @@ class ReadCache:
         run = _Run(index * step, demand_end)
         last_index = (node.size - 1) // step
         for i in range(index, min(index + count - 1, last_index) + 1):
-            if (node.inode, i) in self._units:
+            if (node.identity, i) in self._units:
                 break
             length = min(step, node.size - i * step)
             if not self._make_room(length, pushed_only=not evict) and (run.units or not evict):
                 break
-            unit = _Unit((node.inode, i), i * step, length)
+            unit = _Unit((node.identity, i), i * step, length)
             self._units[unit.key] = unit
             self.bytes_held += length
             run.units.append(unit)
@@ -259,7 +262,10 @@ class ReadCache:
             run.next_unit += 1
         run.received += len(piece)
         push_from = max(piece_start, -(-run.demand_end // _PAGE_BYTES) * _PAGE_BYTES)
-        if self._store is not None and push_from < piece_end:
+        # Never into a space's file: this mount may close it into another version
+        # (same inode) while the push is on its way, and pages of the old one
+        # would then sit in the cache new readers read.
+        if self._store is not None and push_from < piece_end and not node.space:
             for unit in run.units:
                 if unit.start < piece_end and unit.start + unit.length > push_from and \
                         not unit.pushed and self._units.get(unit.key) is unit:
@@ -324,14 +330,14 @@ class ReadCache:
 
     # --- sequential readers ----------------------------------------------------------------
 
-    def _sequential(self, inode: int, offset: int, end: int) -> bool:
+    def _sequential(self, identity: tuple[int, int], offset: int, end: int) -> bool:
         """Record this read; True once `sequential_reads_min` reads in a row
         each started near where the previous one ended."""
-        previous_end, streak = self._stream_end.pop(inode, (None, 0))
+        previous_end, streak = self._stream_end.pop(identity, (None, 0))
         near = previous_end is not None and \
             abs(offset - previous_end) <= self.sequential_slack_bytes
         streak = streak + 1 if near else 0
-        self._stream_end[inode] = (end, streak)
+        self._stream_end[identity] = (end, streak)
         if len(self._stream_end) > self.streams_max:
             self._stream_end.popitem(last=False)
         return streak >= fuse_limits.mount_sequential_reads_min
@@ -343,7 +349,7 @@ class ReadCache:
         units = (node.size - 1) // self.unit_bytes + 1
         stop = min(index + self.ahead_units, units)
         while index < stop:
-            if (node.inode, index) in self._units:
+            if (node.identity, index) in self._units:
                 index += 1
                 continue
             count = min(self.run_units, stop - index)

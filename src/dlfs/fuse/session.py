@@ -59,6 +59,22 @@ log = logging.getLogger(__name__)
 signal_wake = signal.SIGUSR2
 
 
+_pinned = threading.local()
+
+
+def _pin_thread_state() -> None:
+    """Keep this (libfuse) thread's Python thread state for its life.
+
+    A ctypes callback from a thread Python did not start makes a thread
+    state on entry and frees it on return (PyGILState_Ensure/Release), every
+    request (docs/DESIGN.md, "The mount's writes", has what that cost).  One
+    Ensure more, never released, keeps it: libfuse's workers live as long as
+    the loop (`serve` keeps idle ones), at most `mount_fuse_threads_max` of
+    them."""
+    ctypes.pythonapi.PyGILState_Ensure()
+    _pinned.done = True
+
+
 def inline(method: Callable) -> Callable:
     """Mark a handler to run in libfuse's worker thread (no trio hop): it may
     only touch thread-safe state, and may block that worker thread."""
@@ -85,20 +101,25 @@ _ARGUMENTS: dict[str, Callable[..., tuple]] = {
     "forget": _forget_one,
     "forget_multi": _forget_many,
     "getattr": lambda req, inode, fi: (req, inode),
-    "setattr": lambda req, inode, attr, to_set, fi: (req, inode),
+    "setattr": lambda req, inode, attr, to_set, fi: (req, inode, attr.contents.st_size, to_set,
+                                                     fi.contents.fh if fi else 0),
     "mknod": lambda req, parent, name, mode, rdev: (req, parent, name),
-    "mkdir": lambda req, parent, name, mode: (req, parent, name),
+    "mkdir": lambda req, parent, name, mode: (req, parent, name, mode),
     "unlink": lambda req, parent, name: (req, parent, name),
     "rmdir": lambda req, parent, name: (req, parent, name),
     "symlink": lambda req, link, parent, name: (req, parent, name),
-    "rename": lambda req, parent, name, new_parent, new_name, flags: (req, parent, name),
+    "rename": lambda req, parent, name, new_parent, new_name, flags: (req, parent, name,
+                                                                      new_parent, new_name,
+                                                                      flags),
     "link": lambda req, inode, new_parent, new_name: (req, new_parent, new_name),
     "open": lambda req, inode, fi: (req, inode, fi.contents.flags),
-    "read": lambda req, inode, size, offset, fi: (req, inode, size, offset),
-    "write": lambda req, inode, buf, size, offset, fi: (req, inode),
-    "flush": lambda req, inode, fi: (req, inode),
+    "read": lambda req, inode, size, offset, fi: (req, inode, size, offset, fi.contents.fh),
+    # The bytes stay libfuse's: valid until the handler (inline, synchronous) returns.
+    "write": lambda req, inode, buf, size, offset, fi: (req, inode, _borrowed(buf, size),
+                                                        offset, fi.contents.fh),
+    "flush": lambda req, inode, fi: (req, inode, fi.contents.fh),
     "release": lambda req, inode, fi: (req, inode, fi.contents.fh),
-    "fsync": lambda req, inode, datasync, fi: (req, inode),
+    "fsync": lambda req, inode, datasync, fi: (req, inode, fi.contents.fh),
     "opendir": lambda req, inode, fi: (req, inode),
     "readdirplus": lambda req, inode, size, offset, fi: (req, inode, size, offset,
                                                          fi.contents.fh),
@@ -106,12 +127,19 @@ _ARGUMENTS: dict[str, Callable[..., tuple]] = {
     "statfs": lambda req, inode: (req,),
     "setxattr": lambda req, inode, name, value, size, flags: (req, inode),
     "removexattr": lambda req, inode, name: (req, inode),
-    "create": lambda req, parent, name, mode, fi: (req, parent, name),
+    "create": lambda req, parent, name, mode, fi: (req, parent, name, mode, fi.contents.flags),
     "ioctl": lambda req, inode, cmd, arg, fi, flags, in_buf, in_size, out_size: (req, inode,
                                                                                  cmd),
-    "fallocate": lambda req, inode, mode, offset, length, fi: (req, inode),
+    "fallocate": lambda req, inode, mode, offset, length, fi: (req, inode, mode, offset, length,
+                                                               fi.contents.fh),
 }
 _NO_REPLY = frozenset({"forget", "forget_multi"})
+
+
+def _borrowed(address: int, size: int) -> memoryview:
+    """`size` bytes at `address` (a request's buffer), not copied."""
+    return memoryview((ctypes.c_char * size).from_address(address)).cast("B") if size else \
+        memoryview(b"")
 
 
 def _pointer(data: bytes | memoryview) -> tuple[int, Any]:
@@ -125,14 +153,16 @@ class Session:
     """A FUSE file system mounted at `mountpoint`, answered by `handlers`.
 
     `options`: mount options (``ro``, ``fsname=...``, ...), as for mount -o.
-    `want`/`unwant`: capability bits to ask for / refuse at INIT;
+    `unanswered`: operations `handlers` has but libfuse is to answer (their
+    slots stay NULL); `want`/`unwant`: capability bits to ask for / refuse at INIT;
     `max_background`: how many asynchronous requests (read-ahead) the
     kernel keeps in flight.  Raises MountFailed.  Call `serve` in a trio
     run, then `close`.
     """
 
     def __init__(self, handlers: Any, mountpoint: str, options: Iterable[str], *,
-                 debug: bool = False, want: int = 0, unwant: int = 0, max_background: int = 0):
+                 debug: bool = False, unanswered: Iterable[str] = (), want: int = 0,
+                 unwant: int = 0, max_background: int = 0):
         self._lib = ll.library()
         self.handlers = handlers
         self.counts: collections.Counter[str] = collections.Counter()
@@ -145,7 +175,10 @@ class Session:
         self._loop_thread: int | None = None
         self._callbacks: list[Any] = []  # ctypes keeps no reference of its own
         self._ops = ll.LowlevelOps()
+        unanswered = frozenset(unanswered)
         for name, ctype in ll.OPERATION_TYPES:
+            if name in unanswered:
+                continue
             if name == "init":
                 function = ctype(self._init)
             elif ctype is not None and name in _ARGUMENTS and hasattr(handlers, name):
@@ -202,6 +235,8 @@ class Session:
         try:
             if threads_max:
                 self._lib.fuse_loop_cfg_set_max_threads(config, threads_max)
+                # Idle workers stay (each keeps its Python thread state: _pin_thread_state).
+                self._lib.fuse_loop_cfg_set_idle_threads(config, threads_max)
             return loop_312(self._se, config)
         finally:
             self._lib.fuse_loop_cfg_destroy(config)
@@ -245,6 +280,8 @@ class Session:
         lock, counts = self._counts_lock, self.counts
 
         def call(*c_args: Any) -> None:
+            if not getattr(_pinned, "done", False):
+                _pin_thread_state()
             with lock:
                 counts[name] += 1
             req = c_args[0]
@@ -311,10 +348,20 @@ class Session:
         self._lib.fuse_reply_attr(req, ctypes.byref(attr), timeout_s)
 
     def reply_open(self, req: int, fh: int, *, keep_cache: bool = False,
-                   cache_readdir: bool = False) -> None:
-        info = ll.FileInfo()
-        info.fh, info.keep_cache, info.cache_readdir = fh, keep_cache, cache_readdir
-        self._lib.fuse_reply_open(req, ctypes.byref(info))
+                   cache_readdir: bool = False, direct_io: bool = False,
+                   noflush: bool = False) -> None:
+        """`direct_io`: reads and writes bypass the page cache; `noflush`: close(2)
+        sends no FLUSH."""
+        self._lib.fuse_reply_open(req, ctypes.byref(_file_info(fh, keep_cache, cache_readdir,
+                                                               direct_io, noflush)))
+
+    def reply_create(self, req: int, entry: ll.EntryParam, fh: int, *,
+                     direct_io: bool = False) -> None:
+        self._lib.fuse_reply_create(req, ctypes.byref(entry),
+                                    ctypes.byref(_file_info(fh, False, False, direct_io, False)))
+
+    def reply_write(self, req: int, count: int) -> None:
+        self._lib.fuse_reply_write(req, count)
 
     def reply_data(self, req: int, data: bytes | memoryview) -> None:
         address, owner = _pointer(data)
@@ -364,6 +411,14 @@ class Session:
         result = self._lib.fuse_lowlevel_notify_inval_inode(self._se, inode, 0, 0)
         if result < 0 and result != -errno.ENOENT:
             raise OSError(-result, f"notify_inval_inode: {os.strerror(-result)}")
+
+
+def _file_info(fh: int, keep_cache: bool, cache_readdir: bool, direct_io: bool,
+               noflush: bool) -> ll.FileInfo:
+    info = ll.FileInfo()
+    info.fh, info.keep_cache, info.cache_readdir = fh, keep_cache, cache_readdir
+    info.direct_io, info.noflush = direct_io, noflush
+    return info
 
 
 class DirectoryBuffer:

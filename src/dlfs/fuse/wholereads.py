@@ -48,7 +48,8 @@ class _File:
 
 
 class WholeReads:
-    """Whole small files by inode, fetched once, dropped once fully served."""
+    """Whole small files by node identity (inode and version), fetched once, dropped
+    once fully served."""
 
     def __init__(self, fetch: FetchWhole, *,
                  whole_bytes_max: int = fuse_limits.mount_whole_sample_bytes_max,
@@ -59,7 +60,7 @@ class WholeReads:
         self.whole_bytes_max = whole_bytes_max
         self.bytes_max = bytes_max
         self._lock = threading.Lock()
-        # inode -> file, least recently used first; complete and in flight.
+        # identity -> file, least recently used first; complete and in flight.
         self._files: collections.OrderedDict[int, _File] = collections.OrderedDict()
         self.bytes_held = 0  # of complete files
         self._waiting = threading.Semaphore(waiting_max)  # reads waiting for the daemon
@@ -87,17 +88,17 @@ class WholeReads:
         if offset >= end:
             return b""
         with self._lock:
-            file = self._files.get(node.inode)
+            file = self._files.get(node.identity)
             waits = file is None or not file.ready.is_set()
             if waits and not self._waiting.acquire(blocking=False):
                 self.declined += 1
                 return None
             owner = file is None
             if owner:
-                file = self._files[node.inode] = _File()
+                file = self._files[node.identity] = _File()
                 self.fetches += 1
             else:
-                self._files.move_to_end(node.inode)
+                self._files.move_to_end(node.identity)
         try:
             if owner:
                 self._fill(node, file)
@@ -112,7 +113,7 @@ class WholeReads:
         with self._lock:
             file.served += len(piece)
             if file.served >= node.size:  # the kernel has it all: its page cache serves it
-                self._drop(node.inode, file)
+                self._drop(node.identity, file)
         return piece
 
     def _fill(self, node: Node, file: _File) -> None:
@@ -134,17 +135,17 @@ class WholeReads:
             with self._lock:
                 file.error = error
                 if error is not None:
-                    self._drop(node.inode, file)  # the next read fetches again
+                    self._drop(node.identity, file)  # the next read fetches again
                 else:
                     file.data = data
                     self.bytes_held += len(data)
                     self._evict()
             file.ready.set()
 
-    def _drop(self, inode: int, file: _File) -> None:
-        """Forget `inode`'s file if it is still `file` (lock held)."""
-        if self._files.get(inode) is file:
-            del self._files[inode]
+    def _drop(self, identity: tuple[int, int], file: _File) -> None:
+        """Forget `identity`'s file if it is still `file` (lock held)."""
+        if self._files.get(identity) is file:
+            del self._files[identity]
             if file.data is not None and file.error is None:
                 self.bytes_held -= len(file.data)
 
@@ -153,9 +154,9 @@ class WholeReads:
         (lock held).  O(files looked at)."""
         if self.bytes_held <= self.bytes_max:
             return
-        for inode, file in list(self._files.items()):
+        for identity, file in list(self._files.items()):
             if file.data is not None:
-                self._drop(inode, file)
+                self._drop(identity, file)
                 if self.bytes_held <= self.bytes_max:
                     return
 

@@ -313,7 +313,7 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class StatusReply(_message.Message):
-    __slots__ = ("version", "uptime_s", "data_dir", "metrics_address", "datasets", "samples", "bytes", "catalog_bytes", "ingests_running", "rpcs_in_flight", "samples_served", "bytes_served", "batches_served", "cache_hit_ranges", "cache_miss_ranges", "errors", "data_connections", "sendfile", "sendfile_bytes", "data_workers", "mapped_sends", "mapped_send_bytes")
+    __slots__ = ("version", "uptime_s", "data_dir", "metrics_address", "datasets", "samples", "bytes", "catalog_bytes", "ingests_running", "rpcs_in_flight", "samples_served", "bytes_served", "batches_served", "cache_hit_ranges", "cache_miss_ranges", "errors", "data_connections", "sendfile", "sendfile_bytes", "data_workers", "mapped_sends", "mapped_send_bytes", "disk_bytes", "disk_free_bytes", "space_files", "space_bytes", "space_files_max")
     class ErrorsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -343,6 +343,11 @@ class StatusReply(_message.Message):
     DATA_WORKERS_FIELD_NUMBER: _ClassVar[int]
     MAPPED_SENDS_FIELD_NUMBER: _ClassVar[int]
     MAPPED_SEND_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DISK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DISK_FREE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SPACE_FILES_FIELD_NUMBER: _ClassVar[int]
+    SPACE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SPACE_FILES_MAX_FIELD_NUMBER: _ClassVar[int]
     version: str
     uptime_s: float
     data_dir: str
@@ -365,7 +370,12 @@ class StatusReply(_message.Message):
     data_workers: _containers.RepeatedCompositeFieldContainer[DataWorker]
     mapped_sends: str
     mapped_send_bytes: int
-    def __init__(self, version: _Optional[str] = ..., uptime_s: _Optional[float] = ..., data_dir: _Optional[str] = ..., metrics_address: _Optional[str] = ..., datasets: _Optional[int] = ..., samples: _Optional[int] = ..., bytes: _Optional[int] = ..., catalog_bytes: _Optional[int] = ..., ingests_running: _Optional[int] = ..., rpcs_in_flight: _Optional[int] = ..., samples_served: _Optional[int] = ..., bytes_served: _Optional[int] = ..., batches_served: _Optional[int] = ..., cache_hit_ranges: _Optional[int] = ..., cache_miss_ranges: _Optional[int] = ..., errors: _Optional[_Mapping[str, int]] = ..., data_connections: _Optional[int] = ..., sendfile: _Optional[str] = ..., sendfile_bytes: _Optional[int] = ..., data_workers: _Optional[_Iterable[_Union[DataWorker, _Mapping]]] = ..., mapped_sends: _Optional[str] = ..., mapped_send_bytes: _Optional[int] = ...) -> None: ...
+    disk_bytes: int
+    disk_free_bytes: int
+    space_files: int
+    space_bytes: int
+    space_files_max: int
+    def __init__(self, version: _Optional[str] = ..., uptime_s: _Optional[float] = ..., data_dir: _Optional[str] = ..., metrics_address: _Optional[str] = ..., datasets: _Optional[int] = ..., samples: _Optional[int] = ..., bytes: _Optional[int] = ..., catalog_bytes: _Optional[int] = ..., ingests_running: _Optional[int] = ..., rpcs_in_flight: _Optional[int] = ..., samples_served: _Optional[int] = ..., bytes_served: _Optional[int] = ..., batches_served: _Optional[int] = ..., cache_hit_ranges: _Optional[int] = ..., cache_miss_ranges: _Optional[int] = ..., errors: _Optional[_Mapping[str, int]] = ..., data_connections: _Optional[int] = ..., sendfile: _Optional[str] = ..., sendfile_bytes: _Optional[int] = ..., data_workers: _Optional[_Iterable[_Union[DataWorker, _Mapping]]] = ..., mapped_sends: _Optional[str] = ..., mapped_send_bytes: _Optional[int] = ..., disk_bytes: _Optional[int] = ..., disk_free_bytes: _Optional[int] = ..., space_files: _Optional[int] = ..., space_bytes: _Optional[int] = ..., space_files_max: _Optional[int] = ...) -> None: ...
 
 class DataWorker(_message.Message):
     __slots__ = ("index", "pid", "state", "connections", "requests", "bytes_served", "cpu_s", "restarts")

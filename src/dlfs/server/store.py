@@ -282,7 +282,12 @@ class Store:
                                      self.reads.sendfile_state, self.reads.mapped_sends_state)
         if self._mirror is not None:
             status = dataclasses.replace(status, data_workers=self._mirror.worker_statuses())
-        return status
+        disk = os.statvfs(self.config.data_dir)
+        files, space_bytes = self.spaces.stored()
+        return dataclasses.replace(status, disk_bytes=disk.f_blocks * disk.f_frsize,
+                                   disk_free_bytes=disk.f_bavail * disk.f_frsize,
+                                   space_files=files, space_bytes=space_bytes,
+                                   space_files_max=self.config.space_files_max)
 
     def stored_state(self) -> StoredState:
         """What this store holds now (the metrics read it at every scrape).

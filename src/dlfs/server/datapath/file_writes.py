@@ -110,6 +110,10 @@ def _converse(connection, draft, reader: FrameReader) -> None:
             raise ConnectionEnded() from exc
         except DlfsError as exc:
             failure = failure or exc
+            if kind == Kind.FILE_CLOSE:
+                # Let go of the path before the answer: a listing right after a
+                # failed close must not show the file as being written.
+                draft.close(commit=False)
             connection.send([frames.error(exc)])
             if kind == Kind.FILE_CLOSE:
                 return

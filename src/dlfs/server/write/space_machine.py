@@ -171,10 +171,11 @@ class SpaceMachine:
         with self._lock:
             return _summary(self._state(name).tree)
 
-    @property
-    def stored_bytes(self) -> int:
+    def stored(self) -> tuple[int, int]:
+        """(files, bytes) of every space."""
         with self._lock:
-            return sum(s.tree.bytes for s in self._spaces.values())
+            return (sum(s.tree.files for s in self._spaces.values()),
+                    sum(s.tree.bytes for s in self._spaces.values()))
 
     # --- the tree ----------------------------------------------------------------------
 
