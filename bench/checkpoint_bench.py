@@ -12,18 +12,22 @@ Writes, each timed from the barrier until every process's file is durable:
   directory on the data dir's file system, then `fsync` and close;
 - `dlfs client torch.save`: `torch.save` into `Space.open(path, "wb")`,
   whose close returns once the file is durable and visible (the data path);
+- `dlfs mount torch.save + fsync`: the baseline's code, unmodified, into a
+  directory of the space through a whole-daemon `dlfs-mount`;
 - `fio seq write`: the device's limit, `fio --rw=write --bs=4M --direct=1
   --end_fsync=1`, one job per process, the same bytes.
 
 Restores, cold (the page cache dropped first, and checked to be cold on
 the daemon's side: no extent page of the files is cached):
 - `ext4 torch.load cold` (the baseline), `dlfs client torch.load cold`
-  (`torch.load(Space.open(path, "rb"))`), `fio seq read` (the limit).
+  (`torch.load(Space.open(path, "rb"))`), `dlfs mount torch.load cold` (the
+  baseline's code through the mount), `fio seq read` (the limit).
 
 torch.distributed.checkpoint (bench.dcp_ckpt, the same bytes and processes):
-`dlfs DCP writer` (DLFSWriter) against `DCP FileSystemWriter on ext4` (fsync of
-every file), their cold loads (DLFSReader against FileSystemReader), and how
-long `dcp.async_save` blocks the caller with each.
+`dlfs DCP writer` (DLFSWriter) and `DCP FileSystemWriter through the mount`
+against `DCP FileSystemWriter on ext4` (fsync of every file), their cold
+loads (DLFSReader and FileSystemReader through the mount against
+FileSystemReader on ext4), and how long `dcp.async_save` blocks the caller.
 
 Also: the daemon's CPU-seconds (its main process and data path workers)
 per GB written.  Ratios are against the ext4 row of the same run; targets
@@ -44,6 +48,7 @@ import time
 
 from bench import dcp_ckpt, processes
 from bench.measure import CacheControl, git_info, process_tree_cpu_s
+from dlfs.tools.launch import MountProcess
 
 MiB = 1 << 20
 PROCESSES = 2
@@ -156,28 +161,45 @@ def run(total_bytes: int, workdir: str, log=print) -> dict:
         cpu_before = process_tree_cpu_s(daemon.pid)
         rows["dlfs client torch.save"] = timed("save_dlfs", daemon.address, total_bytes)
         daemon_cpu_s = process_tree_cpu_s(daemon.pid) - cpu_before
-        log("checkpoint: fio sequential write")
-        fio_dir = os.path.join(workdir, "fio")
-        os.makedirs(fio_dir)
-        write_limit = fio("write", fio_dir, total_bytes)
-        extents = [os.path.join(root, name)
-                   for root, _, names in os.walk(os.path.join(workdir, "data", "extents"))
-                   for name in names]
-        ext4_files = [os.path.join(ext4_dir, n) for n in os.listdir(ext4_dir)]
-        log("checkpoint: cold restores")
-        cache.make_cold(ext4_files)
-        rows["ext4 torch.load cold"] = timed("load_ext4", ext4_dir, total_bytes)
-        cache.make_cold(extents, extents)
-        rows["dlfs client torch.load cold"] = timed("load_dlfs", daemon.address, total_bytes)
-        cache.make_cold(ext4_files)
-        read_limit = fio("read", fio_dir, total_bytes)
-        log("checkpoint: torch.distributed.checkpoint")
-        dcp = dcp_ckpt.run(daemon.address, os.path.join(workdir, "dcp"), total_bytes, PROCESSES,
-                           repeats=1 if total_bytes < 256 * MiB else dcp_ckpt.REPEATS)
+        mount = MountProcess(daemon.address, os.path.join(workdir, "mnt"),
+                             os.path.join(workdir, "mount.log")).start()
+        try:
+            mounted = os.path.join(mount.mountpoint, SPACE, "mounted")
+            os.makedirs(mounted)
+            log("checkpoint: dlfs mount torch.save + fsync")
+            rows["dlfs mount torch.save + fsync"] = timed("save_ext4", mounted, total_bytes)
+            log("checkpoint: fio sequential write")
+            fio_dir = os.path.join(workdir, "fio")
+            os.makedirs(fio_dir)
+            write_limit = fio("write", fio_dir, total_bytes)
+            ext4_files = [os.path.join(ext4_dir, n) for n in os.listdir(ext4_dir)]
+            log("checkpoint: cold restores")
+            cache.make_cold(ext4_files)
+            rows["ext4 torch.load cold"] = timed("load_ext4", ext4_dir, total_bytes)
+            extents = [os.path.join(root, name)
+                       for root, _, names in os.walk(os.path.join(workdir, "data", "extents"))
+                       for name in names]
+            cache.make_cold(extents, extents)
+            rows["dlfs client torch.load cold"] = timed("load_dlfs", daemon.address, total_bytes)
+            cache.make_cold(extents, extents)
+            rows["dlfs mount torch.load cold"] = timed("load_ext4", mounted, total_bytes)
+            cache.make_cold(ext4_files)
+            read_limit = fio("read", fio_dir, total_bytes)
+            log("checkpoint: torch.distributed.checkpoint")
+            repeats = 1 if total_bytes < 256 * MiB else dcp_ckpt.REPEATS
+            dcp = dcp_ckpt.run(daemon.address, os.path.join(workdir, "dcp"), total_bytes, PROCESSES,
+                               repeats=repeats)
+            log("checkpoint: DCP's FileSystemWriter through the mount")
+            through = dcp_ckpt.run(daemon.address, os.path.join(mount.mountpoint, SPACE, "dcp"),
+                                   total_bytes, PROCESSES, repeats=repeats)
+        finally:
+            mount.unmount()
     rows["DCP FileSystemWriter on ext4"] = dcp["fs_save_s"]
     rows["dlfs DCP writer"] = dcp["native_save_s"]
     rows["DCP FileSystemReader cold"] = dcp["fs_load_cold_s"]
     rows["dlfs DCP reader cold"] = dcp["native_load_cold_s"]
+    rows["DCP FileSystemWriter through the mount"] = through["fs_save_s"]
+    rows["DCP FileSystemReader through the mount cold"] = through["fs_load_cold_s"]
     gb = total_bytes / 1e9
     return {"bytes": total_bytes, "processes": PROCESSES, "seconds": rows, "dcp": dcp,
             "gb_per_s": {k: gb / v for k, v in rows.items() if v},

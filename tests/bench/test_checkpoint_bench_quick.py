@@ -17,7 +17,9 @@ def test_the_checkpoint_rows_run_and_write_results(tmp_path):
     assert set(result["gb_per_s"]) == {
         "ext4 torch.save + fsync", "dlfs client torch.save", "ext4 torch.load cold",
         "dlfs client torch.load cold", "DCP FileSystemWriter on ext4", "dlfs DCP writer",
-        "DCP FileSystemReader cold", "dlfs DCP reader cold"}
+        "DCP FileSystemReader cold", "dlfs DCP reader cold", "dlfs mount torch.save + fsync",
+        "dlfs mount torch.load cold", "DCP FileSystemWriter through the mount",
+        "DCP FileSystemReader through the mount cold"}
     assert all(rate > 0 for rate in result["gb_per_s"].values())
     assert result["daemon_cpu_s_per_gb_written"] > 0
     table = (tmp_path / "checkpoint-quick.md").read_text()

@@ -72,7 +72,7 @@ def test_version_on_every_command():
 
 def test_every_command_has_a_description_and_no_empty_default(capsys):
     commands = ("ingest", "datasets", "ls", "stat", "cat", "status", "warm", "scrub",
-                "rebalance", "rm", "discard")
+                "rebalance", "mkspace", "rm", "discard")
     with pytest.raises(SystemExit):
         main(["--help"])
     listed = capsys.readouterr().out.split("  COMMAND\n", 1)[1].split("\n\n")[0]

@@ -47,8 +47,9 @@ def test_a_file_is_visible_whole_once_closed_and_survives_a_restart(daemon, tmp_
     with space.open("step1/model.pt", "wb") as f:
         for at in range(0, len(data), 700_000):
             f.write(data[at:at + 700_000])
-        entry = space.stat("step1/model.pt")
-        assert (entry.size > 0, entry.version) == (True, 0)  # listed, not readable yet
+        # Listed with what reached the daemon so far, not readable yet.
+        wait_until(lambda: space.stat("step1/model.pt").size > 0, "the draft's size shown", 30)
+        assert space.stat("step1/model.pt").version == 0
         with pytest.raises(Busy):
             space.read("step1/model.pt")
     assert f.state.size == len(data) and f.state.crc32c == crc32c(data)

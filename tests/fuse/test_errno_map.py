@@ -32,6 +32,9 @@ EXPECTED = {
     errors.IsADirectory: errno.EISDIR,
     errors.DirectoryNotEmpty: errno.ENOTEMPTY,
     errors.Busy: errno.EBUSY,  # a checkpoint file being written
+    errors.VersionMismatch: errno.EIO,  # the mount and the daemon are of other minors
+    errors.StoredElsewhere: errno.EIO,  # never reaches a reader: the router reads elsewhere
+    errors.InvalidReply: errno.EIO,  # a reply that does not match its request
     errors.DlfsError: errno.EIO,
     Stale: errno.ESTALE,
 }

@@ -16,6 +16,7 @@ from helpers.damage import flip_byte
 from dlfs import Client
 from dlfs.fuse.extentreads import PagesRelease
 from dlfs.server.read import residency
+from helpers.daemons import evict_extents
 from helpers.mounts import extent_reads
 
 pytestmark = pytest.mark.mount

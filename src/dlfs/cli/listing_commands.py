@@ -180,9 +180,9 @@ def run_cat(client: Client, args) -> int:
     dataset, path = split_dataset_path(args.target)
     if not path:
         raise InvalidArgument(f"{args.target!r} names a dataset; give NAME/PATH of a sample")
-    entry = client.stat(dataset, path)
-    if entry.version:  # a file of a checkpoint space: its closed version, piece by piece
+    if client.dataset(dataset).info.kind == "space":  # its closed version, piece by piece
         space = client.space(dataset)
+        entry = space.stat(path)
         for offset in range(0, entry.size, CAT_PIECE_BYTES):
             sys.stdout.buffer.write(space.read(path, offset, CAT_PIECE_BYTES, entry=entry))
     else:

@@ -11,7 +11,7 @@ from dlfs.client.cluster.rebalance import RebalanceReport
 from dlfs.coord.cluster_keys import MemberRecord
 from dlfs.client.reply_buffers import BufferPool
 from dlfs.client.scrub_report import ScrubReport
-from dlfs.client.spaces import Space, SpaceFile, SpaceReader
+from dlfs.client.spaces import Space, SpaceFile, SpaceReader, open_writer
 from dlfs.client.ticket import DatasetTicket
 from dlfs.client.transport.checksum_errors import named_checksum_error
 from dlfs.client.transport.datapath_writer import FileState, FileWriter
@@ -24,4 +24,4 @@ __all__ = ["FORK_SUPPORT_ENV", "BufferPool", "Client", "DaemonStatus", "Dataset"
            "DatasetInfo", "DatasetTicket", "DirectReader", "Entry", "FileState", "FileWriter",
            "RebalanceReport",
            "MemberRecord", "SampleKey", "ScrubReport", "Space", "SpaceFile", "SpaceReader",
-           "WarmInfo", "daemon_addresses", "fork_support_enabled", "named_checksum_error"]
+           "WarmInfo", "daemon_addresses", "open_writer", "fork_support_enabled", "named_checksum_error"]

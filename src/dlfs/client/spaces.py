@@ -25,7 +25,8 @@ from typing import Iterable, Iterator
 
 from dlfs import limits
 from dlfs.client.transport.datapath_writer import FileState, FileWriter
-from dlfs.errors import AlreadyExists, Busy, FailedPrecondition, InvalidArgument, IsADirectory
+from dlfs.errors import (AlreadyExists, Busy, FailedPrecondition, InvalidArgument, IsADirectory,
+                         Unavailable)
 from dlfs.formats import datapath_writes as writes
 from dlfs.paths import check_dataset_name, check_sample_path, file_version_name
 from dlfs.types import DatasetInfo, Entry
@@ -115,7 +116,7 @@ class Space:
             raise InvalidArgument(f"mode {mode!r} is not one of 'rb', "
                                   f"{', '.join(map(repr, _MODES))} (binary only)")
         flags, readable, at_end = _MODES[mode]
-        writer = FileWriter(self._daemon().data_path(), self.name, path, flags, permissions)
+        writer = open_writer(self._daemon(), self.name, path, flags, permissions)
         return SpaceFile(writer, readable=readable, at_end=at_end)
 
     def read(self, path: str, offset: int = 0, length: int = 0, *,
@@ -154,6 +155,20 @@ class Space:
             raise FailedPrecondition("checkpoint spaces live on one daemon: make the client "
                                      "with that daemon's address (Client(HOST:PORT))")
         return transport
+
+
+def open_writer(transport, space: str, path: str, flags: int, mode: int) -> FileWriter:
+    """A FileWriter on `transport`'s data path (a one-daemon transport); a data path that
+    proved unreachable on the way (the daemon restarted since: another port or
+    instance) is asked for again, once."""
+    data = transport.data_path()
+    try:
+        return FileWriter(data, space, path, flags, mode)
+    except Unavailable:
+        if data is None or not data.unreachable:
+            raise
+        transport.forget_data_path(data)
+        return FileWriter(transport.data_path(), space, path, flags, mode)
 
 
 class SpaceFile(io.RawIOBase):

@@ -24,7 +24,8 @@ from typing import Callable, TypeVar
 
 from dlfs import errors
 from dlfs import limits as fuse_limits
-from dlfs.client import Client, DaemonStatus, DatasetInfo, DirectReader, Entry, FileWriter, SampleKey
+from dlfs.client import (Client, DaemonStatus, DatasetInfo, DirectReader, Entry, FileWriter,
+                         SampleKey, open_writer)
 from dlfs.fuse.errno_map import DAEMON_DOWN
 
 log = logging.getLogger(__name__)
@@ -207,8 +208,8 @@ class Backend:
     def file_writer(self, space: str, path: str, flags: int, mode: int) -> FileWriter:
         """`path` of `space` open for writing on a data-path connection of its own
         (`datapath_writes` OPEN_* `flags`).  Raises what FileWriter raises."""
-        return self._run("file_open", lambda c: FileWriter(c.transport.data_path(), space,
-                                                            path, flags, mode))
+        return self._run("file_open", lambda c: open_writer(c.transport, space, path, flags,
+                                                             mode))
 
     @property
     def down(self) -> bool:

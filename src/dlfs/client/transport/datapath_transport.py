@@ -251,9 +251,13 @@ class DataPathTransport(OneDaemon):
             return fallback()
 
         call = self.control.call(self.batch_timeout_s)
+        known = self._data
+        # A data path that served this transport's file writers worked too: not reaching
+        # it now means the daemon is away (or restarted), not that its port is blocked.
+        worked = self._worked or (isinstance(known, DataPath) and known.ever_connected)
         try:
             return call.run(attempt, other_way if grpc_usable() else None,
-                            fall_back_unreached=not self._worked)
+                            fall_back_unreached=not worked)
         except _NoDataPath:
             return fallback()
         except DataCorruption as exc:
@@ -269,6 +273,12 @@ class DataPathTransport(OneDaemon):
             log.warning("the data path of the DLFS daemon at %s refused a connection "
                         "(Overloaded: %s); reading through gRPC until it has room",
                         self.address, why)
+
+    def forget_data_path(self, data: DataPath) -> None:
+        """Ask for the data path again at its next use, as a read does after `data`
+        proved unreachable (the daemon restarted: another port or instance); for a
+        caller that connects on its own (a file writer)."""
+        self._forget(data)
 
     def _forget(self, data: DataPath | None) -> None:
         """Drop the data path `data` (ask again at the next read), or with None give the

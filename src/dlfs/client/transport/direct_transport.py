@@ -71,6 +71,9 @@ class DirectTransport(OneDaemon):
     def data_path(self) -> DataPath | None:
         return self.data.data_path()
 
+    def forget_data_path(self, data: DataPath) -> None:
+        self.data.forget_data_path(data)
+
     def data_path_hints(self) -> dict:
         return self.data.data_path_hints()
 
