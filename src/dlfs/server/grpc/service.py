@@ -54,10 +54,13 @@ class DlfsServicer(dlfs_pb2_grpc.DlfsServicer):
         return messages.dataset_info(self.store.dataset(request.dataset).summary())
 
     def Stat(self, request, context):
-        return messages.entry(self.store.dataset(request.dataset).stat(request.path))
+        dataset = self.store.dataset(request.dataset)
+        dataset.check_generation(request.generation)  # its sample ids are this version's
+        return messages.entry(dataset.stat(request.path))
 
     def ListDir(self, request, context):
         dataset = self.store.dataset(request.dataset)
+        dataset.check_generation(request.generation)
         page_size = request.page_size or limits.list_page_entries_default
         entries, more = dataset.listdir(request.path, request.start_after, page_size)
         return pb.ListDirReply(entries=[messages.entry(e) for e in entries], more=more)
