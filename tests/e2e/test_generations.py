@@ -58,9 +58,9 @@ def test_a_dataset_reads_the_version_it_names(daemon, tmp_path, data_path):
 
 @pytest.mark.parametrize("direct", [False, True], ids=["data path", "direct"])
 def test_a_read_that_names_its_version_is_pinned_to_it(daemon, tmp_path, direct):
-    """What the mount does: every read names the version its node was made from, and a
-    replaced version is refused (StaleGeneration) rather than followed; 0 reads the
-    current one."""
+    """What the mount does: every read, and every Stat and ListDir (their entries carry
+    sample ids), names the version its node was made from, and a replaced version is
+    refused (StaleGeneration) rather than followed; 0 reads the current one."""
     v1, v2 = versions(tmp_path)
     with Client(daemon.address) as writer, Client(daemon.address, direct=direct) as reader:
         writer.ingest(str(v1), "ds")
@@ -70,17 +70,23 @@ def test_a_read_that_names_its_version_is_pinned_to_it(daemon, tmp_path, direct)
         assert bytes(reader.read("ds", 3, 10, 5, generation=old)) == b"1" * 5
         assert [(p, bytes(c)) for p, c in reader.read_chunks("ds", "003", 0, 7,
                                                              generation=old)] == [(0, b"1" * 7)]
+        assert reader.stat("ds", "003", generation=old).id == 3
+        entries, more = reader.list_page("ds", page_size=100, generation=old)
+        assert (len(entries), more) == (50, False)
         writer.ingest(str(v2), "ds", replace=True)
         for read in (lambda: ds.get_batch([3], generation=old),
                      lambda: ds.read(3, 10, 5, generation=old),
                      lambda: reader.get_batch([3], dataset="ds", generation=old),
                      lambda: reader.read("ds", 3, generation=old),
                      lambda: reader.read("ds", "003", 10, 5, generation=old),
-                     lambda: list(reader.read_chunks("ds", 3, 0, 7, generation=old))):
+                     lambda: list(reader.read_chunks("ds", 3, 0, 7, generation=old)),
+                     lambda: reader.stat("ds", "003", generation=old),
+                     lambda: reader.list_page("ds", generation=old)):
             with pytest.raises(dlfs.StaleGeneration, match="was replaced"):
                 read()
         assert ds.info.generation == old  # a pinned read does not switch the dataset
         assert bytes(reader.read("ds", 3, 10, 5)) == b"2" * 5  # 0: whatever is current
+        assert len(reader.list_page("ds", page_size=100)[0]) == 60
         assert bytes(ds.get_batch([3])[0]) == b"2" * 100  # unpinned: switches
         assert ds.info.generation != old
 

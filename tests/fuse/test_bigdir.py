@@ -67,7 +67,7 @@ def test_pages_are_fetched_one_at_a_time(big_dataset):
 
     async def fetch(start_after: str, count: int):
         entries, more = await trio.to_thread.run_sync(backend.list_page, name, "d",
-                                                      start_after, count)
+                                                      start_after, count, 0)
         pages.append(len(entries))
         return [Child(e.name, (name, 0, "d/" + e.name), entry_attrs(e)) for e in entries], more
 

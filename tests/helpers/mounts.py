@@ -1,9 +1,11 @@
 """What a test asks of a real mount: its extent and splice READ counts, and whether the
-page cache holds a file's pages (asked without a READ)."""
+page cache holds a file's pages (asked without a READ), and a pread of a file whose
+dataset was replaced checked against its versions."""
 
 from __future__ import annotations
 
 import ctypes
+import errno
 import mmap
 import os
 
@@ -49,3 +51,31 @@ def page_cache_holds(path: str) -> bool:
         finally:
             del view  # the mapping closes only without exported views
     return bool((vector & 1).all())
+
+
+def pread_of_a_version(fd: int, versions: list[bytes], offset: int, size: int) -> str:
+    """pread `size` bytes at `offset` of `fd`, a file of a dataset that was replaced
+    (`versions`: the file's bytes in each version it may belong to), and check them:
+    "bytes" when they are one version's, "estale" when the read failed with ESTALE.
+
+    A short read (the kernel hands over the pages it holds and stops at the first
+    whose READ failed) is read on from where it stopped until it has them all or
+    fails with ESTALE: the pages the mount still holds of an old file may answer
+    where the daemon no longer does.  Fails the test on anything else: bytes of no
+    version or of several, another error, the end of the file before the version's
+    (the kernel takes a short READ reply for the end of the file).
+    """
+    wanted = [data[offset:offset + size] for data in versions]
+    got = b""
+    while True:
+        try:
+            piece = os.pread(fd, size - len(got), offset + len(got))
+        except OSError as exc:
+            assert exc.errno == errno.ESTALE, exc
+            return "estale"
+        got += piece
+        wanted = [want for want in wanted if want.startswith(got)]
+        assert wanted, f"bytes at {offset}..{offset + len(got)} that no version has"
+        if got in wanted:
+            return "bytes"
+        assert piece, f"the file ends at {offset + len(got)}, before its version does"

@@ -456,9 +456,11 @@ class Client:
                                      "the client with direct=True")
         return self.transport.extent_reader(dataset)
 
-    def stat(self, dataset: str, path: str) -> Entry:
-        """Metadata of a file or directory ("" is the dataset root)."""
-        return metadata.stat(self.transport, dataset, path)
+    def stat(self, dataset: str, path: str, *, generation: int = 0) -> Entry:
+        """Metadata of a file or directory ("" is the dataset root) of version
+        `generation` (0: the current one; another version raises StaleGeneration, as
+        the sample id in the entry is only valid within its version)."""
+        return metadata.stat(self.transport, dataset, path, generation)
 
     def listdir(self, dataset: str, path: str = "", *,
                 page_size: int = limits.list_page_entries_default) -> Iterator[Entry]:
@@ -466,10 +468,13 @@ class Client:
         return metadata.listdir(self.transport, dataset, path, page_size=page_size)
 
     def list_page(self, dataset: str, path: str = "", start_after: str = "",
-                  page_size: int = limits.list_page_entries_default) -> tuple[list[Entry], bool]:
+                  page_size: int = limits.list_page_entries_default, *,
+                  generation: int = 0) -> tuple[list[Entry], bool]:
         """One page of a directory: at most `page_size` entries after name
-        `start_after`, in name order, and whether more follow.  One round trip."""
-        return metadata.list_page(self.transport, dataset, path, start_after, page_size)
+        `start_after`, in name order, and whether more follow, of version `generation`
+        (as `stat`).  One round trip."""
+        return metadata.list_page(self.transport, dataset, path, start_after, page_size,
+                                  generation)
 
 
 def _sole_failure_raised(results: dict) -> dict:

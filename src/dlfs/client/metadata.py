@@ -20,17 +20,20 @@ from dlfs.paths import normalize_dir_path
 from dlfs.types import DatasetInfo, Entry
 
 
-def stat(transport: Transport, dataset: str, path: str) -> Entry:
-    """Metadata of a file or directory of `dataset` ("" is its root).  Raises NotFound,
-    InvalidArgument (a bad path)."""
-    return transport.stat(dataset, normalize_dir_path(path))
+def stat(transport: Transport, dataset: str, path: str, generation: int = 0) -> Entry:
+    """Metadata of a file or directory of `dataset` ("" is its root), of version
+    `generation` (0: the current one).  Raises NotFound, InvalidArgument (a bad path),
+    StaleGeneration (another version is served)."""
+    return transport.stat(dataset, normalize_dir_path(path), generation)
 
 
 def list_page(transport: Transport, dataset: str, path: str = "", start_after: str = "",
-              page_size: int = limits.list_page_entries_default) -> tuple[list[Entry], bool]:
+              page_size: int = limits.list_page_entries_default, generation: int = 0
+              ) -> tuple[list[Entry], bool]:
     """At most `page_size` entries of a directory after name `start_after`, in name
-    order, and whether more follow."""
-    return transport.list_page(dataset, normalize_dir_path(path), start_after, page_size)
+    order, and whether more follow, of version `generation` (as `stat`)."""
+    return transport.list_page(dataset, normalize_dir_path(path), start_after, page_size,
+                               generation)
 
 
 def listdir(transport: Transport, dataset: str, path: str = "", *,

@@ -111,17 +111,19 @@ class Backend:
             raise errors.NotFound(f"dataset {name!r} is still being ingested")
         return info
 
-    def stat(self, dataset: str, path: str) -> Entry:
-        """Entry of a file or directory of `dataset` ("" is its root).  Raises NotFound."""
-        return self._run("stat", lambda c: c.stat(dataset, path))
+    def stat(self, dataset: str, path: str, generation: int) -> Entry:
+        """Entry of a file or directory of `dataset` ("" is its root), of version
+        `generation` (0: the current one).  Raises NotFound, StaleGeneration."""
+        return self._run("stat", lambda c: c.stat(dataset, path, generation=generation))
 
-    def list_page(self, dataset: str, path: str, start_after: str, page_size: int
-                  ) -> tuple[list[Entry], bool]:
-        """Entries of a directory after name `start_after`, at most `page_size`
-        of them, in name order; and whether more follow.  Raises NotFound,
-        InvalidArgument (not a directory)."""
+    def list_page(self, dataset: str, path: str, start_after: str, page_size: int,
+                  generation: int) -> tuple[list[Entry], bool]:
+        """Entries of a directory of version `generation` (as `stat`) after name
+        `start_after`, at most `page_size` of them, in name order; and whether
+        more follow.  Raises NotFound, InvalidArgument (not a directory),
+        StaleGeneration."""
         return self._run("list_page", lambda c: c.list_page(dataset, path, start_after,
-                                                          page_size))
+                                                          page_size, generation=generation))
 
     def read(self, dataset: str, sample: SampleKey, offset: int, length: int,
              generation: int = 0) -> memoryview:

@@ -8,6 +8,12 @@ by one Stat RPC; a name inside a space always by one Stat RPC (spaces
 change: space_names.py).  It also lists directories for readdirplus
 (`children`, `datasets`).
 
+Every Stat and ListDir names the version of the directory it asks about
+(its key's generation): an entry's sample id and size are valid only
+within their version, so a directory of a version the daemon replaced
+gets StaleGeneration (ESTALE), never the new version's entries under the
+old version's nodes, whose reads name the old version.
+
 Runs on the trio loop; blocking backend calls go through `thread` (the
 mount's bounded worker threads).
 """
@@ -20,7 +26,7 @@ from typing import Any, Awaitable, Callable
 from dlfs import errors
 from dlfs import limits as fuse_limits
 from dlfs.fuse import errno_map
-from dlfs.fuse.attributes import dataset_attrs, dataset_key, entry_attrs
+from dlfs.fuse.attributes import dataset_attrs, dataset_key, entry_attrs, read_generation
 from dlfs.fuse.backend import Backend
 from dlfs.fuse.dirlist import Child
 from dlfs.fuse.errno_map import FuseError
@@ -83,7 +89,8 @@ class Names:
         if node is not None:
             return node
         try:
-            entry = await self._thread(self._backend.stat, parent.dataset, key[2])
+            entry = await self._thread(self._backend.stat, parent.dataset, key[2],
+                                       read_generation(parent))
         except errors.NotFound:
             return None
         return self._table.node_for(key, lambda: entry_attrs(entry))
@@ -132,7 +139,8 @@ class Names:
             return root
         parent = self._table.find(parent_key)
         if parent is None:
-            entry = await self._thread(self._backend.stat, dataset, parent_key[2])
+            entry = await self._thread(self._backend.stat, dataset, parent_key[2],
+                                       read_generation(node))
             parent = self._table.node_for(parent_key, lambda: entry_attrs(entry))
         return parent
 
@@ -140,7 +148,8 @@ class Names:
                        ) -> tuple[list[Child], bool]:
         """One listing page of directory `parent` (ListDir): children, more follow."""
         entries, more = await self._thread(self._backend.list_page, parent.dataset,
-                                           parent.path, start_after, count)
+                                           parent.path, start_after, count,
+                                           read_generation(parent))
         if parent.space:
             return [self.spaces.child(parent, e) for e in entries], more
         return [Child(e.name, parent.child_key(e.name), entry_attrs(e)) for e in entries], more

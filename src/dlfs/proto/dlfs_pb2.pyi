@@ -159,24 +159,28 @@ class Entry(_message.Message):
     def __init__(self, name: _Optional[str] = ..., path: _Optional[str] = ..., kind: _Optional[_Union[EntryKind, str]] = ..., size: _Optional[int] = ..., mode: _Optional[int] = ..., mtime_ns: _Optional[int] = ..., id: _Optional[int] = ..., crc32c: _Optional[int] = ..., children: _Optional[int] = ..., version: _Optional[int] = ...) -> None: ...
 
 class StatRequest(_message.Message):
-    __slots__ = ("dataset", "path")
+    __slots__ = ("dataset", "path", "generation")
     DATASET_FIELD_NUMBER: _ClassVar[int]
     PATH_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
     dataset: str
     path: str
-    def __init__(self, dataset: _Optional[str] = ..., path: _Optional[str] = ...) -> None: ...
+    generation: int
+    def __init__(self, dataset: _Optional[str] = ..., path: _Optional[str] = ..., generation: _Optional[int] = ...) -> None: ...
 
 class ListDirRequest(_message.Message):
-    __slots__ = ("dataset", "path", "start_after", "page_size")
+    __slots__ = ("dataset", "path", "start_after", "page_size", "generation")
     DATASET_FIELD_NUMBER: _ClassVar[int]
     PATH_FIELD_NUMBER: _ClassVar[int]
     START_AFTER_FIELD_NUMBER: _ClassVar[int]
     PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
     dataset: str
     path: str
     start_after: str
     page_size: int
-    def __init__(self, dataset: _Optional[str] = ..., path: _Optional[str] = ..., start_after: _Optional[str] = ..., page_size: _Optional[int] = ...) -> None: ...
+    generation: int
+    def __init__(self, dataset: _Optional[str] = ..., path: _Optional[str] = ..., start_after: _Optional[str] = ..., page_size: _Optional[int] = ..., generation: _Optional[int] = ...) -> None: ...
 
 class ListDirReply(_message.Message):
     __slots__ = ("entries", "more")

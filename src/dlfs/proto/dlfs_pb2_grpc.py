@@ -167,7 +167,8 @@ class DlfsServicer:
 
     def Stat(self, request, context):
         """Metadata of one file or directory ("" is the dataset root).
-        Codes: NOT_FOUND (naming dataset and path), INVALID_ARGUMENT.
+        Codes: NOT_FOUND (naming dataset and path), INVALID_ARGUMENT,
+        FAILED_PRECONDITION (StaleGeneration: another version than the one named).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -176,7 +177,8 @@ class DlfsServicer:
     def ListDir(self, request, context):
         """One page of a directory's entries in name order, starting after
         `start_after` (exclusive).  At most 10,000 entries per page.
-        Codes: NOT_FOUND, INVALID_ARGUMENT (not a directory, page too large).
+        Codes: NOT_FOUND, INVALID_ARGUMENT (not a directory, page too large),
+        FAILED_PRECONDITION (StaleGeneration: another version than the one named).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -257,13 +257,14 @@ class ClusterRouter:
 
         return self.call_dataset(dataset, current)
 
-    def stat(self, dataset: str, path: str) -> Entry:
-        return self.call_dataset(dataset, lambda member: member.stat(dataset, path))
+    def stat(self, dataset: str, path: str, generation: int) -> Entry:
+        return self.call_dataset(dataset, lambda member: member.stat(dataset, path,
+                                                                     generation))
 
     def list_page(self, dataset: str, path: str, start_after: str,
-                  page_size: int) -> tuple[list[Entry], bool]:
+                  page_size: int, generation: int) -> tuple[list[Entry], bool]:
         return self.call_dataset(dataset, lambda member: member.list_page(
-            dataset, path, start_after, page_size))
+            dataset, path, start_after, page_size, generation))
 
     def lookup(self, dataset: str, *, ids: np.ndarray | None = None,
                paths=None) -> list[Entry]:

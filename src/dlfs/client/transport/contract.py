@@ -62,8 +62,10 @@ class DaemonControl(Protocol):
         dataset of the name stays); what it held.  NotFound, FailedPrecondition
         (receiving or prepared).  Never retried."""
 
-    def stat(self, dataset: str, path: str) -> Entry:
-        """A file or directory ("" the root; `path` normalized).  NotFound.  Retried."""
+    def stat(self, dataset: str, path: str, generation: int) -> Entry:
+        """A file or directory ("" the root; `path` normalized) of version `generation`
+        (0: the current one).  NotFound, StaleGeneration (another version is served: its
+        sample ids are not this one's).  Retried."""
 
     def create_space(self, name: str) -> DatasetInfo:
         """A new, empty checkpoint space.  AlreadyExists.  Never retried (nor the three
@@ -79,9 +81,10 @@ class DaemonControl(Protocol):
         """Move `path` to `target` atomically, replacing a file there.  Busy, ..."""
 
     def list_page(self, dataset: str, path: str, start_after: str,
-                  page_size: int) -> tuple[list[Entry], bool]:
+                  page_size: int, generation: int) -> tuple[list[Entry], bool]:
         """At most `page_size` entries (0: the daemon's default) after name `start_after`,
-        in name order, and whether more follow.  NotFound, InvalidArgument.  Retried."""
+        in name order, and whether more follow, of version `generation` (as `stat`).
+        NotFound, InvalidArgument, StaleGeneration.  Retried."""
 
     def lookup(self, dataset: str, *, ids: np.ndarray | None = None,
                paths: Sequence[str] | None = None, retry: bool = True) -> list[Entry]:
@@ -140,11 +143,11 @@ class Transport(Protocol):
         """The current version's summary (`known`: the one the caller had; a forked
         worker asks over the data path and fills the rest from it).  NotFound."""
 
-    def stat(self, dataset: str, path: str) -> Entry:
+    def stat(self, dataset: str, path: str, generation: int) -> Entry:
         """As `DaemonControl.stat`, from any daemon holding the dataset."""
 
     def list_page(self, dataset: str, path: str, start_after: str,
-                  page_size: int) -> tuple[list[Entry], bool]:
+                  page_size: int, generation: int) -> tuple[list[Entry], bool]:
         """As `DaemonControl.list_page`, from any daemon holding the dataset."""
 
     def lookup(self, dataset: str, *, ids: np.ndarray | None = None,

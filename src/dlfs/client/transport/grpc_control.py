@@ -78,8 +78,9 @@ class GrpcControl:
         return convert.dataset_info(self._call("DiscardIngest", pb.DeleteDatasetRequest(
             dataset=dataset), retry=False))
 
-    def stat(self, dataset: str, path: str) -> Entry:
-        return convert.entry(self._call("Stat", pb.StatRequest(dataset=dataset, path=path)))
+    def stat(self, dataset: str, path: str, generation: int) -> Entry:
+        return convert.entry(self._call("Stat", pb.StatRequest(dataset=dataset, path=path,
+                                                               generation=generation)))
 
     # --- checkpoint spaces (not retried: each is a change) -------------------------------
 
@@ -100,9 +101,10 @@ class GrpcControl:
                    retry=False)
 
     def list_page(self, dataset: str, path: str, start_after: str,
-                  page_size: int) -> tuple[list[Entry], bool]:
+                  page_size: int, generation: int) -> tuple[list[Entry], bool]:
         reply = self._call("ListDir", pb.ListDirRequest(
-            dataset=dataset, path=path, start_after=start_after, page_size=page_size))
+            dataset=dataset, path=path, start_after=start_after, page_size=page_size,
+            generation=generation))
         return [convert.entry(e) for e in reply.entries], reply.more
 
     def lookup(self, dataset: str, *, ids: np.ndarray | None = None,

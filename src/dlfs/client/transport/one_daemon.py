@@ -36,12 +36,12 @@ class OneDaemon:
 
     # --- metadata: the daemon's control plane answers, on every transport --------------
 
-    def stat(self, dataset: str, path: str) -> Entry:
-        return self.control.stat(dataset, path)
+    def stat(self, dataset: str, path: str, generation: int) -> Entry:
+        return self.control.stat(dataset, path, generation)
 
     def list_page(self, dataset: str, path: str, start_after: str,
-                  page_size: int) -> tuple[list[Entry], bool]:
-        return self.control.list_page(dataset, path, start_after, page_size)
+                  page_size: int, generation: int) -> tuple[list[Entry], bool]:
+        return self.control.list_page(dataset, path, start_after, page_size, generation)
 
     def lookup(self, dataset: str, *, ids: np.ndarray | None = None,
                paths=None) -> list[Entry]:

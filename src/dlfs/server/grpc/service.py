@@ -57,9 +57,13 @@ class DlfsServicer(dlfs_pb2_grpc.DlfsServicer):
         return messages.dataset_info(self.store.dataset(request.dataset).summary())
 
     def Stat(self, request, context):
+        # A space's entries name their files' versions (no sample ids): its listings
+        # need no version of their own.
         if self.store.spaces.has(request.dataset):
             return messages.entry(self.store.spaces.stat(request.dataset, request.path))
-        return messages.entry(self.store.dataset(request.dataset).stat(request.path))
+        dataset = self.store.dataset(request.dataset)
+        dataset.check_generation(request.generation)  # its sample ids are this version's
+        return messages.entry(dataset.stat(request.path))
 
     def ListDir(self, request, context):
         page_size = request.page_size or limits.list_page_entries_default
@@ -68,6 +72,7 @@ class DlfsServicer(dlfs_pb2_grpc.DlfsServicer):
                                                       request.start_after, page_size)
         else:
             dataset = self.store.dataset(request.dataset)
+            dataset.check_generation(request.generation)
             entries, more = dataset.listdir(request.path, request.start_after, page_size)
         return pb.ListDirReply(entries=[messages.entry(e) for e in entries], more=more)
 
