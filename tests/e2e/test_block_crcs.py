@@ -144,7 +144,7 @@ def test_datasets_from_before_block_crcs_still_read(daemon, tmp_path):
     from dlfs.server.core import catalog as cat
 
     with open(os.path.join(daemon.data_dir, "catalog.log"), "rb") as f:
-        assert cat.scan(f.name).version == 2  # upgraded on open: older daemons refuse it
+        assert cat.scan(f.name).version == cat.FORMAT_VERSION  # upgraded on open
     assert "has no block CRCs" in daemon.log()
     flip_byte(daemon, "ds", 0, BAD_BLOCK * MiB + 777)
     for data_path in (True, False):

@@ -58,7 +58,7 @@ class Space:
         return self._daemon().control.get_dataset(self.name)
 
     def stat(self, path: str) -> Entry:
-        return self._daemon().control.stat(self.name, path)
+        return self._daemon().control.stat(self.name, path, 0)
 
     def exists(self, path: str) -> bool:
         try:
@@ -72,7 +72,7 @@ class Space:
         control, after = self._daemon().control, ""
         while True:
             entries, more = control.list_page(self.name, path, after,
-                                              limits.space_list_page_entries_max)
+                                              limits.space_list_page_entries_max, 0)
             yield from entries
             if not more or not entries:
                 return

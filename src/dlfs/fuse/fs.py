@@ -637,7 +637,7 @@ class DlfsOperations:
         info = self.backend.dataset(name)
         if info.kind != "space":
             raise FuseError(errno.EROFS)
-        entries, _ = self.backend.list_page(name, "", "", 1)
+        entries, _ = self.backend.list_page(name, "", "", 1, 0)
         if entries:
             raise FuseError(errno.ENOTEMPTY)
         self.backend.delete_space(name)

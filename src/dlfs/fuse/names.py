@@ -121,7 +121,7 @@ class Names:
         """`name` in a space's directory, as the daemon has it now (one Stat)."""
         path = child_path(parent, name)
         try:
-            entry = await self._thread(self._backend.stat, parent.space, path)
+            entry = await self._thread(self._backend.stat, parent.space, path, 0)
         except (errors.NotFound, errors.NotADirectory):
             return None
         return self.spaces.node(parent, entry)

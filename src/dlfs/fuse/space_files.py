@@ -231,7 +231,7 @@ class SpaceFiles:
             return self._add_writer(node, writer), True
         version = file_version(node)
         try:
-            entry = self.backend.stat(node.space, node.space_path)
+            entry = self.backend.stat(node.space, node.space_path, 0)
         except errors.NotFound:
             raise FuseError(errno.ESTALE) from None
         if entry.is_dir or entry.version != version:
@@ -366,7 +366,7 @@ class SpaceFiles:
         target = child_path(new_directory, new_name)
         if flags & RENAME_NOREPLACE:
             try:
-                self.backend.stat(directory.space, target)
+                self.backend.stat(directory.space, target, 0)
                 raise FuseError(errno.EEXIST)
             except errors.NotFound:
                 pass
