@@ -244,8 +244,11 @@ def process_tree_cpu_times(pid: int) -> tuple[float, float]:
                 stat = f.read()
             children = []
             for tid in os.listdir(f"/proc/{current}/task"):
-                with open(f"/proc/{current}/task/{tid}/children") as f:
-                    children += [int(c) for c in f.read().split()]
+                try:
+                    with open(f"/proc/{current}/task/{tid}/children") as f:
+                        children += [int(c) for c in f.read().split()]
+                except FileNotFoundError:  # the thread ended after the listing
+                    continue
         except OSError:
             if current == pid:
                 raise

@@ -429,9 +429,12 @@ def test_random_faults_during_striped_commits_and_rebalances(daemon_factory, tmp
                 matches = [k for k in versions.allowed["s"] if versions.trees[k] == content]
                 assert matches, f"{plan} on {victim.address} during {scenario}: no whole version"
                 versions.allowed["s"] = {matches[0]}
+                # No member keeps an older version's extents.  A member that was silent
+                # when a replace began is left out of it and holds none (it was read
+                # whole from the others just above).
                 for daemon in daemons:
                     dirs = os.listdir(os.path.join(daemon.data_dir, "extents"))
-                    assert len(dirs) == 1, f"{daemon.address} keeps {len(dirs)} extent directories"
+                    assert len(dirs) <= 1, f"{daemon.address} keeps {len(dirs)} extent directories"
                 phases["check"] += time.monotonic() - clock
         finally:
             watch.close()
