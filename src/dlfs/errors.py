@@ -130,6 +130,10 @@ class Unavailable(DlfsError):
     connection_lost = False
     # ... by staying silent for the stall bound while a reply was due (1), not broken.
     stalled = 0
+    # Nothing listened at the address: the connection was refused (ECONNREFUSED), as
+    # opposed to one that timed out, broke or reached a daemon shutting down.  The
+    # call policy raises it at once for a daemon this process never reached.
+    refused = False
 
 
 class DeadlineExceeded(DlfsError, TimeoutError):

@@ -474,9 +474,10 @@ reply_buffer_pool_bytes_max = 1 * GiB
 # dlfs-server's default --listen port.
 daemon_port_default = 7010
 # How long a call retries a daemon this process has never reached before it
-# raises Unavailable: a daemon that is not running, or a mistyped address,
-# fails as fast from Python as from the CLI.  One reached before is waited
-# for up to `reconnect_timeout_s` (it is restarting).
+# raises Unavailable (a connect that timed out, a name not resolved): it fails
+# as fast from Python as from the CLI.  A refused connection (nothing listens)
+# to such a daemon is not retried at all.  One reached before is waited for
+# up to `reconnect_timeout_s` (it is restarting).
 first_contact_timeout_s = 2.0
 # A member daemon that failed with UNAVAILABLE is skipped this long before a
 # multi-daemon client tries it again (a daemon that is back is used again).

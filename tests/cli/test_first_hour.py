@@ -1,22 +1,25 @@
 """What a newcomer types in the first hour, run as typed, with what it prints checked
 line by line: counts in words ("1 sample"), the ingest's usage line, a NAME that
 defaults to the source's base name, a warning for a source that gave nothing,
-`ls -l`'s size column, a single file that is no archive, a malformed address, and
-`./dev demo`'s ready line."""
+`ls -l`'s size column, a single file that is no archive, a malformed address, an
+address nobody listens on, and `./dev demo`'s ready line."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
 from helpers.cli_advice import run_dlfs
 from helpers.trees import write_tree
-from dlfs import Client, InvalidArgument
+from dlfs import Client, InvalidArgument, Unavailable
 
 
 def test_one_of_each_reads_as_one(daemon, tmp_path):
@@ -103,6 +106,45 @@ def test_a_malformed_address_is_a_usage_error_before_any_connection():
         assert last.startswith(f"dlfs: error: --server: daemon address {wrong!r}") and why in last
         with pytest.raises(InvalidArgument, match=why):
             Client(wrong)
+
+
+def test_an_address_nobody_listens_on_is_reported_at_once_in_one_line():
+    """A refused connection (ECONNREFUSED) is one Unavailable line with what to do, with
+    no retries for a daemon this process never reached.  The CLI's bound is over the
+    time its interpreter takes to start and refuse a malformed address (the same
+    imports, no connection): the machine's speed is not what is checked."""
+    with socket.socket() as bound:  # bound, not listening: connects are refused
+        bound.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{bound.getsockname()[1]}"
+        started = time.monotonic()
+        done = subprocess.run([sys.executable, "-m", "dlfs.cli", "--server", address,
+                               "datasets"], capture_output=True, text=True, timeout=60)
+        elapsed_s = time.monotonic() - started
+        started = time.monotonic()
+        usage = subprocess.run([sys.executable, "-m", "dlfs.cli", "--server",
+                                "127.0.0.1:notaport", "datasets"], capture_output=True,
+                               text=True, timeout=60)
+        start_s = time.monotonic() - started
+        assert (done.returncode, usage.returncode) == (1, 2), done.stderr
+        assert done.stdout == "" and done.stderr.splitlines() == [
+            f"dlfs: Unavailable: DLFS daemon at {address} is unavailable: nothing listens "
+            "there (connection refused); start dlfs-server there, or give the address one "
+            "listens on (--server HOST:PORT or $DLFS_SERVER)"]
+        assert elapsed_s < start_s + 1.0, (elapsed_s, start_s)
+        started = time.monotonic()
+        with pytest.raises(Unavailable, match="nothing listens there") as raised:
+            Client(address).datasets()
+        assert raised.value.refused and raised.value.tried == ()
+        assert time.monotonic() - started < 1.0
+        if importlib.util.find_spec("torch") is None:
+            return  # dlfs.torch needs the torch extra
+        from dlfs.torch import DLFSDataset
+        started = time.monotonic()
+        with pytest.raises(Unavailable, match="nothing listens there"):
+            DLFSDataset(address, "demo")
+        assert time.monotonic() - started < 1.0
+        with pytest.raises(InvalidArgument, match="the port 'notaport' is not a number"):
+            DLFSDataset("127.0.0.1:notaport", "demo")
 
 
 def test_dev_demo_says_ready_with_the_address_and_ctrl_c_stops_it(tmp_path):

@@ -9,7 +9,9 @@ import pytest
 
 from dlfs import errors, limits
 from dlfs.client import process_state
+from dlfs.client.ticket import DatasetTicket
 from dlfs.client.transport.call_policy import Call, stall_s, time_left
+from dlfs.types import DatasetInfo
 
 
 class Clock:
@@ -130,6 +132,44 @@ def test_a_daemon_never_reached_gets_the_first_contact_bound():
         call(clock, address="never:1").run(script([errors.Unavailable("down")
                                                    for _ in range(64)]))
     assert clock.now <= limits.first_contact_timeout_s
+
+
+def nobody_listens() -> errors.Unavailable:
+    error = errors.Unavailable("DLFS daemon at x:1 is unavailable: nothing listens there")
+    error.refused = True
+    return error
+
+
+def test_a_refusal_from_a_daemon_never_reached_is_raised_at_once():
+    clock = Clock()
+    process_state.reached.discard("never:1")
+    attempt = script([nobody_listens(), "never"])
+    with pytest.raises(errors.Unavailable) as raised:
+        call(clock, address="never:1").run(attempt)
+    assert len(attempt.made) == 1 and clock.pauses == [] and raised.value.tried == ()
+    assert raised.value.refused
+    # A daemon reached before that refuses is restarting: waited for within the window.
+    attempt = script([nobody_listens(), nobody_listens(), "ok"])
+    assert call(clock).run(attempt) == "ok"
+    assert clock.pauses == list(limits.retry_backoff_s[:2])
+    # A data path that never worked still takes the other way first.
+    process_state.reached.discard("never:1")
+    attempt = script([nobody_listens()])
+    assert call(clock, address="never:1").run(attempt, lambda step: step.rule,
+                                               fall_back_unreached=True) == "unreached"
+
+
+def test_the_daemons_of_a_ticket_count_as_reached_where_it_is_opened():
+    """A process started afresh (a spawned DataLoader worker) that opens a ticket waits
+    for its daemon restarting, as the process that made the ticket would."""
+    process_state.reached.discard("ticketed:7010")
+    info = DatasetInfo("ds", samples=1, bytes=1, sealed=True, created_ns=0, extents=1)
+    dataset = DatasetTicket(("ticketed:7010",), {}, info, {}).open()
+    try:
+        assert "ticketed:7010" in process_state.reached
+    finally:
+        dataset.client.close()
+        process_state.reached.discard("ticketed:7010")
 
 
 def test_the_deadline_bounds_the_whole_call_and_every_attempt_inside_it():

@@ -1,7 +1,8 @@
 """`main`: parse the command line, run the command against the daemons, exit status.
 
 Exit statuses: 0 done; 1 the command failed (one line on stderr: the error's
-type, message and request id); 2 a usage error; 130 interrupted (Ctrl-C).
+type, message and request id; for a daemon address nobody listens on, how to
+name another); 2 a usage error; 130 interrupted (Ctrl-C).
 Warnings of the client (a daemon of several is down, reads fail over) are
 printed on stderr as ``dlfs: warning: ...``, once each.
 """
@@ -13,10 +14,10 @@ import sys
 
 from dlfs import limits
 from dlfs.cli.arguments import build_parser
-from dlfs.cli.target import client_target, resolve_target
+from dlfs.cli.target import SERVER_ENV, client_target, resolve_target
 from dlfs.cli.ingest_command import EXIT_INTERRUPTED
 from dlfs.client import Client
-from dlfs.errors import DlfsError
+from dlfs.errors import DlfsError, Unavailable
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -39,7 +40,8 @@ def main(argv: list[str] | None = None) -> int:
             return args.run(client, args)
     except DlfsError as exc:
         where = f" [request id {exc.request_id}]" if exc.request_id else ""
-        print(f"dlfs: {type(exc).__name__}: {exc.message}{where}", file=sys.stderr)
+        print(f"dlfs: {type(exc).__name__}: {exc.message}{_how_to_name(exc, args)}{where}",
+              file=sys.stderr)
         return 1
     except BrokenPipeError:
         return 0
@@ -48,6 +50,14 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_INTERRUPTED
     finally:
         logging.getLogger("dlfs").removeHandler(warnings)
+
+
+def _how_to_name(exc: DlfsError, args) -> str:
+    """For a refused connection to the one daemon the command went to (nothing listens
+    at the address): how to name another; else nothing."""
+    if isinstance(exc, Unavailable) and exc.refused and args.server:
+        return f" (--server HOST:PORT or ${SERVER_ENV})"
+    return ""
 
 
 def _print_warnings() -> logging.Handler:

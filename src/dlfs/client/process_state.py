@@ -5,10 +5,11 @@ Each piece is here because a new `Client` of the same process (or of one forked
 from it) must see it, and nothing else is kept at module level in
 `dlfs.client`:
 
-- `reached`: the daemons (addresses) a call of this process reached.  A daemon
-  never reached gets the short first-contact bound of the read policy
-  (`limits.first_contact_timeout_s`: most likely nothing runs there); one
-  reached before is waited for as long as the call allows (it is restarting).
+- `reached`: the daemons (addresses) a call of this process reached, or the
+  process whose `DatasetTicket` it opened.  A daemon never reached gets the
+  short first-contact bound of the read policy (`limits.first_contact_timeout_s`:
+  most likely nothing runs there), and none at all for a refused connection;
+  one reached before is waited for as long as the call allows (it is restarting).
   One entry per daemon ever talked to (a handful): never trimmed.
 - `learnt_data_paths`: where each daemon's data path listens, as this process
   (or the one it was forked from) learnt it (`DataPathHint`).  A client made

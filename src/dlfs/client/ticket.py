@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from dlfs.client import process_state
 from dlfs.client.client import Client
 from dlfs.client.cluster.router import ClusterRouter
 from dlfs.client.dataset import Dataset
@@ -46,7 +47,11 @@ class DatasetTicket:
                    transport.data_path_hints(), placement)
 
     def open(self) -> Dataset:
-        """The dataset, on a new client of this process; no call to a daemon yet."""
+        """The dataset, on a new client of this process; no call to a daemon yet.  Its
+        daemons count as reached (`process_state.reached`): the ticket's process
+        reached them, so a refused connection is a daemon restarting, waited for as
+        the call policy says, also in a process started afresh (not forked)."""
+        process_state.reached.update(self.addresses)
         client = Client(list(self.addresses) or None, data_path_hints=self.data_path_hints,
                         **self.options)
         if self.placement is not None:

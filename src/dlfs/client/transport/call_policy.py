@@ -24,10 +24,14 @@ reads, data path reads, hints and versions) runs as one `Call`, and only
    window.
 4. *Not reached*: Unavailable otherwise (nothing listens, the daemon restarts)
    takes the other way for good when the data path never worked (a blocked
-   port); else it is tried again after a pause (`limits.retry_backoff_s`,
+   port).  A refused connection (`Unavailable.refused`: nothing listens there)
+   to a daemon this process never reached (`process_state.reached`) is raised
+   at once: a mistyped address or a daemon not started, which waiting does not
+   mend.  Otherwise it is tried again after a pause (`limits.retry_backoff_s`,
    growing), within the reconnect window: `reconnect_timeout_s` from the first
-   failure in a row, `limits.first_contact_timeout_s` for a daemon this
-   process never reached (`process_state.reached`).
+   failure in a row for a daemon reached before (it is restarting),
+   `limits.first_contact_timeout_s` for one never reached (a connect that timed
+   out, a name that did not resolve yet).
 5. Anything else is raised as it is.
 
 A call that changes state is made with `retry=False`: one attempt, whatever
@@ -178,6 +182,8 @@ class Call:
         if isinstance(exc, Unavailable):
             if fall_back_unreached and can_fall_back:
                 return Step(OTHER_WAY, "unreached")
+            if exc.refused and not self._ever_reached():
+                return final
             backoff = limits.retry_backoff_s
             return self._after(now, backoff[min(self._pauses, len(backoff) - 1)], "unreached")
         return final
@@ -196,6 +202,11 @@ class Call:
     def _reached(self) -> None:
         if self.address:
             process_state.reached.add(self.address)
+
+    def _ever_reached(self) -> bool:
+        """Whether this process reached the daemon called (a call without an address
+        counts as reached: nothing says it was not)."""
+        return not self.address or self.address in process_state.reached
 
     def _told(self, exc: DlfsError) -> DlfsError:
         """`exc`, its message ending with what was tried before it (when anything was)."""

@@ -95,7 +95,8 @@ class DataConnection:
     `reply_timeout_s`, however the bytes trickle; both cut to what is left of
     the call in progress (`call_policy.time_left`).  While a reply (or the
     handshake) is due, a silence of `call_policy.stall_s()` is taken for a hung
-    daemon process.  Raises Unavailable when the daemon cannot be reached, and
+    daemon process.  Raises Unavailable when the daemon cannot be reached (with
+    `refused` set when nothing listens there), and
     Unavailable with `connection_lost` set (`stalled` for a silence) when a
     connection that reached it breaks or stops answering; DeadlineExceeded when
     a reply is not whole in time; VersionMismatch for a daemon of another minor
@@ -134,8 +135,11 @@ class DataConnection:
             self._sock.close()
             if self._reached:
                 raise self._failed(exc) from None
-            raise Unavailable(f"DLFS daemon's data path at {endpoint.label} cannot be reached "
-                              f"({exc.strerror or exc}); is dlfs-server running there?") from None
+            unreached = Unavailable(f"DLFS daemon's data path at {endpoint.label} cannot be "
+                                    f"reached ({exc.strerror or exc}); is dlfs-server running "
+                                    "there?")
+            unreached.refused = isinstance(exc, ConnectionRefusedError)
+            raise unreached from None
         except frames.FrameError as exc:
             self._sock.close()
             raise Unavailable(f"DLFS daemon's data path at {endpoint.label} broke the protocol "

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import os
 from typing import Callable, TypeVar
 
 import grpc
@@ -23,6 +25,9 @@ from dlfs.errors import (
 # a gRPC server lacks the DLFS service.
 _NOT_HTTP2 = "Failed parsing HTTP/2"
 _NO_SUCH_METHOD = "Method not found"
+# What gRPC's core says of a connect refused by the host (ECONNREFUSED: nothing
+# listens on the port), in the C library's words for that errno.
+_REFUSED = os.strerror(errno.ECONNREFUSED)
 
 
 def not_a_daemon(address: str) -> InvalidArgument:
@@ -31,6 +36,16 @@ def not_a_daemon(address: str) -> InvalidArgument:
     asking again cannot help."""
     return InvalidArgument(f"{address} is not a DLFS daemon (is it the data-path or metrics "
                            "port?)")
+
+
+def nothing_listens(address: str) -> Unavailable:
+    """The error for a connection to `address` that was refused (`Unavailable.refused`):
+    one line saying what to do, without gRPC's account of its attempts."""
+    error = Unavailable(f"DLFS daemon at {address} is unavailable: nothing listens there "
+                        "(connection refused); start dlfs-server there, or give the address "
+                        "one listens on")
+    error.refused = True
+    return error
 
 
 T = TypeVar("T")
@@ -49,7 +64,8 @@ def from_rpc_error(exc: grpc.RpcError, address: str) -> DlfsError:
     """The DlfsError matching `exc`'s status code, keeping the daemon's message.
 
     A server at `address` that is not a DLFS daemon (it does not speak HTTP/2, or
-    lacks the DLFS service) gives InvalidArgument naming the address (`not_a_daemon`).
+    lacks the DLFS service) gives InvalidArgument naming the address (`not_a_daemon`);
+    a refused connection, Unavailable with `refused` set (`nothing_listens`).
 
     The error's `request_id` is the id the daemon logged the call under
     (None when the call never reached it)."""
@@ -58,6 +74,8 @@ def from_rpc_error(exc: grpc.RpcError, address: str) -> DlfsError:
     if (code == grpc.StatusCode.UNAVAILABLE and _NOT_HTTP2 in details) or \
             (code == grpc.StatusCode.UNIMPLEMENTED and _NO_SUCH_METHOD in details):
         return not_a_daemon(address)
+    if code == grpc.StatusCode.UNAVAILABLE and _REFUSED in details:
+        return nothing_listens(address)
     if code == grpc.StatusCode.UNAVAILABLE:
         return Unavailable(f"DLFS daemon at {address} is unavailable ({details}); is "
                            "dlfs-server running there?")
