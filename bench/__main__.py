@@ -6,7 +6,7 @@
     ./dev bench --workloads ingest   # only the staging rows (dlfs ingest vs cp -r, tar -x, ...)
     ./dev bench --workloads dlio     # the real DLIO benchmark through the mount (bench.dlio_mount)
     ./dev bench --workloads cluster  # many daemons in an etcd cluster, the control plane (bench.cluster)
-    ./dev bench --workloads dataloader  # the README's DataLoader against ext4 (bench.train_bench)
+    ./dev bench --workloads dataloader  # the README's DataLoaders against ext4 (bench.train_bench)
     ./dev bench --workloads checkpoint  # checkpoint saves and cold restores against ext4 and fio
 
 Prints the markdown table and writes results.json, results.md and
@@ -14,8 +14,8 @@ results.png to --out (results-quick.* with --quick).  Generated data is cached i
 rows: the scaling experiment (1, 2, 4, 8, 12 client processes up to the
 CPUs, beside raw TCP with as many connections, warm 110 KB; --no-scaling
 skips it, --scaling-clients picks the counts), the memory experiment (--no-memory), the
-staging rows (workload "ingest": bench/ingest_bench.py) and the README's first DataLoader
-against the same loop over ext4 files (workload "dataloader": `python -m bench.train_bench
+staging rows (workload "ingest": bench/ingest_bench.py) and the README's DataLoader examples
+against a DataLoader over the same ext4 files (workload "dataloader": `python -m bench.train_bench
 --first-example`, into dataloader.{md,json}), and checkpoints (workload
 "checkpoint": bench/checkpoint_bench.py, into checkpoint.{md,json}).
 """
@@ -70,9 +70,10 @@ def build_parser() -> argparse.ArgumentParser:
                              "cluster: 1, 2 and 4 daemons in a cluster on a real etcd, etcd "
                              "call latencies, the placement model at 1,000 nodes (python -m "
                              "bench.cluster; not in the default, about 2 minutes), and "
-                             "dataloader: the README's DataLoader example against the same "
-                             "loop over ext4 files, cold and warm (python -m bench.train_bench "
-                             "--first-example; about 2 minutes, plus its files once), and "
+                             "dataloader: the README's DataLoader examples (ReadAhead, and a "
+                             "transform in workers) against a DataLoader over the same ext4 "
+                             "files, cold and warm (python -m bench.train_bench "
+                             "--first-example; about a minute, plus its files once), and "
                              "checkpoint: torch.save of 1 GiB from 2 processes into a "
                              "checkpoint space and cold restores, against ext4 and fio "
                              "(python -m bench.checkpoint_bench; about 2 minutes)")

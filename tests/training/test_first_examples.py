@@ -42,7 +42,12 @@ def test_the_dataloader_example_runs_as_written(demo, doc):
     assert set(labels.tolist()) <= set(range(len(ns["ds"].classes)))
 
 
-def test_the_readme_read_ahead_example_runs_as_written(demo):
+def test_the_readme_first_example_reads_ahead_from_the_extents(demo):
+    ns = run("README.md", 0, demo, {"__name__": "first_example"})
+    assert ns["ds"].reads == "extents" and ns["batches"].ring is None  # closed
+
+
+def test_the_readme_transform_example_runs_after_the_first_as_written(demo):
     ns = run("README.md", 0, demo, {"__name__": "first_example"})
     ns = run("README.md", 1, demo, ns)
     assert tuple(ns["images"].shape[1:]) == (32, 32, 3)
