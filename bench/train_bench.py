@@ -502,7 +502,10 @@ def first_example_markdown(results: list[EpochResult], plan: Plan, env: dict) ->
     first example's ratio against `FIRST_EXAMPLE_TARGET`, then the one with a
     transform in workers."""
     by = {(r.loader, r.cache): r for r in results}
-    lines = [f"The README's first DataLoader example (`DataLoader(ds, batch_size=None, "
+    lines = [f"# The README's DataLoaders against ext4 (python -m bench.train_bench "
+             f"--first-example), {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC, git "
+             f"{machine()['git']}, {os.cpu_count()} CPUs", "",
+             f"The README's first DataLoader example (`DataLoader(ds, batch_size=None, "
              f"sampler=ReadAhead(sampler, ds, batch_size={plan.batch_size}))` over "
              f"`DLFSDataset(address, name)`, no client options; reads: "
              f"{env.get('reads', '?')}) against an ImageFolder-like reader of the same files "
