@@ -15,7 +15,7 @@ from dlfs.types import Entry
 
 
 @dataclasses.dataclass(frozen=True)
-class IngestState:
+class UnsealedIngest:
     """An unsealed ingest a daemon holds (GetIngestProgress).
 
     `state`: "receiving" (a stream is still attached), "prepared" or
@@ -54,7 +54,7 @@ class ScrubUpdate:
 
 
 @dataclasses.dataclass(frozen=True)
-class DatasetIndex:
+class SampleLocations:
     """Where a dataset's samples lie on one daemon (GetIndex), in id order.
 
     Per sample: `extent` number (0xFFFFFFFF: stored by another daemon),

@@ -134,7 +134,7 @@ class FrameTimedOut(Exception):
 
 
 def ingest(connection, request: frames.IngestStartRequest) -> None:
-    """Serve one INGEST_START conversation on `connection` (a server DataConnection).
+    """Serve one INGEST_START conversation on `connection` (a ServedConnection).
 
     Raises DlfsError before INGEST_READY (the caller answers ERROR); after
     it, answers ERROR itself, drains, and returns.
