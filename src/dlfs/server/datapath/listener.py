@@ -379,8 +379,8 @@ class DataPathServer:
             else:
                 # Room for a whole window (TCP grows its buffer by itself; a Unix
                 # socket keeps the default 208 KiB, and a window sent by sendfile then
-                # waits for the client some twenty times: 110 KB and 140 MB samples
-                # 5-30% faster with it).  The kernel caps it at net.core.wmem_max.
+                # waits for the client some twenty times; log-datapath.md has the
+                # figures).  The kernel caps it at net.core.wmem_max.
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self.buffers.window_bytes)
             connection = ServedConnection(self, entry)
             if adopted is not None:
