@@ -623,7 +623,7 @@ mount_idle_inodes_max = 262144
 mount_listed_dirs_max = 4096
 # Kernel entry and attribute cache time for everything inside a dataset.
 # Sealed datasets are immutable, so this can be long; a dataset deleted or
-# replaced while mounted may be seen stale this long (README, fs.py).
+# replaced while mounted may be seen stale this long (docs/mount.md, fs.py).
 mount_cache_timeout_s_default = 3600.0
 # Entry cache time of the dataset directories at the mount root: a replaced or
 # deleted dataset is noticed by new lookups after this long.
