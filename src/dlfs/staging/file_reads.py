@@ -169,7 +169,8 @@ def read_file(file: SourceFile, ctx: ReadContext, hints: ReadHints | None = None
             return
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
         direct = hints.nowait and step % DIRECT_ALIGN_BYTES == 0 and _uncached(fd)
-        sent, head = 0, file
+        sent = 0
+        head: SourceFile | None = file
         while sent < size:
             n = min(step, size - sent)
             ctx.reserve(n)

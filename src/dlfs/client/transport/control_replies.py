@@ -7,6 +7,7 @@ transports deal in.
 
 from __future__ import annotations
 
+import builtins
 import dataclasses
 
 import numpy as np
@@ -29,7 +30,7 @@ class UnsealedIngest:
     state: str
     samples: int
     bytes: int
-    digest: bytes
+    digest: builtins.bytes  # `bytes` is a field of this class
     last_path: str
     replace: bool
     members: tuple[str, ...]
