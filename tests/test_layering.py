@@ -6,7 +6,8 @@ rules are the floor plan of docs/DESIGN.md ("Components"):
 
 - no import cycles between modules, and no module imports another
   module's underscore names;
-- no two modules share a base name (`ls` tells them apart);
+- no two modules share a base name (`ls` tells them apart), and no two
+  public classes share a name (one name, one meaning);
 - floors, from the bottom: the shared vocabulary (`errors`, `limits`,
   `batch_limits`, `types`, `paths`, `logs`, `crc`, `sockio`, `version`,
   `units`, `proto`), the byte formats (`formats/`), the cluster's control
@@ -173,6 +174,18 @@ def test_no_two_modules_share_a_name():
         if path.name != "__init__.py":
             names[path.stem].append(name)
     assert {stem: found for stem, found in names.items() if len(found) > 1} == {}
+
+
+def test_no_two_public_classes_share_a_name():
+    """Generated protobuf modules aside: their message names are the contract's."""
+    defined = collections.defaultdict(list)
+    for name, path in MODULES.items():
+        if path.stem.endswith(("_pb2", "_pb2_grpc")):
+            continue
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+                defined[node.name].append(name)
+    assert {cls: found for cls, found in defined.items() if len(found) > 1} == {}
 
 
 def test_every_module_is_on_a_floor():

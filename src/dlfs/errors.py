@@ -224,8 +224,11 @@ ERROR_BY_STATUS_CODE_NAME: dict[str, type[DlfsError]] = {
 }
 
 
-def _all_subclasses(cls: type) -> list[type]:
-    return [cls] + [s for sub in cls.__subclasses__() for s in _all_subclasses(sub)]
+def _all_subclasses(cls: type[DlfsError]) -> list[type[DlfsError]]:
+    found = [cls]
+    for child in cls.__subclasses__():
+        found += _all_subclasses(child)
+    return found
 
 
 ERROR_BY_CLASS_NAME: dict[str, type[DlfsError]] = {c.__name__: c for c in _all_subclasses(DlfsError)}

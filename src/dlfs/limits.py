@@ -118,19 +118,15 @@ warm_poll_s = 0.1
 # Long-lived reader threads: by default one per CPU, within these bounds.  The
 # device queue depth comes from WILLNEED advice submitting a whole window's
 # reads at once, not from thread count; a reader thread waits for advised
-# pages and copies them, so threads beyond the CPUs only add GIL hand-offs.
-# Measured on 2 cores (cold, 4 batches in flight): 2 threads 94 k 4 KiB
-# samples/s and 1.47 GB/s of 110 KB samples, 8 threads 80 k and 1.27 GB/s
-# (and 32 threads 30-40% slower than 8 before that).
+# pages and copies them, so threads beyond the CPUs only add GIL hand-offs
+# (docs/DESIGN.md, "Read engine", has the figure).
 reader_threads_default_min = 2
 reader_threads_default_max = 8
 reader_threads_max = 1024
 # A window's cold pieces are split among at most one reader thread per this many
 # bytes: a share waits for pages the advice already asked for and copies them, so
-# a small one costs more in thread wake-ups and GIL hand-offs than it overlaps.
-# Measured on 2 cores (cold, batches of 256, reads 25% of the dataset): 4 KiB
-# samples (1 MiB windows) 90 k samples/s with 2 shares against 78 k with 8;
-# 110 KB samples (4 MiB windows) read best with 8.
+# a small one costs more in thread wake-ups and GIL hand-offs than it overlaps
+# (measured on 2 cores: log-datapath.md).
 reader_share_bytes_min = 512 * KiB
 # Once a data-path reply's window missed the page cache, the daemon advises
 # this many bytes of the reply beyond it, so the device reads ahead while
@@ -167,10 +163,9 @@ nowait_probe_pieces = 16
 # queue twice as long); each thread that reads such windows has one.
 uring_entries = 1024
 # Windows of fewer pieces are read one preadv per piece: below this the
-# submission's fixed cost (about 40 us of numpy) is more than the per-call
-# costs it saves.  Measured on 2 cores, warm, one thread: 37 pieces 80 us by
-# preadv against 92 us in one submission, 256 pieces 546 against 497 us;
-# with four batches in flight the submission also spares the GIL hand-offs.
+# submission's fixed cost (its numpy) is more than the per-call costs it
+# saves; with four batches in flight the submission also spares the GIL
+# hand-offs (docs/DESIGN.md, "One submission per window of small pieces").
 uring_pieces_min = 64
 # Data path windows sent by sendfile from the page cache (server/read/sendfiles.py,
 # --sendfile): pieces must average at least this many bytes (one system
@@ -182,7 +177,7 @@ sendfile_pieces_max = 256
 # Data path windows of small pieces sent from read-only mappings of the extents
 # (server/read/mapped_sends.py, --mapped-sends) when every page is cached.  Which
 # pages of a mapped extent are cached is scanned again after `mapped_recheck_s`
-# (one mincore over the extent: about 15 ms for 800 MB), and all scans together
+# (one mincore over the extent), and all scans together
 # take at most `mapped_check_share` of the time (bursts of `mapped_check_burst_s`).
 mapped_recheck_s = 0.5
 # Windows of fewer samples take the read path: a few reads cost little, and mapping
@@ -534,8 +529,8 @@ mount_background_requests_max = 64
 # read_ahead_kb, set at mount time when this process may write it; the
 # kernel's default is 128 KiB).  Sequential readers of large files (np.load
 # of a volume, 1 MiB reads) then get 1 MiB READs several at a time instead
-# of one READ per read() call: 3.5x fewer READs and 1.2-2x the bandwidth for
-# 1 GiB of NPZ volumes read in 256 KiB reads (docs/DESIGN.md).  Random
+# of one READ per read() call: fewer READs and more bandwidth for NPZ volumes
+# read in 256 KiB reads (log-fuse.md).  Random
 # readers are unaffected: the kernel grows the window only for sequential ones.
 mount_kernel_read_ahead_bytes = 8 * MiB
 # libfuse worker threads reading /dev/fuse.  They answer requests that need
@@ -590,8 +585,8 @@ mount_push_batch_bytes_max = 16 * MiB
 # over the data path, block CRCs verified).
 mount_push_piece_bytes = 16 * MiB
 # A streamed range read (read_chunks) of at most this many bytes travels over
-# the data path as one reply, not as a gRPC stream: a mount's runs of a large
-# file (DLIO's NPZ volumes) moved at about 110 MB/s over the stream.
+# the data path as one reply, not as a gRPC stream, which was far slower for a
+# mount's runs of a large file (DLIO's NPZ volumes; log-fuse.md).
 data_path_chunks_bytes_max = 16 * MiB
 # Reads of small files that wait for the daemon in libfuse's worker threads at
 # once; more go through the trio thread.  Half the threads: the others answer
@@ -629,7 +624,7 @@ mount_idle_inodes_max = 262144
 mount_listed_dirs_max = 4096
 # Kernel entry and attribute cache time for everything inside a dataset.
 # Sealed datasets are immutable, so this can be long; a dataset deleted or
-# replaced while mounted may be seen stale this long (README, fs.py).
+# replaced while mounted may be seen stale this long (docs/mount.md, fs.py).
 mount_cache_timeout_s_default = 3600.0
 # Entry cache time of the dataset directories at the mount root: a replaced or
 # deleted dataset is noticed by new lookups after this long.

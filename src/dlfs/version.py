@@ -31,7 +31,7 @@ RELEASE_BYTES_MAX = 16
 
 def install_line(extras: str) -> str:
     """The command that installs DLFS with `extras` ("fuse,torch"): from a checkout, as
-    DISTRIBUTION is not on the package index yet (README.md, "Install")."""
+    DISTRIBUTION is not on the package index yet (README.md, its opening)."""
     return f"pip install '.[{extras}]'"
 
 

@@ -19,7 +19,7 @@ import pytest
 
 from dlfs import errors
 from dlfs.client.reply_buffers import BufferPool
-from dlfs.client.transport.datapath_conn import DataConnection, Endpoint
+from dlfs.client.transport.datapath_conn import DataPathConnection, Endpoint
 from dlfs.crc import crc32c
 from dlfs.formats import datapath_frames as frames
 
@@ -110,9 +110,9 @@ def script():
     """`script(replies, reply_timeout_s=5)`: a connection to a scripted daemon."""
     made: list = []
 
-    def connect(replies: list, reply_timeout_s: float = 5.0) -> DataConnection:
+    def connect(replies: list, reply_timeout_s: float = 5.0) -> DataPathConnection:
         daemon = ScriptedDaemon(replies)
-        connection = DataConnection(daemon.endpoint, "", b"", connect_timeout_s=5.0,
+        connection = DataPathConnection(daemon.endpoint, "", b"", connect_timeout_s=5.0,
                                     reply_timeout_s=reply_timeout_s)
         made.append((daemon, connection))
         return connection
@@ -123,7 +123,7 @@ def script():
         daemon.stop()
 
 
-def ask(connection: DataConnection, count: int, *, out=None, verify: bool = True,
+def ask(connection: DataPathConnection, count: int, *, out=None, verify: bool = True,
         pool: BufferPool | None = None, generation: int = 0):
     ids = np.arange(100, 100 + count, dtype=np.int64)
     return connection.get_batch(frames.get_batch(DATASET, ids, generation=generation or 3),

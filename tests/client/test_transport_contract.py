@@ -40,17 +40,17 @@ def _parameters(function) -> list[tuple[str, object, bool]]:
 
 IMPLEMENTATIONS = [
     (contract.DaemonControl, GrpcControl),
-    (contract.Daemon, GrpcTransport),
-    (contract.Daemon, DataPathTransport),
-    (contract.Daemon, DirectTransport),
+    (contract.DaemonTransport, GrpcTransport),
+    (contract.DaemonTransport, DataPathTransport),
+    (contract.DaemonTransport, DirectTransport),
     (contract.Transport, ClusterRouter),
 ]
 
 
 def test_the_protocols_have_methods_to_check():
     assert {"get_batch", "read_range", "each", "call_any"} <= set(_methods(contract.Transport))
-    assert {"control", "data_path"} <= _attributes(contract.Daemon) | set(
-        _methods(contract.Daemon))
+    assert {"control", "data_path"} <= _attributes(contract.DaemonTransport) | set(
+        _methods(contract.DaemonTransport))
     assert {"ingest", "ingest_progress", "delete_dataset"} <= set(
         _methods(contract.DaemonControl))
 

@@ -13,7 +13,7 @@ import pytest
 import dlfs
 from dlfs import Client
 from dlfs.client import named_checksum_error
-from dlfs.client.transport.datapath_conn import DataConnection
+from dlfs.client.transport.datapath_conn import DataPathConnection
 from helpers.trees import write_tree
 
 
@@ -52,7 +52,7 @@ def test_a_foreign_daemons_socket_is_refused(daemon, tmp_path):
         local.ingest(str(tmp_path / "src"), "ds")
         endpoint = local.transport.data_path().endpoint
     with pytest.raises(dlfs.FailedPrecondition, match="another daemon's data path"):
-        DataConnection(endpoint, "", b"someone else....", connect_timeout_s=5,
+        DataPathConnection(endpoint, "", b"someone else....", connect_timeout_s=5,
                        reply_timeout_s=5)
 
 

@@ -12,7 +12,7 @@ import pytest
 
 import dlfs
 from dlfs import Client
-from dlfs.client.transport.datapath_conn import DataConnection, Endpoint
+from dlfs.client.transport.datapath_conn import DataPathConnection, Endpoint
 from dlfs.formats import datapath_frames as frames
 from dlfs.proto import dlfs_pb2 as pb
 from dlfs.proto import dlfs_pb2_grpc
@@ -70,7 +70,7 @@ def test_a_daemon_of_another_release_is_refused_at_welcome(tmp_path):
     endpoint = Endpoint(socket.AF_INET, listener.getsockname(), "scripted")
     with pytest.raises(dlfs.VersionMismatch, match=r"this client is DLFS .* and the daemon is "
                                                   r"DLFS 0\.99\.0"):
-        DataConnection(endpoint, "", b"", connect_timeout_s=5.0, reply_timeout_s=5.0)
+        DataPathConnection(endpoint, "", b"", connect_timeout_s=5.0, reply_timeout_s=5.0)
     listener.close()
     server.join(10)
 

@@ -86,8 +86,8 @@ def test_dlfs_data_loader_fetches_batches_from_dlfs(workload, tmp_path):
 def test_dlfs_reader_under_dlios_own_loader(workload, tmp_path):
     result = run_dlio(workload, tmp_path, "~workload.reader.data_loader_classname",
                       "~workload.reader.data_loader_sampler",
-                      "++workload.reader.reader_classname=dlfs.dlio.reader.DLFSReader")
-    assert "Discovered custom data reader DLFSReader" in result.stdout + result.stderr
+                      "++workload.reader.reader_classname=dlfs.dlio.reader.DLFSFormatReader")
+    assert "Discovered custom data reader DLFSFormatReader" in result.stdout + result.stderr
     assert metrics(result)["Throughput"] > 0
 
 

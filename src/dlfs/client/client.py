@@ -43,7 +43,7 @@ from dlfs.client.ingest_upload import upload as upload_one
 from dlfs.client.metadata import cluster_listing, merged_listings
 from dlfs.client.reply_buffers import BufferPool
 from dlfs.client.scrub_report import ScrubReport, scrub_member, summed
-from dlfs.client.transport.contract import Daemon, Transport
+from dlfs.client.transport.contract import DaemonTransport, Transport
 from dlfs.client.transport.datapath_transport import DataPathTransport
 from dlfs.client.transport.direct_reader import DirectReader
 from dlfs.client.transport.direct_transport import DirectTransport
@@ -141,11 +141,11 @@ class Client:
             pool = self.reply_buffers = BufferPool()
             socket = "auto" if data_path is True else data_path
 
-            def daemon(address: str) -> Daemon:
+            def daemon(address: str) -> DaemonTransport:
                 return DataPathTransport(address, pool=pool, socket=socket,
                                          hint=hints.get(address), **options)
         else:
-            def daemon(address: str) -> Daemon:
+            def daemon(address: str) -> DaemonTransport:
                 return GrpcTransport(address, **options)
         self.transport: Transport
         if etcd:

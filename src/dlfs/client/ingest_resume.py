@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 
 from dlfs.client.transport.contract import DaemonControl
-from dlfs.client.transport.control_replies import IngestState
+from dlfs.client.transport.control_replies import UnsealedIngest
 from dlfs.errors import AlreadyExists, DlfsError, NotFound, ResumeConflict, Unavailable
 from dlfs.staging.progress import human_bytes
 from dlfs.staging.resume_prefix import Prefix
@@ -26,7 +26,7 @@ _HINT_TIMEOUT_S = 5.0
 _HINT_POLL_S = 0.05
 
 
-def held_ingest(control: DaemonControl, name: str) -> IngestState | None:
+def held_ingest(control: DaemonControl, name: str) -> UnsealedIngest | None:
     """The unsealed ingest of `name` the daemon holds, or None when it has none."""
     try:
         return control.ingest_progress(name)
@@ -34,7 +34,7 @@ def held_ingest(control: DaemonControl, name: str) -> IngestState | None:
         return None
 
 
-def check_resumable(state: IngestState, name: str, address: str) -> None:
+def check_resumable(state: UnsealedIngest, name: str, address: str) -> None:
     """Raise ResumeConflict while another client still sends the ingest."""
     if state.state == "receiving":
         raise ResumeConflict(
@@ -43,7 +43,7 @@ def check_resumable(state: IngestState, name: str, address: str) -> None:
             "the daemon notices it is gone (its --stream-stall-timeout-s), then resume")
 
 
-def check_prefix(state: IngestState, prefix: Prefix, name: str, address: str) -> None:
+def check_prefix(state: UnsealedIngest, prefix: Prefix, name: str, address: str) -> None:
     """Raise ResumeConflict when the source's first files are not those the daemon holds."""
     if state.digest != prefix.digest:
         raise ResumeConflict(
@@ -111,7 +111,7 @@ def resume_hint(error: BaseException, controls: list[DaemonControl], name: str
 
 
 def _settled_state(control: DaemonControl, name: str, deadline: float
-                   ) -> IngestState | None | bool:
+                   ) -> UnsealedIngest | None | bool:
     """The parked (or prepared) ingest of `name` on `control`'s daemon; None when it holds
     none; False when it did not answer, or still counts the stream as receiving at
     `deadline` (time.monotonic())."""

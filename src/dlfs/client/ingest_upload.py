@@ -24,7 +24,7 @@ import logging
 
 from dlfs.client.ingest_resume import check_prefix, check_resumable, held_ingest, resume_hint
 from dlfs.client.transport import datapath_upload
-from dlfs.client.transport.contract import Daemon
+from dlfs.client.transport.contract import DaemonTransport
 from dlfs.client.transport.ingest_requests import IngestStart, dir_pieces, file_pieces
 from dlfs.errors import (
     AlreadyExists,
@@ -49,7 +49,7 @@ log = logging.getLogger(__name__)
 VIA_CHOICES = ("auto", "datapath", "grpc")
 
 
-def upload(transport: Daemon, name: str, source, *, replace: bool = False,
+def upload(transport: DaemonTransport, name: str, source, *, replace: bool = False,
            progress: bool | str | None = None, readers: int = READERS_DEFAULT,
            resumable: bool = False, resume: bool = False, via: str = "auto",
            stats: IngestStats | None = None, max_rate: int | None = None) -> DatasetInfo:
@@ -102,7 +102,7 @@ def upload(transport: Daemon, name: str, source, *, replace: bool = False,
     return info
 
 
-def _stream(transport: Daemon, data_path, start: IngestStart, chunks, dirs) -> DatasetInfo:
+def _stream(transport: DaemonTransport, data_path, start: IngestStart, chunks, dirs) -> DatasetInfo:
     """Send the staged `chunks` after the empty directories `dirs`: over `data_path`
     when there is one, else over gRPC."""
     if data_path is not None:
@@ -113,7 +113,7 @@ def _stream(transport: Daemon, data_path, start: IngestStart, chunks, dirs) -> D
     return _guarded(lambda: transport.control.ingest(start, pieces), transport, start)
 
 
-def _guarded(send, transport: Daemon, start: IngestStart):
+def _guarded(send, transport: DaemonTransport, start: IngestStart):
     """`send()`; a source that cannot be read raises `source_error`'s type
     (PermissionDenied for its permissions), and a failure of a resumable ingest says
     what a resume would continue from."""
@@ -128,7 +128,7 @@ def _guarded(send, transport: Daemon, start: IngestStart):
     raise error from None
 
 
-def _resume_point(transport: Daemon, name: str, sources: SourceSet,
+def _resume_point(transport: DaemonTransport, name: str, sources: SourceSet,
                   duplicates: Duplicates | None, replace: bool):
     """(files the daemon holds of the parked ingest of `name`, their `Prefix`); (None,
     EMPTY_PREFIX) when it holds none.  Raises AlreadyExists (sealed, nothing to resume,

@@ -3,7 +3,7 @@
 A batch received without a caller-owned `out` buffer needs memory that
 lives as long as any of its samples does.  A fresh allocation per batch
 costs more than receiving it: a new 28 MB buffer is faulted in page by
-page (about 0.3 CPU-seconds per GB, more than the socket copy).  The pool
+page, which costs more CPU than the socket copy.  The pool
 hands out buffers whose pages were faulted in by an earlier batch.
 
 Ownership: `take(n)` returns a numpy uint8 array of `n` bytes whose base is

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 
-from dlfs.client.transport.contract import Daemon
+from dlfs.client.transport.contract import DaemonTransport
 from dlfs.errors import Unavailable
 from dlfs.types import Entry
 
@@ -22,7 +22,7 @@ class ScrubReport:
     damaged: list  # (Entry, reason) of each sample that failed its checksum
 
 
-def scrub_member(member: Daemon, name: str, show: bool) -> ScrubReport:
+def scrub_member(member: DaemonTransport, name: str, show: bool) -> ScrubReport:
     """One daemon's scrub of its samples of `name`, with a progress bar if `show`.
     Raises the daemon's errors; Unavailable when its stream ends before it is done."""
     bar = None

@@ -13,7 +13,7 @@ DLIO workload on DLFS:
      with ``reader.data_loader_sampler: index`` — a torch DataLoader whose
      workers fetch each whole batch with ONE get_batch round trip (same
      sampler, batch size, workers and drop_last as DLIO's own pytorch loader).
-   - ``reader.reader_classname: dlfs.dlio.reader.DLFSReader`` — keeps DLIO's
+   - ``reader.reader_classname: dlfs.dlio.reader.DLFSFormatReader`` — keeps DLIO's
      own data loader and swaps the file reader: the pytorch loader asks for
      one sample at a time (one round trip each); iterator-based loaders get
      one get_batch per batch.

@@ -1,9 +1,9 @@
-"""`DLFSReader`: a DLIO format reader that reads files from DLFS instead of the file system.
+"""`DLFSFormatReader`: a DLIO format reader that reads files from DLFS instead of the file system.
 
 Name it in a DLIO workload::
 
     reader:
-      reader_classname: dlfs.dlio.reader.DLFSReader
+      reader_classname: dlfs.dlio.reader.DLFSFormatReader
 
 DLIO keeps its own data loader.  Its index-based (pytorch) loader asks the
 reader for one sample at a time (`read_index`), so each sample is one
@@ -23,7 +23,7 @@ from dlio_benchmark.reader.reader_handler import FormatReader
 from dlfs.dlio.dlio_source import DlfsSource, decode
 
 
-class DLFSReader(FormatReader):
+class DLFSFormatReader(FormatReader):
     """DLIO reader over a DLFS dataset (see `dlfs.dlio` for the environment variables)."""
 
     def __init__(self, dataset_type, thread_index, epoch):

@@ -186,7 +186,7 @@ def _release_text(field: bytes) -> str:
     return _text(field.rstrip(b"\0"), "release")
 
 
-class BatchRequest(NamedTuple):
+class GetBatchFrame(NamedTuple):
     dataset: str
     generation: int  # 0: the current one
     ids: np.ndarray  # int64, request order
@@ -195,7 +195,7 @@ class BatchRequest(NamedTuple):
     flags: int
 
 
-class RangeRequest(NamedTuple):
+class ReadRangeFrame(NamedTuple):
     dataset: str
     generation: int
     sample_id: int
@@ -226,7 +226,7 @@ def get_batch_ids(fixed) -> int:
     return GET_BATCH.unpack_from(fixed)[2]
 
 
-def parse_get_batch(body) -> BatchRequest:
+def parse_get_batch(body) -> GetBatchFrame:
     """The request of a GET_BATCH body (id arrays are views of `body`).  Raises FrameError."""
     if len(body) < GET_BATCH.size:
         raise FrameError("a GET_BATCH frame is shorter than its fixed part")
@@ -240,7 +240,7 @@ def parse_get_batch(body) -> BatchRequest:
     at += rid_bytes
     ids = np.frombuffer(body, "<i8", count, at)
     hint_ids = np.frombuffer(body, "<i8", hints, at + 8 * count)
-    return BatchRequest(name, generation, ids, hint_ids, rid, flags)
+    return GetBatchFrame(name, generation, ids, hint_ids, rid, flags)
 
 
 def read_range(dataset: str, sample_id: int, offset: int, length: int, *,
@@ -251,7 +251,7 @@ def read_range(dataset: str, sample_id: int, offset: int, length: int, *,
     return frame(Kind.READ_RANGE, len(body)) + body
 
 
-def parse_read_range(body) -> RangeRequest:
+def parse_read_range(body) -> ReadRangeFrame:
     if len(body) < READ_RANGE.size:
         raise FrameError("a READ_RANGE frame is shorter than its fixed part")
     (generation, sample_id, offset, length, flags, name_bytes, rid_bytes,
@@ -261,7 +261,7 @@ def parse_read_range(body) -> RangeRequest:
         raise FrameError("a READ_RANGE frame's lengths do not match its body")
     name = _text(body[at:at + name_bytes], "dataset name")
     rid = _text(body[at + name_bytes:], "request id")
-    return RangeRequest(name, generation, sample_id, offset, length, rid, flags)
+    return ReadRangeFrame(name, generation, sample_id, offset, length, rid, flags)
 
 
 def stat_dataset(dataset: str, request_id: str = "") -> bytes:

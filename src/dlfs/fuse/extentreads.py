@@ -1,11 +1,11 @@
 """Reads of the daemon's extents by a mount on its host: whole small files, checked parts.
 
-Why (docs/DESIGN.md, "Small files from the extents"): a cold small file read
-through the daemon cost the daemon 400-550 µs of CPU and the mount 370-550
-µs on the 2-core VM (its request through the data path, the reply, trio
-and thread hand-offs), about 1 ms a file where ext4 takes 0.2 ms, and in
-DLIO's first epoch over a dataset larger than the warm-up budget that CPU
-is taken from the readers' own decoding.  A mount on the daemon's host gets
+Why (docs/DESIGN.md, "Small files from the extents", has the figures): a
+cold small file read through the daemon costs CPU on both sides (its
+request through the data path, the reply, trio and thread hand-offs),
+several times what ext4 takes, and in DLIO's first epoch over a dataset
+larger than the warm-up budget that CPU is taken from the readers' own
+decoding.  A mount on the daemon's host gets
 the extents' read-only descriptors as `Client(direct=True)` does (passed
 over the daemon's Unix socket, the data dir stays 0700), maps them, checks
 a file's CRC32C on the mapping and answers from it: no round trip, nothing

@@ -234,9 +234,9 @@ class DlfsOperations:
         kernel's own read-ahead window (it reaches the mount as unit-sized
         reads before the reader counts as sequential); 120 MiB with the
         default limits.  A first large read then lands in mapped memory
-        instead of faulting pages in run by run, which costs a fifth of the
-        mount's CPU time in a long read, and up to 20x more on a VM whose
-        host has taken idle memory back (docs/DESIGN.md, "Fresh memory")."""
+        instead of faulting pages in run by run, which costs much of the
+        mount's CPU time in a long read, and far more on a VM whose host has
+        taken idle memory back (docs/DESIGN.md, "Fresh memory")."""
         cache = self.cache
         run_bytes = cache.run_units * cache.unit_bytes
         window = cache.ahead_units * cache.unit_bytes + run_bytes + cache.pushed_keep_bytes
@@ -443,7 +443,8 @@ class DlfsOperations:
     # IOCTL: no handler, so libfuse answers it in C, without Python.  Python
     # 3.11's buffered open() asks every file whether it is a terminal (an
     # ioctl the kernel forwards each time): ENOSYS, which the kernel turns
-    # into ENOTTY.  Answered in Python it cost 2.7x the time per open().
+    # into ENOTTY.  Answered in Python it cost several times the time per
+    # open() (log-fuse.md).
 
     @inline
     @_handler(on_handle=True)

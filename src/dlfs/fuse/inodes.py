@@ -248,8 +248,8 @@ class InodeTable:
                         self._rekey(node, (node.key[0], node.key[1], target))
                         node.space_path = target
                         done.append(node)
-                elif moved(node.space_path) is not None:
-                    node.space_path = moved(node.space_path)
+                elif (new_path := moved(node.space_path)) is not None:
+                    node.space_path = new_path
                     done.append(node)
             return done
 

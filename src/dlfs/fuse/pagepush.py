@@ -3,7 +3,8 @@
 Once the daemon has warmed a dataset, a random first epoch through the
 mount still costs one FUSE request and one daemon round trip per file:
 on two cores that DLIO's decoding workers already fill, that alone kept
-the mount's first epoch at 0.6x ext4 (docs/DESIGN.md).  After the first
+the mount's first epoch well below ext4 (docs/DESIGN.md, "The FUSE mount").
+After the first
 read of a `--dataset` mount, this fetches the files the kernel knows (a
 reader listed them) in sample-id order, `batch_samples_max` per get_batch,
 and copies each into the kernel's page cache (`notify_store`): a file the
@@ -14,8 +15,7 @@ small ones, each fetched in ranged reads of `piece_bytes` (block CRCs
 verified) and stored piece by piece (on the daemon's host spliced from the
 extent's pages instead: `from_extent`, fuse/splicereads.py): a first epoch
 over them otherwise runs every byte through the mount's own read path,
-which moved about 180 MB/s on two cores where a batched fetch moves several
-times that.
+several times slower than a batched fetch (log-fuse.md).
 
 Bounded: at most half the daemon's warm-up budget (its page cache holds
 the extents too; a daemon with warm-ups off gets no push), one batch or

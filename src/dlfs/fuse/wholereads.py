@@ -3,8 +3,8 @@
 A cold read of a small file (an image, a clip, a small array) is one
 round trip to the daemon.  Answered on the trio thread it also cost four
 hand-offs between threads (libfuse worker -> trio -> trio's worker thread
-for the blocking call -> trio -> reply), about 0.9 ms on the 2-core VM
-against 0.36 ms for the round trip itself.  Here the libfuse worker thread
+for the blocking call -> trio -> reply), which cost more than the round
+trip itself (log-fuse.md).  Here the libfuse worker thread
 that took the request makes the call itself (the GIL is released while it
 waits on the socket) and answers.
 

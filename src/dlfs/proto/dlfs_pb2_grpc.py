@@ -212,7 +212,7 @@ class DlfsServicer:
         """GetBatch for a reply that fits in one message (at most the daemon's
         chunk_bytes of payload): the same request and reply encoding, as one
         unary call, which costs fewer thread hand-offs on both sides than a
-        stream (measured 2.0 -> 1.4 ms for one 110 KB sample on loopback).
+        stream (docs/DESIGN.md, "gRPC front door", has the figure).
         Clients use it for whole samples and batches of a few samples.
         Codes: as GetBatch, and FAILED_PRECONDITION (dlfs-error ReplyTooLarge)
         when the reply would not fit: use GetBatch.

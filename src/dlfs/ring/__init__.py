@@ -12,9 +12,9 @@
 
 Why a process: read-ahead threads in the training process fetch just as
 fast, but they share its GIL.  Each get_batch, checksum and copy on such a
-thread delays the training thread's next hand-off of the GIL; on 2 vCPUs
-that cost about 1.3 ms per batch (85% utilisation at 8 ms of compute per
-batch), against 0.1 ms when a helper process does the same work.  Why a
+thread delays the training thread's next hand-off of the GIL, an order of
+magnitude more per batch than when a helper process does the same work
+(docs/DESIGN.md, "Training side").  Why a
 ring: a fresh shared-memory buffer per batch (what DataLoader workers use)
 costs its allocation and a page fault per 4 KiB page, more than the copy;
 slots are mapped once and reused.

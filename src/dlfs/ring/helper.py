@@ -162,7 +162,7 @@ def _populate(mapping: mmap.mmap, start: int, length: int) -> None:
     """Map the pages of ``[start, start + length)`` for writing, in one call.
 
     Faulting them in one by one as a slot is first written costs several
-    times more (about 10 ms per 7 MB slot on a small VM, against 3 ms).
+    times more (log-train.md).
     """
     try:
         mapping.madvise(_MADV_POPULATE_WRITE, start, length)

@@ -38,9 +38,9 @@ class Channel:
     The messages are plain tuples, pickled with the standard pickler and
     framed as the Connection frames bytes.  Why not ``Connection.send`` and
     ``poll``: its ForkingPickler copies the copyreg dispatch table on every
-    message, and every ``poll`` builds a selector; with two messages and a
-    poll per batch that was 0.1-0.2 ms of the training thread's time per
-    batch on a 2-core VM (py-spy), against 8 ms steps.  Nothing here needs
+    message, and every ``poll`` builds a selector: with two messages and a
+    poll per batch, a visible share of the training thread's time
+    (log-train.md).  Nothing here needs
     ForkingPickler's reducers: the ring's memfd goes by ``send_handle`` on
     `conn` before the first message.  Raises what the Connection raises
     (EOFError, OSError) when the other end is gone.

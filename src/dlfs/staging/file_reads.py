@@ -1,9 +1,9 @@
 """Reading one file of a tree into the reader pool, cheaply for cold files.
 
 A file that is wholly in the page cache is copied out of it; one that is
-not is read with O_DIRECT into a page-aligned buffer (on the development
-VM, cold reads through the page cache cost 1.5 CPU-seconds per GB of
-kernel time to fill it, O_DIRECT a third of that).  What a file system
+not is read with O_DIRECT into a page-aligned buffer (cold reads through
+the page cache cost three times the kernel CPU to fill it;
+log-ingest.md).  What a file system
 refuses (O_NOATIME on files not ours, RWF_NOWAIT, O_DIRECT) is remembered in
 `ReadHints`, so no file pays for a refusal twice.  A file that shrank or grew
 since the walk stops the ingest (InvalidArgument).
@@ -79,9 +79,8 @@ def _read_small(fd: int, size: int, hints: ReadHints) -> bytes:
 
     Cached pages are copied (preadv with RWF_NOWAIT); a file that is not
     wholly in the page cache is read with O_DIRECT into an aligned buffer:
-    on the development VM, cold reads through the page cache cost 1.5
-    CPU-seconds per GB of kernel time to fill it, O_DIRECT a third of that
-    (the copy out of the buffer included), at least as fast.  File systems
+    a third of the kernel CPU of a read through the page cache (the copy out
+    of the buffer included), and at least as fast.  File systems
     without RWF_NOWAIT or O_DIRECT are read the plain way.
     """
     want = size + 1
@@ -170,7 +169,8 @@ def read_file(file: SourceFile, ctx: ReadContext, hints: ReadHints | None = None
             return
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
         direct = hints.nowait and step % DIRECT_ALIGN_BYTES == 0 and _uncached(fd)
-        sent, head = 0, file
+        sent = 0
+        head: SourceFile | None = file
         while sent < size:
             n = min(step, size - sent)
             ctx.reserve(n)

@@ -13,7 +13,7 @@ import fcntl
 import io
 import mmap
 import os
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 
 from dlfs.staging.file_reads import DIRECT_ALIGN_BYTES, O_DIRECT, RWF_NOWAIT
 
@@ -40,7 +40,8 @@ class SequentialReader(io.RawIOBase):
         self._start = 0  # file offset of the chunk in hand (aligned)
         self._have = 0  # valid bytes of the chunk in hand
         self._current = 0  # index of the buffer holding it
-        self._ahead = None  # Future: (offset, bytes) read into the other buffer
+        # (offset, the read of it into the other buffer)
+        self._ahead: tuple[int, Future[int]] | None = None
         self._load(0)
 
     def _read_chunk(self, index: int, offset: int) -> int:

@@ -106,9 +106,8 @@ def iter_rows(ds, order: Sequence[int], batch_size: int, prefetch: int = 4, *,
     As `iter_batches`, but each `Batch`'s ``samples`` is one writable numpy
     array of shape ``[B, L]`` (``torch.from_numpy`` makes it a tensor without
     a copy): the batch is received into it, so the caller never stacks its
-    samples (measured on 2 cores, 110 KiB samples, batches of 64 at 8 ms of
-    compute each: 93% utilisation against 63% for `iter_batches` followed by
-    ``torch.stack``; docs/training.md).  The arrays come from a pool owned
+    samples (``torch.stack`` in the training thread costs the step; the
+    figure is in docs/training.md).  The arrays come from a pool owned
     by the pipeline: one is reused once it and every view of it are
     dropped; keep a batch longer by holding it (nothing reachable is ever
     overwritten), or copy it.

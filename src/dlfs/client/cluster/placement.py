@@ -32,7 +32,7 @@ from typing import Sequence
 import numpy as np
 
 from dlfs import limits
-from dlfs.client.transport.control_replies import DatasetIndex
+from dlfs.client.transport.control_replies import SampleLocations
 from dlfs.errors import InvalidArgument
 
 
@@ -46,7 +46,7 @@ class Placement:
     generation: int  # the version it describes; every part of a batch names it
 
 
-def placement_of(index: DatasetIndex, address: str) -> Placement:
+def placement_of(index: SampleLocations, address: str) -> Placement:
     """The placement a daemon's index (from `address`) records: its members and holders,
     or for a one-daemon dataset that daemon as the owner."""
     if not index.members:

@@ -1,7 +1,7 @@
 """`ClusterRouter`: the transport of a client of a cluster (`Client(etcd=...)`).
 
 The router holds the client's `ClusterView` (the cluster's state in etcd,
-kept current by a watch), one transport per member (`contract.Daemon`), and
+kept current by a watch), one transport per member (`contract.DaemonTransport`), and
 answers the same `contract.Transport` as a single daemon's transport:
 
 - a striped dataset's version is what etcd's record says: its generation
@@ -42,7 +42,7 @@ from dlfs import limits
 from dlfs.client.cluster.cluster_view import ClusterView
 from dlfs.client.cluster.placement import Placement, placement_of
 from dlfs.client.reply_buffers import copy_into
-from dlfs.client.transport.contract import Daemon
+from dlfs.client.transport.contract import DaemonTransport
 from dlfs.client.transport.read_requests import (
     BatchRequest,
     PrefetchRequest,
@@ -69,19 +69,19 @@ class ClusterRouter:
     """Routes the calls of a cluster `Client` to its members (`contract.Transport`).
     Thread-safe.
 
-    `make_member(address)` builds a member's transport (a `contract.Daemon`);
+    `make_member(address)` builds a member's transport (a `contract.DaemonTransport`);
     `view` is the cluster's state in etcd.  `clock` (default
     `time.monotonic`) times the down marks; tests replace it to let a mark
     expire without waiting.
     """
 
-    def __init__(self, make_member: Callable[[str], Daemon], view: ClusterView, *,
+    def __init__(self, make_member: Callable[[str], DaemonTransport], view: ClusterView, *,
                  clock: Callable[[], float] = time.monotonic):
         self._make_member = make_member
         self._lock = threading.Lock()
         self.clock = clock
         self.view = view
-        self.members: dict[str, Daemon] = {}
+        self.members: dict[str, DaemonTransport] = {}
         self.address = f"etcd {','.join(view.endpoints)} (cluster {view.cluster})"
         # The live members' addresses (their leases in etcd are alive), sorted.
         self.addresses: tuple[str, ...] = tuple(view.members())
@@ -102,7 +102,7 @@ class ClusterRouter:
 
     # --- members ---------------------------------------------------------------
 
-    def member(self, address: str) -> Daemon:
+    def member(self, address: str) -> DaemonTransport:
         """The transport of `address`, created at its first use."""
         with self._lock:
             transport = self.members.get(address)
@@ -138,11 +138,11 @@ class ClusterRouter:
 
     # --- any member, every member ----------------------------------------------------
 
-    def call_any(self, call: Callable[[Daemon], T]) -> T:
+    def call_any(self, call: Callable[[DaemonTransport], T]) -> T:
         """`call(member)` on the first live member that answers it (see `call_members`)."""
         return self.call_members(call, self.addresses)
 
-    def call_members(self, call: Callable[[Daemon], T], addresses) -> T:
+    def call_members(self, call: Callable[[DaemonTransport], T], addresses) -> T:
         """`call(member)` on the first of `addresses` that answers it.
 
         Unavailable members are marked down and skipped; NotFound tries the
@@ -163,7 +163,7 @@ class ClusterRouter:
                               "(no live lease): start the daemons with --etcd")
         raise last
 
-    def each(self, call: Callable[[Daemon], T]) -> dict[str, T | DlfsError]:
+    def each(self, call: Callable[[DaemonTransport], T]) -> dict[str, T | DlfsError]:
         """`call(member)` on every live member in parallel: address -> result, or its
         DlfsError."""
         futures = {a: self.submit(call, self.member(a)) for a in self.addresses}
@@ -189,7 +189,7 @@ class ClusterRouter:
             raise NotFound(f"no dataset named {dataset!r} in the cluster ({self.address})")
         return record
 
-    def call_dataset(self, dataset: str, call: Callable[[Daemon], T]) -> T:
+    def call_dataset(self, dataset: str, call: Callable[[DaemonTransport], T]) -> T:
         """`call(member)` on a live member of `dataset` (every one holds its directory)."""
         return self.call_members(call, self.record(dataset).members)
 
@@ -248,7 +248,7 @@ class ClusterRouter:
         that version yet)."""
         generation = self.record(dataset).generation
 
-        def current(member: Daemon) -> DatasetInfo:
+        def current(member: DaemonTransport) -> DatasetInfo:
             info = member.control.get_dataset(dataset)
             if info.generation != generation:
                 raise NotFound(f"{member.address} does not publish generation {generation} "
@@ -325,7 +325,7 @@ class ClusterRouter:
         with self._lock:
             self._placements.pop(dataset, None)
 
-    def holder_of(self, dataset: str, sample_id: int) -> Daemon:
+    def holder_of(self, dataset: str, sample_id: int) -> DaemonTransport:
         """The member that should serve one sample (its first live holder)."""
         placement = self.placement(dataset)
         if not 0 <= sample_id < len(placement.holders):
@@ -511,7 +511,7 @@ def _out_of_range(dataset: str, ids: np.ndarray, placement: Placement) -> str:
             f"0..{len(placement.holders) - 1}")
 
 
-def _quiet_prefetch(member: Daemon, dataset: str, ids: np.ndarray) -> None:
+def _quiet_prefetch(member: DaemonTransport, dataset: str, ids: np.ndarray) -> None:
     try:
         member.prefetch(PrefetchRequest(dataset, ids))
     except DlfsError as exc:

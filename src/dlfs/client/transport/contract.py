@@ -10,7 +10,7 @@ Three protocols, one line of contract each method (units, errors, cost):
   `DirectTransport` (one co-located daemon, reads from its extents mapped
   here) and `dlfs.client.cluster.router.ClusterRouter` (several daemons)
   answer it, so `Client` never asks which it holds;
-- `Daemon`: a one-daemon `Transport`, with its `control` calls and its data
+- `DaemonTransport`: a one-daemon `Transport`, with its `control` calls and its data
   path.  `Transport.each` and `call_any` hand out Daemons: for one daemon,
   the transport itself; for several, each member's.
 
@@ -32,7 +32,7 @@ import numpy as np
 
 from dlfs.client.transport.ingest_requests import IngestPiece, IngestStart
 from dlfs.client.transport.read_requests import BatchRequest, PrefetchRequest, RangeRequest
-from dlfs.client.transport.control_replies import DataPathOffer, DatasetIndex, IngestState, ScrubUpdate
+from dlfs.client.transport.control_replies import DataPathOffer, SampleLocations, UnsealedIngest, ScrubUpdate
 from dlfs.errors import DlfsError
 from dlfs.types import DaemonStatus, DatasetInfo, Entry, WarmInfo
 
@@ -91,7 +91,7 @@ class DaemonControl(Protocol):
         """Entries of samples by ids or by paths, in order (at most
         `limits.lookup_items_max`).  NotFound, InvalidArgument.  Retried unless not `retry`."""
 
-    def index(self, dataset: str) -> DatasetIndex:
+    def index(self, dataset: str) -> SampleLocations:
         """Where every sample lies (one stream, 24 bytes a sample, plus holders when
         striped).  NotFound.  Retried."""
 
@@ -114,7 +114,7 @@ class DaemonControl(Protocol):
         Never retried."""
 
     def ingest_progress(self, dataset: str, *, timeout_s: float | None = None,
-                        retry: bool = True) -> IngestState:
+                        retry: bool = True) -> UnsealedIngest:
         """The unsealed ingest of `dataset` held there.  NotFound when there is none.
         Deadline `timeout_s` (default the client's); retried unless not `retry`."""
 
@@ -131,11 +131,11 @@ class Transport(Protocol):
     def close(self) -> None:
         """Close every channel and connection (idempotent)."""
 
-    def each(self, call: Callable[["Daemon"], T]) -> dict[str, T | DlfsError]:
+    def each(self, call: Callable[["DaemonTransport"], T]) -> dict[str, T | DlfsError]:
         """`call(daemon)` on every daemon (in parallel): address -> result, or the
         DlfsError it raised."""
 
-    def call_any(self, call: Callable[["Daemon"], T]) -> T:
+    def call_any(self, call: Callable[["DaemonTransport"], T]) -> T:
         """`call(daemon)` on the first daemon that answers it (Unavailable and NotFound
         try the next).  Raises the last error when none did."""
 
@@ -183,7 +183,7 @@ class Transport(Protocol):
         """Drop what is cached about `dataset` (its placement), after it was replaced."""
 
 
-class Daemon(Transport, Protocol):
+class DaemonTransport(Transport, Protocol):
     """A one-daemon transport: `Transport`, its daemon's `control` calls, its data path."""
 
     control: DaemonControl

@@ -7,6 +7,7 @@ transports deal in.
 
 from __future__ import annotations
 
+import builtins
 import dataclasses
 
 import numpy as np
@@ -15,7 +16,7 @@ from dlfs.types import Entry
 
 
 @dataclasses.dataclass(frozen=True)
-class IngestState:
+class UnsealedIngest:
     """An unsealed ingest a daemon holds (GetIngestProgress).
 
     `state`: "receiving" (a stream is still attached), "prepared" or
@@ -29,7 +30,7 @@ class IngestState:
     state: str
     samples: int
     bytes: int
-    digest: bytes
+    digest: builtins.bytes  # `bytes` is a field of this class
     last_path: str
     replace: bool
     members: tuple[str, ...]
@@ -54,7 +55,7 @@ class ScrubUpdate:
 
 
 @dataclasses.dataclass(frozen=True)
-class DatasetIndex:
+class SampleLocations:
     """Where a dataset's samples lie on one daemon (GetIndex), in id order.
 
     Per sample: `extent` number (0xFFFFFFFF: stored by another daemon),

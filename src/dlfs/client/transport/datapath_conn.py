@@ -1,6 +1,6 @@
 """One connection to a daemon's data path, one request at a time (the client side).
 
-`DataConnection` speaks the frames of `dlfs/proto/datapath.md`: HELLO and
+`DataPathConnection` speaks the frames of `dlfs/proto/datapath.md`: HELLO and
 WELCOME (checking the daemon's instance id), then GET_BATCH / READ_RANGE /
 STAT_DATASET / OPEN_DATASET.  Every reply's payload is received with
 `recv_into` straight into a buffer: the caller's `out`, or a recycled one
@@ -87,7 +87,7 @@ class Received(NamedTuple):
     hints_dropped: bool = False  # the daemon's prefetch queue dropped the request's hints
 
 
-class DataConnection:
+class DataPathConnection:
     """One connection to a daemon's data path; one request at a time.  Not thread-safe.
 
     Deadlines are for whole operations: connecting and the handshake take at

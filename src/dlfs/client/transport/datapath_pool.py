@@ -1,7 +1,7 @@
 """The client side of the data path: a pool of connections to one daemon.
 
 `DataPath` keeps up to `limits.data_connections_max` connections
-(`datapath_conn.DataConnection`) to one daemon's data path
+(`datapath_conn.DataPathConnection`) to one daemon's data path
 (`dlfs/proto/datapath.md`), one request in flight on each, and receives
 every reply's payload into a buffer: the caller's `out`, or a recycled
 buffer from a `BufferPool` that lives as long as any of the batch's samples
@@ -12,7 +12,7 @@ between the daemon's disk and this process is caught here.
 Connections are per process: after `os.fork` the child opens its own (a
 DataLoader worker needs no gRPC to read; `process_state.data_paths`).  A
 connection that breaks is dropped, and an idle one is looked at before it is
-lent (`DataConnection.looks_alive`), so one whose daemon process went away is
+lent (`DataPathConnection.looks_alive`), so one whose daemon process went away is
 never handed out; what follows a failure is the caller's call policy
 (`dlfs.client.transport.call_policy`).
 """
@@ -30,7 +30,7 @@ from dlfs.client import process_state
 from dlfs.formats import datapath_frames as frames
 from dlfs.client.reply_buffers import BufferPool
 from dlfs.client.transport.call_policy import Call
-from dlfs.client.transport.datapath_conn import DataConnection, Endpoint, OpenedDataset, Received
+from dlfs.client.transport.datapath_conn import DataPathConnection, Endpoint, OpenedDataset, Received
 from dlfs.errors import DlfsError, FailedPrecondition, Unavailable, VersionMismatch
 from dlfs.sockio import unix_address
 
@@ -71,7 +71,7 @@ class DataPath:
         self._reply_timeout_s = reply_timeout_s
         self.pool = pool
         self._lock = threading.Condition()
-        self._idle: list[DataConnection] = []
+        self._idle: list[DataPathConnection] = []
         self._open = 0
         # Hints sent without waiting that the daemon's full queue dropped, counted from
         # connections given back (a connection's own count resets then).
@@ -124,7 +124,7 @@ class DataPath:
 
     def send_hints(self, dataset: str, hints: np.ndarray, *, request_id: str = "") -> None:
         """Ask the daemon to read samples `hints` of `dataset` into its page cache, without
-        waiting for its answer (see `DataConnection.send_hint`); hints its full queue
+        waiting for its answer (see `DataPathConnection.send_hint`); hints its full queue
         dropped are counted in `hints_dropped` once their replies were read."""
         request = frames.get_batch(dataset, np.empty(0, np.int64), hints=hints,
                                      request_id=request_id or logs.current_request_id())
@@ -154,16 +154,16 @@ class DataPath:
 
     def block_crcs(self, dataset: str, sample_id: int, generation: int = 0
                    ) -> tuple[int, int, np.ndarray | None]:
-        """One sample's block CRCs (see DataConnection.block_crcs)."""
+        """One sample's block CRCs (see DataPathConnection.block_crcs)."""
         with self._connection() as connection:
             return connection.block_crcs(dataset, sample_id, generation)
 
     def open_dataset(self, dataset: str, generation: int = 0) -> OpenedDataset:
-        """The dataset's index and extent descriptors (see DataConnection.open_dataset)."""
+        """The dataset's index and extent descriptors (see DataPathConnection.open_dataset)."""
         with self._connection() as connection:
             return connection.open_dataset(dataset, generation)
 
-    def dedicated(self) -> DataConnection:
+    def dedicated(self) -> DataPathConnection:
         """A new connection outside the pool, for a long conversation (an ingest); the
         caller closes it.  Connected as the call policy says (a refusal by one
         serving process's share of a split limit tried on the next one; an
@@ -174,7 +174,7 @@ class DataPath:
     def _connection(self) -> "_Borrowed":
         return _Borrowed(self)
 
-    def _take(self) -> DataConnection:
+    def _take(self) -> DataPathConnection:
         with self._lock:
             if self._pid != os.getpid():
                 self.forget_inherited()
@@ -199,7 +199,7 @@ class DataPath:
                 self._lock.notify()
             raise
 
-    def _connect(self) -> DataConnection:
+    def _connect(self) -> DataPathConnection:
         """A new connection, to the first endpoint that answers.  An Overloaded refusal
         at HELLO (`refused_at_connect`) is raised, not tried on the next endpoint:
         the daemon's limits are the same on each of its sockets (the call policy
@@ -209,7 +209,7 @@ class DataPath:
         last: Exception | None = None
         for index, endpoint in enumerate(self._endpoints):
             try:
-                connection = DataConnection(endpoint, self._token, self._instance,
+                connection = DataPathConnection(endpoint, self._token, self._instance,
                                             connect_timeout_s=self._connect_timeout_s,
                                             reply_timeout_s=self._reply_timeout_s)
             except VersionMismatch:
@@ -232,7 +232,7 @@ class DataPath:
         assert last is not None
         raise last if isinstance(last, Unavailable) else Unavailable(str(last))
 
-    def _give_back(self, connection: DataConnection) -> None:
+    def _give_back(self, connection: DataPathConnection) -> None:
         with self._lock:
             self.hints_dropped += connection.hints_dropped
             connection.hints_dropped = 0
@@ -257,9 +257,9 @@ class _Borrowed:
 
     def __init__(self, path: DataPath):
         self._path = path
-        self._connection: DataConnection | None = None
+        self._connection: DataPathConnection | None = None
 
-    def __enter__(self) -> DataConnection:
+    def __enter__(self) -> DataPathConnection:
         self._connection = self._path._take()
         return self._connection
 

@@ -3,8 +3,8 @@
 The same stream as the gRPC Ingest call (files in order, each file's CRC32C
 on its last piece, counts at the end), in the data path's frames: the
 pieces' headers and the file bytes go out in one `sendmsg` per megabyte or
-so, no protobuf and no copy in Python.  Python gRPC cost about 3
-CPU-seconds per GB on each side; this costs a few tenths.  Used by
+so, no protobuf and no copy in Python: a fraction of the CPU per GB that
+Python gRPC cost on each side (docs/DESIGN.md, "Staging and ingest").  Used by
 `dlfs.client.ingest_upload.upload` whenever the daemon has a data path (not with
 TLS), over its Unix socket on the same host, else TCP.
 """
@@ -37,8 +37,8 @@ def send(data_path, name: str, chunks, *, replace: bool, resumable: bool,
             frames.ingest_start(name, replace=replace, resumable=resumable,
                                 resume_from=resume_from, request_id=logs.current_request_id()),
             limits.metadata_timeout_s_default)
-        # With the default 208 KiB, a 1 MiB send waits for the daemon several times: on
-        # a loaded 2-core VM that capped an ingest at 150 MB/s.
+        # With the default 208 KiB, a 1 MiB send waits for the daemon several times,
+        # which capped an ingest on a loaded 2-core VM (log-ingest.md).
         connection.widen_send_buffer(_SOCKET_BUFFER_BYTES)
         buffers: list = []
         pending = files = data_bytes = 0

@@ -81,10 +81,9 @@ def check_grpc_usable() -> None:
 
     After `fork` from a process whose gRPC core was running (it had opened
     a channel), the child's first call hangs unless gRPC's fork support is
-    on: measured with grpcio 1.85, 12 of 12 forked children hung when the
-    parent held an open channel, 1 of 12 when it had closed it.  Fork
-    support is no cure either: with it on, a fork while another thread is
-    in a call hangs parent or child (docs/DESIGN.md, "Forked processes").
+    on.  Fork support is no cure either: with it on, a fork while another
+    thread is in a call hangs parent or child (docs/DESIGN.md, "Forked
+    processes", has the measurement).
     So DLFS leaves it off, and reads in forked children use only the data
     path; anything else that needs gRPC there fails with this error instead
     of hanging.

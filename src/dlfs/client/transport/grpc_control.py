@@ -21,7 +21,7 @@ from dlfs.client.transport import grpc_messages as convert
 from dlfs.client.transport.grpc_channel import DaemonChannel
 from dlfs.client.transport.grpc_errors import from_rpc_error, typed
 from dlfs.client.transport.ingest_requests import IngestPiece, IngestStart
-from dlfs.client.transport.control_replies import DataPathOffer, DatasetIndex, IngestState, ScrubUpdate
+from dlfs.client.transport.control_replies import DataPathOffer, SampleLocations, UnsealedIngest, ScrubUpdate
 from dlfs.client.transport.call_policy import Call, time_left
 from dlfs.proto import dlfs_pb2 as pb
 from dlfs.types import DaemonStatus, DatasetInfo, Entry, WarmInfo
@@ -112,7 +112,7 @@ class GrpcControl:
         reply = self._call("Lookup", convert.lookup_message(dataset, ids, paths), retry=retry)
         return [convert.entry(e) for e in reply.entries]
 
-    def index(self, dataset: str) -> DatasetIndex:
+    def index(self, dataset: str) -> SampleLocations:
         def attempt():
             return typed(lambda: list(self.channel.stub.GetIndex(
                 pb.GetIndexRequest(dataset=dataset), timeout=time_left(self.timeout_s),
@@ -149,7 +149,7 @@ class GrpcControl:
         return convert.dataset_info(grpc_ingest.send(self.channel, start, pieces))
 
     def ingest_progress(self, dataset: str, *, timeout_s: float | None = None,
-                        retry: bool = True) -> IngestState:
+                        retry: bool = True) -> UnsealedIngest:
         return convert.ingest_state(self._call(
             "GetIngestProgress", pb.GetIngestProgressRequest(dataset=dataset),
             timeout_s=timeout_s, retry=retry))

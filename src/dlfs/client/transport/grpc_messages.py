@@ -16,8 +16,8 @@ from dlfs.client.transport.ingest_requests import IngestStart
 from dlfs.client.transport.read_requests import BatchRequest, PrefetchRequest, RangeRequest
 from dlfs.client.transport.control_replies import (
     DataPathOffer,
-    DatasetIndex,
-    IngestState,
+    SampleLocations,
+    UnsealedIngest,
     ScrubUpdate,
 )
 from dlfs.proto import dlfs_pb2 as pb
@@ -107,8 +107,8 @@ def warm_info(address: str, reply: pb.WarmReply) -> WarmInfo:
                     reply.bytes_resident)
 
 
-def ingest_state(m: pb.IngestProgress) -> IngestState:
-    return IngestState(m.dataset, m.state, m.samples, m.bytes, m.digest, m.last_path, m.replace,
+def ingest_state(m: pb.IngestProgress) -> UnsealedIngest:
+    return UnsealedIngest(m.dataset, m.state, m.samples, m.bytes, m.digest, m.last_path, m.replace,
                        tuple(m.members), m.replicas, m.member_index, m.generation,
                        m.parked_unix_ns, m.expires_in_s)
 
@@ -118,11 +118,11 @@ def scrub_update(m: pb.ScrubProgress) -> ScrubUpdate:
                        tuple(entry(e) for e in m.damaged), tuple(m.reasons), m.done)
 
 
-def dataset_index(chunks: list[pb.IndexChunk]) -> DatasetIndex:
+def dataset_index(chunks: list[pb.IndexChunk]) -> SampleLocations:
     """A GetIndex stream's chunks (in order) as one index: arrays joined, no per-sample work."""
     if not chunks:
         empty = np.empty(0, np.uint32)
-        return DatasetIndex(0, 0, empty, empty.astype(np.uint64), empty.astype(np.uint64),
+        return SampleLocations(0, 0, empty, empty.astype(np.uint64), empty.astype(np.uint64),
                             empty)
     members, replicas = (), 0
     for chunk in chunks:
@@ -134,7 +134,7 @@ def dataset_index(chunks: list[pb.IndexChunk]) -> DatasetIndex:
 
     holders = joined("holders", "<u2").reshape(-1, replicas) if members else None
     first = chunks[0]
-    return DatasetIndex(first.generation, first.samples, joined("extent", "<u4"),
+    return SampleLocations(first.generation, first.samples, joined("extent", "<u4"),
                         joined("offset", "<u8"), joined("length", "<u8"),
                         joined("crc32c", "<u4"), members, replicas, holders)
 

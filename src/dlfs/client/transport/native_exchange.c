@@ -263,8 +263,7 @@ static uint32_t le32(const char *p) {
  * first that differs (with `*expected` and `*got`), or stays -1.  Called once the
  * whole payload arrived: checking each window while the next is on its way (as the
  * Python exchange's ReplyChecker does) took two cores that the client shares with the
- * daemon 5-10% more time at 110 KB with 4 batches in flight (docs/DESIGN.md,
- * "Client and transports"). */
+ * daemon more time, not less (docs/DESIGN.md, "Client and transports"). */
 static PyObject *cut_and_check(PyObject *target, int readonly, const char *lengths,
                                const char *crcs, uint32_t count, PyObject *crc32c,
                                Py_ssize_t *bad, unsigned long *expected,

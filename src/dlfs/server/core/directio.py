@@ -1,10 +1,10 @@
 """Appending to an extent with O_DIRECT: large aligned writes that skip the page cache.
 
-Measured on the 2-core development VM (ext4 on virtio): writing 2 GiB
-through the page cache took 7-9 s and 3-5 CPU-seconds of kernel time
-(page allocation, dirty accounting, write-back), with O_DIRECT 2.3-2.6 s
-and 0.16 CPU-seconds; an ingest is one long sequential append, the case
-O_DIRECT is for.  `DirectAppender` offers what ExtentWriter needs of a
+Writing through the page cache costs several times the time and an order
+of magnitude more kernel CPU (page allocation, dirty accounting,
+write-back; docs/DESIGN.md, "On-disk format and durability order", has
+the figure); an ingest is one long sequential append, the case O_DIRECT
+is for.  `DirectAppender` offers what ExtentWriter needs of a
 buffered file (`write`, `flush`, `fileno`, `close`): bytes are copied into
 a page-aligned buffer and written a whole buffer at a time, on a thread of
 its own while the next buffer fills (two buffers: receiving and writing

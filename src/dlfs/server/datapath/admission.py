@@ -34,7 +34,7 @@ from typing import Callable
 from dlfs.errors import Overloaded
 
 
-class Entry:
+class AcceptedConnection:
     """One accepted connection: its socket, its peer, when it was accepted, and what
     became of it (`served`; `evicted` while pending)."""
 
@@ -73,9 +73,9 @@ class Admission:
         self.clock = clock
         self._lock = threading.Lock()
         # Pending entries, oldest first (dicts keep insertion order), in all and by peer.
-        self._pending: dict[Entry, None] = {}
-        self._pending_by_peer: dict[str, dict[Entry, None]] = collections.defaultdict(dict)
-        self._served: set[Entry] = set()
+        self._pending: dict[AcceptedConnection, None] = {}
+        self._pending_by_peer: dict[str, dict[AcceptedConnection, None]] = collections.defaultdict(dict)
+        self._served: set[AcceptedConnection] = set()
         self._served_by_peer: collections.Counter = collections.Counter()
 
     # --- counts ----------------------------------------------------------------------
@@ -97,12 +97,12 @@ class Admission:
 
     # --- transitions -------------------------------------------------------------------
 
-    def arrive(self, sock: socket.socket) -> Entry:
+    def arrive(self, sock: socket.socket) -> AcceptedConnection:
         """Register a just-accepted connection as pending; returns its entry.  One it
         evicts to make room is shut for reading: its thread wakes, sees `evicted`
         and answers it."""
         now = self.clock()
-        entry = Entry(sock, peer_of(sock), now, now + self.hello_timeout_s)
+        entry = AcceptedConnection(sock, peer_of(sock), now, now + self.hello_timeout_s)
         with self._lock:
             victim = None
             mine = self._pending_by_peer.get(entry.peer)
@@ -120,7 +120,7 @@ class Admission:
                 victim.sock.shutdown(socket.SHUT_RD)  # wakes its thread's recv
         return entry
 
-    def admit(self, entry: Entry) -> None:
+    def admit(self, entry: AcceptedConnection) -> None:
         """The HELLO of `entry` was good: serve it.  Raises Overloaded (it stays
         pending; `leave` it) when it was evicted meanwhile, when the daemon serves
         its limit, or when its peer holds its share; the error's `refusal` says
@@ -137,7 +137,7 @@ class Admission:
             self._served.add(entry)
             self._served_by_peer[entry.peer] += 1
 
-    def leave(self, entry: Entry) -> None:
+    def leave(self, entry: AcceptedConnection) -> None:
         """The connection of `entry` ended (its socket is being closed)."""
         with self._lock:
             if entry.gone:
@@ -182,7 +182,7 @@ class Admission:
             f"{self.handshakes_per_peer_max} of one client) were all taken, and it had "
             "waited longest; connect again and send HELLO at once"), self.processes)
 
-    def _forget_pending(self, entry: Entry) -> None:
+    def _forget_pending(self, entry: AcceptedConnection) -> None:
         self._pending.pop(entry, None)
         mine = self._pending_by_peer.get(entry.peer)
         if mine is not None:

@@ -1,6 +1,6 @@
 """One data path connection on the daemon: handshake, then one request at a time.
 
-`DataConnection.handshake` reads HELLO (the token checked in constant time
+`ServedConnection.handshake` reads HELLO (the token checked in constant time
 against the daemon's tokens), has the connection admitted (`admission`: the
 daemon's connection limit and the peer's share) and answers WELCOME, with
 the daemon's limits when the client asked for them; `serve` then reads each
@@ -48,7 +48,7 @@ from dlfs.version import interoperates, mismatch_message
 log = logging.getLogger("dlfs.server.datapath.listener")
 
 
-class DataConnection:
+class ServedConnection:
     """One accepted connection of `server` (a DataPathServer): its socket, its admission
     `entry` and its request buffer."""
 

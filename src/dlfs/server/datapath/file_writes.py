@@ -43,7 +43,7 @@ class ConnectionEnded(Exception):
 
 
 def serve_file(connection, request: writes.FileOpenRequest) -> None:
-    """Serve one FILE_OPEN conversation on `connection` (a server DataConnection).
+    """Serve one FILE_OPEN conversation on `connection` (a ServedConnection).
 
     Raises DlfsError before FILE_OPENED (the caller answers ERROR), and
     ConnectionEnded when the connection must close; returns after FILE_CLOSE's

@@ -1,7 +1,7 @@
 """The daemon side of the data path (`dlfs/proto/datapath.md`): sample bytes to sockets.
 
 `DataPathServer` listens on a TCP port and a Unix socket and serves each
-connection on a thread of its own (`conn_handler.DataConnection`), one request
+connection on a thread of its own (`conn_handler.ServedConnection`), one request
 at a time: HELLO (token checked in constant time), then GET_BATCH /
 READ_RANGE / STAT_DATASET / OPEN_DATASET (`replies`).  A batch is
 planned in request order (`planning.RequestOrder`), read window by window
@@ -53,8 +53,8 @@ from dlfs.formats import datapath_frames as frames
 from dlfs.server.config import peer_share
 from dlfs.server.datapath import file_writes, uploads
 from dlfs.server.datapath.accept_episodes import AcceptEpisodes
-from dlfs.server.datapath.admission import Admission, Entry
-from dlfs.server.datapath.conn_handler import DataConnection
+from dlfs.server.datapath.admission import Admission, AcceptedConnection
+from dlfs.server.datapath.conn_handler import ServedConnection
 from dlfs.server.datapath.listen_sockets import LISTEN_BACKLOG, bind_listeners, close_listeners
 from dlfs.server.datapath.refusals import close_connection, refuse
 from dlfs.server.datapath.window_buffers import WindowBuffers
@@ -366,7 +366,7 @@ class DataPathServer:
 
     # --- one connection ------------------------------------------------------------------
 
-    def _serve(self, entry: Entry, adopted: tuple | None = None) -> None:
+    def _serve(self, entry: AcceptedConnection, adopted: tuple | None = None) -> None:
         sock = entry.sock
         connection = None
         try:
@@ -379,10 +379,10 @@ class DataPathServer:
             else:
                 # Room for a whole window (TCP grows its buffer by itself; a Unix
                 # socket keeps the default 208 KiB, and a window sent by sendfile then
-                # waits for the client some twenty times: 110 KB and 140 MB samples
-                # 5-30% faster with it).  The kernel caps it at net.core.wmem_max.
+                # waits for the client some twenty times; log-datapath.md has the
+                # figures).  The kernel caps it at net.core.wmem_max.
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self.buffers.window_bytes)
-            connection = DataConnection(self, entry)
+            connection = ServedConnection(self, entry)
             if adopted is not None:
                 connection.role = adopted[0]
                 connection.serve(first=adopted[1:])

@@ -1,6 +1,6 @@
 """Replies of the data path: a batch, a range, a dataset's descriptors, its version.
 
-Each function answers one parsed request on a connection (`DataConnection`
+Each function answers one parsed request on a connection (`ServedConnection`
 in `conn_handler`): it checks the request against the dataset and the
 daemon's limits (the Store's `batch_limits`, as gRPC's planning does: the
 same error and message), sends the reply's header, then its payload window
@@ -10,7 +10,7 @@ or from mappings of the extents).
 A reply takes a buffer per window, only once its client has room for it,
 and gives it back as soon as the client stops taking bytes: one that stops
 reading holds none (`_send_window`).  Every reply has a deadline as a whole
-(`DataConnection.reply_deadline`).  A `DlfsError` raised before or during the
+(`ServedConnection.reply_deadline`).  A `DlfsError` raised before or during the
 payload propagates: the connection answers it with an ERROR frame (in
 place of the remaining DATA frames).  Nothing here imports grpc.
 """
@@ -33,7 +33,7 @@ from dlfs.server.read.batch_planning import RequestOrder
 from dlfs.sockio import wait_at_most
 
 
-def batch(connection, request: frames.BatchRequest) -> None:
+def batch(connection, request: frames.GetBatchFrame) -> None:
     """GET_BATCH: BATCH (lengths and CRC32Cs), then the samples in request order."""
     store = connection.store
     started = time.perf_counter()
@@ -75,7 +75,7 @@ def _sent_in_one_call(connection, dataset, ids, flags: int, started: float) -> b
         before=lambda payload: store.reads.count_served("DataBatch", samples, payload, started))
 
 
-def byte_range(connection, request: frames.RangeRequest) -> None:
+def byte_range(connection, request: frames.ReadRangeFrame) -> None:
     """READ_RANGE: BATCH, then the bytes.  The whole sample is one item with its CRC32C;
     with the RANGE_BLOCKS flag a part of a sample with block CRCs is sent as the
     whole blocks around it, each with its CRC32C (BATCH_BLOCKS: the client

@@ -4,8 +4,8 @@ The same ingest as the gRPC Ingest call (the same `IngestSession`, its
 checks, checkpoints, parking and resume), carried by the data path's
 frames (`dlfs/proto/datapath.md`, "Ingest"): INGEST_START, then PIECE frames,
 then INGEST_END, answered by INGEST_READY, and INGESTED or ERROR.  Python
-gRPC copied every byte several times and cost about 3 CPU-seconds per GB
-on each side; here the daemon receives into one buffer (`recv_into`, many
+gRPC copied every byte several times (docs/DESIGN.md, "Staging and ingest",
+has its cost); here the daemon receives into one buffer (`recv_into`, many
 frames per system call) and hands views of it to the session.
 
 Rights: the same as the Ingest call's (an admin token when the daemon has
@@ -134,7 +134,7 @@ class FrameTimedOut(Exception):
 
 
 def ingest(connection, request: frames.IngestStartRequest) -> None:
-    """Serve one INGEST_START conversation on `connection` (a server DataConnection).
+    """Serve one INGEST_START conversation on `connection` (a ServedConnection).
 
     Raises DlfsError before INGEST_READY (the caller answers ERROR); after
     it, answers ERROR itself, drains, and returns.

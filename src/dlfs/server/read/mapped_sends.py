@@ -14,7 +14,7 @@ When: every page of every piece was cached at the mapping's last scan (one
 `mincore` over the whole mapping, kept as a prefix sum so that a window is
 checked in a few numpy operations; repeated at most every
 `limits.mapped_recheck_s` per extent and within `limits.mapped_check_share`
-of the time: a scan of an 800 MB extent takes about 15 ms), and every piece
+of the time), and every piece
 lies inside its mapping.  Otherwise the window takes the read path, which
 keeps the device queue full and caches what it reads for the next scan.  A
 page evicted between a scan and a send is read by the kernel while that one
@@ -310,8 +310,7 @@ class ExtentMaps:
         """Whether the last scans of these extents' mappings found every page of the
         pieces (`extent[i]`, `offset[i]`, `size[i]` bytes) cached; None when an extent
         is not mapped and scanned (then ask the kernel: residency.all_cached).  A
-        few array operations where the kernel takes a system call per piece (a
-        window of 110 KB samples: 0.7 ms by cachestat, 1.2 ms by mincore).  As
+        few array operations where the kernel takes a system call per piece.  As
         stale as the scans (`limits.mapped_recheck_s`; a scan is asked for when
         older): a page evicted since is read while its `sendfile` waits."""
         if not len(size):

@@ -5,9 +5,8 @@
  * Why: a reply from mappings costs the kernel one copy per byte, and the worker's
  * Python around it (some 360 calls per request: the ids checked, the reply planned
  * window by window, the iovecs built, the sends looped) ran after each 28 MB copy had
- * emptied the CPU's caches: about 1.2 ms of user time per reply of 256 x 110 KB, a
- * fifth of the daemon's CPU per GB with two clients on two cores, and about 100 us per
- * batch of 4 KB samples (docs/DESIGN.md, "How the daemon sends").  This does the
+ * emptied the CPU's caches, and was a large share of the daemon's CPU per GB (the
+ * figures: docs/DESIGN.md, "The C send of a whole reply").  This does the
  * common case (every sample's pages cached at its extent's last scan) in one call
  * that holds the interpreter lock only while it reads the arrays; everything else
  * (a bad id, a sample another member stores, a page not known cached, a reply over

@@ -117,9 +117,8 @@ def advise_willneed(files: ExtentFiles, dataset_id: int, pieces: list[Piece]) ->
     `posix_fadvise(WILLNEED)` starts the read and returns, so one thread puts
     a whole window's misses into the device queue within microseconds; the
     reader threads' `preadv`s then only wait for data already on its way.
-    Measured on 2 cores (cold 4 KiB batches): 71-79 k samples/s with 2-8
-    threads, against 36-50 k without the advice (the device does 85 k IOPS
-    at queue depth 64), and better than issuing the advice from each share.
+    One thread advising a whole window beats both no advice and advice from
+    each share (docs/DESIGN.md, "Read engine").
     """
     with _with_fds(files, dataset_id, pieces) as walk:
         for fd, (_extent_no, file_offset, _buffer_offset, size) in walk:

@@ -65,7 +65,7 @@ class Prefetcher:
         alone probes its first samples before even planning it and settles a
         warm one there, without the hand-off to the prefetch thread (on two
         cores that made the serving thread wait for the GIL behind the
-        planning and probing: about 0.6 ms per hint of 256 samples).  False
+        planning and probing).  False
         when io_uring is not in use (the prefetch thread then advises all).
         """
         ring = uring.for_this_thread() if self._io_uring else None

@@ -4,10 +4,8 @@ Why (docs/DESIGN.md, "How the daemon sends"): reading a window into a
 buffer and sending it copies every byte twice in the daemon; `sendfile`
 hands the socket references to the extent's page-cache pages (a NIC sends
 them by DMA; over loopback or a Unix socket the receiver's `recv_into`
-makes the one copy).  On the 2-core test VM random 110 KB ranges moved
-that way at 5.6-5.7 GB/s over loopback TCP for 0.13-0.15 sender
-CPU-seconds per GB (a Unix socket: 6-7 GB/s at 0.05-0.06), where reading
-into a buffer and sending it moved 2.2-2.8 GB/s at 0.36-0.45.
+makes the one copy): about twice the bandwidth for a third of the
+sender's CPU of reading into a buffer and sending it.
 
 Only for windows whose pieces average at least
 `limits.sendfile_piece_bytes_min` (a system call per piece must be worth
