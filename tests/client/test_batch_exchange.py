@@ -113,7 +113,7 @@ def script():
     def connect(replies: list, reply_timeout_s: float = 5.0) -> DataPathConnection:
         daemon = ScriptedDaemon(replies)
         connection = DataPathConnection(daemon.endpoint, "", b"", connect_timeout_s=5.0,
-                                    reply_timeout_s=reply_timeout_s)
+                                        reply_timeout_s=reply_timeout_s)
         made.append((daemon, connection))
         return connection
 

@@ -53,7 +53,7 @@ def test_a_foreign_daemons_socket_is_refused(daemon, tmp_path):
         endpoint = local.transport.data_path().endpoint
     with pytest.raises(dlfs.FailedPrecondition, match="another daemon's data path"):
         DataPathConnection(endpoint, "", b"someone else....", connect_timeout_s=5,
-                       reply_timeout_s=5)
+                           reply_timeout_s=5)
 
 
 def test_descriptors_go_to_the_daemons_user_or_a_token_holder(daemon_factory, tmp_path):

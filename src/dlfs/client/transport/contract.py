@@ -32,7 +32,8 @@ import numpy as np
 
 from dlfs.client.transport.ingest_requests import IngestPiece, IngestStart
 from dlfs.client.transport.read_requests import BatchRequest, PrefetchRequest, RangeRequest
-from dlfs.client.transport.control_replies import DataPathOffer, SampleLocations, UnsealedIngest, ScrubUpdate
+from dlfs.client.transport.control_replies import (DataPathOffer, SampleLocations, ScrubUpdate,
+                                                    UnsealedIngest)
 from dlfs.errors import DlfsError
 from dlfs.types import DaemonStatus, DatasetInfo, Entry, WarmInfo
 

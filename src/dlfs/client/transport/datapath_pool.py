@@ -210,8 +210,8 @@ class DataPath:
         for index, endpoint in enumerate(self._endpoints):
             try:
                 connection = DataPathConnection(endpoint, self._token, self._instance,
-                                            connect_timeout_s=self._connect_timeout_s,
-                                            reply_timeout_s=self._reply_timeout_s)
+                                                connect_timeout_s=self._connect_timeout_s,
+                                                reply_timeout_s=self._reply_timeout_s)
             except VersionMismatch:
                 raise
             except Unavailable as exc:

@@ -21,7 +21,8 @@ from dlfs.client.transport import grpc_messages as convert
 from dlfs.client.transport.grpc_channel import DaemonChannel
 from dlfs.client.transport.grpc_errors import from_rpc_error, typed
 from dlfs.client.transport.ingest_requests import IngestPiece, IngestStart
-from dlfs.client.transport.control_replies import DataPathOffer, SampleLocations, UnsealedIngest, ScrubUpdate
+from dlfs.client.transport.control_replies import (DataPathOffer, SampleLocations, ScrubUpdate,
+                                                    UnsealedIngest)
 from dlfs.client.transport.call_policy import Call, time_left
 from dlfs.proto import dlfs_pb2 as pb
 from dlfs.types import DaemonStatus, DatasetInfo, Entry, WarmInfo
@@ -118,7 +119,7 @@ class GrpcControl:
                 pb.GetIndexRequest(dataset=dataset), timeout=time_left(self.timeout_s),
                 metadata=logs.outgoing_metadata())), self.address)
 
-        return convert.dataset_index(self.call(self.timeout_s).run(attempt))
+        return convert.sample_locations(self.call(self.timeout_s).run(attempt))
 
     # --- the daemon ---------------------------------------------------------------------
 
@@ -150,6 +151,6 @@ class GrpcControl:
 
     def ingest_progress(self, dataset: str, *, timeout_s: float | None = None,
                         retry: bool = True) -> UnsealedIngest:
-        return convert.ingest_state(self._call(
+        return convert.unsealed_ingest(self._call(
             "GetIngestProgress", pb.GetIngestProgressRequest(dataset=dataset),
             timeout_s=timeout_s, retry=retry))

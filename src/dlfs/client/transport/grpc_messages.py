@@ -17,8 +17,8 @@ from dlfs.client.transport.read_requests import BatchRequest, PrefetchRequest, R
 from dlfs.client.transport.control_replies import (
     DataPathOffer,
     SampleLocations,
-    UnsealedIngest,
     ScrubUpdate,
+    UnsealedIngest,
 )
 from dlfs.proto import dlfs_pb2 as pb
 from dlfs.types import DaemonStatus, DatasetInfo, DataWorkerStatus, Entry, WarmInfo
@@ -107,10 +107,10 @@ def warm_info(address: str, reply: pb.WarmReply) -> WarmInfo:
                     reply.bytes_resident)
 
 
-def ingest_state(m: pb.IngestProgress) -> UnsealedIngest:
-    return UnsealedIngest(m.dataset, m.state, m.samples, m.bytes, m.digest, m.last_path, m.replace,
-                       tuple(m.members), m.replicas, m.member_index, m.generation,
-                       m.parked_unix_ns, m.expires_in_s)
+def unsealed_ingest(m: pb.IngestProgress) -> UnsealedIngest:
+    return UnsealedIngest(m.dataset, m.state, m.samples, m.bytes, m.digest, m.last_path,
+                          m.replace, tuple(m.members), m.replicas, m.member_index,
+                          m.generation, m.parked_unix_ns, m.expires_in_s)
 
 
 def scrub_update(m: pb.ScrubProgress) -> ScrubUpdate:
@@ -118,12 +118,12 @@ def scrub_update(m: pb.ScrubProgress) -> ScrubUpdate:
                        tuple(entry(e) for e in m.damaged), tuple(m.reasons), m.done)
 
 
-def dataset_index(chunks: list[pb.IndexChunk]) -> SampleLocations:
+def sample_locations(chunks: list[pb.IndexChunk]) -> SampleLocations:
     """A GetIndex stream's chunks (in order) as one index: arrays joined, no per-sample work."""
     if not chunks:
         empty = np.empty(0, np.uint32)
         return SampleLocations(0, 0, empty, empty.astype(np.uint64), empty.astype(np.uint64),
-                            empty)
+                               empty)
     members, replicas = (), 0
     for chunk in chunks:
         if chunk.members:
@@ -135,8 +135,8 @@ def dataset_index(chunks: list[pb.IndexChunk]) -> SampleLocations:
     holders = joined("holders", "<u2").reshape(-1, replicas) if members else None
     first = chunks[0]
     return SampleLocations(first.generation, first.samples, joined("extent", "<u4"),
-                        joined("offset", "<u8"), joined("length", "<u8"),
-                        joined("crc32c", "<u4"), members, replicas, holders)
+                           joined("offset", "<u8"), joined("length", "<u8"),
+                           joined("crc32c", "<u4"), members, replicas, holders)
 
 
 def data_path_offer(m: pb.DataPathInfo) -> DataPathOffer:
